@@ -1,0 +1,113 @@
+//! The models loaded on one worker, and how a batch runs on them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use thiserror::Error;
+
+use super::emulated;
+use super::onnx::{OnnxModel, OnnxOptions};
+use crate::tensor::Tensor;
+
+/// A batch could not be executed.
+#[derive(Debug, Error)]
+pub enum ExecError {
+    /// The model is not loaded on this worker.
+    #[error("model {0} is not loaded on this worker")]
+    NotLoaded(u32),
+    /// ONNX Runtime failed.
+    #[error("onnx: {0}")]
+    Onnx(String),
+    /// The blocking task running the batch panicked or was cancelled.
+    #[error("executor task failed: {0}")]
+    Join(String),
+}
+
+/// A model ready to run on one worker.
+#[derive(Clone)]
+pub enum LoadedModel {
+    /// Waits the profiled latency (dense table, µs by batch size).
+    Emulated(Arc<Vec<u64>>),
+    /// An ONNX Runtime session. `run` needs `&mut`, and one worker runs one batch at
+    /// a time, so the mutex is never contended on the hot path.
+    Onnx(Arc<Mutex<OnnxModel>>),
+}
+
+/// How to load one model for the onnx executor.
+#[derive(Clone, Debug)]
+pub struct OnnxSource {
+    /// The `.onnx` file.
+    pub path: PathBuf,
+    /// Session options.
+    pub options: OnnxOptions,
+    /// Batch size to warm the session with after loading.
+    pub warm_batch: usize,
+}
+
+impl LoadedModel {
+    /// Loads and warms an ONNX model (blocking: call from a blocking thread).
+    pub fn load_onnx(src: &OnnxSource) -> Result<LoadedModel, ExecError> {
+        let mut model = OnnxModel::load(&src.path, &src.options).map_err(|e| ExecError::Onnx(e.to_string()))?;
+        model.warm(src.warm_batch.max(1));
+        Ok(LoadedModel::Onnx(Arc::new(Mutex::new(model))))
+    }
+
+    /// Runs one batch: the samples are concatenated along dimension 0 and the
+    /// outputs split back, one `Vec<Tensor>` per sample in order.
+    pub async fn run(&self, model_id: u32, samples: Vec<Tensor>) -> Result<Vec<Vec<Tensor>>, ExecError> {
+        match self {
+            LoadedModel::Emulated(table) => {
+                tokio::time::sleep(emulated::batch_latency(table, samples.len())).await;
+                Ok(samples.iter().map(|s| vec![emulated::output_for(model_id, s)]).collect())
+            }
+            LoadedModel::Onnx(session) => {
+                let session = session.clone();
+                let n = samples.len();
+                tokio::task::spawn_blocking(move || -> Result<Vec<Vec<Tensor>>, ExecError> {
+                    let refs: Vec<&Tensor> = samples.iter().collect();
+                    let batch = Tensor::concat(&refs).map_err(|e| ExecError::Onnx(e.to_string()))?;
+                    let outputs = session.lock().run(&batch).map_err(|e| ExecError::Onnx(e.to_string()))?;
+                    let mut per: Vec<Vec<Tensor>> = (0..n).map(|_| Vec::with_capacity(outputs.len())).collect();
+                    for out in outputs {
+                        for (i, part) in out.split(n).map_err(|e| ExecError::Onnx(e.to_string()))?.into_iter().enumerate() {
+                            per[i].push(part);
+                        }
+                    }
+                    Ok(per)
+                })
+                .await
+                .map_err(|e| ExecError::Join(e.to_string()))?
+            }
+        }
+    }
+}
+
+/// The models loaded on one worker, by model id.
+#[derive(Clone, Default)]
+pub struct ModelSet {
+    models: BTreeMap<u32, LoadedModel>,
+}
+
+impl ModelSet {
+    /// A set from loaded models.
+    pub fn new(models: BTreeMap<u32, LoadedModel>) -> ModelSet {
+        ModelSet { models }
+    }
+
+    /// Ids of the loaded models, ascending.
+    pub fn ids(&self) -> Vec<u32> {
+        self.models.keys().copied().collect()
+    }
+
+    /// Whether `id` is loaded.
+    pub fn contains(&self, id: u32) -> bool {
+        self.models.contains_key(&id)
+    }
+
+    /// The loaded model `id`.
+    pub fn get(&self, id: u32) -> Result<&LoadedModel, ExecError> {
+        self.models.get(&id).ok_or(ExecError::NotLoaded(id))
+    }
+}

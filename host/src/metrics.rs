@@ -1,0 +1,143 @@
+//! Prometheus metrics, rendered in the text exposition format at `GET /metrics`.
+//!
+//! A small hand-rolled registry: label sets are few (apps × models × outcomes), so
+//! a mutex-protected map per family is cheap next to a batch's inference time, and
+//! it avoids pulling a metrics framework into the hot path's dependencies.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use parking_lot::Mutex;
+
+/// Histogram buckets for latencies, in seconds (100 µs to 10 s).
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Histogram buckets for policy decision time, in seconds (250 ns to 10 ms).
+pub const DECIDE_BUCKETS: &[f64] = &[
+    0.00000025, 0.0000005, 0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.001, 0.01,
+];
+
+/// Histogram buckets for batch sizes.
+pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
+
+type Labels = Vec<(&'static str, String)>;
+
+#[derive(Default)]
+struct Histogram {
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+/// All of sluice's metrics.
+#[derive(Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<Labels, u64>>,
+    faults: Mutex<BTreeMap<Labels, u64>>,
+    swaps: Mutex<BTreeMap<Labels, u64>>,
+    histograms: Mutex<BTreeMap<(&'static str, Labels), Histogram>>,
+}
+
+/// Families rendered as histograms: name, help text, buckets.
+const HISTOGRAMS: &[(&str, &str, &[f64])] = &[
+    ("sluice_queue_seconds", "Time from arrival to the start of the batch that served the request.", LATENCY_BUCKETS),
+    ("sluice_latency_seconds", "End-to-end latency from arrival to response.", LATENCY_BUCKETS),
+    ("sluice_batch_size", "Requests per executed batch.", BATCH_BUCKETS),
+    ("sluice_policy_decide_seconds", "Time of one policy decide call.", DECIDE_BUCKETS),
+];
+
+impl Metrics {
+    /// Counts one answered request. `outcome` is `served`, `late`, `dropped` or `rejected`.
+    pub fn request(&self, app: &str, model: &str, outcome: &str) {
+        let key = vec![("app", app.to_string()), ("model", model.to_string()), ("outcome", outcome.to_string())];
+        *self.requests.lock().entry(key).or_default() += 1;
+    }
+
+    /// Counts one policy fault of `kind` (`trap`, `timeout`, `memory`, `invalid`).
+    pub fn fault(&self, app: &str, policy: &str, kind: &str) {
+        let key = vec![("app", app.to_string()), ("policy", policy.to_string()), ("kind", kind.to_string())];
+        *self.faults.lock().entry(key).or_default() += 1;
+    }
+
+    /// Counts one hot swap.
+    pub fn swap(&self, app: &str, policy: &str) {
+        let key = vec![("app", app.to_string()), ("policy", policy.to_string())];
+        *self.swaps.lock().entry(key).or_default() += 1;
+    }
+
+    /// Records one observation into the histogram family `name` (one of [`HISTOGRAMS`]).
+    pub fn observe(&self, name: &'static str, labels: &[(&'static str, &str)], value: f64) {
+        let buckets = HISTOGRAMS.iter().find(|h| h.0 == name).map(|h| h.2).unwrap_or(LATENCY_BUCKETS);
+        let key = (name, labels.iter().map(|(k, v)| (*k, v.to_string())).collect());
+        let mut map = self.histograms.lock();
+        let h = map.entry(key).or_insert_with(|| Histogram { counts: vec![0; buckets.len()], ..Default::default() });
+        for (i, b) in buckets.iter().enumerate() {
+            if value <= *b {
+                h.counts[i] += 1;
+            }
+        }
+        h.sum += value;
+        h.count += 1;
+    }
+
+    /// Renders everything in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        counter(&mut out, "sluice_requests_total", "Answered requests by app, model and outcome.", &self.requests.lock());
+        counter(&mut out, "sluice_policy_faults_total", "Policy calls answered by the safe fallback, by kind.", &self.faults.lock());
+        counter(&mut out, "sluice_policy_swaps_total", "Completed hot swaps of an app's policy.", &self.swaps.lock());
+        let map = self.histograms.lock();
+        for (name, help, buckets) in HISTOGRAMS {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            for ((n, labels), h) in map.iter() {
+                if n != name {
+                    continue;
+                }
+                let base = render_labels(labels);
+                let sep = if base.is_empty() { "" } else { "," };
+                for (i, b) in buckets.iter().enumerate() {
+                    let _ = writeln!(out, "{name}_bucket{{{base}{sep}le=\"{b}\"}} {}", h.counts[i]);
+                }
+                let _ = writeln!(out, "{name}_bucket{{{base}{sep}le=\"+Inf\"}} {}", h.count);
+                let _ = writeln!(out, "{name}_sum{{{base}}} {}", h.sum);
+                let _ = writeln!(out, "{name}_count{{{base}}} {}", h.count);
+            }
+        }
+        out
+    }
+}
+
+fn render_labels(labels: &Labels) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn counter(out: &mut String, name: &str, help: &str, map: &BTreeMap<Labels, u64>) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (labels, v) in map {
+        let _ = writeln!(out, "{name}{{{}}} {v}", render_labels(labels));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_histograms() {
+        let m = Metrics::default();
+        m.request("a", "m\"1", "served");
+        m.request("a", "m\"1", "served");
+        m.observe("sluice_batch_size", &[("app", "a")], 3.0);
+        let text = m.render();
+        assert!(text.contains("sluice_requests_total{app=\"a\",model=\"m\\\"1\",outcome=\"served\"} 2"), "{text}");
+        assert!(text.contains("sluice_batch_size_bucket{app=\"a\",le=\"2\"} 0"), "{text}");
+        assert!(text.contains("sluice_batch_size_bucket{app=\"a\",le=\"4\"} 1"), "{text}");
+        assert!(text.contains("sluice_batch_size_count{app=\"a\"} 1"), "{text}");
+    }
+}

@@ -1,0 +1,445 @@
+//! The policy runtime: compiles policy components once (cached by digest), runs one
+//! instance per worker under an epoch deadline and a memory cap, and turns traps,
+//! overruns and invalid answers into counted faults the worker answers with the
+//! built-in safe policy.
+//!
+//! Start here: [`PolicyEngine`] (one per process), [`CompiledPolicy`] (a validated,
+//! pre-instantiated component), [`PolicyInstance`] (one per worker).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Engine, Store, Trap};
+
+use sluice_sdk as sdk;
+
+/// Host bindings generated from `wit/`, the single source of truth of the contract.
+#[allow(missing_docs)]
+mod bindings {
+    wasmtime::component::bindgen!({
+        world: "policy",
+        path: "../wit",
+    });
+}
+
+use bindings::sluice::policy::types as wit;
+use bindings::{Policy, PolicyImports, PolicyPre};
+
+/// How often the epoch ticker advances. A call's budget is a whole number of ticks,
+/// so this is the resolution of every policy deadline: too coarse and a runaway
+/// `decide` holds its worker longer than its budget; too fine and the ticker thread
+/// costs CPU for nothing.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Longest log line a policy may write; longer ones are cut so a chatty or hostile
+/// policy cannot flood the host log.
+const MAX_LOG_LINE: usize = 1024;
+
+/// Log lines a policy instance may write per second before the rest are dropped.
+const LOG_LINES_PER_SECOND: u32 = 20;
+
+/// Why a policy component was refused.
+#[derive(Debug, Error)]
+pub enum PolicyError {
+    /// Not a valid component, or it does not implement `sluice:policy/policy@0.1.0`.
+    #[error("policy {name}: not a valid sluice:policy@0.1.0 component: {reason}")]
+    Invalid {
+        /// Policy name.
+        name: String,
+        /// wasmtime's explanation.
+        reason: String,
+    },
+    /// Instantiation failed (e.g. its start function trapped or exceeded the memory cap).
+    #[error("policy {name}: instantiation failed: {reason}")]
+    Instantiate {
+        /// Policy name.
+        name: String,
+        /// The cause.
+        reason: String,
+    },
+    /// `init` returned an error or trapped.
+    #[error("policy {name}: init failed: {reason}")]
+    Init {
+        /// Policy name.
+        name: String,
+        /// The policy's message or the trap.
+        reason: String,
+    },
+}
+
+/// A policy call that did not produce a usable answer.
+#[derive(Clone, Debug, Error, PartialEq)]
+pub enum PolicyFault {
+    /// The call trapped (panic, unreachable, out-of-bounds access...).
+    #[error("trap: {0}")]
+    Trap(String),
+    /// The call ran past its epoch deadline.
+    #[error("overran its budget of {0:?}")]
+    Timeout(Duration),
+    /// The instance asked for more memory than its cap.
+    #[error("exceeded its memory cap of {0} bytes")]
+    Memory(usize),
+    /// The decision broke a rule of the contract.
+    #[error("invalid decision: {0}")]
+    Invalid(String),
+}
+
+impl PolicyFault {
+    /// Short label for metrics (`trap`, `timeout`, `memory`, `invalid`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PolicyFault::Trap(_) => "trap",
+            PolicyFault::Timeout(_) => "timeout",
+            PolicyFault::Memory(_) => "memory",
+            PolicyFault::Invalid(_) => "invalid",
+        }
+    }
+}
+
+/// Per-instance limits.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Budget of one `decide` or `observe` call.
+    pub call_budget: Duration,
+    /// Budget of `init`.
+    pub init_budget: Duration,
+    /// Cap on the instance's linear memory, in bytes.
+    pub memory_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            call_budget: Duration::from_millis(10),
+            init_budget: Duration::from_secs(60),
+            memory_bytes: 64 << 20,
+        }
+    }
+}
+
+fn ticks(budget: Duration) -> u64 {
+    (budget.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
+}
+
+/// The store data of one policy instance.
+pub struct HostState {
+    tag: Arc<str>,
+    memory_cap: usize,
+    memory_denied: bool,
+    log_window: Instant,
+    log_lines: u32,
+}
+
+impl wasmtime::ResourceLimiter for HostState {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            // Denying (rather than trapping here) lets a careful guest handle the
+            // failure; a Rust guest aborts, which traps and is reported as `Memory`.
+            self.memory_denied = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+impl PolicyImports for HostState {
+    fn log(&mut self, level: u8, message: String) {
+        let now = Instant::now();
+        if now.duration_since(self.log_window) >= Duration::from_secs(1) {
+            self.log_window = now;
+            self.log_lines = 0;
+        }
+        self.log_lines += 1;
+        if self.log_lines > LOG_LINES_PER_SECOND {
+            return;
+        }
+        let mut message = message;
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let tag = &*self.tag;
+        match level {
+            0 => tracing::error!(target: "sluice::policy", policy = tag, "{message}"),
+            1 => tracing::warn!(target: "sluice::policy", policy = tag, "{message}"),
+            2 => tracing::info!(target: "sluice::policy", policy = tag, "{message}"),
+            3 => tracing::debug!(target: "sluice::policy", policy = tag, "{message}"),
+            _ => tracing::trace!(target: "sluice::policy", policy = tag, "{message}"),
+        }
+    }
+}
+
+impl wit::Host for HostState {}
+
+/// A compiled, validated policy component ready to be instantiated.
+pub struct CompiledPolicy {
+    /// Policy name it was compiled under.
+    pub name: String,
+    /// Hex SHA-256 of the component bytes.
+    pub digest: String,
+    /// Size of the component in bytes.
+    pub size: usize,
+    /// How long compilation and validation took.
+    pub compile_time: Duration,
+    pre: PolicyPre<HostState>,
+}
+
+impl std::fmt::Debug for CompiledPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledPolicy").field("name", &self.name).field("digest", &self.digest).finish()
+    }
+}
+
+/// The process-wide Wasm engine: compiler, linker, digest cache and epoch ticker.
+pub struct PolicyEngine {
+    engine: Engine,
+    linker: Linker<HostState>,
+    cache: Mutex<HashMap<String, Arc<CompiledPolicy>>>,
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+impl PolicyEngine {
+    /// Creates the engine and starts its epoch ticker thread, which stops when the
+    /// engine is dropped.
+    pub fn new() -> anyhow::Result<Arc<PolicyEngine>> {
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config)?;
+        let mut linker = Linker::new(&engine);
+        Policy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        let this = Arc::new(PolicyEngine { engine, linker, cache: Mutex::new(HashMap::new()) });
+        let weak: Weak<PolicyEngine> = Arc::downgrade(&this);
+        std::thread::Builder::new().name("sluice-epoch".into()).spawn(move || loop {
+            std::thread::sleep(EPOCH_TICK);
+            match weak.upgrade() {
+                Some(e) => e.engine.increment_epoch(),
+                None => return,
+            }
+        })?;
+        Ok(this)
+    }
+
+    /// Compiles and validates a component against the `policy` world, or returns the
+    /// cached compilation of identical bytes.
+    pub fn compile(&self, name: &str, bytes: &[u8]) -> Result<Arc<CompiledPolicy>, PolicyError> {
+        let digest = digest(bytes);
+        if let Some(c) = self.cache.lock().get(&digest) {
+            if c.name == name {
+                return Ok(c.clone());
+            }
+            // Same bytes under another name: share the compiled code.
+            let c = Arc::new(CompiledPolicy {
+                name: name.to_string(),
+                digest: c.digest.clone(),
+                size: c.size,
+                compile_time: Duration::ZERO,
+                pre: c.pre.clone(),
+            });
+            return Ok(c);
+        }
+        let started = Instant::now();
+        let invalid = |reason: String| PolicyError::Invalid { name: name.to_string(), reason };
+        let component = Component::new(&self.engine, bytes).map_err(|e| invalid(format!("{e:#}")))?;
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| invalid(format!("{e:#}")))?;
+        let pre = PolicyPre::new(instance_pre).map_err(|e| invalid(format!("{e:#}")))?;
+        let compiled = Arc::new(CompiledPolicy {
+            name: name.to_string(),
+            digest: digest.clone(),
+            size: bytes.len(),
+            compile_time: started.elapsed(),
+            pre,
+        });
+        self.cache.lock().insert(digest, compiled.clone());
+        Ok(compiled)
+    }
+}
+
+/// One policy instance bound to one worker.
+pub struct PolicyInstance {
+    engine: Arc<PolicyEngine>,
+    compiled: Arc<CompiledPolicy>,
+    config: sdk::Config,
+    limits: Limits,
+    store: Store<HostState>,
+    bindings: Policy,
+    /// After a trap the store cannot be entered again; the next call re-instantiates.
+    poisoned: bool,
+    /// How long the last instantiation + init took.
+    pub init_time: Duration,
+}
+
+impl std::fmt::Debug for PolicyInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyInstance").field("policy", &self.compiled.name).finish()
+    }
+}
+
+impl PolicyInstance {
+    /// Instantiates the policy in a fresh store and calls `init`.
+    pub fn new(
+        engine: &Arc<PolicyEngine>,
+        compiled: &Arc<CompiledPolicy>,
+        config: sdk::Config,
+        limits: Limits,
+    ) -> Result<PolicyInstance, PolicyError> {
+        let started = Instant::now();
+        let (store, bindings) = Self::instantiate(engine, compiled, &config, limits)?;
+        Ok(PolicyInstance {
+            engine: engine.clone(),
+            compiled: compiled.clone(),
+            config,
+            limits,
+            store,
+            bindings,
+            poisoned: false,
+            init_time: started.elapsed(),
+        })
+    }
+
+    fn instantiate(
+        engine: &Arc<PolicyEngine>,
+        compiled: &Arc<CompiledPolicy>,
+        config: &sdk::Config,
+        limits: Limits,
+    ) -> Result<(Store<HostState>, Policy), PolicyError> {
+        let tag: Arc<str> = format!("{}/{}#{}", config.app, compiled.name, config.worker).into();
+        let state = HostState {
+            tag,
+            memory_cap: limits.memory_bytes,
+            memory_denied: false,
+            log_window: Instant::now(),
+            log_lines: 0,
+        };
+        let mut store = Store::new(&engine.engine, state);
+        store.limiter(|s| s);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(ticks(limits.init_budget));
+        let name = compiled.name.clone();
+        let bindings = compiled
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") })?;
+        let wit_config = to_wit_config(config);
+        match bindings.call_init(&mut store, &wit_config) {
+            Ok(Ok(())) => Ok((store, bindings)),
+            Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
+            Err(e) => {
+                let fault = classify(&store, e, limits.init_budget);
+                Err(PolicyError::Init { name, reason: fault.to_string() })
+            }
+        }
+    }
+
+    /// The compiled policy this instance runs.
+    pub fn compiled(&self) -> &Arc<CompiledPolicy> {
+        &self.compiled
+    }
+
+    fn ensure_live(&mut self) -> Result<(), PolicyFault> {
+        if self.poisoned {
+            let (store, bindings) = Self::instantiate(&self.engine, &self.compiled, &self.config, self.limits)
+                .map_err(|e| PolicyFault::Trap(format!("re-instantiation after a fault failed: {e}")))?;
+            self.store = store;
+            self.bindings = bindings;
+            self.poisoned = false;
+        }
+        self.store.set_epoch_deadline(ticks(self.limits.call_budget));
+        Ok(())
+    }
+
+    /// Asks the policy for a decision. The answer is not validated here (see
+    /// [`crate::worker`]); a trap, overrun or memory fault is returned as a fault and
+    /// the instance is re-created before its next call.
+    pub fn decide(&mut self, view: &sdk::View) -> Result<sdk::Decision, PolicyFault> {
+        self.ensure_live()?;
+        let wit_view = to_wit_view(view);
+        match self.bindings.call_decide(&mut self.store, &wit_view) {
+            Ok(d) => Ok(from_wit_decision(d)),
+            Err(e) => {
+                self.poisoned = true;
+                Err(classify(&self.store, e, self.limits.call_budget))
+            }
+        }
+    }
+
+    /// Tells the policy how a batch went.
+    pub fn observe(&mut self, outcome: &sdk::Outcome) -> Result<(), PolicyFault> {
+        self.ensure_live()?;
+        let o = wit::Outcome {
+            model: outcome.model,
+            size: outcome.size,
+            started: outcome.started,
+            finished: outcome.finished,
+            missed: outcome.missed,
+        };
+        self.bindings.call_observe(&mut self.store, o).map_err(|e| {
+            self.poisoned = true;
+            classify(&self.store, e, self.limits.call_budget)
+        })
+    }
+}
+
+fn classify(store: &Store<HostState>, e: wasmtime::Error, budget: Duration) -> PolicyFault {
+    if store.data().memory_denied {
+        return PolicyFault::Memory(store.data().memory_cap);
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => PolicyFault::Timeout(budget),
+        _ => PolicyFault::Trap(format!("{e:#}")),
+    }
+}
+
+fn to_wit_model(m: &sdk::Model) -> wit::Model {
+    wit::Model { id: m.id, name: m.name.clone(), accuracy: m.accuracy, latency: m.latency.clone() }
+}
+
+fn to_wit_config(c: &sdk::Config) -> wit::Config {
+    wit::Config {
+        app: c.app.clone(),
+        slo: c.slo,
+        workers: c.workers,
+        worker: c.worker,
+        models: c.models.iter().map(to_wit_model).collect(),
+        params: c.params.clone(),
+    }
+}
+
+fn to_wit_view(v: &sdk::View) -> wit::View {
+    wit::View {
+        now: v.now,
+        worker: v.worker,
+        workers: v.workers,
+        load_qps: v.load_qps,
+        loaded: v.loaded.clone(),
+        queue: v
+            .queue
+            .iter()
+            .map(|p| wit::Pending { id: p.id, arrival: p.arrival, deadline: p.deadline })
+            .collect(),
+    }
+}
+
+fn from_wit_decision(d: wit::Decision) -> sdk::Decision {
+    match d {
+        wit::Decision::Dispatch(d) => sdk::Decision::Dispatch(sdk::Dispatch { model: d.model, take: d.take, drop: d.drop }),
+        wit::Decision::WaitUntil(t) => sdk::Decision::WaitUntil(t),
+        wit::Decision::Idle => sdk::Decision::Idle,
+    }
+}

@@ -1,0 +1,294 @@
+//! Building the served apps from a config, and running the HTTP server until shutdown.
+//!
+//! Start here: [`State::build`] then [`run`], which mirrors mini-redis's
+//! `server::run(listener, shutdown)`: tests bind `127.0.0.1:0` and pass their own
+//! shutdown future.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use sluice_sdk as sdk;
+
+use crate::app::{App, WorkerStart};
+use crate::config::{AppConfig, Config, ExecutorKind, InputSpec};
+use crate::executor::models::{LoadedModel, ModelSet, OnnxSource};
+use crate::executor::onnx::{self, OnnxOptions};
+use crate::metrics::Metrics;
+use crate::profile::Profile;
+use crate::queue::{Clock, Reply};
+use crate::registry::Registry;
+use crate::runtime::PolicyEngine;
+
+/// Everything the HTTP handlers share.
+pub struct State {
+    /// The served apps, by name.
+    pub apps: BTreeMap<String, Arc<App>>,
+    /// Known policies.
+    pub registry: Arc<Registry>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Bearer token for `/admin` (none: admin disabled).
+    pub admin_token: Option<String>,
+    /// The configuration served.
+    pub config: Config,
+    /// Per-app model sources, to load models on workers at run time.
+    pub sources: HashMap<String, AppSources>,
+    workers: parking_lot::Mutex<JoinSet<()>>,
+}
+
+/// How an app's models are (re)loaded.
+#[derive(Clone)]
+pub struct AppSources {
+    /// The executor.
+    pub executor: ExecutorKind,
+    /// Per model id: the onnx source (onnx executor) or latency table (emulated).
+    pub models: Vec<ModelSource>,
+}
+
+/// How one model is loaded.
+#[derive(Clone)]
+pub enum ModelSource {
+    /// Emulated: its dense latency table.
+    Emulated(Arc<Vec<u64>>),
+    /// ONNX: the file and options.
+    Onnx(OnnxSource),
+}
+
+impl ModelSource {
+    /// Loads (and for ONNX warms) the model; blocking.
+    pub fn load(&self) -> anyhow::Result<LoadedModel> {
+        Ok(match self {
+            ModelSource::Emulated(t) => LoadedModel::Emulated(t.clone()),
+            ModelSource::Onnx(src) => LoadedModel::load_onnx(src)?,
+        })
+    }
+}
+
+impl State {
+    /// Builds every app: profiles, models (loaded and warmed on every worker), policy
+    /// instances (initialised), and spawns the workers.
+    pub async fn build(config: Config) -> anyhow::Result<Arc<State>> {
+        let engine = PolicyEngine::new()?;
+        let registry = Arc::new(Registry::open(engine.clone(), &config.builtin_policy_dir, &config.policy_dir)?);
+        let metrics = Arc::new(Metrics::default());
+        let clock = Clock::default();
+        let next_id = Arc::new(AtomicU64::new(1));
+        if config.apps.iter().any(|a| a.executor == ExecutorKind::Onnx) {
+            let path = onnx::init_runtime(config.onnxruntime.as_deref())?;
+            tracing::info!("ONNX Runtime loaded from {}", path.display());
+        }
+        let mut apps = BTreeMap::new();
+        let mut sources = HashMap::new();
+        let mut starts: Vec<(Arc<App>, Vec<WorkerStart>)> = Vec::new();
+        for app_config in &config.apps {
+            let (models, source) = resolve_models(app_config)?;
+            let input = resolve_input(app_config, &source)?;
+            let k = app_config.workers as usize;
+            let src = source.clone();
+            let worker_models = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<BTreeMap<u32, LoadedModel>>> {
+                (0..k)
+                    .map(|_| {
+                        src.models
+                            .iter()
+                            .enumerate()
+                            .map(|(id, s)| Ok((id as u32, s.load()?)))
+                            .collect::<anyhow::Result<BTreeMap<_, _>>>()
+                    })
+                    .collect()
+            })
+            .await??;
+            let compiled = registry
+                .get(&app_config.policy)
+                .with_context(|| format!("app {}: policy `{}`", app_config.name, app_config.policy))?;
+            let (app, ws) = App::new(
+                app_config.clone(),
+                models,
+                input,
+                worker_models,
+                engine.clone(),
+                Some(compiled),
+                metrics.clone(),
+                clock,
+                next_id.clone(),
+            )
+            .with_context(|| format!("app {}", app_config.name))?;
+            apps.insert(app_config.name.clone(), app.clone());
+            sources.insert(app_config.name.clone(), source);
+            starts.push((app, ws));
+        }
+        let mut set = JoinSet::new();
+        for (app, ws) in starts {
+            for w in ws {
+                set.spawn(crate::worker::run(app.clone(), w));
+            }
+        }
+        let admin_token = std::env::var("SLUICE_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(config.admin_token.clone());
+        Ok(Arc::new(State { apps, registry, metrics, admin_token, config, sources, workers: parking_lot::Mutex::new(set) }))
+    }
+
+    /// Loads `names` for worker `w` of `app` off the worker, then has the worker switch.
+    pub async fn set_worker_models(&self, app: &str, w: usize, names: &[String]) -> Result<Vec<u32>, String> {
+        let a = self.apps.get(app).ok_or_else(|| format!("unknown app `{app}`"))?;
+        let src = self.sources.get(app).ok_or_else(|| format!("unknown app `{app}`"))?;
+        if w >= a.workers.len() {
+            return Err(format!("app {app} has {} workers; no worker {w}", a.workers.len()));
+        }
+        if names.is_empty() {
+            return Err("a worker needs at least one model".into());
+        }
+        let mut ids = Vec::new();
+        for n in names {
+            let id = a.models.iter().position(|m| &m.name == n).ok_or_else(|| {
+                let known: Vec<&str> = a.models.iter().map(|m| m.name.as_str()).collect();
+                format!("app {app} has no model `{n}` (models: {})", known.join(", "))
+            })?;
+            ids.push(id as u32);
+        }
+        let sources: Vec<(u32, ModelSource)> = ids.iter().map(|&id| (id, src.models[id as usize].clone())).collect();
+        let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<BTreeMap<u32, LoadedModel>> {
+            sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("{e:#}"))?;
+        a.set_worker_models(w, ModelSet::new(loaded)).await?;
+        Ok(ids)
+    }
+
+    /// Graceful shutdown: stop accepting, let workers answer everything queued, and
+    /// after `grace` reject whatever is left (every accepted request gets one answer).
+    pub async fn drain(&self, grace: Duration) {
+        for app in self.apps.values() {
+            app.accepting.store(false, Ordering::Release);
+            app.draining.store(true, Ordering::Release);
+            app.wake_all();
+        }
+        let mut set = std::mem::take(&mut *self.workers.lock());
+        let finished = tokio::time::timeout(grace, async { while set.join_next().await.is_some() {} }).await;
+        if finished.is_err() {
+            set.abort_all();
+            while set.join_next().await.is_some() {}
+            for app in self.apps.values() {
+                for w in &app.workers {
+                    let left: Vec<_> = std::mem::take(&mut *w.queue.items.lock());
+                    w.queue.sync_len(&[]);
+                    for r in left {
+                        app.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                        r.answer(Reply::Rejected { message: "server shut down before the request could be served".into() });
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSources)> {
+    let profile = Profile::load(&app.profile)?;
+    let wanted: Vec<String> = match &app.models {
+        Some(m) => m.clone(),
+        None => profile.models.iter().map(|m| m.name.clone()).collect(),
+    };
+    let mut models = Vec::new();
+    let mut sources = Vec::new();
+    for (id, name) in wanted.iter().enumerate() {
+        let m = profile.models.iter().find(|m| &m.name == name).ok_or_else(|| {
+            let known: Vec<&str> = profile.models.iter().map(|m| m.name.as_str()).collect();
+            anyhow::anyhow!(
+                "app {}: models: `{name}` is not in profile {} (it has: {})",
+                app.name,
+                app.profile.display(),
+                known.join(", ")
+            )
+        })?;
+        let mut table = m.latency_table(app.latency_percentile);
+        if let Some(cap) = app.max_batch {
+            table.truncate(cap as usize);
+        }
+        let table = Arc::new(table);
+        sources.push(match app.executor {
+            ExecutorKind::Emulated => ModelSource::Emulated(table.clone()),
+            ExecutorKind::Onnx => {
+                let dir = app.model_dir.clone().unwrap_or_default();
+                let file = m.file.clone().map(PathBuf::from).unwrap_or_else(|| PathBuf::from(format!("{name}.onnx")));
+                ModelSource::Onnx(OnnxSource {
+                    path: dir.join(file),
+                    options: OnnxOptions { intra_threads: app.intra_threads, cuda: app.cuda },
+                    warm_batch: 1,
+                })
+            }
+        });
+        models.push(sdk::Model { id: id as u32, name: name.clone(), accuracy: m.accuracy, latency: table.to_vec() });
+    }
+    Ok((models, AppSources { executor: app.executor, models: sources }))
+}
+
+fn resolve_input(app: &AppConfig, sources: &AppSources) -> anyhow::Result<InputSpec> {
+    if let Some(i) = &app.input {
+        return Ok(i.clone());
+    }
+    match sources.models.first() {
+        Some(ModelSource::Onnx(src)) => {
+            let m = onnx::OnnxModel::load(&src.path, &src.options)?;
+            Ok(InputSpec { name: m.input_name().to_string(), datatype: "FP32".into(), shape: m.input_shape().to_vec() })
+        }
+        _ => anyhow::bail!("app {}: input: required for executor = \"emulated\" (e.g. input = {{ name = \"input\", datatype = \"FP32\", shape = [4] }})", app.name),
+    }
+}
+
+/// Serves HTTP on `listener` until `shutdown` resolves, then drains gracefully.
+pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    tokio::pin!(shutdown);
+    let mut connections = JoinSet::new();
+    let (close_tx, close_rx) = tokio::sync::watch::channel(false);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of file descriptors and the like: keep serving the others.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                let mut close = close_rx.clone();
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, std::convert::Infallible>(crate::http::handle(state, req).await) }
+                    });
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        r = conn.as_mut() => { if let Err(e) = r { tracing::debug!("connection: {e}"); } }
+                        _ = close.changed() => {
+                            // Finish the in-flight request, then close the connection.
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: not accepting new requests, draining queues");
+    state.drain(Duration::from_millis(state.config.shutdown_grace_ms)).await;
+    let _ = close_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async { while connections.join_next().await.is_some() {} }).await;
+    Ok(())
+}

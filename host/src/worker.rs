@@ -1,0 +1,318 @@
+//! The worker loop: at every decision point (an arrival, a finished batch, a timer
+//! the policy asked for) ask the policy, validate its answer, and execute it.
+//!
+//! Every request that enters a worker's queue leaves it exactly once: taken into a
+//! batch (and answered when the batch finishes), dropped by the policy, expired by
+//! the host, or rejected at the end of a shutdown that could not drain it.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_sdk as sdk;
+
+use crate::app::{App, Bound, WorkerControl, WorkerStart};
+use crate::executor::models::ModelSet;
+use crate::queue::{DropReason, Reply, Request, Served};
+use crate::runtime::PolicyFault;
+
+/// What the worker does after a decision.
+enum Step {
+    /// Execute a batch.
+    Run { model: u32, batch: Vec<Request>, policy: String, generation: u64 },
+    /// Wait for an arrival or until this instant (µs).
+    Wait(u64),
+    /// Wait for an arrival (or until `expire_at`, when the queue is not empty).
+    Idle { expire_at: Option<u64> },
+}
+
+/// Checks a decision against the contract's rules; `Err` names the broken rule.
+pub fn validate(decision: &sdk::Decision, view: &sdk::View, models: &[sdk::Model]) -> Result<(), String> {
+    match decision {
+        sdk::Decision::Dispatch(d) => {
+            if !view.loaded.contains(&d.model) {
+                return Err(format!("model {} is not loaded on worker {} (loaded: {:?})", d.model, view.worker, view.loaded));
+            }
+            let max = models.get(d.model as usize).map(|m| m.latency.len()).unwrap_or(0);
+            if d.take.len() > max {
+                return Err(format!("batch of {} exceeds model {}'s largest profiled batch {max}", d.take.len(), d.model));
+            }
+            if d.take.is_empty() && d.drop.is_empty() {
+                return Err("dispatch with nothing to take or drop".into());
+            }
+            let mut seen = HashSet::with_capacity(d.take.len() + d.drop.len());
+            for &i in d.take.iter().chain(&d.drop) {
+                if i as usize >= view.queue.len() {
+                    return Err(format!("index {i} out of range for a queue of {}", view.queue.len()));
+                }
+                if !seen.insert(i) {
+                    return Err(format!("index {i} appears twice in take/drop"));
+                }
+            }
+            Ok(())
+        }
+        sdk::Decision::WaitUntil(t) if *t <= view.now => {
+            Err(format!("wait-until {t} is not after now ({}); it would spin", view.now))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Runs one worker until the app drains at shutdown.
+pub async fn run(app: Arc<App>, start: WorkerStart) {
+    let WorkerStart { handle, mut models, mut control } = start;
+    let queue = handle.queue.clone();
+    loop {
+        // Register interest in wake-ups *before* looking at the queue, so a push
+        // between the look and the wait is not missed.
+        let notified = queue.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+
+        while let Ok(msg) = control.try_recv() {
+            match msg {
+                WorkerControl::Install(set, done) => install(&app, &handle, &mut models, set, done),
+            }
+        }
+
+        let draining = app.draining.load(Ordering::Acquire);
+        let (step, expired, dropped) = decide(&app, &handle, &models, draining);
+        for r in expired {
+            answer_dropped(&app, r, DropReason::Expired, "waited past its deadline beyond expire_after_ms", "host");
+        }
+        let (dropped, drop_policy) = dropped;
+        for r in dropped {
+            answer_dropped(&app, r, DropReason::Policy, "dropped by the policy", &drop_policy);
+        }
+        match step {
+            Step::Run { model, batch, policy, generation } => {
+                execute(&app, &handle, &models, model, batch, &policy, generation).await;
+            }
+            Step::Wait(until) => {
+                let at = tokio::time::Instant::from_std(app.clock.instant(until));
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = tokio::time::sleep_until(at) => {}
+                    msg = control.recv() => if let Some(WorkerControl::Install(set, done)) = msg {
+                        install(&app, &handle, &mut models, set, done);
+                    },
+                }
+            }
+            Step::Idle { expire_at } => {
+                if draining && queue.is_empty() {
+                    return;
+                }
+                let at = expire_at.map(|t| tokio::time::Instant::from_std(app.clock.instant(t)));
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = async { match at { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
+                    msg = control.recv() => if let Some(WorkerControl::Install(set, done)) = msg {
+                        install(&app, &handle, &mut models, set, done);
+                    },
+                }
+            }
+        }
+    }
+}
+
+fn install(app: &App, handle: &crate::app::WorkerHandle, models: &mut ModelSet, set: ModelSet, done: tokio::sync::oneshot::Sender<()>) {
+    // The new sessions were loaded and warmed before the message was sent; switching
+    // is a move, and the old ones are dropped here, after the switch.
+    let old = std::mem::replace(models, set);
+    *handle.loaded.lock() = models.ids();
+    drop(old);
+    tracing::info!(app = app.name(), worker = handle.index, models = ?models.ids(), "worker models switched");
+    let _ = done.send(());
+}
+
+type Dropped = (Vec<Request>, String);
+
+/// One decision, made under the worker's slot lock (see [`crate::app::Slot`]).
+fn decide(app: &App, handle: &crate::app::WorkerHandle, models: &ModelSet, draining: bool) -> (Step, Vec<Request>, Dropped) {
+    // Declared before the guard so that a replaced policy is dropped after the slot
+    // is unlocked: dropping a store takes microseconds a swap should not add.
+    let mut _retired = None;
+    let wait_started = Instant::now();
+    let mut slot = handle.slot.lock();
+    if let Some((bound, generation)) = slot.pending.take() {
+        _retired = Some(std::mem::replace(&mut slot.current, bound));
+        slot.generation = generation;
+        let waited = wait_started.elapsed();
+        app.counters.swap_max_wait_ns.fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
+    }
+    let unbind = app.unbind_generation.load(Ordering::Acquire);
+    if unbind != 0 && unbind == slot.generation && !matches!(slot.current, Bound::Safe) {
+        slot.current = Bound::Safe;
+    }
+    let generation = slot.generation;
+
+    let now = app.clock.now();
+    let mut items = handle.queue.items.lock();
+    // Host expiry: whatever the policy does, no request waits forever.
+    let mut expired = Vec::new();
+    if items.first().is_some_and(|r| r.deadline + app.expire_us < now) {
+        let cut = items.partition_point(|r| r.deadline + app.expire_us < now);
+        let keep = items.split_off(cut);
+        expired = std::mem::replace(&mut *items, keep);
+    }
+    if items.is_empty() {
+        handle.queue.sync_len(&items);
+        app.queued.fetch_sub(expired.len(), Ordering::AcqRel);
+        return (Step::Idle { expire_at: None }, expired, (Vec::new(), String::new()));
+    }
+    let view = sdk::View {
+        now,
+        worker: handle.index,
+        workers: app.workers.len() as u32,
+        load_qps: app.load.rate(now),
+        loaded: models.ids(),
+        queue: items.iter().map(|r| sdk::Pending { id: r.id, arrival: r.arrival, deadline: r.deadline }).collect(),
+    };
+    let started = Instant::now();
+    let policy_name = slot.current.name().to_string();
+    let answer = match &mut slot.current {
+        Bound::Wasm(instance) => instance.decide(&view),
+        Bound::Safe => Ok(sdk::helpers::safe_decision(&app.models, &view)),
+    };
+    app.metrics.observe("sluice_policy_decide_seconds", &[("app", app.name())], started.elapsed().as_secs_f64());
+    let checked = answer.and_then(|d| validate(&d, &view, &app.models).map(|_| d).map_err(PolicyFault::Invalid));
+    let (mut decision, mut decided_by) = match checked {
+        Ok(d) => (d, policy_name.clone()),
+        Err(fault) => {
+            app.record_fault(&policy_name, fault.kind(), generation, &fault.to_string());
+            (sdk::helpers::safe_decision(&app.models, &view), "safe".to_string())
+        }
+    };
+    drop(slot);
+    if draining && matches!(decision, sdk::Decision::Idle) {
+        // At shutdown a policy may not sit on requests: the queue must drain.
+        decision = sdk::helpers::safe_decision(&app.models, &view);
+        decided_by = "safe".into();
+    }
+    let step = match decision {
+        sdk::Decision::Dispatch(d) => {
+            // Remove the chosen requests; indices refer to the view, which is `items`.
+            let mut taken: Vec<Option<Request>> = Vec::with_capacity(d.take.len());
+            let mut role = vec![0u8; items.len()];
+            for &i in &d.take {
+                role[i as usize] = 1;
+            }
+            for &i in &d.drop {
+                role[i as usize] = 2;
+            }
+            let mut slots: Vec<Option<Request>> = items.drain(..).map(Some).collect();
+            let mut dropped = Vec::with_capacity(d.drop.len());
+            for &i in &d.take {
+                taken.push(slots[i as usize].take());
+            }
+            for &i in &d.drop {
+                if let Some(r) = slots[i as usize].take() {
+                    dropped.push(r);
+                }
+            }
+            items.extend(slots.into_iter().flatten());
+            handle.queue.sync_len(&items);
+            let removed = expired.len() + taken.len() + dropped.len();
+            app.queued.fetch_sub(removed, Ordering::AcqRel);
+            let batch: Vec<Request> = taken.into_iter().flatten().collect();
+            drop(items);
+            let step = if batch.is_empty() {
+                Step::Idle { expire_at: None }
+            } else {
+                Step::Run { model: d.model, batch, policy: decided_by.clone(), generation }
+            };
+            return (step, expired, (dropped, decided_by));
+        }
+        sdk::Decision::WaitUntil(t) => Step::Wait(t),
+        sdk::Decision::Idle => Step::Idle { expire_at: items.first().map(|r| r.deadline + app.expire_us + 1) },
+    };
+    handle.queue.sync_len(&items);
+    app.queued.fetch_sub(expired.len(), Ordering::AcqRel);
+    (step, expired, (Vec::new(), decided_by))
+}
+
+fn answer_dropped(app: &App, r: Request, reason: DropReason, detail: &str, policy: &str) {
+    app.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    app.metrics.request(app.name(), "", &format!("dropped-{}", reason.as_str()));
+    r.answer(Reply::Dropped { reason, detail: detail.to_string(), policy: policy.to_string() });
+}
+
+async fn execute(
+    app: &App,
+    handle: &crate::app::WorkerHandle,
+    models: &ModelSet,
+    model: u32,
+    batch: Vec<Request>,
+    policy: &str,
+    generation: u64,
+) {
+    let size = batch.len();
+    let variant = app.models[model as usize].name.clone();
+    handle.in_flight.store(size, Ordering::Relaxed);
+    let started = app.clock.now();
+    app.metrics.observe("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
+    let (requests, samples): (Vec<_>, Vec<_>) = batch
+        .into_iter()
+        .map(|mut r| {
+            let input = std::mem::replace(&mut r.input, crate::tensor::Tensor { name: String::new(), shape: vec![], data: crate::tensor::TensorData::U8(vec![]) });
+            (r, input)
+        })
+        .unzip();
+    let result = match models.get(model) {
+        Ok(m) => m.run(model, samples).await,
+        Err(e) => Err(e),
+    };
+    let finished = app.clock.now();
+    handle.in_flight.store(0, Ordering::Relaxed);
+    let mut missed = 0u32;
+    match result {
+        Ok(outputs) => {
+            for (r, outputs) in requests.into_iter().zip(outputs) {
+                let met = finished <= r.deadline;
+                if !met {
+                    missed += 1;
+                    app.counters.late.fetch_add(1, Ordering::Relaxed);
+                }
+                app.counters.served.fetch_add(1, Ordering::Relaxed);
+                app.metrics.request(app.name(), &variant, if met { "served" } else { "late" });
+                let queue_s = (started - r.arrival.min(started)) as f64 / 1e6;
+                let latency_us = finished.saturating_sub(r.arrival);
+                app.metrics.observe("sluice_queue_seconds", &[("app", app.name())], queue_s);
+                app.metrics.observe("sluice_latency_seconds", &[("app", app.name())], latency_us as f64 / 1e6);
+                let served = Served {
+                    variant: variant.clone(),
+                    policy: policy.to_string(),
+                    outputs,
+                    queue_us: started.saturating_sub(r.arrival),
+                    latency_us,
+                    deadline_us: r.deadline - r.arrival,
+                    deadline_met: met,
+                    batch_size: size,
+                    worker: handle.index,
+                };
+                r.answer(Reply::Served(Box::new(served)));
+            }
+        }
+        Err(e) => {
+            tracing::error!(app = app.name(), worker = handle.index, model = %variant, "batch failed: {e}");
+            for r in requests {
+                answer_dropped(app, r, DropReason::ExecutorError, &format!("the executor failed: {e}"), policy);
+            }
+            missed = size as u32;
+        }
+    }
+    // Feedback goes to the policy that decided, unless a swap replaced it meanwhile.
+    let mut slot = handle.slot.lock();
+    if slot.generation == generation && slot.pending.is_none() {
+        let slot_generation = slot.generation;
+        if let Bound::Wasm(instance) = &mut slot.current {
+            let outcome = sdk::Outcome { model, size: size as u32, started, finished, missed };
+            if let Err(fault) = instance.observe(&outcome) {
+                let name = instance.compiled().name.clone();
+                drop(slot);
+                app.record_fault(&name, fault.kind(), slot_generation, &fault.to_string());
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! `fixed`: serve every batch with one model variant chosen by the operator.
+//!
+//! Start here: [`Fixed`] (the policy) and [`Params`] (its `params` JSON). A
+//! baseline and a debugging aid: it shows what one variant alone achieves. The
+//! batch is the largest that still meets the head's deadline
+//! ([`helpers::largest_feasible_batch`]); nothing is dropped. When the named
+//! model is not loaded on this worker (the allocator moved it) the worker falls
+//! back to [`helpers::safe_decision`] and logs one warning per such episode.
+
+use serde::Deserialize;
+use sluice_sdk::{helpers, log, Config, Decision, Level, Policy, View};
+
+/// The policy's parameters: `{"model": "<variant name>"}`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Params {
+    /// The variant that serves every batch, by its name in the app's models.
+    /// Required.
+    pub model: Option<String>,
+}
+
+/// Always the configured model; batch sized to meet the head's deadline.
+#[derive(Debug)]
+pub struct Fixed {
+    config: Config,
+    model: u32,
+    /// Set while the model is not loaded here and the fallback was announced;
+    /// cleared when it is loaded again, so each episode warns once.
+    warned: bool,
+}
+
+impl Fixed {
+    /// The id of the model this policy serves with.
+    pub fn model(&self) -> u32 {
+        self.model
+    }
+}
+
+impl Policy for Fixed {
+    fn init(config: Config) -> Result<Self, String> {
+        let params: Params = config.params().map_err(|e| format!("fixed: {e}"))?;
+        let Some(name) = params.model else {
+            return Err(format!(
+                "fixed: missing param `model` (one of: {})",
+                config.model_names()
+            ));
+        };
+        let model = config.model_named(&name).ok_or_else(|| {
+            format!(
+                "fixed: unknown model `{name}` (valid models: {})",
+                config.model_names()
+            )
+        })?;
+        if model.max_batch() == 0 {
+            return Err(format!(
+                "fixed: model `{name}` has an empty latency profile"
+            ));
+        }
+        let model = model.id;
+        Ok(Fixed {
+            config,
+            model,
+            warned: false,
+        })
+    }
+
+    fn decide(&mut self, view: &View) -> Decision {
+        if !helpers::is_loaded(&view.loaded, self.model) {
+            if !self.warned {
+                self.warned = true;
+                log(
+                    Level::Warn,
+                    &format!(
+                        "fixed: model `{}` is not loaded on worker {}; using the safe decision",
+                        self.config.models[self.model as usize].name, view.worker
+                    ),
+                );
+            }
+            return helpers::safe_decision(&self.config.models, view);
+        }
+        self.warned = false;
+        let model = &self.config.models[self.model as usize];
+        Decision::serve_head(self.model, helpers::largest_feasible_batch(model, view))
+    }
+}
+
+sluice_sdk::export_policy!(Fixed);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_sdk::testing::{config, pending, take_logs, Harness};
+    use sluice_sdk::{Micros, Model, Pending};
+
+    const SLO: Micros = 100_000;
+
+    fn models() -> Vec<Model> {
+        vec![
+            Model {
+                id: 0,
+                name: "resnet18".into(),
+                accuracy: 0.69,
+                latency: vec![10_000, 14_000, 18_000, 22_000],
+            },
+            Model {
+                id: 1,
+                name: "resnet152".into(),
+                accuracy: 0.78,
+                latency: vec![40_000, 60_000, 80_000, 100_000],
+            },
+        ]
+    }
+
+    fn harness(params: &str) -> Harness<Fixed> {
+        Harness::new(config(SLO, models(), params)).expect("init")
+    }
+
+    fn queue(now: Micros, n: u64) -> Vec<Pending> {
+        (0..n).map(|i| pending(i, now, SLO)).collect()
+    }
+
+    #[test]
+    fn init_names_the_problem() {
+        let err = Harness::<Fixed>::new(config(SLO, models(), "{}")).unwrap_err();
+        assert!(err.contains("missing param `model`"), "{err}");
+        assert!(err.contains("resnet18, resnet152"), "{err}");
+        let err = Harness::<Fixed>::new(config(SLO, models(), r#"{"model":"vgg"}"#)).unwrap_err();
+        assert!(err.contains("unknown model `vgg`"), "{err}");
+        assert!(err.contains("resnet18, resnet152"), "{err}");
+        let err = Harness::<Fixed>::new(config(SLO, models(), r#"{"modle":"x"}"#)).unwrap_err();
+        assert!(err.starts_with("fixed: invalid params"), "{err}");
+        assert!(err.contains("modle"), "{err}");
+    }
+
+    #[test]
+    fn always_the_named_model_with_the_largest_feasible_batch() {
+        let mut h = harness(r#"{"model":"resnet152"}"#);
+        assert_eq!(h.policy().model(), 1);
+        // Budget 100 ms: b = 4 (100 ms) fits exactly.
+        let v = h.view(0, 100.0, queue(0, 6));
+        assert_eq!(h.decide(&v), Decision::serve(1, vec![0, 1, 2, 3]));
+        // 35 ms later the budget is 65 ms: b = 2.
+        let v = h.view(35_000, 100.0, queue(0, 6));
+        assert_eq!(h.decide(&v), Decision::serve(1, vec![0, 1]));
+        // Hopeless head: still serve one.
+        let v = h.view(90_000, 100.0, queue(0, 6));
+        assert_eq!(h.decide(&v), Decision::serve(1, vec![0]));
+        let v = h.view(0, 100.0, vec![]);
+        assert_eq!(h.decide(&v), Decision::Idle);
+    }
+
+    #[test]
+    fn falls_back_when_not_loaded_and_warns_once() {
+        let _ = take_logs();
+        let mut h = harness(r#"{"model":"resnet152"}"#);
+        h.set_loaded(vec![0]);
+        for _ in 0..3 {
+            let v = h.view(0, 100.0, queue(0, 6));
+            // The safe decision: resnet18, b = 4 (22 ms).
+            assert_eq!(h.decide(&v), Decision::serve(0, vec![0, 1, 2, 3]));
+        }
+        let logs = take_logs();
+        assert_eq!(logs.len(), 1, "{logs:?}");
+        assert_eq!(logs[0].0, Level::Warn);
+        assert!(logs[0].1.contains("resnet152"), "{logs:?}");
+        // Loaded again, then unloaded again: a new episode, a new warning.
+        h.set_loaded(vec![0, 1]);
+        let v = h.view(0, 100.0, queue(0, 1));
+        assert_eq!(h.decide(&v), Decision::serve(1, vec![0]));
+        h.set_loaded(vec![0]);
+        let v = h.view(0, 100.0, queue(0, 1));
+        assert_eq!(h.decide(&v), Decision::serve(0, vec![0]));
+        assert_eq!(take_logs().len(), 1);
+    }
+
+    #[test]
+    fn replay_with_the_slow_model_is_late_under_load() {
+        // 40 ms per request alone; arrivals every 10 ms overwhelm resnet152 for a
+        // while but batching catches up; resnet18 keeps up easily.
+        let arrivals: Vec<Micros> = (0..50).map(|i| i * 10_000).collect();
+        let fast = harness(r#"{"model":"resnet18"}"#).replay(&arrivals, 100.0);
+        assert_eq!((fast.served, fast.late, fast.invalid), (50, 0, 0));
+        assert!(fast.batches.iter().all(|&(m, _)| m == 0));
+        let slow = harness(r#"{"model":"resnet152"}"#).replay(&arrivals, 100.0);
+        assert_eq!(slow.served, 50);
+        assert_eq!(slow.invalid, 0);
+        assert!(slow.batches.iter().all(|&(m, _)| m == 1));
+        assert!(
+            slow.batches.iter().any(|&(_, b)| b > 1),
+            "{:?}",
+            slow.batches
+        );
+    }
+}

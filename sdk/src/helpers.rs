@@ -1,0 +1,370 @@
+//! Building blocks shared by policies, and the host's built-in safe decision.
+//!
+//! Everything here is allocation-light and dependency-free: the host calls
+//! [`safe_decision`] and [`check_decision`] natively on the serving path.
+
+use std::fmt;
+
+use crate::types::{Decision, Micros, Model, Pending, View};
+
+impl Pending {
+    /// Time left until this request's deadline at `now`, in microseconds;
+    /// negative once the deadline has passed.
+    pub fn slack(&self, now: Micros) -> i64 {
+        signed(self.deadline).saturating_sub(signed(now))
+    }
+}
+
+fn signed(t: Micros) -> i64 {
+    i64::try_from(t).unwrap_or(i64::MAX)
+}
+
+/// Slack of the queue entry at `index`: its deadline minus `view.now`, signed
+/// (negative once the deadline has passed).
+///
+/// # Panics
+///
+/// If `index >= view.queue.len()`, like slice indexing (in a component a panic
+/// is a trap, which the host answers with [`safe_decision`]). Use
+/// [`Pending::slack`] on an entry you already hold to avoid the check.
+pub fn slack(view: &View, index: usize) -> i64 {
+    view.queue[index].slack(view.now)
+}
+
+/// Whether the model `id` is in `loaded` (a [`View::loaded`] list).
+pub fn is_loaded(loaded: &[u32], id: u32) -> bool {
+    loaded.contains(&id)
+}
+
+/// The loaded models of `models` that can serve at least a batch of one, in
+/// `loaded` order. Ids in `loaded` that name no model are skipped.
+pub fn loaded_models<'m, 'l>(
+    models: &'m [Model],
+    loaded: &'l [u32],
+) -> impl Iterator<Item = &'m Model> + use<'m, 'l> {
+    loaded
+        .iter()
+        .filter_map(move |&id| models.get(usize::try_from(id).ok()?))
+        .filter(|m| m.max_batch() > 0)
+}
+
+/// The loaded model with the lowest batch-1 latency (ties: the lowest id), or
+/// `None` when no loaded model can serve.
+pub fn fastest_model<'a>(models: &'a [Model], loaded: &[u32]) -> Option<&'a Model> {
+    loaded_models(models, loaded).min_by_key(|m| (m.latency[0], m.id))
+}
+
+/// The loaded model with the highest accuracy (ties: the lower batch-1 latency,
+/// then the lower id), or `None` when no loaded model can serve.
+pub fn most_accurate<'a>(models: &'a [Model], loaded: &[u32]) -> Option<&'a Model> {
+    loaded_models(models, loaded).max_by(|a, b| {
+        a.accuracy
+            .total_cmp(&b.accuracy)
+            .then_with(|| b.latency[0].cmp(&a.latency[0]))
+            .then_with(|| b.id.cmp(&a.id))
+    })
+}
+
+/// The largest batch `b <= cap` (and within the profile) whose latency is at
+/// most `budget`; 0 when not even a batch of one fits. Latency profiles need not
+/// be monotone: every size up to the cap is considered.
+pub fn largest_batch_within(model: &Model, budget: Micros, cap: u32) -> u32 {
+    let cap = cap.min(model.max_batch());
+    (1..=cap)
+        .rev()
+        .find(|&b| model.latency(b).is_some_and(|l| l <= budget))
+        .unwrap_or(0)
+}
+
+/// The largest batch that `model` can serve from the head of the queue and still
+/// meet the head's deadline: the largest `b <= min(queue.len(), max_batch)` with
+/// `now + L(b) <= deadline of queue[0]`.
+///
+/// Returns 0 when the queue is empty (or the model has no profile) and 1 when
+/// even a batch of one would be late: serving late beats starving the queue.
+/// The head has the earliest deadline (the queue is EDF), so the whole batch
+/// meets its deadlines when the head does.
+pub fn largest_feasible_batch(model: &Model, view: &View) -> u32 {
+    let Some(head) = view.queue.first() else {
+        return 0;
+    };
+    if model.max_batch() == 0 {
+        return 0;
+    }
+    let cap = u32::try_from(view.queue.len()).unwrap_or(u32::MAX);
+    let budget = head.deadline.saturating_sub(view.now);
+    largest_batch_within(model, budget, cap).max(1)
+}
+
+/// The host's built-in safe decision, used whenever a policy faults (trap,
+/// invalid decision, budget overrun) and as a sane default for policies.
+///
+/// The fastest loaded model ([`fastest_model`]) serves the earliest deadlines
+/// (the head of the queue) in the largest batch that still meets the head's
+/// deadline ([`largest_feasible_batch`], at least 1). [`Decision::Idle`] when the
+/// queue is empty or no loaded model can serve. Nothing is dropped: whether to
+/// drop is a policy's choice, not the fallback's.
+pub fn safe_decision(models: &[Model], view: &View) -> Decision {
+    if view.queue.is_empty() {
+        return Decision::Idle;
+    }
+    match fastest_model(models, &view.loaded) {
+        Some(model) => Decision::serve_head(model.id, largest_feasible_batch(model, view)),
+        None => Decision::Idle,
+    }
+}
+
+/// Why a decision is invalid for a view; see [`check_decision`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Invalid {
+    /// The dispatch names a model id that is not in the config.
+    UnknownModel(u32),
+    /// The dispatch names a model that is not loaded on this worker.
+    NotLoaded(u32),
+    /// An index in `take` or `drop` is not below the queue length.
+    OutOfRange {
+        /// The offending index.
+        index: u32,
+        /// The queue length.
+        len: usize,
+    },
+    /// An index appears twice in `take`, twice in `drop`, or in both.
+    Duplicate(u32),
+    /// The batch is larger than the model's profile allows.
+    BatchTooLarge {
+        /// The number of requests in `take`.
+        size: usize,
+        /// The model's [`Model::max_batch`].
+        max: u32,
+    },
+    /// The dispatch neither serves nor drops anything, so nothing would change
+    /// and the host would ask again at once.
+    EmptyDispatch,
+    /// A `wait-until` at or before `now`, which would make the host ask again at
+    /// once.
+    WaitInPast {
+        /// The requested instant.
+        until: Micros,
+        /// The view's `now`.
+        now: Micros,
+    },
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Invalid::UnknownModel(id) => write!(f, "dispatch names unknown model {id}"),
+            Invalid::NotLoaded(id) => write!(f, "dispatch names model {id}, not loaded here"),
+            Invalid::OutOfRange { index, len } => {
+                write!(f, "queue index {index} out of range (queue length {len})")
+            }
+            Invalid::Duplicate(index) => write!(f, "queue index {index} used twice"),
+            Invalid::BatchTooLarge { size, max } => {
+                write!(f, "batch of {size} exceeds the model's maximum of {max}")
+            }
+            Invalid::EmptyDispatch => write!(f, "dispatch takes and drops nothing"),
+            Invalid::WaitInPast { until, now } => {
+                write!(f, "wait-until {until} is not after now ({now})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+/// Checks a decision against the rules in `wit/policy.wit`: the dispatched model
+/// exists and is loaded, `take` and `drop` are in range and pairwise distinct,
+/// and the batch is within the model's profile. It also rejects the two answers
+/// that would make the host ask again at once without anything changing: a
+/// dispatch that takes and drops nothing, and a `wait-until` not after `now`.
+pub fn check_decision(models: &[Model], view: &View, decision: &Decision) -> Result<(), Invalid> {
+    let dispatch = match decision {
+        Decision::Idle => return Ok(()),
+        Decision::WaitUntil(until) if *until <= view.now => {
+            return Err(Invalid::WaitInPast {
+                until: *until,
+                now: view.now,
+            })
+        }
+        Decision::WaitUntil(_) => return Ok(()),
+        Decision::Dispatch(dispatch) => dispatch,
+    };
+    let model = usize::try_from(dispatch.model)
+        .ok()
+        .and_then(|i| models.get(i))
+        .ok_or(Invalid::UnknownModel(dispatch.model))?;
+    if !is_loaded(&view.loaded, dispatch.model) {
+        return Err(Invalid::NotLoaded(dispatch.model));
+    }
+    if dispatch.take.is_empty() && dispatch.drop.is_empty() {
+        return Err(Invalid::EmptyDispatch);
+    }
+    if dispatch.take.len() > model.latency.len() {
+        return Err(Invalid::BatchTooLarge {
+            size: dispatch.take.len(),
+            max: model.max_batch(),
+        });
+    }
+    let len = view.queue.len();
+    let mut seen = vec![false; len];
+    for &index in dispatch.take.iter().chain(&dispatch.drop) {
+        let slot = usize::try_from(index)
+            .ok()
+            .and_then(|i| seen.get_mut(i))
+            .ok_or(Invalid::OutOfRange { index, len })?;
+        if std::mem::replace(slot, true) {
+            return Err(Invalid::Duplicate(index));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Dispatch;
+
+    fn model(id: u32, accuracy: f64, latency: &[Micros]) -> Model {
+        Model {
+            id,
+            name: format!("m{id}"),
+            accuracy,
+            latency: latency.to_vec(),
+        }
+    }
+
+    /// m0: slow and accurate; m1: fast; m2: fastest but not loaded in `view`.
+    fn models() -> Vec<Model> {
+        vec![
+            model(0, 0.80, &[50, 80, 110, 140]),
+            model(1, 0.70, &[10, 15, 20, 25]),
+            model(2, 0.60, &[5, 6, 7, 8]),
+        ]
+    }
+
+    fn view(now: Micros, deadlines: &[Micros]) -> View {
+        View {
+            now,
+            worker: 0,
+            workers: 1,
+            load_qps: 100.0,
+            loaded: vec![0, 1],
+            queue: deadlines
+                .iter()
+                .enumerate()
+                .map(|(i, &deadline)| Pending {
+                    id: i as u64,
+                    arrival: 0,
+                    deadline,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn slack_is_signed() {
+        let v = view(100, &[150, 90]);
+        assert_eq!(slack(&v, 0), 50);
+        assert_eq!(slack(&v, 1), -10);
+        assert_eq!(v.queue[1].slack(u64::MAX), -(i64::MAX - 90));
+    }
+
+    #[test]
+    fn fastest_and_most_accurate_consider_only_loaded_models() {
+        let ms = models();
+        assert_eq!(fastest_model(&ms, &[0, 1]).map(|m| m.id), Some(1));
+        assert_eq!(fastest_model(&ms, &[0, 1, 2]).map(|m| m.id), Some(2));
+        assert_eq!(most_accurate(&ms, &[1, 2]).map(|m| m.id), Some(1));
+        assert_eq!(most_accurate(&ms, &[2, 0]).map(|m| m.id), Some(0));
+        assert!(fastest_model(&ms, &[]).is_none());
+        // Unknown ids and empty profiles are ignored.
+        let mut ms = ms;
+        ms.push(model(3, 0.99, &[]));
+        assert_eq!(most_accurate(&ms, &[1, 3, 9]).map(|m| m.id), Some(1));
+    }
+
+    #[test]
+    fn feasible_batch_meets_the_head_deadline() {
+        let ms = models();
+        // Budget 22 at now = 100: m1 fits b = 3 (20), not 4 (25).
+        let v = view(100, &[122, 130, 140, 150, 160]);
+        assert_eq!(largest_feasible_batch(&ms[1], &v), 3);
+        // Capped by the queue length.
+        let v = view(100, &[200, 210]);
+        assert_eq!(largest_feasible_batch(&ms[1], &v), 2);
+        // Capped by the profile.
+        let v = view(0, &[1000; 9]);
+        assert_eq!(largest_feasible_batch(&ms[1], &v), 4);
+        // Hopeless head: serve one anyway.
+        let v = view(100, &[105, 300]);
+        assert_eq!(largest_feasible_batch(&ms[1], &v), 1);
+        // Empty queue.
+        assert_eq!(largest_feasible_batch(&ms[1], &view(0, &[])), 0);
+    }
+
+    #[test]
+    fn batch_within_handles_non_monotone_profiles() {
+        let m = model(0, 0.5, &[10, 40, 30, 50]);
+        assert_eq!(largest_batch_within(&m, 35, 4), 3);
+        assert_eq!(largest_batch_within(&m, 35, 2), 1);
+        assert_eq!(largest_batch_within(&m, 5, 4), 0);
+    }
+
+    #[test]
+    fn safe_decision_uses_the_fastest_loaded_model() {
+        let ms = models();
+        let v = view(100, &[122, 130, 140, 150, 160]);
+        assert_eq!(safe_decision(&ms, &v), Decision::serve(1, vec![0, 1, 2]));
+        assert_eq!(safe_decision(&ms, &view(0, &[])), Decision::Idle);
+        let mut v = v;
+        v.loaded.clear();
+        assert_eq!(safe_decision(&ms, &v), Decision::Idle);
+        assert_eq!(check_decision(&ms, &v, &safe_decision(&ms, &v)), Ok(()));
+    }
+
+    #[test]
+    fn check_decision_catches_every_rule() {
+        let ms = models();
+        let v = view(100, &[200, 210, 220]);
+        let dispatch = |model, take: &[u32], drop: &[u32]| {
+            Decision::Dispatch(Dispatch {
+                model,
+                take: take.to_vec(),
+                drop: drop.to_vec(),
+            })
+        };
+        let check = |d: &Decision| check_decision(&ms, &v, d);
+        assert_eq!(check(&dispatch(1, &[0, 2], &[1])), Ok(()));
+        assert_eq!(check(&dispatch(0, &[], &[0])), Ok(()));
+        assert_eq!(check(&Decision::Idle), Ok(()));
+        assert_eq!(check(&Decision::WaitUntil(101)), Ok(()));
+        assert_eq!(
+            check(&Decision::WaitUntil(100)),
+            Err(Invalid::WaitInPast {
+                until: 100,
+                now: 100
+            })
+        );
+        assert_eq!(
+            check(&dispatch(7, &[0], &[])),
+            Err(Invalid::UnknownModel(7))
+        );
+        assert_eq!(check(&dispatch(2, &[0], &[])), Err(Invalid::NotLoaded(2)));
+        assert_eq!(check(&dispatch(1, &[], &[])), Err(Invalid::EmptyDispatch));
+        assert_eq!(
+            check(&dispatch(1, &[3], &[])),
+            Err(Invalid::OutOfRange { index: 3, len: 3 })
+        );
+        assert_eq!(
+            check(&dispatch(1, &[0, 0], &[])),
+            Err(Invalid::Duplicate(0))
+        );
+        assert_eq!(check(&dispatch(1, &[0], &[0])), Err(Invalid::Duplicate(0)));
+        let big = view(0, &[500; 6]);
+        assert_eq!(
+            check_decision(&ms, &big, &dispatch(1, &[0, 1, 2, 3, 4], &[])),
+            Err(Invalid::BatchTooLarge { size: 5, max: 4 })
+        );
+        assert!(Invalid::Duplicate(3).to_string().contains('3'));
+    }
+}

@@ -1,0 +1,140 @@
+//! Developer tasks for sluice, run as `cargo xtask <task>`.
+//!
+//! - `setup`: install what is missing (Wasm target, the project venv with ONNX
+//!   Runtime, the batch-dynamic ImageNet models). Idempotent.
+//! - `policies`: build the built-in policies and test fixtures into `target/policies/`.
+//! - `test`: setup, policies, fmt, clippy, then every test.
+//! - `demo`: setup, build, start `sluice serve` on the embedded default, send real
+//!   image tensors, swap the policy under traffic, and print what happened.
+//! - `bench`: the benchmarks recorded in BENCHMARKS.md.
+
+mod demo;
+mod policies;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what is missing: Wasm target, venv with onnxruntime, models.
+    Setup,
+    /// Build the built-in policies and fixtures into target/policies/.
+    Policies,
+    /// Setup, build policies, check formatting and lints, run every test.
+    Test,
+    /// Setup, then run the demo on the embedded default config.
+    Demo,
+    /// Run the benchmarks (figures go to stdout; record them in BENCHMARKS.md).
+    Bench,
+}
+
+fn main() -> Result<()> {
+    let root = root();
+    match Cli::parse().task {
+        Task::Setup => setup(&root),
+        Task::Policies => build_all_policies(&root),
+        Task::Test => test(&root),
+        Task::Demo => {
+            setup(&root)?;
+            build_all_policies(&root)?;
+            run(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "sluice"]))?;
+            demo::run(&root)
+        }
+        Task::Bench => {
+            setup(&root)?;
+            build_all_policies(&root)?;
+            run(Command::new("cargo").current_dir(&root).args(["bench", "-p", "sluice"]))
+        }
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is inside the workspace").to_path_buf()
+}
+
+/// Runs a command, failing with its name when it fails.
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    eprintln!("xtask: {shown}");
+    let status = cmd.status().with_context(|| format!("cannot start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed with {status}");
+    }
+    Ok(())
+}
+
+/// The project venv's python.
+pub(crate) fn venv_python(root: &Path) -> PathBuf {
+    root.join(".venv/bin/python")
+}
+
+/// Python packages the project needs: onnxruntime for its shared library, onnx for the
+/// model architectures, numpy for both, tritonclient for the OIP conformance test.
+/// matplotlib for the photograph in its sample data (the demo's real image tensors).
+const PY_PACKAGES: &[&str] = &["onnxruntime==1.31.1", "onnx", "numpy", "tritonclient[http]", "matplotlib"];
+
+fn setup(root: &Path) -> Result<()> {
+    // 1. The Wasm target for policies (wasm-component-ld ships with the toolchain).
+    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output().context("rustup")?;
+    if !String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == "wasm32-unknown-unknown") {
+        run(Command::new("rustup").args(["target", "add", "wasm32-unknown-unknown"]))?;
+    }
+    // 2. The venv with ONNX Runtime (its wheel carries libonnxruntime.so).
+    let python = venv_python(root);
+    let have_packages = python.exists()
+        && Command::new(&python)
+            .args(["-c", "import onnxruntime, onnx, numpy, tritonclient.http, matplotlib"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+    if !have_packages {
+        if !python.exists() {
+            run(Command::new("python3").current_dir(root).args(["-m", "venv", ".venv"]))?;
+        }
+        run(Command::new(&python).args(["-m", "pip", "install", "--quiet"]).args(PY_PACKAGES))?;
+    }
+    // 3. The batch-dynamic ImageNet models.
+    if !root.join("models/imagenet/manifest.json").exists() {
+        run(Command::new(&python).current_dir(root).args(["xtask/scripts/make_models.py", "--out", "models/imagenet"]))?;
+    }
+    if !root.join("models/imagenet/images.f32").exists() {
+        run(Command::new(&python).current_dir(root).args(["xtask/scripts/make_images.py", "--out", "models/imagenet"]))?;
+    }
+    Ok(())
+}
+
+fn build_all_policies(root: &Path) -> Result<()> {
+    let names: Vec<&str> = policies::BUILTIN.iter().chain(policies::FIXTURES).copied().collect();
+    let built = policies::build_policies(root, &names)?;
+    for p in built {
+        eprintln!("xtask: built {}", p.display());
+    }
+    Ok(())
+}
+
+fn test(root: &Path) -> Result<()> {
+    setup(root)?;
+    build_all_policies(root)?;
+    let cargo = || {
+        let mut c = Command::new("cargo");
+        c.current_dir(root);
+        c
+    };
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    // Everything builds in the release profile: one cold build of wasmtime and ort
+    // instead of two, and the binary the tests start is the one users run.
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--release", "--", "-D", "warnings"]))?;
+    run(cargo().args(["build", "--release", "-p", "sluice", "--bin", "sluice"]))?;
+    run(cargo().args(["test", "--workspace", "--release"]))
+}

@@ -1,0 +1,82 @@
+//! Build policy crates into WebAssembly components under `target/policies/`.
+//!
+//! Policies are built for `wasm32-unknown-unknown` with the workspace's `policy`
+//! profile; `.cargo/config.toml` links that target with `wasm-component-ld`
+//! (shipped with rustup), so the `.wasm` cargo writes already is a component
+//! whose only imports are the sluice WIT contract. No `wasm-tools` step needed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// The policies shipped with sluice (crates `policies/<name>`, package
+/// `policy-<name>`).
+pub const BUILTIN: &[&str] = &["jellyfish", "fixed"];
+
+/// Test fixtures built the same way (crates under `tests/fixtures/<name>`).
+pub const FIXTURES: &[&str] = &["misbehave"];
+
+/// The guest target. Not `wasm32-wasip2`: through std that imports 13 WASI
+/// interfaces even when a policy does no I/O (DESIGN.md, toolchain facts).
+const TARGET: &str = "wasm32-unknown-unknown";
+
+/// The cargo profile for policies (root `Cargo.toml`: size-optimised, LTO,
+/// `panic = "abort"` so a panic is a plain trap).
+const PROFILE: &str = "policy";
+
+/// The first 8 bytes of a component binary: `\0asm`, then version 0x0d and
+/// layer 1 (a core module has version 1, layer 0).
+const COMPONENT_HEADER: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
+
+/// Builds the policies `names` (package `policy-<name>` each) in one cargo
+/// invocation and copies each component to `<root>/target/policies/<name>.wasm`.
+/// Returns those paths, in the order of `names`.
+///
+/// Fails if cargo fails or if an output is not a component (which means the
+/// target's linker is not `wasm-component-ld`).
+pub fn build_policies(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(root)
+        .args(["build", "--target", TARGET, "--profile", PROFILE]);
+    for name in names {
+        command.arg("-p").arg(format!("policy-{name}"));
+    }
+    let status = command
+        .status()
+        .with_context(|| format!("running {command:?}"))?;
+    if !status.success() {
+        bail!("building policies {names:?} failed ({status})");
+    }
+
+    // Respect CARGO_TARGET_DIR, as cargo itself did (a relative one is
+    // relative to where cargo ran, i.e. `root`).
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|dir| root.join(dir))
+        .unwrap_or_else(|| root.join("target"));
+    let built = target.join(TARGET).join(PROFILE);
+    let out_dir = target.join("policies");
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+
+    let mut paths = Vec::with_capacity(names.len());
+    for name in names {
+        let from = built.join(format!("policy_{}.wasm", name.replace('-', "_")));
+        let to = out_dir.join(format!("{name}.wasm"));
+        let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+        if !bytes.starts_with(&COMPONENT_HEADER) {
+            bail!(
+                "{} is not a WebAssembly component (is `linker = \"wasm-component-ld\"` \
+                 set for {TARGET} in .cargo/config.toml?)",
+                from.display()
+            );
+        }
+        std::fs::write(&to, &bytes).with_context(|| format!("writing {}", to.display()))?;
+        paths.push(to);
+    }
+    Ok(paths)
+}
