@@ -5,7 +5,6 @@
 //! batch (and answered when the batch finishes), dropped by the policy, expired by
 //! the host, or rejected at the end of a shutdown that could not drain it.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,38 +24,6 @@ enum Step {
     Wait(u64),
     /// Wait for an arrival (or until `expire_at`, when the queue is not empty).
     Idle { expire_at: Option<u64> },
-}
-
-/// Checks a decision against the contract's rules; `Err` names the broken rule.
-pub fn validate(decision: &sdk::Decision, view: &sdk::View, models: &[sdk::Model]) -> Result<(), String> {
-    match decision {
-        sdk::Decision::Dispatch(d) => {
-            if !view.loaded.contains(&d.model) {
-                return Err(format!("model {} is not loaded on worker {} (loaded: {:?})", d.model, view.worker, view.loaded));
-            }
-            let max = models.get(d.model as usize).map(|m| m.latency.len()).unwrap_or(0);
-            if d.take.len() > max {
-                return Err(format!("batch of {} exceeds model {}'s largest profiled batch {max}", d.take.len(), d.model));
-            }
-            if d.take.is_empty() && d.drop.is_empty() {
-                return Err("dispatch with nothing to take or drop".into());
-            }
-            let mut seen = HashSet::with_capacity(d.take.len() + d.drop.len());
-            for &i in d.take.iter().chain(&d.drop) {
-                if i as usize >= view.queue.len() {
-                    return Err(format!("index {i} out of range for a queue of {}", view.queue.len()));
-                }
-                if !seen.insert(i) {
-                    return Err(format!("index {i} appears twice in take/drop"));
-                }
-            }
-            Ok(())
-        }
-        sdk::Decision::WaitUntil(t) if *t <= view.now => {
-            Err(format!("wait-until {t} is not after now ({}); it would spin", view.now))
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Runs one worker until the app drains at shutdown.
@@ -176,7 +143,10 @@ fn decide(app: &App, handle: &crate::app::WorkerHandle, models: &ModelSet, drain
         Bound::Safe => Ok(sdk::helpers::safe_decision(&app.models, &view)),
     };
     app.metrics.observe("sluice_policy_decide_seconds", &[("app", app.name())], started.elapsed().as_secs_f64());
-    let checked = answer.and_then(|d| validate(&d, &view, &app.models).map(|_| d).map_err(PolicyFault::Invalid));
+    let checked = answer.and_then(|d| match sdk::helpers::check_decision(&app.models, &view, &d) {
+        Ok(()) => Ok(d),
+        Err(e) => Err(PolicyFault::Invalid(e.to_string())),
+    });
     let (mut decision, mut decided_by) = match checked {
         Ok(d) => (d, policy_name.clone()),
         Err(fault) => {

@@ -108,9 +108,11 @@ macro_rules! export_policy {
                 fn observe(outcome: $crate::wit::Outcome) {
                     __SLUICE_SLOT.with(|slot| slot.observe(&outcome.into()))
                 }
-    }
+            }
 
-            $crate::wit::__export_policy_world!(__SluicePolicyComponent with_types_in $crate::wit);
+            $crate::wit::__export_policy_world!(
+                __SluicePolicyComponent with_types_in $crate::wit
+            );
         };
     };
 }

@@ -1,0 +1,160 @@
+//! Bad plugins: components that do not implement the world are refused at upload
+//! with a reason; components that trap, loop, allocate without bound or return
+//! out-of-range indices are contained, counted and answered by the safe fallback,
+//! and the server keeps serving.
+
+use serde_json::json;
+use sluice_e2e::*;
+
+const CONFIG: &str = r#"
+[[app]]
+name = "emu"
+slo_ms = 200
+workers = 2
+executor = "emulated"
+profile = "{dir}/zero.toml"
+policy = "jellyfish"
+memory_limit_mb = 16
+decide_budget_ms = 50
+input = { name = "x", datatype = "FP32", shape = [4] }
+
+[[app]]
+name = "strict"
+slo_ms = 200
+workers = 1
+executor = "emulated"
+profile = "{dir}/zero.toml"
+policy = "jellyfish"
+fail_mode = "unbind"
+unbind_after = 3
+input = { name = "x", datatype = "FP32", shape = [4] }
+"#;
+
+async fn upload(c: &mut sluice::loadgen::Client, name: &str, bytes: &[u8]) -> sluice::loadgen::HttpResponse {
+    let auth = format!("Bearer {TOKEN}");
+    c.request("POST", &format!("/admin/policies?name={name}"), &[("authorization", &auth), ("content-type", "application/wasm")], bytes)
+        .await
+        .unwrap()
+}
+
+async fn serves(c: &mut sluice::loadgen::Client, app: &str, n: u64) -> Vec<String> {
+    let mut policies = Vec::new();
+    for i in 0..n {
+        let r = c.post_json(&format!("/v2/models/{app}/infer"), &small_infer(i)).await.unwrap();
+        assert_eq!(r.status, 200, "the server keeps serving: {}", String::from_utf8_lossy(&r.body));
+        policies.push(r.json()["parameters"]["policy"].as_str().unwrap().to_string());
+    }
+    policies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_that_are_not_policies_are_refused_with_a_reason() {
+    let server = TestServer::start(CONFIG).await.unwrap();
+    let mut c = server.client().await;
+    let cases: [(&str, &[u8], &str); 4] = [
+        ("garbage", b"\x00asm\x01\x02garbage", "not a valid sluice:policy@0.1.0 component"),
+        ("core-module", b"(module)", "not a valid sluice:policy@0.1.0 component"),
+        ("empty-component", b"(component)", "no export"),
+        (
+            "wrong-world",
+            br#"(component (core module $m (func (export "f"))) (core instance $i (instantiate $m)) (func (export "decide") (canon lift (core func $i "f"))))"#,
+            "not a valid sluice:policy@0.1.0 component",
+        ),
+    ];
+    for (name, bytes, reason) in cases {
+        let r = upload(&mut c, name, bytes).await;
+        assert_eq!(r.status, 400, "{name}: {}", String::from_utf8_lossy(&r.body));
+        let err = r.json()["error"].as_str().unwrap().to_string();
+        assert!(err.contains(reason), "{name}: {err}");
+    }
+    for bad_name in ["..%2Fescape", "../escape", ".hidden", "a%00b"] {
+        let r = upload(&mut c, bad_name, b"(component)").await;
+        assert_eq!(r.status, 400, "{bad_name}");
+        assert!(r.json()["error"].as_str().unwrap().contains("invalid policy name"), "{bad_name}: {}", r.json());
+    }
+    let r = upload(&mut c, "jellyfish", &std::fs::read(policies_dir().join("fixed.wasm")).unwrap()).await;
+    assert_eq!(r.status, 409, "a built-in cannot be replaced");
+    // Nothing refused was stored.
+    let list = admin(&mut c, "GET", "/admin/policies", b"").await.json();
+    let names: Vec<&str> = list["policies"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert!(!names.iter().any(|n| ["garbage", "core-module", "empty-component", "wrong-world"].contains(n)), "{names:?}");
+    assert_eq!(serves(&mut c, "emu", 3).await, vec!["jellyfish"; 3]);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_policies_are_contained_and_answered_by_the_fallback() {
+    let server = TestServer::start(CONFIG).await.unwrap();
+    let mut c = server.client().await;
+    let bytes = std::fs::read(policies_dir().join("misbehave.wasm")).unwrap();
+    let r = upload(&mut c, "mis", &bytes).await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let mut faults = 0;
+    for (mode, kind) in [("trap", "trap"), ("loop", "timeout"), ("alloc", "memory"), ("bad-index", "invalid")] {
+        let r = swap(&mut c, "emu", "mis", json!({ "mode": mode })).await;
+        assert_eq!(r.status, 200, "{mode}: {}", String::from_utf8_lossy(&r.body));
+        let policies = serves(&mut c, "emu", 4).await;
+        assert!(policies.iter().all(|p| p == "safe"), "{mode}: answered by the fallback: {policies:?}");
+        let status = app_status(&mut c, "emu").await;
+        let now = status["counters"]["faults"].as_u64().unwrap();
+        assert!(now >= faults + 4, "{mode}: faults counted ({faults} -> {now})");
+        faults = now;
+        assert_eq!(status["policy"], json!("mis"), "fail_mode=fallback keeps the component");
+        let metrics = String::from_utf8(c.get("/metrics").await.unwrap().body).unwrap();
+        assert!(
+            metrics.contains(&format!("sluice_policy_faults_total{{app=\"emu\",policy=\"mis\",kind=\"{kind}\"}}")),
+            "{mode} is counted as {kind}: {metrics}"
+        );
+    }
+    // A policy that fails init never replaces the running one.
+    let r = swap(&mut c, "emu", "mis", json!({ "mode": "init-error" })).await;
+    assert_eq!(r.status, 422);
+    assert!(r.json()["error"].as_str().unwrap().contains("asked to fail init"), "{}", r.json());
+    // Back to a good policy: decisions come from it again.
+    let r = swap(&mut c, "emu", "jellyfish", json!({})).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(serves(&mut c, "emu", 4).await, vec!["jellyfish"; 4]);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unbind_mode_replaces_a_faulty_policy_with_the_safe_one() {
+    let server = TestServer::start(CONFIG).await.unwrap();
+    let mut c = server.client().await;
+    let r = swap(&mut c, "strict", "misbehave", json!({ "mode": "trap" })).await;
+    assert_eq!(r.status, 200);
+    let policies = serves(&mut c, "strict", 10).await;
+    assert!(policies.iter().all(|p| p == "safe"), "{policies:?}");
+    let status = app_status(&mut c, "strict").await;
+    assert_eq!(status["policy"], json!("safe"));
+    assert!(status["unbound_reason"].as_str().unwrap().contains("3 faults"), "{status}");
+    assert_eq!(status["counters"]["faults"], json!(3), "no more faults once unbound");
+    // The other app is untouched.
+    assert_eq!(app_status(&mut c, "emu").await["policy"], json!("jellyfish"));
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploaded_policies_survive_a_restart() {
+    let keep = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(policies_dir().join("fixed.wasm")).unwrap();
+    let server = TestServer::start_with_policy_dir(CONFIG, Some(keep.path())).await.unwrap();
+    let mut c = server.client().await;
+    let r = upload(&mut c, "my-fixed", &bytes).await;
+    assert_eq!(r.status, 201);
+    let digest = r.json()["digest"].as_str().unwrap().to_string();
+    server.stop().await.unwrap();
+
+    let server = TestServer::start_with_policy_dir(CONFIG, Some(keep.path())).await.unwrap();
+    let mut c = server.client().await;
+    let list = admin(&mut c, "GET", "/admin/policies", b"").await.json();
+    let entry = list["policies"].as_array().unwrap().iter().find(|p| p["name"] == json!("my-fixed")).cloned();
+    let entry = entry.expect("the uploaded policy is listed after a restart");
+    assert_eq!(entry["source"], json!("uploaded"));
+    assert_eq!(entry["digest"], json!(digest));
+    let r = swap(&mut c, "emu", "my-fixed", json!({ "model": "medium" })).await;
+    assert_eq!(r.status, 200);
+    let r = c.post_json("/v2/models/emu/infer", &small_infer(1)).await.unwrap();
+    assert_eq!(r.json()["model_version"], json!("medium"));
+    server.stop().await.unwrap();
+}

@@ -1,0 +1,41 @@
+"""OIP conformance: the official tritonclient (HTTP) talks to a running sluice.
+
+Usage: oip_client.py HOST:PORT APP INPUT_NAME
+Checks liveness, readiness, model readiness and metadata, runs an inference with
+JSON tensors and prints one JSON line with what it saw.
+"""
+import json
+import sys
+
+import numpy as np
+import tritonclient.http as httpclient
+
+
+def main():
+    url, app, input_name = sys.argv[1], sys.argv[2], sys.argv[3]
+    client = httpclient.InferenceServerClient(url=url)
+    assert client.is_server_live(), "server not live"
+    assert client.is_server_ready(), "server not ready"
+    assert client.is_model_ready(app), "model not ready"
+    meta = client.get_model_metadata(app)
+    assert meta["name"] == app, meta
+    assert meta["inputs"][0]["name"] == input_name, meta
+    data = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
+    inp = httpclient.InferInput(input_name, list(data.shape), "FP32")
+    inp.set_data_from_numpy(data, binary_data=False)
+    out = httpclient.InferRequestedOutput("output", binary_data=False)
+    result = client.infer(app, [inp], outputs=[out], request_id="oip-1")
+    arr = result.as_numpy("output")
+    response = result.get_response()
+    print(json.dumps({
+        "shape": list(arr.shape),
+        "sum": float(arr[0, 1]),
+        "model_name": response["model_name"],
+        "model_version": response["model_version"],
+        "id": response.get("id"),
+        "versions": meta["versions"],
+    }))
+
+
+if __name__ == "__main__":
+    main()

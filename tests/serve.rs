@@ -1,0 +1,221 @@
+//! End to end: a real server on 127.0.0.1:0 with two apps, one on ONNX Runtime
+//! (real ImageNet architectures) and one emulated; thousands of requests, each
+//! answered exactly once, by a variant the worker had loaded.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice_e2e::*;
+
+const CONFIG: &str = r#"
+[[app]]
+name = "imagenet"
+slo_ms = 2000
+workers = 2
+executor = "onnx"
+profile = "{root}/profiles/imagenet-light-cpu.toml"
+model_dir = "{root}/models/imagenet"
+models = ["shufflenet", "squeezenet"]
+max_batch = 4
+policy = "jellyfish"
+
+[[app]]
+name = "emu"
+slo_ms = 50
+workers = 4
+router = "shortest-queue"
+executor = "emulated"
+profile = "{dir}/emulated.toml"
+max_queue = 4096
+policy = "jellyfish"
+input = { name = "x", datatype = "FP32", shape = [4] }
+"#;
+
+fn image(i: usize) -> Vec<f32> {
+    let bytes = std::fs::read(root().join("models/imagenet/images.f32")).expect("models/imagenet/images.f32: run `cargo xtask setup`");
+    let per = 3 * 224 * 224;
+    let n = bytes.len() / 4 / per;
+    let start = (i % n) * per * 4;
+    bytes[start..start + per * 4].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_apps_every_request_answered_once_by_a_loaded_variant() {
+    let server = TestServer::start(CONFIG).await.expect("server starts");
+    let addr = server.addr;
+
+    // Emulated app: 3,000 requests from 12 concurrent clients.
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..12u64 {
+        tasks.spawn(async move {
+            let mut client = sluice::loadgen::Client::connect(addr).await.unwrap();
+            let mut out = Vec::new();
+            for i in 0..250u64 {
+                let id = c * 1000 + i;
+                let r = client.post_json("/v2/models/emu/infer", &small_infer(id)).await.unwrap();
+                out.push((id, r.status, r.json()));
+            }
+            out
+        });
+    }
+    // ONNX app: 120 real image tensors from 3 clients.
+    let mut onnx_tasks = tokio::task::JoinSet::new();
+    for c in 0..3usize {
+        onnx_tasks.spawn(async move {
+            let mut client = sluice::loadgen::Client::connect(addr).await.unwrap();
+            let mut out = Vec::new();
+            for i in 0..40usize {
+                let body = json!({ "id": format!("img-{c}-{i}"), "inputs": [{ "name": "data_0", "datatype": "FP32", "shape": [1, 3, 224, 224], "data": image(c * 40 + i) }] });
+                let r = client.request("POST", "/infer", &[("content-type", "application/json")], {
+                    let mut b = body.clone();
+                    b["app"] = json!("imagenet");
+                    b.to_string()
+                }.as_bytes()).await.unwrap();
+                out.push((format!("img-{c}-{i}"), r.status, r.json()));
+            }
+            out
+        });
+    }
+
+    let mut ids = HashSet::new();
+    let mut by_status: BTreeMap<u16, u64> = BTreeMap::new();
+    while let Some(r) = tasks.join_next().await {
+        for (id, status, body) in r.unwrap() {
+            assert!(ids.insert(id), "request {id} answered twice");
+            *by_status.entry(status).or_default() += 1;
+            if status == 200 {
+                assert_eq!(body["id"], json!(id.to_string()), "the response echoes the request id");
+                let variant = body["model_version"].as_str().unwrap();
+                assert!(["small", "medium", "large"].contains(&variant), "unknown variant {variant}");
+                assert_eq!(body["parameters"]["variant"], json!(variant));
+                // The emulated output names the model id and sums the input.
+                assert_eq!(body["outputs"][0]["data"][1].as_f64().unwrap(), 6.0 + id as f64);
+                assert!(body["parameters"]["deadline_us"].as_u64() == Some(50_000));
+            } else {
+                assert_eq!(status, 504, "only policy/expiry drops are acceptable: {body}");
+                assert_eq!(body["dropped"], json!(true));
+            }
+        }
+    }
+    assert_eq!(ids.len(), 3000);
+    assert!(by_status.get(&200).copied().unwrap_or(0) > 2500, "most requests are served: {by_status:?}");
+
+    let mut img_ids = HashSet::new();
+    while let Some(r) = onnx_tasks.join_next().await {
+        for (id, status, body) in r.unwrap() {
+            assert!(img_ids.insert(id.clone()), "request {id} answered twice");
+            assert_eq!(status, 200, "{body}");
+            let variant = body["model_version"].as_str().unwrap();
+            assert!(["shufflenet", "squeezenet"].contains(&variant), "unknown variant {variant}");
+            let out = &body["outputs"][0];
+            assert_eq!(out["shape"], json!([1, 1000]), "an ImageNet classifier answers 1000 classes");
+            let probs: Vec<f64> = out["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+            assert!(probs.iter().all(|p| p.is_finite()));
+        }
+    }
+    assert_eq!(img_ids.len(), 120);
+
+    // Server-side accounting agrees: every accepted request got exactly one answer.
+    for app in server.state.apps.values() {
+        let c = &app.counters;
+        let accepted = c.accepted.load(Ordering::Relaxed);
+        let answered = c.served.load(Ordering::Relaxed) + c.dropped.load(Ordering::Relaxed);
+        assert_eq!(accepted, answered, "app {}: accepted {accepted}, answered {answered}", app.name());
+    }
+    assert_eq!(server.state.apps["emu"].counters.accepted.load(Ordering::Relaxed), 3000);
+    assert_eq!(server.state.apps["imagenet"].counters.accepted.load(Ordering::Relaxed), 120);
+
+    // Metrics reflect the traffic.
+    let mut c = server.client().await;
+    let metrics = String::from_utf8(c.get("/metrics").await.unwrap().body).unwrap();
+    assert!(metrics.contains("sluice_requests_total{app=\"imagenet\""), "{metrics}");
+    assert!(metrics.contains("sluice_policy_decide_seconds_count{app=\"emu\"}"));
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_answers_everything_queued() {
+    let server = TestServer::start(
+        r#"
+[[app]]
+name = "emu"
+slo_ms = 5000
+workers = 1
+executor = "emulated"
+profile = "{dir}/emulated.toml"
+policy = "fixed"
+params = { model = "large" }
+max_batch = 1
+input = { name = "x", datatype = "FP32", shape = [4] }
+"#,
+    )
+    .await
+    .unwrap();
+    let addr = server.addr;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40u64 {
+        tasks.spawn(async move {
+            let mut c = sluice::loadgen::Client::connect(addr).await.unwrap();
+            c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap().status
+        });
+    }
+    // Wait until all 40 are accepted (batch 1 at 4 ms each: most are still queued).
+    let state = server.state.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || state.apps["emu"].counters.accepted.load(Ordering::Relaxed) == 40).await
+    );
+    assert!(state.apps["emu"].queued.load(Ordering::Relaxed) > 10, "requests are still queued at shutdown");
+    server.stop().await.unwrap();
+    let mut statuses = Vec::new();
+    while let Some(s) = tasks.join_next().await {
+        statuses.push(s.unwrap());
+    }
+    assert_eq!(statuses.len(), 40);
+    assert!(statuses.iter().all(|s| *s == 200), "every queued request was served during the drain: {statuses:?}");
+    let c = &state.apps["emu"].counters;
+    assert_eq!(c.served.load(Ordering::Relaxed), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_models_change_at_run_time() {
+    let server = TestServer::start(
+        r#"
+[[app]]
+name = "emu"
+slo_ms = 100
+workers = 1
+executor = "emulated"
+profile = "{dir}/emulated.toml"
+policy = "jellyfish"
+input = { name = "x", datatype = "FP32", shape = [4] }
+"#,
+    )
+    .await
+    .unwrap();
+    let mut c = server.client().await;
+    let r = admin(&mut c, "PUT", "/admin/apps/emu/workers/0/models", br#"{"models": ["medium"]}"#).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let status = app_status(&mut c, "emu").await;
+    assert_eq!(status["workers"][0]["loaded"], json!(["medium"]));
+    for i in 0..20 {
+        let r = c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.json()["model_version"], json!("medium"), "only the loaded model serves");
+    }
+    let bad = admin(&mut c, "PUT", "/admin/apps/emu/workers/0/models", br#"{"models": ["huge"]}"#).await;
+    assert_eq!(bad.status, 400);
+    assert!(String::from_utf8_lossy(&bad.body).contains("no model `huge`"));
+    let r = admin(&mut c, "PUT", "/admin/apps/emu/workers/0/models", br#"{"models": ["small", "large"]}"#).await;
+    assert_eq!(r.status, 200);
+    let served: Vec<Value> = {
+        let mut v = Vec::new();
+        for i in 0..10 {
+            v.push(c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap().json());
+        }
+        v
+    };
+    assert!(served.iter().all(|b| b["model_version"] != json!("medium")));
+    server.stop().await.unwrap();
+}

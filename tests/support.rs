@@ -1,0 +1,150 @@
+//! Shared support for the end-to-end tests: start a real sluice server on
+//! `127.0.0.1:0` in-process, with emulated or ONNX apps, and talk to it over HTTP.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use sluice::loadgen::{Client, HttpResponse};
+use sluice::server::State;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The admin token every test server uses.
+pub const TOKEN: &str = "test-token";
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is in the workspace").to_path_buf()
+}
+
+/// Where `cargo xtask policies` puts the components; fails clearly when they are missing.
+pub fn policies_dir() -> PathBuf {
+    let dir = root().join("target/policies");
+    for name in ["jellyfish", "fixed", "misbehave"] {
+        assert!(
+            dir.join(format!("{name}.wasm")).exists(),
+            "{}/{name}.wasm is missing: run `cargo xtask policies` (cargo xtask test does)",
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// An emulated profile with three models (µs at batch 1..=8): fast/low accuracy to
+/// slow/high accuracy. `scale` multiplies every latency (0 gives zero-latency models).
+pub fn emulated_profile(scale: f64) -> String {
+    let models = [("small", 0.60, 1000.0, 250.0), ("medium", 0.70, 2000.0, 500.0), ("large", 0.80, 4000.0, 1000.0)];
+    let mut s = String::from("version = 1\nname = \"test-emulated\"\ndevice = \"emulated\"\nsource = \"synthetic, for tests\"\n");
+    for (name, acc, base, per) in models {
+        let lat: Vec<String> = (1..=8).map(|b| format!("{}", ((base + per * (b - 1) as f64) * scale).round() as u64)).collect();
+        let l = lat.join(", ");
+        s.push_str(&format!(
+            "\n[[model]]\nname = \"{name}\"\naccuracy = {acc}\naccuracy_source = \"synthetic\"\nbatch_sizes = [1, 2, 3, 4, 5, 6, 7, 8]\np50_us = [{l}]\np95_us = [{l}]\np99_us = [{l}]\n"
+        ));
+    }
+    s
+}
+
+/// A running test server.
+pub struct TestServer {
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Its state (apps, counters).
+    pub state: Arc<State>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<()>>>,
+    /// Keeps the temporary directory alive.
+    pub dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    /// Starts a server from config text (`{dir}` is replaced by a fresh temp dir holding
+    /// `emulated.toml`, a 1×-latency emulated profile, and `zero.toml`, a zero-latency one).
+    pub async fn start(config: &str) -> Result<TestServer> {
+        Self::start_with_policy_dir(config, None).await
+    }
+
+    /// As [`TestServer::start`], keeping uploaded policies in `policy_dir` (to test
+    /// that they survive a restart) instead of the temp dir.
+    pub async fn start_with_policy_dir(config: &str, policy_dir: Option<&Path>) -> Result<TestServer> {
+        let dir = tempfile::tempdir()?;
+        let policy_dir = policy_dir.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("policies"));
+        std::fs::write(dir.path().join("emulated.toml"), emulated_profile(1.0))?;
+        std::fs::write(dir.path().join("zero.toml"), emulated_profile(0.0))?;
+        let text = format!(
+            "admin_token = \"{TOKEN}\"\npolicy_dir = \"{}\"\nbuiltin_policy_dir = \"{}\"\nshutdown_grace_ms = 5000\n{}",
+            policy_dir.display(),
+            policies_dir().display(),
+            config.replace("{dir}", &dir.path().display().to_string()).replace("{root}", &root().display().to_string())
+        );
+        let config = sluice::config::Config::parse(&text, "test config", dir.path())?;
+        let state = State::build(config).await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let s = state.clone();
+        let task = tokio::spawn(async move {
+            sluice::server::run(listener, s, async {
+                let _ = rx.await;
+            })
+            .await
+        });
+        Ok(TestServer { addr, state, shutdown: Some(tx), task: Some(task), dir })
+    }
+
+    /// A new client connection.
+    pub async fn client(&self) -> Client {
+        Client::connect(self.addr).await.expect("connect to the test server")
+    }
+
+    /// Shuts down gracefully and waits for the server to finish draining.
+    pub async fn stop(mut self) -> Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.context("server task")??;
+        }
+        Ok(())
+    }
+}
+
+/// `PUT`/`GET`/`POST` with the admin token.
+pub async fn admin(c: &mut Client, method: &str, path: &str, body: &[u8]) -> HttpResponse {
+    let auth = format!("Bearer {TOKEN}");
+    c.request(method, path, &[("authorization", &auth), ("content-type", "application/json")], body)
+        .await
+        .expect("admin request")
+}
+
+/// Swaps `app`'s policy; returns the response.
+pub async fn swap(c: &mut Client, app: &str, policy: &str, params: Value) -> HttpResponse {
+    let body = json!({ "policy": policy, "params": params }).to_string();
+    admin(c, "PUT", &format!("/admin/apps/{app}/policy"), body.as_bytes()).await
+}
+
+/// An inference body for an emulated app whose input is `x`, FP32, shape [4].
+pub fn small_infer(id: u64) -> Value {
+    json!({ "id": id.to_string(), "inputs": [{ "name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 2.0, 3.0, id as f64] }] })
+}
+
+/// Polls `cond` every 10 ms until it holds or `timeout` passes.
+pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, mut cond: F) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}
+
+/// The app's status from the admin API.
+pub async fn app_status(c: &mut Client, app: &str) -> Value {
+    admin(c, "GET", &format!("/admin/apps/{app}"), b"").await.json()
+}
