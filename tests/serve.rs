@@ -20,6 +20,7 @@ model_dir = "{root}/models/imagenet"
 models = ["shufflenet", "squeezenet"]
 max_batch = 4
 policy = "jellyfish"
+input = { name = "data_0", datatype = "FP32", shape = [3, 224, 224] }
 
 [[app]]
 name = "emu"
@@ -110,6 +111,7 @@ async fn two_apps_every_request_answered_once_by_a_loaded_variant() {
             let variant = body["model_version"].as_str().unwrap();
             assert!(["shufflenet", "squeezenet"].contains(&variant), "unknown variant {variant}");
             let out = &body["outputs"][0];
+            assert_eq!(out["name"], json!("output"), "every variant answers under the app's output name");
             assert_eq!(out["shape"], json!([1, 1000]), "an ImageNet classifier answers 1000 classes");
             let probs: Vec<f64> = out["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
             assert!(probs.iter().all(|p| p.is_finite()));

@@ -379,7 +379,7 @@ fn model_metadata(app: &Arc<App>) -> Result<Response<Body>, ApiError> {
             crate::config::ExecutorKind::Emulated => "emulated",
         }),
         "inputs": [{ "name": app.input.name, "datatype": app.input.datatype, "shape": shape }],
-        "outputs": [],
+        "outputs": [{ "name": crate::executor::models::OUTPUT_NAME, "datatype": "FP32", "shape": [-1, -1] }],
         "parameters": {
             "slo_ms": app.config.slo_ms,
             "workers": app.workers.len(),

@@ -107,6 +107,7 @@ impl State {
                     .collect()
             })
             .await??;
+            check_inputs(app_config, &models, &input, &worker_models)?;
             let compiled = registry
                 .get(&app_config.policy)
                 .with_context(|| format!("app {}: policy `{}`", app_config.name, app_config.policy))?;
@@ -230,6 +231,34 @@ fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSource
         models.push(sdk::Model { id: id as u32, name: name.clone(), accuracy: m.accuracy, latency: table.to_vec() });
     }
     Ok((models, AppSources { executor: app.executor, models: sources }))
+}
+
+/// Every ONNX variant of an app must take the app's input (same datatype and shape):
+/// a request is validated once, against the app, whichever variant serves it.
+fn check_inputs(
+    app: &AppConfig,
+    models: &[sdk::Model],
+    input: &InputSpec,
+    loaded: &[BTreeMap<u32, LoadedModel>],
+) -> anyhow::Result<()> {
+    let Some(first) = loaded.first() else { return Ok(()) };
+    for (id, m) in first {
+        if let LoadedModel::Onnx(session) = m {
+            let s = session.lock();
+            let datatype = s.input_datatype().oip_name();
+            if s.input_shape() != input.shape.as_slice() || datatype != input.datatype {
+                anyhow::bail!(
+                    "app {}: model `{}` takes {datatype} {:?} but the app's input is {} {:?}",
+                    app.name,
+                    models[*id as usize].name,
+                    s.input_shape(),
+                    input.datatype,
+                    input.shape
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn resolve_input(app: &AppConfig, sources: &AppSources) -> anyhow::Result<InputSpec> {

@@ -69,19 +69,30 @@ impl LoadedModel {
                     let refs: Vec<&Tensor> = samples.iter().collect();
                     let batch = Tensor::concat(&refs).map_err(|e| ExecError::Onnx(e.to_string()))?;
                     let outputs = session.lock().run(&batch).map_err(|e| ExecError::Onnx(e.to_string()))?;
-                    let mut per: Vec<Vec<Tensor>> = (0..n).map(|_| Vec::with_capacity(outputs.len())).collect();
-                    for out in outputs {
-                        for (i, part) in out.split(n).map_err(|e| ExecError::Onnx(e.to_string()))?.into_iter().enumerate() {
-                            per[i].push(part);
-                        }
-                    }
-                    Ok(per)
+                    let first = outputs.into_iter().next().ok_or_else(|| ExecError::Onnx("the model has no output".into()))?;
+                    let parts = app_output(first).split(n).map_err(|e| ExecError::Onnx(e.to_string()))?;
+                    Ok(parts.into_iter().map(|p| vec![p]).collect())
                 })
                 .await
                 .map_err(|e| ExecError::Join(e.to_string()))?
             }
         }
     }
+}
+
+/// Name of the one output every variant of an app answers with.
+pub const OUTPUT_NAME: &str = "output";
+
+/// Variants of one app name and shape their outputs differently (SqueezeNet's
+/// `softmaxout_1` is `[b, 1000, 1, 1]`, ResNet-50's `gpu_0/softmax_1` is `[b, 1000]`);
+/// clients of the app must not care which variant served them, so the first output
+/// is renamed [`OUTPUT_NAME`] and flattened to `[b, n]`.
+pub fn app_output(mut t: Tensor) -> Tensor {
+    let rows = t.shape.first().copied().unwrap_or(1);
+    let n = if rows == 0 { 0 } else { t.data.len() / rows };
+    t.name = OUTPUT_NAME.to_string();
+    t.shape = vec![rows, n];
+    t
 }
 
 /// The models loaded on one worker, by model id.
