@@ -38,8 +38,7 @@ fn root() -> PathBuf {
 
 fn component(name: &str) -> Vec<u8> {
     let path = root().join("target/policies").join(format!("{name}.wasm"));
-    std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}: run `cargo xtask policies` first", path.display()))
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}: run `cargo xtask policies` first", path.display()))
 }
 
 /// `L(b) = base + step·(b-1)` µs for b in 1..=32.
@@ -136,12 +135,7 @@ struct Row {
     agree: bool,
 }
 
-fn bench_policy<P: Policy>(
-    engine: &Arc<PolicyEngine>,
-    name: &'static str,
-    params: &str,
-    rows: &mut Vec<Row>,
-) {
+fn bench_policy<P: Policy>(engine: &Arc<PolicyEngine>, name: &'static str, params: &str, rows: &mut Vec<Row>) {
     let compiled = engine.compile(name, &component(name)).expect("compile");
     let mut instance = PolicyInstance::new(engine, &compiled, config(params), Limits::default()).expect("init");
     let mut native = P::init(config(params)).expect("native init");

@@ -50,8 +50,7 @@ fn root() -> PathBuf {
 
 fn component(name: &str) -> Vec<u8> {
     let path = root().join("target/policies").join(format!("{name}.wasm"));
-    std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}: run `cargo xtask policies` first", path.display()))
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}: run `cargo xtask policies` first", path.display()))
 }
 
 fn params(name: &str) -> &'static str {
@@ -244,8 +243,7 @@ fn lat(s: &Summary, k: &str) -> f64 {
 fn main() -> Result<()> {
     let compile: Vec<CompileRow> = ["jellyfish", "fixed"].into_iter().map(compile_costs).collect();
     let engine = PolicyEngine::new()?;
-    let instances: Vec<InstanceRow> =
-        ["jellyfish", "fixed"].into_iter().map(|n| instance_costs(&engine, n)).collect();
+    let instances: Vec<InstanceRow> = ["jellyfish", "fixed"].into_iter().map(|n| instance_costs(&engine, n)).collect();
     drop(engine);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

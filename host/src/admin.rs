@@ -80,17 +80,21 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             };
             let registry = state.registry.clone();
             let name = swap.policy.clone();
+            let lookup = std::time::Instant::now();
             let compiled = tokio::task::spawn_blocking(move || registry.get(&name))
                 .await
                 .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), extra: None })?
                 .map_err(registry_error)?;
-            let report = a.swap_policy(compiled, params).await.map_err(|e| {
+            // Compiled now, or found in the cache: what this swap actually paid.
+            let compile_ms = lookup.elapsed().as_secs_f64() * 1e3;
+            let mut report = a.swap_policy(compiled, params).await.map_err(|e| {
                 let status = match e {
                     PolicyError::Init { .. } => StatusCode::UNPROCESSABLE_ENTITY,
                     _ => StatusCode::BAD_REQUEST,
                 };
                 ApiError { status, message: format!("swap refused, {} keeps its policy: {e}", a.name()), extra: None }
             })?;
+            report.compile_ms = compile_ms;
             tracing::info!(app = a.name(), policy = report.policy, generation = report.generation, "policy swapped");
             ok(serde_json::to_value(report).unwrap_or(Value::Null))
         }

@@ -397,6 +397,8 @@ impl App {
             policy: compiled.name.clone(),
             digest: compiled.digest.clone(),
             generation,
+            // The caller knows whether it compiled or hit the cache; this is the cost
+            // of the original compilation.
             compile_ms: compiled.compile_time.as_secs_f64() * 1e3,
             init_ms: init_time.as_secs_f64() * 1e3,
             max_instance_init_ms: max_init.as_secs_f64() * 1e3,
@@ -447,7 +449,7 @@ pub struct SwapReport {
     pub digest: String,
     /// The new binding generation.
     pub generation: u64,
-    /// Compile time of the component (0 when it came from the cache).
+    /// Time spent compiling (or looking up the cached compilation) for this swap.
     pub compile_ms: f64,
     /// Instantiating and initialising every worker's instance.
     pub init_ms: f64,

@@ -203,7 +203,7 @@ pub async fn run(args: LoadArgs) -> Result<Summary> {
         Some(path) => {
             let bytes = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
             let floats: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            if floats.len() < per || floats.len() % per != 0 {
+            if floats.len() < per || !floats.len().is_multiple_of(per) {
                 bail!("{}: {} floats is not a whole number of samples of {per}", path.display(), floats.len());
             }
             floats.chunks(per).map(<[f32]>::to_vec).collect()

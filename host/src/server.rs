@@ -80,6 +80,16 @@ impl State {
     pub async fn build(config: Config) -> anyhow::Result<Arc<State>> {
         let engine = PolicyEngine::new()?;
         let registry = Arc::new(Registry::open(engine.clone(), &config.builtin_policy_dir, &config.policy_dir)?);
+        // Compile the built-ins in the background so a first swap to one of them does
+        // not pay the compilation (tens to hundreds of ms) on the admin call.
+        let warm = registry.clone();
+        tokio::task::spawn_blocking(move || {
+            for p in warm.list() {
+                if let Err(e) = warm.get(&p.name) {
+                    tracing::warn!("built-in policy {}: {e}", p.name);
+                }
+            }
+        });
         let metrics = Arc::new(Metrics::default());
         let clock = Clock::default();
         let next_id = Arc::new(AtomicU64::new(1));

@@ -89,7 +89,7 @@ pub const OUTPUT_NAME: &str = "output";
 /// is renamed [`OUTPUT_NAME`] and flattened to `[b, n]`.
 pub fn app_output(mut t: Tensor) -> Tensor {
     let rows = t.shape.first().copied().unwrap_or(1);
-    let n = if rows == 0 { 0 } else { t.data.len() / rows };
+    let n = t.data.len().checked_div(rows).unwrap_or(0);
     t.name = OUTPUT_NAME.to_string();
     t.shape = vec![rows, n];
     t

@@ -515,8 +515,6 @@ fn datatype(ty: TensorElementType) -> Option<DataType> {
 /// when the loaded library has no CUDA provider (the `onnxruntime` wheel from PyPI
 /// is CPU-only; CUDA needs `onnxruntime-gpu` and the CUDA libraries), asking for
 /// CUDA falls back to CPU with a warning.
-// The `cuda` feature may not be declared yet: allow the cfg until it is.
-#[allow(unexpected_cfgs)]
 mod cuda {
     use ort::session::builder::SessionBuilder;
 
