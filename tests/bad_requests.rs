@@ -3,22 +3,11 @@
 use serde_json::json;
 use sluice_e2e::*;
 
-const CONFIG: &str = r#"
-max_body_bytes = 65536
-
-[[app]]
-name = "emu"
-slo_ms = 100
-workers = 2
-executor = "emulated"
-profile = "{dir}/zero.toml"
-policy = "jellyfish"
-input = { name = "x", datatype = "FP32", shape = [4] }
-"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_client_errors() {
-    let server = TestServer::start(CONFIG).await.unwrap();
+    let config = format!("max_body_bytes = 65536\n{}", emu_app("zero", "slo_ms = 100\nworkers = 2\npolicy = \"jellyfish\""));
+    let server = TestServer::start(&config).await.unwrap();
     let mut c = server.client().await;
     let infer = "/v2/models/emu/infer";
     let tensor = |name: &str, datatype: &str, shape: serde_json::Value, data: serde_json::Value| {
@@ -100,34 +89,13 @@ async fn bad_requests_get_clear_client_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_429_and_keeps_the_accepted_ones() {
-    let server = TestServer::start(
-        r#"
-[[app]]
-name = "emu"
-slo_ms = 10000
-workers = 1
-executor = "emulated"
-profile = "{dir}/emulated.toml"
-policy = "fixed"
-params = { model = "large" }
-max_batch = 1
-max_queue = 5
-input = { name = "x", datatype = "FP32", shape = [4] }
-"#,
-    )
-    .await
-    .unwrap();
-    let addr = server.addr;
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..30u64 {
-        tasks.spawn(async move {
-            let mut c = sluice::loadgen::Client::connect(addr).await.unwrap();
-            c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap()
-        });
-    }
+    let config = emu_app(
+        "emulated",
+        "slo_ms = 10000\nworkers = 1\npolicy = \"fixed\"\nparams = { model = \"large\" }\nmax_batch = 1\nmax_queue = 5",
+    );
+    let server = TestServer::start(&config).await.unwrap();
     let (mut ok, mut full) = (0, 0);
-    while let Some(r) = tasks.join_next().await {
-        let r = r.unwrap();
+    for r in burst(server.addr, 30).await {
         match r.status {
             200 => ok += 1,
             429 => {

@@ -6,20 +6,8 @@ use sluice_e2e::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tritonclient_checks_health_and_infers() {
-    let server = TestServer::start(
-        r#"
-[[app]]
-name = "emu"
-slo_ms = 100
-workers = 2
-executor = "emulated"
-profile = "{dir}/zero.toml"
-policy = "jellyfish"
-input = { name = "x", datatype = "FP32", shape = [4] }
-"#,
-    )
-    .await
-    .unwrap();
+    let server =
+        TestServer::start(&emu_app("zero", "slo_ms = 100\nworkers = 2\npolicy = \"jellyfish\"")).await.unwrap();
     let python = root().join(".venv/bin/python");
     assert!(python.exists(), "{} is missing: run `cargo xtask setup`", python.display());
     let addr = server.addr.to_string();

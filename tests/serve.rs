@@ -139,30 +139,9 @@ async fn two_apps_every_request_answered_once_by_a_loaded_variant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_answers_everything_queued() {
-    let server = TestServer::start(
-        r#"
-[[app]]
-name = "emu"
-slo_ms = 5000
-workers = 1
-executor = "emulated"
-profile = "{dir}/emulated.toml"
-policy = "fixed"
-params = { model = "large" }
-max_batch = 1
-input = { name = "x", datatype = "FP32", shape = [4] }
-"#,
-    )
-    .await
-    .unwrap();
-    let addr = server.addr;
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..40u64 {
-        tasks.spawn(async move {
-            let mut c = sluice::loadgen::Client::connect(addr).await.unwrap();
-            c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap().status
-        });
-    }
+    let config = emu_app("emulated", "slo_ms = 5000\nworkers = 1\npolicy = \"fixed\"\nparams = { model = \"large\" }\nmax_batch = 1");
+    let server = TestServer::start(&config).await.unwrap();
+    let sent = tokio::spawn(burst(server.addr, 40));
     // Wait until all 40 are accepted (batch 1 at 4 ms each: most are still queued).
     let state = server.state.clone();
     assert!(
@@ -170,10 +149,7 @@ input = { name = "x", datatype = "FP32", shape = [4] }
     );
     assert!(state.apps["emu"].queued.load(Ordering::Relaxed) > 10, "requests are still queued at shutdown");
     server.stop().await.unwrap();
-    let mut statuses = Vec::new();
-    while let Some(s) = tasks.join_next().await {
-        statuses.push(s.unwrap());
-    }
+    let statuses: Vec<u16> = sent.await.unwrap().iter().map(|r| r.status).collect();
     assert_eq!(statuses.len(), 40);
     assert!(statuses.iter().all(|s| *s == 200), "every queued request was served during the drain: {statuses:?}");
     let c = &state.apps["emu"].counters;
@@ -182,20 +158,9 @@ input = { name = "x", datatype = "FP32", shape = [4] }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_models_change_at_run_time() {
-    let server = TestServer::start(
-        r#"
-[[app]]
-name = "emu"
-slo_ms = 100
-workers = 1
-executor = "emulated"
-profile = "{dir}/emulated.toml"
-policy = "jellyfish"
-input = { name = "x", datatype = "FP32", shape = [4] }
-"#,
-    )
-    .await
-    .unwrap();
+    let server = TestServer::start(&emu_app("emulated", "slo_ms = 100\nworkers = 1\npolicy = \"jellyfish\""))
+        .await
+        .unwrap();
     let mut c = server.client().await;
     let r = admin(&mut c, "PUT", "/admin/apps/emu/workers/0/models", br#"{"models": ["medium"]}"#).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

@@ -148,3 +148,27 @@ pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, mut cond: F) -> b
 pub async fn app_status(c: &mut Client, app: &str) -> Value {
     admin(c, "GET", &format!("/admin/apps/{app}"), b"").await.json()
 }
+
+/// One emulated app called `emu` (input `x`, FP32, shape [4]) on `profile`
+/// (`emulated` or `zero`), followed by `extra` TOML lines (workers, policy, ...).
+pub fn emu_app(profile: &str, extra: &str) -> String {
+    format!(
+        "[[app]]\nname = \"emu\"\nexecutor = \"emulated\"\nprofile = \"{{dir}}/{profile}.toml\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\n{extra}\n"
+    )
+}
+
+/// Sends `n` requests to `emu` at once, one connection each, and returns the responses.
+pub async fn burst(addr: SocketAddr, n: u64) -> Vec<HttpResponse> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        tasks.spawn(async move {
+            let mut c = Client::connect(addr).await.unwrap();
+            c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap()
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        out.push(r.unwrap());
+    }
+    out
+}
