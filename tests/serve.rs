@@ -171,6 +171,9 @@ async fn worker_models_change_at_run_time() {
         assert_eq!(r.status, 200);
         assert_eq!(r.json()["model_version"], json!("medium"), "only the loaded model serves");
     }
+    // The policy describes its state through the optional `status` export.
+    let status = app_status(&mut c, "emu").await;
+    assert_eq!(status["workers"][0]["policy_status"]["model"], json!(1), "jellyfish reports its choice: {status}");
     let bad = admin(&mut c, "PUT", "/admin/apps/emu/workers/0/models", br#"{"models": ["huge"]}"#).await;
     assert_eq!(bad.status, 400);
     assert!(String::from_utf8_lossy(&bad.body).contains("no model `huge`"));

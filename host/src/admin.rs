@@ -9,6 +9,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::app::Bound;
 use crate::http::{app_of, ok, parse_json, read_body, registry_error, ApiError, Body};
 use crate::runtime::PolicyError;
 use crate::server::State;
@@ -137,7 +138,22 @@ fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
         .iter()
         .map(|w| {
             let loaded: Vec<&str> = w.loaded.lock().iter().map(|id| a.models[*id as usize].name.as_str()).collect();
-            json!({ "index": w.index, "loaded": loaded, "queue": w.queue.len(), "in_flight": w.in_flight.load(Ordering::Relaxed) })
+            // Asked under the worker's slot lock, between two of its decisions.
+            let status = match &mut w.slot.lock().current {
+                Bound::Wasm(instance) => match instance.status() {
+                    Ok(Some(s)) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+                    Ok(None) => Value::Null,
+                    Err(fault) => json!({ "error": fault.to_string() }),
+                },
+                Bound::Safe => Value::Null,
+            };
+            json!({
+                "index": w.index,
+                "loaded": loaded,
+                "queue": w.queue.len(),
+                "in_flight": w.in_flight.load(Ordering::Relaxed),
+                "policy_status": status,
+            })
         })
         .collect();
     ok(json!({

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, Linker, TypedFunc};
 use wasmtime::{Engine, Store, Trap};
 
 use sluice_sdk as sdk;
@@ -279,6 +279,8 @@ pub struct PolicyInstance {
     limits: Limits,
     store: Store<HostState>,
     bindings: Policy,
+    /// The optional `status` export (world `policy-with-status`).
+    status: Option<TypedFunc<(), (String,)>>,
     /// After a trap the store cannot be entered again; the next call re-instantiates.
     poisoned: bool,
     /// How long the last instantiation + init took.
@@ -300,7 +302,7 @@ impl PolicyInstance {
         limits: Limits,
     ) -> Result<PolicyInstance, PolicyError> {
         let started = Instant::now();
-        let (store, bindings) = Self::instantiate(engine, compiled, &config, limits)?;
+        let (store, bindings, status) = Self::instantiate(engine, compiled, &config, limits)?;
         Ok(PolicyInstance {
             engine: engine.clone(),
             compiled: compiled.clone(),
@@ -308,6 +310,7 @@ impl PolicyInstance {
             limits,
             store,
             bindings,
+            status,
             poisoned: false,
             init_time: started.elapsed(),
         })
@@ -318,7 +321,7 @@ impl PolicyInstance {
         compiled: &Arc<CompiledPolicy>,
         config: &sdk::Config,
         limits: Limits,
-    ) -> Result<(Store<HostState>, Policy), PolicyError> {
+    ) -> Result<(Store<HostState>, Policy, Option<TypedFunc<(), (String,)>>), PolicyError> {
         let tag: Arc<str> = format!("{}/{}#{}", config.app, compiled.name, config.worker).into();
         let state = HostState {
             tag,
@@ -332,13 +335,14 @@ impl PolicyInstance {
         store.epoch_deadline_trap();
         store.set_epoch_deadline(ticks(limits.init_budget));
         let name = compiled.name.clone();
-        let bindings = compiled
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") })?;
+        let instantiate_err = |e: wasmtime::Error| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") };
+        let instance = compiled.pre.instance_pre().instantiate(&mut store).map_err(instantiate_err)?;
+        let bindings = Policy::new(&mut store, &instance).map_err(instantiate_err)?;
+        // `status` is optional: components of the plain `policy` world lack it.
+        let status = instance.get_typed_func::<(), (String,)>(&mut store, "status").ok();
         let wit_config = to_wit_config(config);
         match bindings.call_init(&mut store, &wit_config) {
-            Ok(Ok(())) => Ok((store, bindings)),
+            Ok(Ok(())) => Ok((store, bindings, status)),
             Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
             Err(e) => {
                 let fault = classify(&store, e, limits.init_budget);
@@ -354,10 +358,11 @@ impl PolicyInstance {
 
     fn ensure_live(&mut self) -> Result<(), PolicyFault> {
         if self.poisoned {
-            let (store, bindings) = Self::instantiate(&self.engine, &self.compiled, &self.config, self.limits)
+            let (store, bindings, status) = Self::instantiate(&self.engine, &self.compiled, &self.config, self.limits)
                 .map_err(|e| PolicyFault::Trap(format!("re-instantiation after a fault failed: {e}")))?;
             self.store = store;
             self.bindings = bindings;
+            self.status = status;
             self.poisoned = false;
         }
         self.store.set_epoch_deadline(ticks(self.limits.call_budget));
@@ -372,6 +377,20 @@ impl PolicyInstance {
         let wit_view = to_wit_view(view);
         match self.bindings.call_decide(&mut self.store, &wit_view) {
             Ok(d) => Ok(from_wit_decision(d)),
+            Err(e) => {
+                self.poisoned = true;
+                Err(classify(&self.store, e, self.limits.call_budget))
+            }
+        }
+    }
+
+    /// The policy's own description of its state (world `policy-with-status`), or
+    /// `None` when the component does not export `status`.
+    pub fn status(&mut self) -> Result<Option<String>, PolicyFault> {
+        self.ensure_live()?;
+        let Some(f) = self.status else { return Ok(None) };
+        match f.call(&mut self.store, ()) {
+            Ok((s,)) => Ok(Some(s)),
             Err(e) => {
                 self.poisoned = true;
                 Err(classify(&self.store, e, self.limits.call_budget))

@@ -108,6 +108,10 @@ macro_rules! export_policy {
                 fn observe(outcome: $crate::wit::Outcome) {
                     __SLUICE_SLOT.with(|slot| slot.observe(&outcome.into()))
                 }
+
+                fn status() -> ::std::string::String {
+                    __SLUICE_SLOT.with(|slot| slot.status())
+                }
             }
 
             $crate::wit::__export_policy_world!(

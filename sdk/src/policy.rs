@@ -32,4 +32,10 @@ pub trait Policy: Sized + 'static {
     fn observe(&mut self, outcome: &Outcome) {
         let _ = outcome;
     }
+
+    /// Describes the policy's state for operators as a JSON object (shown per
+    /// worker by `GET /admin/apps/{app}`). The default is `{}`.
+    fn status(&self) -> String {
+        "{}".to_string()
+    }
 }

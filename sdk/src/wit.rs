@@ -26,7 +26,8 @@ mod bindings {
         // Relative to this crate's manifest: the workspace's `wit/`, the single
         // source of truth shared with the host.
         path: "../wit",
-        world: "policy",
+        // The world with `status`: the host accepts it as well as plain `policy`.
+        world: "policy-with-status",
         // Policy crates export through `export_policy!`, which expands in *their*
         // crate: the export macro must be `#[macro_export]`ed and every path it
         // generates must be absolute (`::sluice_sdk::wit::...`), so that policy
@@ -72,6 +73,14 @@ impl<P: Policy> Slot<P> {
         match self.0.borrow_mut().as_mut() {
             Some(policy) => policy.decide(view),
             None => sdk::Decision::Idle,
+        }
+    }
+
+    /// Forwards to [`Policy::status`]; `{}` before a successful `init`.
+    pub fn status(&self) -> String {
+        match self.0.borrow().as_ref() {
+            Some(policy) => policy.status(),
+            None => "{}".to_string(),
         }
     }
 

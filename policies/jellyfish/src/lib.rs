@@ -255,6 +255,21 @@ impl Policy for Jellyfish {
             _ => Decision::Idle,
         }
     }
+
+    /// The current selection and the load it was made for.
+    fn status(&self) -> String {
+        match &self.cached {
+            Some((key, Some(c))) => format!(
+                r#"{{"model":{},"batch":{},"sustains_load":{},"load_qps":{:.1}}}"#,
+                c.model,
+                c.batch,
+                c.sustains_load,
+                f64::from_bits(key.lambda_bits)
+            ),
+            Some((key, None)) => format!(r#"{{"model":null,"load_qps":{:.1}}}"#, f64::from_bits(key.lambda_bits)),
+            None => "{}".to_string(),
+        }
+    }
 }
 
 sluice_sdk::export_policy!(Jellyfish);
@@ -391,6 +406,14 @@ mod tests {
         // Nothing loaded: idle.
         h.set_loaded(vec![]);
         assert_eq!(h.decide(&h.view(0, 100.0, queue(3))), Decision::Idle);
+    }
+
+    #[test]
+    fn status_reports_the_current_choice() {
+        let mut h = harness("");
+        assert_eq!(h.policy().status(), "{}", "nothing chosen before the first decision");
+        h.decide(&h.view(0, 100.0, queue(3)));
+        assert_eq!(h.policy().status(), r#"{"model":0,"batch":7,"sustains_load":true,"load_qps":100.0}"#);
     }
 
     #[test]
