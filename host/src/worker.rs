@@ -194,7 +194,8 @@ fn decide(app: &App, handle: &crate::app::WorkerHandle, models: &ModelSet, drain
             };
             return (step, expired, (dropped, decided_by));
         }
-        sdk::Decision::WaitUntil(t) => Step::Wait(t),
+        // A wait never outlasts the head's host expiry: that request must be answered.
+        sdk::Decision::WaitUntil(t) => Step::Wait(items.first().map_or(t, |r| t.min(r.deadline + app.expire_us + 1))),
         sdk::Decision::Idle => Step::Idle { expire_at: items.first().map(|r| r.deadline + app.expire_us + 1) },
     };
     handle.queue.sync_len(&items);
