@@ -32,9 +32,14 @@ input = { name = "x", datatype = "FP32", shape = [4] }
 
 async fn upload(c: &mut sluice::loadgen::Client, name: &str, bytes: &[u8]) -> sluice::loadgen::HttpResponse {
     let auth = format!("Bearer {TOKEN}");
-    c.request("POST", &format!("/admin/policies?name={name}"), &[("authorization", &auth), ("content-type", "application/wasm")], bytes)
-        .await
-        .unwrap()
+    c.request(
+        "POST",
+        &format!("/admin/policies?name={name}"),
+        &[("authorization", &auth), ("content-type", "application/wasm")],
+        bytes,
+    )
+    .await
+    .unwrap()
 }
 
 async fn serves(c: &mut sluice::loadgen::Client, app: &str, n: u64) -> Vec<String> {
@@ -77,7 +82,10 @@ async fn uploads_that_are_not_policies_are_refused_with_a_reason() {
     // Nothing refused was stored.
     let list = admin(&mut c, "GET", "/admin/policies", b"").await.json();
     let names: Vec<&str> = list["policies"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
-    assert!(!names.iter().any(|n| ["garbage", "core-module", "empty-component", "wrong-world"].contains(n)), "{names:?}");
+    assert!(
+        !names.iter().any(|n| ["garbage", "core-module", "empty-component", "wrong-world"].contains(n)),
+        "{names:?}"
+    );
     assert_eq!(serves(&mut c, "emu", 3).await, vec!["jellyfish"; 3]);
     server.stop().await.unwrap();
 }

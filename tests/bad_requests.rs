@@ -3,30 +3,69 @@
 use serde_json::json;
 use sluice_e2e::*;
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_client_errors() {
-    let config = format!("max_body_bytes = 65536\n{}", emu_app("zero", "slo_ms = 100\nworkers = 2\npolicy = \"jellyfish\""));
+    let config =
+        format!("max_body_bytes = 65536\n{}", emu_app("zero", "slo_ms = 100\nworkers = 2\npolicy = \"jellyfish\""));
     let server = TestServer::start(&config).await.unwrap();
     let mut c = server.client().await;
     let infer = "/v2/models/emu/infer";
-    let tensor = |name: &str, datatype: &str, shape: serde_json::Value, data: serde_json::Value| {
-        json!({ "inputs": [{ "name": name, "datatype": datatype, "shape": shape, "data": data }] })
-    };
+    let tensor = |name: &str, datatype: &str, shape: serde_json::Value, data: serde_json::Value| json!({ "inputs": [{ "name": name, "datatype": datatype, "shape": shape, "data": data }] });
     let cases: Vec<(&str, String, u16, &str)> = vec![
         ("malformed JSON", "{\"inputs\": [".into(), 400, "invalid JSON body"),
         ("not an object", "[1,2]".into(), 400, "invalid JSON body"),
         ("missing inputs", "{}".into(), 400, "missing field `inputs`"),
-        ("wrong datatype", tensor("x", "INT64", json!([1, 4]), json!([1, 2, 3, 4])).to_string(), 400, "datatype INT64 but the app expects FP32"),
-        ("unknown datatype", tensor("x", "FP8", json!([1, 4]), json!([1, 2, 3, 4])).to_string(), 400, "unknown datatype `FP8`"),
-        ("wrong shape", tensor("x", "FP32", json!([1, 5]), json!([1, 2, 3, 4, 5])).to_string(), 400, "shape [1, 5] but the app expects [1, 4]"),
-        ("batch in one request", tensor("x", "FP32", json!([2, 4]), json!([1, 2, 3, 4, 5, 6, 7, 8])).to_string(), 400, "one sample per request"),
-        ("data vs shape", tensor("x", "FP32", json!([1, 4]), json!([1, 2, 3])).to_string(), 400, "needs 4 elements, data has 3"),
-        ("non-numeric data", tensor("x", "FP32", json!([1, 4]), json!(["a", 2, 3, 4])).to_string(), 400, "invalid JSON body"),
-        ("unknown input", tensor("y", "FP32", json!([1, 4]), json!([1, 2, 3, 4])).to_string(), 400, "unknown input `y`; expected `x`"),
-        ("two inputs", json!({ "inputs": [
+        (
+            "wrong datatype",
+            tensor("x", "INT64", json!([1, 4]), json!([1, 2, 3, 4])).to_string(),
+            400,
+            "datatype INT64 but the app expects FP32",
+        ),
+        (
+            "unknown datatype",
+            tensor("x", "FP8", json!([1, 4]), json!([1, 2, 3, 4])).to_string(),
+            400,
+            "unknown datatype `FP8`",
+        ),
+        (
+            "wrong shape",
+            tensor("x", "FP32", json!([1, 5]), json!([1, 2, 3, 4, 5])).to_string(),
+            400,
+            "shape [1, 5] but the app expects [1, 4]",
+        ),
+        (
+            "batch in one request",
+            tensor("x", "FP32", json!([2, 4]), json!([1, 2, 3, 4, 5, 6, 7, 8])).to_string(),
+            400,
+            "one sample per request",
+        ),
+        (
+            "data vs shape",
+            tensor("x", "FP32", json!([1, 4]), json!([1, 2, 3])).to_string(),
+            400,
+            "needs 4 elements, data has 3",
+        ),
+        (
+            "non-numeric data",
+            tensor("x", "FP32", json!([1, 4]), json!(["a", 2, 3, 4])).to_string(),
+            400,
+            "invalid JSON body",
+        ),
+        (
+            "unknown input",
+            tensor("y", "FP32", json!([1, 4]), json!([1, 2, 3, 4])).to_string(),
+            400,
+            "unknown input `y`; expected `x`",
+        ),
+        (
+            "two inputs",
+            json!({ "inputs": [
             { "name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4] },
-            { "name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4] }] }).to_string(), 400, "expected exactly 1 input tensor"),
+            { "name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4] }] })
+            .to_string(),
+            400,
+            "expected exactly 1 input tensor",
+        ),
     ];
     for (what, body, status, needle) in &cases {
         let r = c.request("POST", infer, &[("content-type", "application/json")], body.as_bytes()).await.unwrap();
@@ -52,7 +91,9 @@ async fn bad_requests_get_clear_client_errors() {
     {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut raw = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-        let head = format!("POST {infer} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 70000\r\n\r\n");
+        let head = format!(
+            "POST {infer} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 70000\r\n\r\n"
+        );
         raw.write_all(head.as_bytes()).await.unwrap();
         let mut buf = vec![0; 4096];
         let n = raw.read(&mut buf).await.unwrap();
@@ -66,7 +107,10 @@ async fn bad_requests_get_clear_client_errors() {
     assert!(r.json()["error"].as_str().unwrap().contains("Authorization: Bearer"));
     let r = c.request("GET", "/admin/apps/emu", &[("authorization", "Bearer wrong")], b"").await.unwrap();
     assert_eq!(r.status, 401);
-    let r = c.request("PUT", "/admin/apps/emu/policy", &[("authorization", "Bearer wrong")], br#"{"policy":"fixed"}"#).await.unwrap();
+    let r = c
+        .request("PUT", "/admin/apps/emu/policy", &[("authorization", "Bearer wrong")], br#"{"policy":"fixed"}"#)
+        .await
+        .unwrap();
     assert_eq!(r.status, 401);
     // Unknown routes and methods.
     assert_eq!(c.get("/nope").await.unwrap().status, 404);

@@ -35,7 +35,8 @@ input = { name = "x", datatype = "FP32", shape = [4] }
 "#;
 
 fn image(i: usize) -> Vec<f32> {
-    let bytes = std::fs::read(root().join("models/imagenet/images.f32")).expect("models/imagenet/images.f32: run `cargo xtask setup`");
+    let bytes = std::fs::read(root().join("models/imagenet/images.f32"))
+        .expect("models/imagenet/images.f32: run `cargo xtask setup`");
     let per = 3 * 224 * 224;
     let n = bytes.len() / 4 / per;
     let start = (i % n) * per * 4;
@@ -139,7 +140,10 @@ async fn two_apps_every_request_answered_once_by_a_loaded_variant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_answers_everything_queued() {
-    let config = emu_app("emulated", "slo_ms = 5000\nworkers = 1\npolicy = \"fixed\"\nparams = { model = \"large\" }\nmax_batch = 1");
+    let config = emu_app(
+        "emulated",
+        "slo_ms = 5000\nworkers = 1\npolicy = \"fixed\"\nparams = { model = \"large\" }\nmax_batch = 1",
+    );
     let server = TestServer::start(&config).await.unwrap();
     let sent = tokio::spawn(burst(server.addr, 40));
     // Wait until all 40 are accepted (batch 1 at 4 ms each: most are still queued).
@@ -158,9 +162,8 @@ async fn graceful_shutdown_answers_everything_queued() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_models_change_at_run_time() {
-    let server = TestServer::start(&emu_app("emulated", "slo_ms = 100\nworkers = 1\npolicy = \"jellyfish\""))
-        .await
-        .unwrap();
+    let server =
+        TestServer::start(&emu_app("emulated", "slo_ms = 100\nworkers = 1\npolicy = \"jellyfish\"")).await.unwrap();
     let mut c = server.client().await;
     let r = admin(&mut c, "PUT", "/admin/apps/emu/workers/0/models", br#"{"models": ["medium"]}"#).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

@@ -65,7 +65,8 @@ async fn twenty_swaps_under_load_lose_nothing() {
     let mut admin_client = server.client().await;
     let mut swaps = Vec::new();
     for k in 0..20 {
-        let (policy, params) = if k % 2 == 0 { ("fixed", json!({ "model": "large" })) } else { ("jellyfish", json!({})) };
+        let (policy, params) =
+            if k % 2 == 0 { ("fixed", json!({ "model": "large" })) } else { ("jellyfish", json!({})) };
         let started = Instant::now();
         let r = swap(&mut admin_client, "emu", policy, params).await;
         let returned = Instant::now();
@@ -111,7 +112,11 @@ async fn twenty_swaps_under_load_lose_nothing() {
     assert_eq!(c.faults.load(Ordering::Relaxed), 0);
     let status = app_status(&mut admin_client, "emu").await;
     assert_eq!(status["generation"], json!(21));
-    assert!(status["swap_max_wait_us"].as_f64().unwrap() < 1000.0, "a worker waited {} µs on a swap", status["swap_max_wait_us"]);
+    assert!(
+        status["swap_max_wait_us"].as_f64().unwrap() < 1000.0,
+        "a worker waited {} µs on a swap",
+        status["swap_max_wait_us"]
+    );
     server.stop().await.unwrap();
 }
 

@@ -41,15 +41,22 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
     match (&method, rest) {
         (&Method::GET, ["policies"]) => ok(json!({ "policies": state.registry.list() })),
         (&Method::POST, ["policies"]) => {
-            let name = query_param(&req, "name")
-                .ok_or_else(|| ApiError { status: StatusCode::BAD_REQUEST, message: "missing ?name=<policy name>".into(), extra: None })?;
+            let name = query_param(&req, "name").ok_or_else(|| ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: "missing ?name=<policy name>".into(),
+                extra: None,
+            })?;
             let body = read_body(state, req).await?;
             let registry = state.registry.clone();
             let n = name.clone();
             // Compilation takes tens of milliseconds: keep it off the async threads.
             let compiled = tokio::task::spawn_blocking(move || registry.upload(&n, &body))
                 .await
-                .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), extra: None })?
+                .map_err(|e| ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message: e.to_string(),
+                    extra: None,
+                })?
                 .map_err(registry_error)?;
             tracing::info!(policy = name, digest = compiled.digest, "policy uploaded");
             Ok(with_status(
@@ -84,7 +91,11 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             let lookup = std::time::Instant::now();
             let compiled = tokio::task::spawn_blocking(move || registry.get(&name))
                 .await
-                .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), extra: None })?
+                .map_err(|e| ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message: e.to_string(),
+                    extra: None,
+                })?
                 .map_err(registry_error)?;
             // Compiled now, or found in the cache: what this swap actually paid.
             let compile_ms = lookup.elapsed().as_secs_f64() * 1e3;
@@ -108,10 +119,11 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             let app = app.to_string();
             let body = read_body(state, req).await?;
             let m: ModelsRequest = parse_json(&body)?;
-            let ids = state
-                .set_worker_models(&app, w, &m.models)
-                .await
-                .map_err(|e| ApiError { status: StatusCode::BAD_REQUEST, message: e, extra: None })?;
+            let ids = state.set_worker_models(&app, w, &m.models).await.map_err(|e| ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: e,
+                extra: None,
+            })?;
             ok(json!({ "app": app, "worker": w, "loaded": ids }))
         }
         _ => Err(ApiError {

@@ -243,7 +243,8 @@ impl App {
                 None => Bound::Safe,
             };
             let (tx, rx) = mpsc::unbounded_channel();
-            let queue = if config.router == RouterMode::Shared { shared.clone() } else { Arc::new(WorkQueue::default()) };
+            let queue =
+                if config.router == RouterMode::Shared { shared.clone() } else { Arc::new(WorkQueue::default()) };
             let set = ModelSet::new(loaded);
             let handle = Arc::new(WorkerHandle {
                 index: w,
@@ -413,7 +414,13 @@ impl App {
         self.counters.faults.fetch_add(1, Ordering::Relaxed);
         self.metrics.fault(self.name(), policy, kind);
         let n = self.counters.faults_since_bind.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::warn!(app = self.name(), policy, kind, faults = n, "policy fault answered by the safe policy: {detail}");
+        tracing::warn!(
+            app = self.name(),
+            policy,
+            kind,
+            faults = n,
+            "policy fault answered by the safe policy: {detail}"
+        );
         if self.config.fail_mode == FailMode::Unbind && n >= self.config.unbind_after {
             let mut b = self.binding.lock();
             if b.generation == generation && b.unbound_reason.is_none() {
@@ -421,7 +428,11 @@ impl App {
                 b.policy = "safe".into();
                 b.digest = None;
                 self.unbind_generation.store(generation, Ordering::Release);
-                tracing::error!(app = self.name(), policy, "policy unbound after {n} faults; serving with the safe policy");
+                tracing::error!(
+                    app = self.name(),
+                    policy,
+                    "policy unbound after {n} faults; serving with the safe policy"
+                );
             }
             return true;
         }

@@ -289,7 +289,10 @@ impl Config {
         for app in &self.apps {
             let at = |f: &str| format!("app.{}.{f}", app.name);
             if !valid_name(&app.name) {
-                return Err(invalid("app.name".into(), &format!("`{}`: expected 1-64 characters of a-z, A-Z, 0-9, '-', '_', '.'", app.name)));
+                return Err(invalid(
+                    "app.name".into(),
+                    &format!("`{}`: expected 1-64 characters of a-z, A-Z, 0-9, '-', '_', '.'", app.name),
+                ));
             }
             if seen.insert(app.name.clone(), ()).is_some() {
                 return Err(invalid(at("name"), "duplicate app name"));

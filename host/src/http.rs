@@ -89,7 +89,9 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
             Ok(json_response(status, &json!({ "ready": ready })))
         }
-        (&Method::GET, ["v2"]) => ok(json!({ "name": "sluice", "version": env!("CARGO_PKG_VERSION"), "extensions": [] })),
+        (&Method::GET, ["v2"]) => {
+            ok(json!({ "name": "sluice", "version": env!("CARGO_PKG_VERSION"), "extensions": [] }))
+        }
         (&Method::GET, ["v2", "models", app]) => model_metadata(app_of(state, app)?),
         (&Method::GET, ["v2", "models", app, "ready"]) => {
             let a = app_of(state, app)?;
@@ -143,10 +145,18 @@ fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), ApiError> {
             "admin API disabled: set admin_token in the config or SLUICE_ADMIN_TOKEN",
         ));
     };
-    let given = req.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
     match given {
         // Constant-time comparison: the token must not leak through timing.
-        Some(g) if g.len() == token.len() && g.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0 => Ok(()),
+        Some(g)
+            if g.len() == token.len() && g.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0 =>
+        {
+            Ok(())
+        }
         Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid admin token")),
         None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "admin API requires `Authorization: Bearer <token>`")),
     }
@@ -164,9 +174,17 @@ fn reject_binary_extension(req: &Request<Incoming>) -> Result<(), ApiError> {
 /// Reads the body, refusing anything over `max_body_bytes` with 413.
 pub(crate) async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, ApiError> {
     let limit = state.config.max_body_bytes;
-    if let Some(len) = req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok()) {
+    if let Some(len) = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         if len > limit {
-            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("body of {len} bytes exceeds the limit of {limit}")));
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body of {len} bytes exceeds the limit of {limit}"),
+            ));
         }
     }
     match Limited::new(req.into_body(), limit).collect().await {
@@ -274,7 +292,10 @@ fn to_tensor(app: &App, inputs: Vec<InputTensor>) -> Result<Tensor, ApiError> {
     let datatype = DataType::from_oip(&input.datatype)
         .ok_or_else(|| bad(format!("input `{}`: unknown datatype `{}`", input.name, input.datatype)))?;
     if datatype.oip_name() != spec.datatype {
-        return Err(bad(format!("input `{}`: datatype {} but the app expects {}", input.name, input.datatype, spec.datatype)));
+        return Err(bad(format!(
+            "input `{}`: datatype {} but the app expects {}",
+            input.name, input.datatype, spec.datatype
+        )));
     }
     // One sample per request: `[1, ...spec]` or `[...spec]`.
     let shape = if input.shape.len() == spec.shape.len() {
@@ -294,7 +315,12 @@ fn to_tensor(app: &App, inputs: Vec<InputTensor>) -> Result<Tensor, ApiError> {
     }
     let n: usize = shape.iter().product();
     if input.data.0.len() != n {
-        return Err(bad(format!("input `{}`: shape {:?} needs {n} elements, data has {}", input.name, input.shape, input.data.0.len())));
+        return Err(bad(format!(
+            "input `{}`: shape {:?} needs {n} elements, data has {}",
+            input.name,
+            input.shape,
+            input.data.0.len()
+        )));
     }
     let data = convert(datatype, input.data.0).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
     Ok(Tensor { name: input.name, shape, data })
@@ -312,13 +338,21 @@ fn convert(datatype: DataType, values: Vec<f64>) -> Result<TensorData, String> {
         DataType::F32 => TensorData::F32(values.into_iter().map(|v| v as f32).collect()),
         DataType::F64 => TensorData::F64(values),
         DataType::I32 => TensorData::I32(
-            values.into_iter().map(|v| int(v, i32::MIN as f64, i32::MAX as f64).map(|v| v as i32)).collect::<Result<_, _>>()?,
+            values
+                .into_iter()
+                .map(|v| int(v, i32::MIN as f64, i32::MAX as f64).map(|v| v as i32))
+                .collect::<Result<_, _>>()?,
         ),
         // Above 2^53 a JSON number is not exact in f64; refuse rather than corrupt.
         DataType::I64 => TensorData::I64(
-            values.into_iter().map(|v| int(v, -9007199254740992.0, 9007199254740992.0).map(|v| v as i64)).collect::<Result<_, _>>()?,
+            values
+                .into_iter()
+                .map(|v| int(v, -9007199254740992.0, 9007199254740992.0).map(|v| v as i64))
+                .collect::<Result<_, _>>()?,
         ),
-        DataType::U8 => TensorData::U8(values.into_iter().map(|v| int(v, 0.0, 255.0).map(|v| v as u8)).collect::<Result<_, _>>()?),
+        DataType::U8 => {
+            TensorData::U8(values.into_iter().map(|v| int(v, 0.0, 255.0).map(|v| v as u8)).collect::<Result<_, _>>()?)
+        }
     })
 }
 

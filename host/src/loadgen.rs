@@ -48,7 +48,13 @@ impl Client {
     }
 
     /// Sends one request and reads the response. `headers` are extra header lines.
-    pub async fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<HttpResponse> {
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<HttpResponse> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\n", self.addr, body.len());
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
@@ -192,7 +198,12 @@ pub async fn run(args: LoadArgs) -> Result<Summary> {
     let meta = meta.json();
     let input = &meta["inputs"][0];
     let name = input["name"].as_str().context("metadata has no input name")?.to_string();
-    let mut shape: Vec<usize> = input["shape"].as_array().context("no shape")?.iter().map(|d| d.as_i64().unwrap_or(1).max(1) as usize).collect();
+    let mut shape: Vec<usize> = input["shape"]
+        .as_array()
+        .context("no shape")?
+        .iter()
+        .map(|d| d.as_i64().unwrap_or(1).max(1) as usize)
+        .collect();
     shape[0] = 1;
     let per: usize = shape.iter().product();
     let accuracy: BTreeMap<String, f64> = meta["parameters"]["variants"]
@@ -202,7 +213,8 @@ pub async fn run(args: LoadArgs) -> Result<Summary> {
     let samples: Vec<Vec<f32>> = match &args.input {
         Some(path) => {
             let bytes = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
-            let floats: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let floats: Vec<f32> =
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             if floats.len() < per || !floats.len().is_multiple_of(per) {
                 bail!("{}: {} floats is not a whole number of samples of {per}", path.display(), floats.len());
             }
@@ -210,7 +222,8 @@ pub async fn run(args: LoadArgs) -> Result<Summary> {
         }
         None => vec![vec![0.0; per]],
     };
-    let bodies: Arc<Vec<Vec<u8>>> = Arc::new(samples.iter().map(|s| infer_body(&name, &shape, s).to_string().into_bytes()).collect());
+    let bodies: Arc<Vec<Vec<u8>>> =
+        Arc::new(samples.iter().map(|s| infer_body(&name, &shape, s).to_string().into_bytes()).collect());
     let path: Arc<str> = format!("/v2/models/{}/infer", args.app).into();
     let tally = Arc::new(Mutex::new(Tally::default()));
     let accuracy = Arc::new(accuracy);
@@ -222,7 +235,10 @@ pub async fn run(args: LoadArgs) -> Result<Summary> {
     let mut swap_plan = Vec::new();
     for s in &args.swaps {
         let mut parts = s.splitn(3, ':');
-        let at: f64 = parts.next().and_then(|x| x.parse().ok()).with_context(|| format!("--swap {s}: expected SECONDS:POLICY[:PARAMS]"))?;
+        let at: f64 = parts
+            .next()
+            .and_then(|x| x.parse().ok())
+            .with_context(|| format!("--swap {s}: expected SECONDS:POLICY[:PARAMS]"))?;
         let policy = parts.next().with_context(|| format!("--swap {s}: missing policy"))?.to_string();
         let params: Value = match parts.next() {
             Some(p) => serde_json::from_str(p).with_context(|| format!("--swap {s}: params are not JSON"))?,
@@ -244,7 +260,14 @@ pub async fn run(args: LoadArgs) -> Result<Summary> {
                 tokio::time::sleep_until((started + Duration::from_secs_f64(at)).into()).await;
                 let body = json!({ "policy": policy, "params": params }).to_string();
                 let auth = format!("Bearer {token}");
-                let r = c.request("PUT", &format!("/admin/apps/{app}/policy"), &[("authorization", &auth), ("content-type", "application/json")], body.as_bytes()).await?;
+                let r = c
+                    .request(
+                        "PUT",
+                        &format!("/admin/apps/{app}/policy"),
+                        &[("authorization", &auth), ("content-type", "application/json")],
+                        body.as_bytes(),
+                    )
+                    .await?;
                 let mut report = r.json();
                 if let Value::Object(m) = &mut report {
                     m.insert("at_seconds".into(), json!(started.elapsed().as_secs_f64()));
@@ -339,7 +362,8 @@ pub async fn run(args: LoadArgs) -> Result<Summary> {
                 let mut i = w;
                 while Instant::now() < end {
                     let sent = Instant::now();
-                    let r = c.request("POST", &path, &[("content-type", "application/json")], &body[i % body.len()]).await;
+                    let r =
+                        c.request("POST", &path, &[("content-type", "application/json")], &body[i % body.len()]).await;
                     tally.lock().summary.sent += 1;
                     let failed = r.is_err();
                     record(sent, r);

@@ -10,14 +10,12 @@ use std::fmt::Write;
 use parking_lot::Mutex;
 
 /// Histogram buckets for latencies, in seconds (100 µs to 10 s).
-pub const LATENCY_BUCKETS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+pub const LATENCY_BUCKETS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 /// Histogram buckets for policy decision time, in seconds (250 ns to 10 ms).
-pub const DECIDE_BUCKETS: &[f64] = &[
-    0.00000025, 0.0000005, 0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.001, 0.01,
-];
+pub const DECIDE_BUCKETS: &[f64] =
+    &[0.00000025, 0.0000005, 0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.001, 0.01];
 
 /// Histogram buckets for batch sizes.
 pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
@@ -85,8 +83,18 @@ impl Metrics {
     /// Renders everything in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        counter(&mut out, "sluice_requests_total", "Answered requests by app, model and outcome.", &self.requests.lock());
-        counter(&mut out, "sluice_policy_faults_total", "Policy calls answered by the safe fallback, by kind.", &self.faults.lock());
+        counter(
+            &mut out,
+            "sluice_requests_total",
+            "Answered requests by app, model and outcome.",
+            &self.requests.lock(),
+        );
+        counter(
+            &mut out,
+            "sluice_policy_faults_total",
+            "Policy calls answered by the safe fallback, by kind.",
+            &self.faults.lock(),
+        );
         counter(&mut out, "sluice_policy_swaps_total", "Completed hot swaps of an app's policy.", &self.swaps.lock());
         let map = self.histograms.lock();
         for (name, help, buckets) in HISTOGRAMS {

@@ -29,7 +29,9 @@ pub enum RegistryError {
     #[error("unknown policy `{0}` (see GET /admin/policies)")]
     Unknown(String),
     /// The name is not acceptable.
-    #[error("invalid policy name `{0}`: expected 1-64 characters of a-z, A-Z, 0-9, '-', '_', '.', not starting with '.'")]
+    #[error(
+        "invalid policy name `{0}`: expected 1-64 characters of a-z, A-Z, 0-9, '-', '_', '.', not starting with '.'"
+    )]
     BadName(String),
     /// Uploads may not replace a built-in.
     #[error("policy `{0}` is a built-in and cannot be replaced; upload it under another name")]
@@ -106,7 +108,8 @@ impl Registry {
         } else {
             tracing::warn!("built-in policy directory {} not found: run `cargo xtask policies`", builtin_dir.display());
         }
-        let registry = Registry { engine, uploads, upload_path: policy_dir.to_path_buf(), entries: RwLock::new(entries) };
+        let registry =
+            Registry { engine, uploads, upload_path: policy_dir.to_path_buf(), entries: RwLock::new(entries) };
         let names: Vec<String> = registry
             .uploads
             .entries()
@@ -127,7 +130,10 @@ impl Registry {
                 .and_then(|bytes| registry.engine.compile(&name, &bytes).map_err(|e| e.to_string()));
             match loaded {
                 Ok(c) => {
-                    registry.entries.write().insert(name, Entry { source: Source::Uploaded, path: None, compiled: Some(c) });
+                    registry
+                        .entries
+                        .write()
+                        .insert(name, Entry { source: Source::Uploaded, path: None, compiled: Some(c) });
                 }
                 Err(e) => tracing::error!("skipping stored policy {name}: {e}"),
             }
@@ -144,8 +150,8 @@ impl Registry {
             Some(Entry { path: Some(p), .. }) => p.clone(),
             _ => return Err(RegistryError::Unknown(name.to_string())),
         };
-        let bytes = std::fs::read(&path)
-            .map_err(|source| RegistryError::Io { dir: path.display().to_string(), source })?;
+        let bytes =
+            std::fs::read(&path).map_err(|source| RegistryError::Io { dir: path.display().to_string(), source })?;
         let compiled = self.engine.compile(name, &bytes)?;
         if let Some(e) = self.entries.write().get_mut(name) {
             e.compiled = Some(compiled.clone());

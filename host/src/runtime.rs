@@ -114,11 +114,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            call_budget: Duration::from_millis(10),
-            init_budget: Duration::from_secs(60),
-            memory_bytes: 64 << 20,
-        }
+        Limits { call_budget: Duration::from_millis(10), init_budget: Duration::from_secs(60), memory_bytes: 64 << 20 }
     }
 }
 
@@ -335,7 +331,8 @@ impl PolicyInstance {
         store.epoch_deadline_trap();
         store.set_epoch_deadline(ticks(limits.init_budget));
         let name = compiled.name.clone();
-        let instantiate_err = |e: wasmtime::Error| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") };
+        let instantiate_err =
+            |e: wasmtime::Error| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") };
         let instance = compiled.pre.instance_pre().instantiate(&mut store).map_err(instantiate_err)?;
         let bindings = Policy::new(&mut store, &instance).map_err(instantiate_err)?;
         // `status` is optional: components of the plain `policy` world lack it.
@@ -447,17 +444,15 @@ fn to_wit_view(v: &sdk::View) -> wit::View {
         workers: v.workers,
         load_qps: v.load_qps,
         loaded: v.loaded.clone(),
-        queue: v
-            .queue
-            .iter()
-            .map(|p| wit::Pending { id: p.id, arrival: p.arrival, deadline: p.deadline })
-            .collect(),
+        queue: v.queue.iter().map(|p| wit::Pending { id: p.id, arrival: p.arrival, deadline: p.deadline }).collect(),
     }
 }
 
 fn from_wit_decision(d: wit::Decision) -> sdk::Decision {
     match d {
-        wit::Decision::Dispatch(d) => sdk::Decision::Dispatch(sdk::Dispatch { model: d.model, take: d.take, drop: d.drop }),
+        wit::Decision::Dispatch(d) => {
+            sdk::Decision::Dispatch(sdk::Dispatch { model: d.model, take: d.take, drop: d.drop })
+        }
         wit::Decision::WaitUntil(t) => sdk::Decision::WaitUntil(t),
         wit::Decision::Idle => sdk::Decision::Idle,
     }

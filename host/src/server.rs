@@ -105,18 +105,19 @@ impl State {
             let input = resolve_input(app_config, &source)?;
             let k = app_config.workers as usize;
             let src = source.clone();
-            let worker_models = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<BTreeMap<u32, LoadedModel>>> {
-                (0..k)
-                    .map(|_| {
-                        src.models
-                            .iter()
-                            .enumerate()
-                            .map(|(id, s)| Ok((id as u32, s.load()?)))
-                            .collect::<anyhow::Result<BTreeMap<_, _>>>()
-                    })
-                    .collect()
-            })
-            .await??;
+            let worker_models =
+                tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<BTreeMap<u32, LoadedModel>>> {
+                    (0..k)
+                        .map(|_| {
+                            src.models
+                                .iter()
+                                .enumerate()
+                                .map(|(id, s)| Ok((id as u32, s.load()?)))
+                                .collect::<anyhow::Result<BTreeMap<_, _>>>()
+                        })
+                        .collect()
+                })
+                .await??;
             check_inputs(app_config, &models, &input, &worker_models)?;
             let compiled = registry
                 .get(&app_config.policy)
@@ -143,8 +144,17 @@ impl State {
                 set.spawn(crate::worker::run(app.clone(), w));
             }
         }
-        let admin_token = std::env::var("SLUICE_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(config.admin_token.clone());
-        Ok(Arc::new(State { apps, registry, metrics, admin_token, config, sources, workers: parking_lot::Mutex::new(set) }))
+        let admin_token =
+            std::env::var("SLUICE_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(config.admin_token.clone());
+        Ok(Arc::new(State {
+            apps,
+            registry,
+            metrics,
+            admin_token,
+            config,
+            sources,
+            workers: parking_lot::Mutex::new(set),
+        }))
     }
 
     /// Loads `names` for worker `w` of `app` off the worker, then has the worker switch.
@@ -195,7 +205,9 @@ impl State {
                     w.queue.sync_len(&[]);
                     for r in left {
                         app.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                        r.answer(Reply::Rejected { message: "server shut down before the request could be served".into() });
+                        r.answer(Reply::Rejected {
+                            message: "server shut down before the request could be served".into(),
+                        });
                     }
                 }
             }
@@ -328,6 +340,7 @@ pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future
     tracing::info!("shutting down: not accepting new requests, draining queues");
     state.drain(Duration::from_millis(state.config.shutdown_grace_ms)).await;
     let _ = close_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(5), async { while connections.join_next().await.is_some() {} }).await;
+    let _ =
+        tokio::time::timeout(Duration::from_secs(5), async { while connections.join_next().await.is_some() {} }).await;
     Ok(())
 }

@@ -83,7 +83,13 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
     }
 }
 
-fn install(app: &App, handle: &crate::app::WorkerHandle, models: &mut ModelSet, set: ModelSet, done: tokio::sync::oneshot::Sender<()>) {
+fn install(
+    app: &App,
+    handle: &crate::app::WorkerHandle,
+    models: &mut ModelSet,
+    set: ModelSet,
+    done: tokio::sync::oneshot::Sender<()>,
+) {
     // The new sessions were loaded and warmed before the message was sent; switching
     // is a move, and the old ones are dropped here, after the switch.
     let old = std::mem::replace(models, set);
@@ -96,7 +102,12 @@ fn install(app: &App, handle: &crate::app::WorkerHandle, models: &mut ModelSet, 
 type Dropped = (Vec<Request>, String);
 
 /// One decision, made under the worker's slot lock (see [`crate::app::Slot`]).
-fn decide(app: &App, handle: &crate::app::WorkerHandle, models: &ModelSet, draining: bool) -> (Step, Vec<Request>, Dropped) {
+fn decide(
+    app: &App,
+    handle: &crate::app::WorkerHandle,
+    models: &ModelSet,
+    draining: bool,
+) -> (Step, Vec<Request>, Dropped) {
     // Declared before the guard so that a replaced policy is dropped after the slot
     // is unlocked: dropping a store takes microseconds a swap should not add.
     let mut _retired = None;
@@ -226,7 +237,14 @@ async fn execute(
     let (requests, samples): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .map(|mut r| {
-            let input = std::mem::replace(&mut r.input, crate::tensor::Tensor { name: String::new(), shape: vec![], data: crate::tensor::TensorData::U8(vec![]) });
+            let input = std::mem::replace(
+                &mut r.input,
+                crate::tensor::Tensor {
+                    name: String::new(),
+                    shape: vec![],
+                    data: crate::tensor::TensorData::U8(vec![]),
+                },
+            );
             (r, input)
         })
         .unzip();

@@ -17,10 +17,20 @@ fn example_configs_are_valid() {
             let profile = sluice::profile::Profile::load(&app.profile)
                 .unwrap_or_else(|e| panic!("{}: app {}: {e}", path.display(), app.name));
             for m in app.models.iter().flatten() {
-                assert!(profile.model(m).is_some(), "{}: app {}: model {m} not in its profile", path.display(), app.name);
+                assert!(
+                    profile.model(m).is_some(),
+                    "{}: app {}: model {m} not in its profile",
+                    path.display(),
+                    app.name
+                );
             }
             if let Some(dir) = &app.model_dir {
-                assert!(dir.is_dir(), "{}: model_dir {} is missing (run `cargo xtask setup`)", path.display(), dir.display());
+                assert!(
+                    dir.is_dir(),
+                    "{}: model_dir {} is missing (run `cargo xtask setup`)",
+                    path.display(),
+                    dir.display()
+                );
             }
         }
         checked += 1;

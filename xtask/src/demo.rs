@@ -19,7 +19,11 @@ pub fn run(root: &Path) -> Result<()> {
     let bin = root.join("target/release/sluice");
     let python = crate::venv_python(root);
     if !root.join("models/imagenet/images.f32").exists() {
-        crate::run(Command::new(&python).current_dir(root).args(["xtask/scripts/make_images.py", "--out", "models/imagenet"]))?;
+        crate::run(Command::new(&python).current_dir(root).args([
+            "xtask/scripts/make_images.py",
+            "--out",
+            "models/imagenet",
+        ]))?;
     }
     println!("== starting `sluice serve` on the embedded default config ==");
     let mut server = Command::new(&bin)
@@ -49,7 +53,10 @@ pub fn run(root: &Path) -> Result<()> {
             bail!("the server did not start listening within 120 s");
         }
     };
-    println!("== server up at {addr} after {:.1} s; sending real image tensors for 24 s ==", started.elapsed().as_secs_f64());
+    println!(
+        "== server up at {addr} after {:.1} s; sending real image tensors for 24 s ==",
+        started.elapsed().as_secs_f64()
+    );
     println!("   swaps: at 8 s to `fixed` (resnet50), at 16 s back to `jellyfish`");
     let status = Command::new(&bin)
         .current_dir(root)

@@ -106,10 +106,18 @@ fn setup(root: &Path) -> Result<()> {
     }
     // 3. The batch-dynamic ImageNet models.
     if !root.join("models/imagenet/manifest.json").exists() {
-        run(Command::new(&python).current_dir(root).args(["xtask/scripts/make_models.py", "--out", "models/imagenet"]))?;
+        run(Command::new(&python).current_dir(root).args([
+            "xtask/scripts/make_models.py",
+            "--out",
+            "models/imagenet",
+        ]))?;
     }
     if !root.join("models/imagenet/images.f32").exists() {
-        run(Command::new(&python).current_dir(root).args(["xtask/scripts/make_images.py", "--out", "models/imagenet"]))?;
+        run(Command::new(&python).current_dir(root).args([
+            "xtask/scripts/make_images.py",
+            "--out",
+            "models/imagenet",
+        ]))?;
     }
     Ok(())
 }

@@ -24,7 +24,11 @@ pub fn output_for(model_id: u32, sample: &Tensor) -> Tensor {
         TensorData::I64(v) => v.iter().map(|x| *x as f64).sum::<f64>(),
         TensorData::U8(v) => v.iter().map(|x| f64::from(*x)).sum::<f64>(),
     };
-    Tensor { name: super::models::OUTPUT_NAME.into(), shape: vec![1, 2], data: TensorData::F32(vec![model_id as f32, sum as f32]) }
+    Tensor {
+        name: super::models::OUTPUT_NAME.into(),
+        shape: vec![1, 2],
+        data: TensorData::F32(vec![model_id as f32, sum as f32]),
+    }
 }
 
 #[cfg(test)]

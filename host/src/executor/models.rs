@@ -69,7 +69,8 @@ impl LoadedModel {
                     let refs: Vec<&Tensor> = samples.iter().collect();
                     let batch = Tensor::concat(&refs).map_err(|e| ExecError::Onnx(e.to_string()))?;
                     let outputs = session.lock().run(&batch).map_err(|e| ExecError::Onnx(e.to_string()))?;
-                    let first = outputs.into_iter().next().ok_or_else(|| ExecError::Onnx("the model has no output".into()))?;
+                    let first =
+                        outputs.into_iter().next().ok_or_else(|| ExecError::Onnx("the model has no output".into()))?;
                     let parts = app_output(first).split(n).map_err(|e| ExecError::Onnx(e.to_string()))?;
                     Ok(parts.into_iter().map(|p| vec![p]).collect())
                 })
