@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod decision;
 pub mod executor;
 pub mod http;
 pub mod loadgen;

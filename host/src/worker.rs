@@ -12,9 +12,9 @@ use std::time::Instant;
 use sluice_sdk as sdk;
 
 use crate::app::{App, Bound, WorkerControl, WorkerStart};
+use crate::decision::{Context, Next, Queued};
 use crate::executor::models::ModelSet;
 use crate::queue::{DropReason, Reply, Request, Served};
-use crate::runtime::PolicyFault;
 
 /// What the worker does after a decision.
 enum Step {
@@ -99,9 +99,16 @@ fn install(
     let _ = done.send(());
 }
 
+impl Queued for Request {
+    fn pending(&self) -> sdk::Pending {
+        sdk::Pending { id: self.id, arrival: self.arrival, deadline: self.deadline }
+    }
+}
+
 type Dropped = (Vec<Request>, String);
 
-/// One decision, made under the worker's slot lock (see [`crate::app::Slot`]).
+/// One decision, made under the worker's slot lock (see [`crate::app::Slot`]) and
+/// its queue's lock; the decision itself is [`crate::decision::decide`].
 fn decide(
     app: &App,
     handle: &crate::app::WorkerHandle,
@@ -124,94 +131,41 @@ fn decide(
         slot.current = Bound::Safe;
     }
     let generation = slot.generation;
+    let policy_name = slot.current.name().to_string();
 
     let now = app.clock.now();
-    let mut items = handle.queue.items.lock();
-    // Host expiry: whatever the policy does, no request waits forever.
-    let mut expired = Vec::new();
-    if items.first().is_some_and(|r| r.deadline + app.expire_us < now) {
-        let cut = items.partition_point(|r| r.deadline + app.expire_us < now);
-        let keep = items.split_off(cut);
-        expired = std::mem::replace(&mut *items, keep);
-    }
-    if items.is_empty() {
-        handle.queue.sync_len(&items);
-        app.queued.fetch_sub(expired.len(), Ordering::AcqRel);
-        return (Step::Idle { expire_at: None }, expired, (Vec::new(), String::new()));
-    }
-    let view = sdk::View {
+    let loaded = models.ids();
+    let cx = Context {
         now,
         worker: handle.index,
         workers: app.workers.len() as u32,
         load_qps: app.load.rate(now),
-        loaded: models.ids(),
-        queue: items.iter().map(|r| sdk::Pending { id: r.id, arrival: r.arrival, deadline: r.deadline }).collect(),
+        loaded: &loaded,
+        models: &app.models,
+        expire_us: app.expire_us,
+        draining,
     };
-    let started = Instant::now();
-    let policy_name = slot.current.name().to_string();
-    let answer = match &mut slot.current {
-        Bound::Wasm(instance) => instance.decide(&view),
-        Bound::Safe => Ok(sdk::helpers::safe_decision(&app.models, &view)),
-    };
-    app.metrics.observe("sluice_policy_decide_seconds", &[("app", app.name())], started.elapsed().as_secs_f64());
-    let checked = answer.and_then(|d| match sdk::helpers::check_decision(&app.models, &view, &d) {
-        Ok(()) => Ok(d),
-        Err(e) => Err(PolicyFault::Invalid(e.to_string())),
-    });
-    let (mut decision, mut decided_by) = match checked {
-        Ok(d) => (d, policy_name.clone()),
-        Err(fault) => {
-            app.record_fault(&policy_name, fault.kind(), generation, &fault.to_string());
-            (sdk::helpers::safe_decision(&app.models, &view), "safe".to_string())
-        }
-    };
-    drop(slot);
-    if draining && matches!(decision, sdk::Decision::Idle) {
-        // At shutdown a policy may not sit on requests: the queue must drain.
-        decision = sdk::helpers::safe_decision(&app.models, &view);
-        decided_by = "safe".into();
-    }
-    let step = match decision {
-        sdk::Decision::Dispatch(d) => {
-            // Remove the chosen requests; indices refer to the view, which is `items`.
-            let mut taken: Vec<Option<Request>> = Vec::with_capacity(d.take.len());
-            let mut role = vec![0u8; items.len()];
-            for &i in &d.take {
-                role[i as usize] = 1;
-            }
-            for &i in &d.drop {
-                role[i as usize] = 2;
-            }
-            let mut slots: Vec<Option<Request>> = items.drain(..).map(Some).collect();
-            let mut dropped = Vec::with_capacity(d.drop.len());
-            for &i in &d.take {
-                taken.push(slots[i as usize].take());
-            }
-            for &i in &d.drop {
-                if let Some(r) = slots[i as usize].take() {
-                    dropped.push(r);
-                }
-            }
-            items.extend(slots.into_iter().flatten());
-            handle.queue.sync_len(&items);
-            let removed = expired.len() + taken.len() + dropped.len();
-            app.queued.fetch_sub(removed, Ordering::AcqRel);
-            let batch: Vec<Request> = taken.into_iter().flatten().collect();
-            drop(items);
-            let step = if batch.is_empty() {
-                Step::Idle { expire_at: None }
-            } else {
-                Step::Run { model: d.model, batch, policy: decided_by.clone(), generation }
-            };
-            return (step, expired, (dropped, decided_by));
-        }
-        // A wait never outlasts the head's host expiry: that request must be answered.
-        sdk::Decision::WaitUntil(t) => Step::Wait(items.first().map_or(t, |r| t.min(r.deadline + app.expire_us + 1))),
-        sdk::Decision::Idle => Step::Idle { expire_at: items.first().map(|r| r.deadline + app.expire_us + 1) },
-    };
+    let mut items = handle.queue.items.lock();
+    let d = crate::decision::decide(&mut slot.current, &mut items, &cx);
     handle.queue.sync_len(&items);
-    app.queued.fetch_sub(expired.len(), Ordering::AcqRel);
-    (step, expired, (Vec::new(), decided_by))
+    drop(items);
+    drop(slot);
+    let removed =
+        d.expired.len() + d.dropped.len() + if let Next::Run { batch, .. } = &d.next { batch.len() } else { 0 };
+    app.queued.fetch_sub(removed, Ordering::AcqRel);
+    if let Some(t) = d.decide_time {
+        app.metrics.observe("sluice_policy_decide_seconds", &[("app", app.name())], t.as_secs_f64());
+    }
+    if let Some(fault) = &d.fault {
+        app.record_fault(&policy_name, fault.kind(), generation, &fault.to_string());
+    }
+    let decided_by = if d.by_safe { "safe".to_string() } else { policy_name };
+    let step = match d.next {
+        Next::Run { model, batch } => Step::Run { model, batch, policy: decided_by.clone(), generation },
+        Next::Wait(t) => Step::Wait(t),
+        Next::Idle { expire_at } => Step::Idle { expire_at },
+    };
+    (step, d.expired, (d.dropped, decided_by))
 }
 
 fn answer_dropped(app: &App, r: Request, reason: DropReason, detail: &str, policy: &str) {
