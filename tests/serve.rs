@@ -192,3 +192,28 @@ async fn worker_models_change_at_run_time() {
     assert!(served.iter().all(|b| b["model_version"] != json!("medium")));
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_arrivals_replay_in_the_simulator() {
+    let server = TestServer::start(&emu_app("zero", "slo_ms = 100\nworkers = 2\npolicy = \"jellyfish\"")).await.unwrap();
+    // The server's temp dir goes away with it: keep the log and the replay elsewhere.
+    let keep = tempfile::tempdir().unwrap();
+    let dir = keep.path().to_path_buf();
+    std::fs::copy(server.dir.path().join("zero.toml"), dir.join("zero.toml")).unwrap();
+    let log = dir.join("arrivals.csv");
+    server.state.record_arrivals(&log).unwrap();
+    let mut c = server.client().await;
+    for i in 0..50 {
+        assert_eq!(c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap().status, 200);
+    }
+    server.stop().await.unwrap();
+    let experiment = format!(
+        "version = 1\nname = \"replay\"\nduration_s = 60\nbuiltin_policy_dir = \"{}\"\n[[app]]\nname = \"emu\"\nslo_ms = 100\nworkers = 2\nprofile = \"zero.toml\"\npolicy = \"jellyfish\"\narrivals = {{ kind = \"recorded\", file = \"arrivals.csv\" }}\n",
+        policies_dir().display()
+    );
+    std::fs::write(dir.join("replay.toml"), experiment).unwrap();
+    let (e, base) = sluice::sim::Experiment::load(&dir.join("replay.toml")).unwrap();
+    let out = sluice::sim::run_experiment(&e, &base, false).unwrap();
+    assert_eq!(out.results[0].requests, 50, "every recorded arrival is replayed");
+    assert_eq!(out.results[0].on_time, 50);
+}

@@ -10,9 +10,12 @@
 //! - `live` (baseline): the same open loop (same schedule, pool and client) doing
 //!   `GET /v2/health/live`, the pure HTTP floor.
 //!
-//! Prints achieved responses/s, client-observed latency percentiles, the server
-//! process's CPU time per response, and the ratio infer/live. Goal: infer p99 <=
-//! 1 ms at 5,000 req/s.
+//! Prints achieved responses/s, client-observed latency percentiles, the
+//! host-reported queueing time (arrival to batch start, from the responses), the
+//! server process's CPU time per response, the ratio infer/live, and what
+//! `tokio::time::sleep(Duration::ZERO)` costs (the emulated executor sleeps even a
+//! 0 µs batch, and tokio's timer is 1 ms grained). Goal: infer p99 <= 1 ms at
+//! 5,000 req/s.
 //!
 //! Run: `cargo bench -p sluice --bench overhead` (needs `cargo xtask policies`).
 //! Prints a table, then one JSON line.
@@ -116,12 +119,18 @@ struct Phase {
     by_status: BTreeMap<u16, u64>,
     throughput: f64,
     latency_ms: BTreeMap<String, f64>,
+    /// Host-reported time from arrival to the start of the request's batch (infer only).
+    queue_ms: BTreeMap<String, f64>,
     server_cpu_us_per_response: f64,
 }
 
 impl Phase {
     fn lat(&self, k: &str) -> f64 {
         self.latency_ms.get(k).copied().unwrap_or(f64::NAN)
+    }
+
+    fn queue(&self, k: &str) -> f64 {
+        self.queue_ms.get(k).copied().unwrap_or(f64::NAN)
     }
 }
 
@@ -205,6 +214,7 @@ async fn open_loop_get(
         throughput: by_status.values().sum::<u64>() as f64 / elapsed,
         by_status,
         latency_ms: percentiles(latencies),
+        queue_ms: BTreeMap::new(),
         server_cpu_us_per_response: f64::NAN,
     })
 }
@@ -230,6 +240,7 @@ async fn infer(addr: SocketAddr, rate: f64, seconds: f64) -> Result<Phase> {
         by_status: s.by_status,
         throughput: s.throughput,
         latency_ms: s.latency_ms,
+        queue_ms: s.queue_ms,
         server_cpu_us_per_response: f64::NAN,
     })
 }
@@ -281,12 +292,23 @@ fn main() -> Result<()> {
         "overhead: `sluice serve` (zero-latency emulated models, 4 workers) driven open loop from another process, pool {POOL}, {SECONDS} s per phase"
     );
     println!(
-        "{:>6} {:<6} | {:>7} {:>7} {:>10} | {:>8} {:>8} {:>8} {:>8} | {:>12} | statuses",
-        "rate", "path", "sent", "skipped", "resp/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "srv CPU µs/r"
+        "{:>6} {:<6} | {:>7} {:>7} {:>10} | {:>8} {:>8} {:>8} {:>8} | {:>9} {:>9} | {:>12} | statuses",
+        "rate",
+        "path",
+        "sent",
+        "skipped",
+        "resp/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "queue p50",
+        "queue p99",
+        "srv CPU µs/r"
     );
     for p in &phases {
         println!(
-            "{:>6} {:<6} | {:>7} {:>7} {:>10.0} | {:>8.3} {:>8.3} {:>8.3} {:>8.3} | {:>12.1} | {:?}",
+            "{:>6} {:<6} | {:>7} {:>7} {:>10.0} | {:>8.3} {:>8.3} {:>8.3} {:>8.3} | {:>9.3} {:>9.3} | {:>12.1} | {:?}",
             p.rate,
             p.endpoint,
             p.sent,
@@ -296,6 +318,8 @@ fn main() -> Result<()> {
             p.lat("p90"),
             p.lat("p99"),
             p.lat("max"),
+            p.queue("p50"),
+            p.queue("p99"),
             p.server_cpu_us_per_response,
             p.by_status
         );

@@ -4,6 +4,7 @@
 //! [`App::swap_policy`] (hot swap), and the worker loop in [`crate::worker`].
 
 use std::collections::{BTreeMap, VecDeque};
+use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -198,6 +199,33 @@ pub struct App {
     rr: AtomicUsize,
     next_id: Arc<AtomicU64>,
     engine: Arc<PolicyEngine>,
+    /// Where accepted arrivals are logged (`sluice serve --record-arrivals`).
+    pub recorder: std::sync::OnceLock<Arc<ArrivalLog>>,
+}
+
+/// A log of accepted arrivals, `app,arrival_us` per line, that `sluice sim` replays
+/// (arrivals `kind = "recorded"`).
+pub struct ArrivalLog {
+    out: Mutex<std::io::BufWriter<std::fs::File>>,
+}
+
+impl ArrivalLog {
+    /// Creates (truncates) the log file.
+    pub fn create(path: &std::path::Path) -> std::io::Result<ArrivalLog> {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+        std::io::Write::write_all(&mut out, b"# app,arrival_us (sluice serve --record-arrivals)\n")?;
+        Ok(ArrivalLog { out: Mutex::new(out) })
+    }
+
+    fn record(&self, app: &str, at: u64) {
+        // Buffered: a line costs a memcpy; the file is flushed at shutdown.
+        let _ = writeln!(self.out.lock(), "{app},{at}");
+    }
+
+    /// Writes out what is buffered.
+    pub fn flush(&self) -> std::io::Result<()> {
+        std::io::Write::flush(&mut *self.out.lock())
+    }
 }
 
 /// A worker's starting state, handed to [`crate::worker::run`].
@@ -284,6 +312,7 @@ impl App {
             rr: AtomicUsize::new(0),
             next_id,
             engine,
+            recorder: std::sync::OnceLock::new(),
         });
         Ok((app, starts))
     }
@@ -307,6 +336,9 @@ impl App {
         }
         let now = self.clock.now();
         self.load.record(now);
+        if let Some(log) = self.recorder.get() {
+            log.record(self.name(), now);
+        }
         let (tx, rx) = oneshot::channel();
         let request = Request {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -316,17 +348,14 @@ impl App {
             reply: tx,
         };
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-        let worker = match self.config.router {
-            RouterMode::RoundRobin => self.rr.fetch_add(1, Ordering::Relaxed) % self.workers.len(),
-            RouterMode::Shared => 0,
-            RouterMode::ShortestQueue => self
-                .workers
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, w)| w.queue.len() + w.in_flight.load(Ordering::Relaxed))
-                .map(|(i, _)| i)
-                .unwrap_or(0),
+        let rr = match self.config.router {
+            RouterMode::RoundRobin => self.rr.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
         };
+        let worker = pick_worker(self.config.router, rr, self.workers.len(), |i| {
+            let w = &self.workers[i];
+            w.queue.len() + w.in_flight.load(Ordering::Relaxed)
+        });
         self.workers[worker].queue.push(request);
         Ok(rx)
     }
@@ -470,6 +499,19 @@ pub struct SwapReport {
     pub install_us: f64,
     /// Longest time the swap held one worker's slot (what a worker may wait).
     pub max_slot_hold_us: f64,
+}
+
+/// The router: which worker's queue gets the next request. `arrival` counts the
+/// app's arrivals (round-robin sends arrival `i` to worker `i mod K`); `load_of(w)`
+/// is what worker `w` has queued and in flight (shortest-queue picks the least
+/// loaded, the lowest index on ties); in `shared` mode every worker pulls from one
+/// queue, which is worker 0's. The live host and the simulator both route with it.
+pub fn pick_worker(mode: RouterMode, arrival: usize, workers: usize, load_of: impl Fn(usize) -> usize) -> usize {
+    match mode {
+        RouterMode::RoundRobin => arrival % workers.max(1),
+        RouterMode::Shared => 0,
+        RouterMode::ShortestQueue => (0..workers).min_by_key(|&w| load_of(w)).unwrap_or(0),
+    }
 }
 
 /// The limits of the app's policy instances.

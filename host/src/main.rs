@@ -23,11 +23,20 @@ enum Command {
         /// Listen address, overriding the config (`127.0.0.1:0` picks a free port).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        /// Log every accepted arrival (`app,arrival_us`) for `sluice sim` to replay.
+        #[arg(long)]
+        record_arrivals: Option<PathBuf>,
     },
     /// Measure model latency per batch size and write a profile.
     Profile(sluice::profiling::ProfileArgs),
     /// Send load to a running server (open or closed loop), optionally swapping policies.
     Loadgen(sluice::loadgen::LoadArgs),
+    /// Simulate an experiment in virtual time with the real policy components.
+    Sim(sluice::sim::SimArgs),
+    /// RAMSIS: generate MDP model-selection policies, convert the artifact's profiles.
+    Ramsis(sluice::ramsis_cli::RamsisArgs),
+    /// Spread-drop guarantees: the maximum sustainable rates of Theorems 1 and 2.
+    SpreadDrop(sluice::spread_drop_cli::SpreadDropArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,8 +47,11 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Serve { config, listen } => serve(config, listen),
+        Command::Serve { config, listen, record_arrivals } => serve(config, listen, record_arrivals),
         Command::Profile(args) => sluice::profiling::run(args),
+        Command::Sim(args) => sluice::sim::run(args),
+        Command::Ramsis(args) => sluice::ramsis_cli::run(args),
+        Command::SpreadDrop(args) => sluice::spread_drop_cli::run(args),
         Command::Loadgen(args) => {
             let json = args.json;
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -54,7 +66,11 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn serve(config: Option<PathBuf>, listen: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
+fn serve(
+    config: Option<PathBuf>,
+    listen: Option<std::net::SocketAddr>,
+    record_arrivals: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let mut config = match &config {
         Some(path) => sluice::config::Config::load(path)?,
         None => sluice::config::Config::embedded_default()?,
@@ -66,6 +82,9 @@ fn serve(config: Option<PathBuf>, listen: Option<std::net::SocketAddr>) -> anyho
     runtime.block_on(async move {
         let addr = config.listen;
         let state = sluice::server::State::build(config).await?;
+        if let Some(path) = &record_arrivals {
+            state.record_arrivals(path).with_context(|| format!("--record-arrivals {}", path.display()))?;
+        }
         let listener =
             tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         // Printed on stdout (logs go to stderr) so scripts can find the port.

@@ -352,6 +352,43 @@ impl Profile {
     }
 
     /// The model called `name`.
+    /// The models an app serves, in the app's order (every model when `names` is
+    /// `None`), as policies see them: id = position, dense latency table of
+    /// percentile `p` truncated to `max_batch`. The error names the missing model
+    /// and lists the profile's.
+    pub fn policy_models(
+        &self,
+        names: Option<&[String]>,
+        p: Percentile,
+        max_batch: Option<u32>,
+    ) -> Result<Vec<(sluice_sdk::Model, &ModelProfile)>, String> {
+        let all: Vec<String>;
+        let names = match names {
+            Some(n) => n,
+            None => {
+                all = self.models.iter().map(|m| m.name.clone()).collect();
+                &all
+            }
+        };
+        names
+            .iter()
+            .enumerate()
+            .map(|(id, name)| {
+                let m = self.model(name).ok_or_else(|| {
+                    let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+                    format!("`{name}` is not in profile {} (it has: {})", self.name, known.join(", "))
+                })?;
+                let mut latency = m.latency_table(p);
+                if let Some(cap) = max_batch {
+                    latency.truncate(cap as usize);
+                }
+                let model = sluice_sdk::Model { id: id as u32, name: name.clone(), accuracy: m.accuracy, latency };
+                Ok((model, m))
+            })
+            .collect()
+    }
+
+    /// The model called `name`.
     pub fn model(&self, name: &str) -> Option<&ModelProfile> {
         self.models.iter().find(|m| m.name == name)
     }

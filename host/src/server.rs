@@ -186,6 +186,15 @@ impl State {
         Ok(ids)
     }
 
+    /// Logs every accepted arrival of every app to `path` (for `sluice sim`).
+    pub fn record_arrivals(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let log = Arc::new(crate::app::ArrivalLog::create(path)?);
+        for app in self.apps.values() {
+            let _ = app.recorder.set(log.clone());
+        }
+        Ok(())
+    }
+
     /// Graceful shutdown: stop accepting, let workers answer everything queued, and
     /// after `grace` reject whatever is left (every accepted request gets one answer).
     pub async fn drain(&self, grace: Duration) {
@@ -193,6 +202,11 @@ impl State {
             app.accepting.store(false, Ordering::Release);
             app.draining.store(true, Ordering::Release);
             app.wake_all();
+        }
+        if let Some(log) = self.apps.values().find_map(|a| a.recorder.get()) {
+            if let Err(e) = log.flush() {
+                tracing::error!("arrival log: {e}");
+            }
         }
         let mut set = std::mem::take(&mut *self.workers.lock());
         let finished = tokio::time::timeout(grace, async { while set.join_next().await.is_some() {} }).await;
@@ -217,32 +231,17 @@ impl State {
 
 fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSources)> {
     let profile = Profile::load(&app.profile)?;
-    let wanted: Vec<String> = match &app.models {
-        Some(m) => m.clone(),
-        None => profile.models.iter().map(|m| m.name.clone()).collect(),
-    };
+    let selected = profile
+        .policy_models(app.models.as_deref(), app.latency_percentile, app.max_batch)
+        .map_err(|e| anyhow::anyhow!("app {}: models: {e} ({})", app.name, app.profile.display()))?;
     let mut models = Vec::new();
     let mut sources = Vec::new();
-    for (id, name) in wanted.iter().enumerate() {
-        let m = profile.models.iter().find(|m| &m.name == name).ok_or_else(|| {
-            let known: Vec<&str> = profile.models.iter().map(|m| m.name.as_str()).collect();
-            anyhow::anyhow!(
-                "app {}: models: `{name}` is not in profile {} (it has: {})",
-                app.name,
-                app.profile.display(),
-                known.join(", ")
-            )
-        })?;
-        let mut table = m.latency_table(app.latency_percentile);
-        if let Some(cap) = app.max_batch {
-            table.truncate(cap as usize);
-        }
-        let table = Arc::new(table);
+    for (model, m) in selected {
         sources.push(match app.executor {
-            ExecutorKind::Emulated => ModelSource::Emulated(table.clone()),
+            ExecutorKind::Emulated => ModelSource::Emulated(Arc::new(model.latency.clone())),
             ExecutorKind::Onnx => {
                 let dir = app.model_dir.clone().unwrap_or_default();
-                let file = m.file.clone().map(PathBuf::from).unwrap_or_else(|| PathBuf::from(format!("{name}.onnx")));
+                let file = m.file.clone().map(PathBuf::from).unwrap_or_else(|| PathBuf::from(format!("{}.onnx", model.name)));
                 ModelSource::Onnx(OnnxSource {
                     path: dir.join(file),
                     options: OnnxOptions { intra_threads: app.intra_threads, cuda: app.cuda },
@@ -250,7 +249,7 @@ fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSource
                 })
             }
         });
-        models.push(sdk::Model { id: id as u32, name: name.clone(), accuracy: m.accuracy, latency: table.to_vec() });
+        models.push(model);
     }
     Ok((models, AppSources { executor: app.executor, models: sources }))
 }

@@ -65,6 +65,25 @@ pub fn most_accurate<'a>(models: &'a [Model], loaded: &[u32]) -> Option<&'a Mode
     })
 }
 
+/// The most accurate loaded model whose batch-1 latency is at most `budget`
+/// (ties: the lower batch-1 latency, then the lower id), or `None` when no
+/// loaded model serves even one request within it.
+///
+/// The usual default model choice of a policy that batches on one model: pass
+/// the SLO as `budget` so that a model which cannot serve a lone request in time
+/// is never chosen (Proteus §5 and the Clipper/Nexus baselines use one model per
+/// worker). Callers typically fall back to [`fastest_model`] on `None`.
+pub fn most_accurate_within<'a>(models: &'a [Model], loaded: &[u32], budget: Micros) -> Option<&'a Model> {
+    loaded_models(models, loaded)
+        .filter(|m| m.latency[0] <= budget)
+        .max_by(|a, b| {
+            a.accuracy
+                .total_cmp(&b.accuracy)
+                .then_with(|| b.latency[0].cmp(&a.latency[0]))
+                .then_with(|| b.id.cmp(&a.id))
+        })
+}
+
 /// The largest batch `b <= cap` (and within the profile) whose latency is at
 /// most `budget`; 0 when not even a batch of one fits. Latency profiles need not
 /// be monotone: every size up to the cap is considered.
@@ -281,6 +300,16 @@ mod tests {
         let mut ms = ms;
         ms.push(model(3, 0.99, &[]));
         assert_eq!(most_accurate(&ms, &[1, 3, 9]).map(|m| m.id), Some(1));
+    }
+
+    #[test]
+    fn most_accurate_within_respects_the_budget() {
+        let ms = models();
+        assert_eq!(most_accurate_within(&ms, &[0, 1, 2], 100).map(|m| m.id), Some(0));
+        assert_eq!(most_accurate_within(&ms, &[0, 1, 2], 49).map(|m| m.id), Some(1));
+        assert_eq!(most_accurate_within(&ms, &[0, 2], 9).map(|m| m.id), Some(2));
+        assert!(most_accurate_within(&ms, &[0, 1], 9).is_none());
+        assert!(most_accurate_within(&ms, &[], 1000).is_none());
     }
 
     #[test]

@@ -12,7 +12,17 @@ use anyhow::{bail, Context, Result};
 
 /// The policies shipped with sluice (crates `policies/<name>`, package
 /// `policy-<name>`).
-pub const BUILTIN: &[&str] = &["jellyfish", "fixed"];
+pub const BUILTIN: &[&str] = &[
+    "jellyfish",
+    "fixed",
+    "proteus-batching",
+    "nexus",
+    "clipper-aimd",
+    "lazy-drop",
+    "spread-drop",
+    "model-switching",
+    "ramsis",
+];
 
 /// Test fixtures built the same way (crates under `tests/fixtures/<name>`).
 pub const FIXTURES: &[&str] = &["misbehave"];
@@ -41,24 +51,18 @@ pub fn build_policies(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
-    command
-        .current_dir(root)
-        .args(["build", "--target", TARGET, "--profile", PROFILE]);
+    command.current_dir(root).args(["build", "--target", TARGET, "--profile", PROFILE]);
     for name in names {
         command.arg("-p").arg(format!("policy-{name}"));
     }
-    let status = command
-        .status()
-        .with_context(|| format!("running {command:?}"))?;
+    let status = command.status().with_context(|| format!("running {command:?}"))?;
     if !status.success() {
         bail!("building policies {names:?} failed ({status})");
     }
 
     // Respect CARGO_TARGET_DIR, as cargo itself did (a relative one is
     // relative to where cargo ran, i.e. `root`).
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(|dir| root.join(dir))
-        .unwrap_or_else(|| root.join("target"));
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(|dir| root.join(dir)).unwrap_or_else(|| root.join("target"));
     let built = target.join(TARGET).join(PROFILE);
     let out_dir = target.join("policies");
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;

@@ -1,0 +1,386 @@
+//! The event loop: arrivals, batch completions and policy timers in virtual time,
+//! over the host's router ([`crate::app::pick_worker`]), decision core
+//! ([`crate::decision::decide`]) and policy runtime (the same `.wasm` instances).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use sluice_sdk as sdk;
+
+use super::arrivals::Arrival;
+use super::rng::Rng;
+use super::stats::{Fate, RunResult, Stats, WindowRow};
+use super::{Experiment, LatencyModel, PolicyCache, RunSpec, SimApp};
+use crate::app::{pick_worker, Bound, LoadMonitor};
+use crate::config::RouterMode;
+use crate::decision::{self, Context, Next, Queued};
+use crate::profile::{Percentile, Profile};
+use crate::runtime::{Limits, PolicyInstance};
+
+/// A simulated request.
+#[derive(Clone, Copy, Debug)]
+struct SimRequest {
+    id: u64,
+    arrival: u64,
+    deadline: u64,
+}
+
+impl Queued for SimRequest {
+    fn pending(&self) -> sdk::Pending {
+        sdk::Pending { id: self.id, arrival: self.arrival, deadline: self.deadline }
+    }
+}
+
+/// Batch latency: the app's percentile, or a draw from the measured distribution.
+///
+/// Sampling inverts a piecewise-linear CDF through the profile's quantiles at the
+/// batch size: (0.5, p50), (0.95, p95), (0.99, p99), closed by (0, lo) and (1, hi)
+/// with lo = max(p50 − (p95 − p50), p50 / 2) and hi = p99 + (p99 − p95). Profiles
+/// keep three percentiles, not the raw runs, so the ends are an assumption.
+pub struct LatencySampler {
+    model: LatencyModel,
+    /// Per model: dense p50, p95, p99 tables.
+    tables: Vec<[Vec<u64>; 3]>,
+    /// Per model: the table policies see (the app's percentile).
+    policy_tables: Vec<Vec<u64>>,
+}
+
+impl LatencySampler {
+    fn latency(&self, model: usize, size: usize, rng: &mut Rng) -> u64 {
+        let at = |t: &Vec<u64>| t[(size.max(1) - 1).min(t.len().saturating_sub(1))] as f64;
+        match self.model {
+            LatencyModel::Deterministic => at(&self.policy_tables[model]) as u64,
+            LatencyModel::Sampled => {
+                let [p50, p95, p99] = [at(&self.tables[model][0]), at(&self.tables[model][1]), at(&self.tables[model][2])];
+                let lo = (p50 - (p95 - p50)).max(p50 / 2.0);
+                let hi = p99 + (p99 - p95);
+                let points = [(0.0, lo), (0.5, p50), (0.95, p95), (0.99, p99), (1.0, hi)];
+                let u = rng.uniform();
+                let i = points.windows(2).position(|w| u < w[1].0).unwrap_or(3);
+                let ((q0, v0), (q1, v1)) = (points[i], points[i + 1]);
+                (v0 + (v1 - v0) * (u - q0) / (q1 - q0)).max(0.0) as u64
+            }
+        }
+    }
+}
+
+struct Worker {
+    policy: Bound,
+    loaded: Vec<u32>,
+    busy: usize,
+    /// Invalidates timers armed by earlier decisions.
+    timer_token: u64,
+}
+
+struct AppState {
+    spec: SimApp,
+    models: Vec<sdk::Model>,
+    latency: LatencySampler,
+    arrivals: Vec<Arrival>,
+    next_arrival: usize,
+    queues: Vec<Vec<SimRequest>>,
+    workers: Vec<Worker>,
+    load: LoadMonitor,
+    slo_us: u64,
+    expire_us: u64,
+    stats: Stats,
+    overloaded: Option<String>,
+}
+
+enum Event {
+    Arrival { app: usize },
+    Done { app: usize, worker: usize, model: u32, batch: Vec<SimRequest>, started: u64 },
+    Timer { app: usize, worker: usize, token: u64 },
+}
+
+/// One run: its apps and the event queue.
+pub struct Simulation {
+    apps: Vec<AppState>,
+    rng: Rng,
+    events: BinaryHeap<Reverse<(u64, u64)>>,
+    payloads: BTreeMap<u64, Event>,
+    seq: u64,
+    duration_us: u64,
+    window_us: u64,
+    max_queue: usize,
+    weakly_hard: Option<[usize; 2]>,
+    run: usize,
+    policy_label: String,
+    seed: u64,
+}
+
+impl Simulation {
+    /// Prepares a run: arrivals drawn, policy instances created and initialised.
+    pub fn new(
+        exp: &Experiment,
+        base: &Path,
+        run: &RunSpec,
+        profiles: &BTreeMap<PathBuf, Profile>,
+        cache: &mut PolicyCache,
+    ) -> Result<Simulation> {
+        let duration_us = (exp.duration_s * 1e6) as u64;
+        let mut rng = Rng::new(run.seed);
+        let mut apps = Vec::new();
+        for spec in &run.apps {
+            let profile = &profiles[&base.join(&spec.profile)];
+            let selected = profile
+                .policy_models(spec.models.as_deref(), spec.latency_percentile, spec.max_batch)
+                .map_err(|e| anyhow::anyhow!("app {}: models: {e}", spec.name))?;
+            let cap = |mut t: Vec<u64>| {
+                if let Some(c) = spec.max_batch {
+                    t.truncate(c as usize);
+                }
+                t
+            };
+            let tables = selected
+                .iter()
+                .map(|(_, m)| {
+                    [Percentile::P50, Percentile::P95, Percentile::P99].map(|p| cap(m.latency_table(p)))
+                })
+                .collect();
+            let models: Vec<sdk::Model> = selected.into_iter().map(|(m, _)| m).collect();
+            let latency = LatencySampler {
+                model: exp.latency,
+                tables,
+                policy_tables: models.iter().map(|m| m.latency.clone()).collect(),
+            };
+            let arrivals = spec
+                .arrivals
+                .generate(&spec.name, base, duration_us, &mut rng)
+                .with_context(|| format!("app {}", spec.name))?;
+            // `safe` is the host's built-in fallback, run natively (no component).
+            let compiled = match spec.policy.as_str() {
+                "safe" => None,
+                name => Some(cache.get(name).with_context(|| format!("app {}", spec.name))?),
+            };
+            let slo_us = (spec.slo_ms * 1000.0).round() as u64;
+            let params = spec
+                .params
+                .as_ref()
+                .map(|t| serde_json::to_string(t).unwrap_or_else(|_| "{}".into()))
+                .unwrap_or_else(|| "{}".into());
+            let limits = Limits { call_budget: std::time::Duration::from_millis(50), ..Limits::default() };
+            let all: Vec<u32> = (0..models.len() as u32).collect();
+            let mut workers = Vec::new();
+            for w in 0..spec.workers {
+                let config = sdk::Config {
+                    app: spec.name.clone(),
+                    slo: slo_us,
+                    workers: spec.workers,
+                    worker: w,
+                    models: models.clone(),
+                    params: params.clone(),
+                };
+                let policy = match &compiled {
+                    Some(c) => Bound::Wasm(Box::new(
+                        PolicyInstance::new(cache.engine(), c, config, limits)
+                            .with_context(|| format!("app {}: worker {w}", spec.name))?,
+                    )),
+                    None => Bound::Safe,
+                };
+                workers.push(Worker { policy, loaded: all.clone(), busy: 0, timer_token: 0 });
+            }
+            let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
+            apps.push(AppState {
+                stats: Stats::new(arrivals.iter().map(|a| a.at).collect()),
+                expire_us: spec.expire_after_ms.map(|e| (e * 1000.0) as u64).unwrap_or(slo_us),
+                load: LoadMonitor::new(spec.load_window_ms * 1000),
+                spec: spec.clone(),
+                models,
+                latency,
+                arrivals,
+                next_arrival: 0,
+                queues: (0..queues).map(|_| Vec::new()).collect(),
+                workers,
+                slo_us,
+                overloaded: None,
+            });
+        }
+        let mut sim = Simulation {
+            apps,
+            rng,
+            events: BinaryHeap::new(),
+            payloads: BTreeMap::new(),
+            seq: 0,
+            duration_us,
+            window_us: (exp.window_s * 1e6).max(1.0) as u64,
+            max_queue: exp.max_queue,
+            weakly_hard: exp.weakly_hard,
+            run: run.index,
+            policy_label: run.policy_label.clone(),
+            seed: run.seed,
+        };
+        for a in 0..sim.apps.len() {
+            if let Some(first) = sim.apps[a].arrivals.first() {
+                let at = first.at;
+                sim.schedule(at, Event::Arrival { app: a });
+            }
+        }
+        Ok(sim)
+    }
+
+    fn schedule(&mut self, at: u64, event: Event) {
+        // Ties break by insertion order, which keeps runs deterministic.
+        self.seq += 1;
+        self.events.push(Reverse((at, self.seq)));
+        self.payloads.insert(self.seq, event);
+    }
+
+    /// Runs to completion: every arrival, then every queued request is served,
+    /// dropped or expired (no new arrivals after the duration). Returns, per app, its
+    /// result, time series, and the wall seconds spent inside `decide`.
+    pub fn run(mut self) -> Vec<(RunResult, Vec<WindowRow>, f64)> {
+        while let Some(Reverse((now, seq))) = self.events.pop() {
+            let Some(event) = self.payloads.remove(&seq) else { continue };
+            match event {
+                Event::Arrival { app } => self.arrive(app, now),
+                Event::Done { app, worker, model, batch, started } => {
+                    self.finish(app, worker, model, batch, started, now);
+                    self.decide(app, worker, now);
+                }
+                Event::Timer { app, worker, token } => {
+                    if self.apps[app].workers[worker].timer_token == token && self.apps[app].workers[worker].busy == 0 {
+                        self.decide(app, worker, now);
+                    }
+                }
+            }
+            if self.apps.iter().any(|a| a.overloaded.is_some()) {
+                break;
+            }
+        }
+        let duration_us = self.duration_us;
+        let window_us = self.window_us;
+        let weakly_hard = self.weakly_hard;
+        self.apps
+            .iter()
+            .map(|a| {
+                let (trace, load) = match &a.spec.arrivals {
+                    super::arrivals::ArrivalSpec::RateTrace { file, .. }
+                    | super::arrivals::ArrivalSpec::Requests { file }
+                    | super::arrivals::ArrivalSpec::Recorded { file } => (Some(file.display().to_string()), None),
+                    other => (None, other.rate_qps()),
+                };
+                let (r, ts) = a.stats.result(
+                    self.run,
+                    &a.spec.name,
+                    &self.policy_label,
+                    a.spec.workers,
+                    load,
+                    trace,
+                    self.seed,
+                    duration_us,
+                    window_us,
+                    weakly_hard,
+                    a.overloaded.clone(),
+                );
+                (r, ts, a.stats.decide_seconds)
+            })
+            .collect()
+    }
+
+    fn arrive(&mut self, a: usize, now: u64) {
+        let app = &mut self.apps[a];
+        let i = app.next_arrival;
+        let arrival = app.arrivals[i];
+        app.next_arrival += 1;
+        app.load.record(now);
+        let request = SimRequest {
+            id: i as u64,
+            arrival: now,
+            deadline: now + arrival.budget.unwrap_or(app.slo_us),
+        };
+        let k = app.workers.len();
+        let target = pick_worker(app.spec.router, i, k, |w| app.queues[w].len() + app.workers[w].busy);
+        app.queues[target].push(request);
+        if app.queues[target].len() > self.max_queue {
+            app.overloaded = Some(format!(
+                "at {:.3} s a worker queue exceeded max_queue = {} (the load exceeds what the workers sustain)",
+                now as f64 / 1e6,
+                self.max_queue
+            ));
+            return;
+        }
+        let next = app.arrivals.get(i + 1).map(|x| x.at);
+        let shared = app.spec.router == RouterMode::Shared;
+        if let Some(next) = next {
+            self.schedule(next, Event::Arrival { app: a });
+        }
+        if shared {
+            // Idle workers pull from the one queue, lowest index first.
+            for w in 0..k {
+                if self.apps[a].workers[w].busy == 0 && !self.apps[a].queues[0].is_empty() {
+                    self.decide(a, w, now);
+                }
+            }
+        } else if self.apps[a].workers[target].busy == 0 {
+            self.decide(a, target, now);
+        }
+    }
+
+    fn decide(&mut self, a: usize, w: usize, now: u64) {
+        let app = &mut self.apps[a];
+        let q = if app.spec.router == RouterMode::Shared { 0 } else { w };
+        let load_qps = app.load.rate(now);
+        let worker = &mut app.workers[w];
+        let cx = Context {
+            now,
+            worker: w as u32,
+            workers: app.spec.workers,
+            load_qps,
+            loaded: &worker.loaded,
+            models: &app.models,
+            expire_us: app.expire_us,
+            draining: false,
+        };
+        let d = decision::decide(&mut worker.policy, &mut app.queues[q], &cx);
+        if let Some(t) = d.decide_time {
+            app.stats.decide_calls += 1;
+            app.stats.decide_seconds += t.as_secs_f64();
+        }
+        if d.fault.is_some() {
+            app.stats.faults += 1;
+        }
+        for r in d.expired {
+            app.stats.finish(r.id, Fate::Expired, 0.0);
+        }
+        for r in d.dropped {
+            app.stats.finish(r.id, Fate::Dropped, 0.0);
+        }
+        worker.timer_token += 1;
+        let token = worker.timer_token;
+        match d.next {
+            Next::Run { model, batch } => {
+                worker.busy = batch.len();
+                let latency = app.latency.latency(model as usize, batch.len(), &mut self.rng);
+                app.stats.batch(&app.models[model as usize].name, batch.len());
+                self.schedule(now + latency, Event::Done { app: a, worker: w, model, batch, started: now });
+            }
+            Next::Wait(t) => self.schedule(t, Event::Timer { app: a, worker: w, token }),
+            Next::Idle { expire_at: Some(t) } => self.schedule(t, Event::Timer { app: a, worker: w, token }),
+            Next::Idle { expire_at: None } => {}
+        }
+    }
+
+    fn finish(&mut self, a: usize, w: usize, model: u32, batch: Vec<SimRequest>, started: u64, now: u64) {
+        let app = &mut self.apps[a];
+        let accuracy = app.models[model as usize].accuracy;
+        let mut missed = 0;
+        for r in &batch {
+            let fate = if now <= r.deadline { Fate::OnTime } else { Fate::Late };
+            if fate == Fate::Late {
+                missed += 1;
+            }
+            app.stats.finish(r.id, fate, accuracy);
+        }
+        let worker = &mut app.workers[w];
+        worker.busy = 0;
+        if let Bound::Wasm(instance) = &mut worker.policy {
+            let outcome = sdk::Outcome { model, size: batch.len() as u32, started, finished: now, missed };
+            if instance.observe(&outcome).is_err() {
+                app.stats.faults += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! What a simulated run measures, and the files it writes.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+/// How one request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Fate {
+    /// Not finished when the run ended.
+    Pending = 0,
+    /// Served by its deadline.
+    OnTime = 1,
+    /// Served after its deadline.
+    Late = 2,
+    /// Dropped by the policy.
+    Dropped = 3,
+    /// Expired by the host.
+    Expired = 4,
+}
+
+impl Fate {
+    fn missed(self) -> bool {
+        !matches!(self, Fate::OnTime)
+    }
+    fn dropped(self) -> bool {
+        matches!(self, Fate::Dropped | Fate::Expired)
+    }
+}
+
+/// Accumulates one app's run.
+pub struct Stats {
+    fates: Vec<Fate>,
+    arrivals: Vec<u64>,
+    accuracy: Vec<f64>,
+    batch_sizes: BTreeMap<usize, u64>,
+    model_mix: BTreeMap<String, u64>,
+    /// Policy faults answered by the safe decision.
+    pub faults: u64,
+    /// `decide` calls.
+    pub decide_calls: u64,
+    /// Time inside `decide` (wall clock: not part of the deterministic results).
+    pub decide_seconds: f64,
+}
+
+impl Stats {
+    /// Stats for requests arriving at `arrivals` (µs).
+    pub fn new(arrivals: Vec<u64>) -> Stats {
+        let n = arrivals.len();
+        Stats {
+            fates: vec![Fate::Pending; n],
+            arrivals,
+            accuracy: vec![0.0; n],
+            batch_sizes: BTreeMap::new(),
+            model_mix: BTreeMap::new(),
+            faults: 0,
+            decide_calls: 0,
+            decide_seconds: 0.0,
+        }
+    }
+
+    /// Request `id` ended with `fate`; `accuracy` counts when it was served.
+    pub fn finish(&mut self, id: u64, fate: Fate, accuracy: f64) {
+        self.fates[id as usize] = fate;
+        self.accuracy[id as usize] = accuracy;
+    }
+
+    /// A batch of `size` ran on `model`.
+    pub fn batch(&mut self, model: &str, size: usize) {
+        *self.batch_sizes.entry(size).or_default() += 1;
+        *self.model_mix.entry(model.to_string()).or_default() += size as u64;
+    }
+
+    /// The deterministic result, and the time series by arrival window.
+    #[allow(clippy::too_many_arguments)]
+    pub fn result(
+        &self,
+        run: usize,
+        app: &str,
+        policy: &str,
+        workers: u32,
+        load_qps: Option<f64>,
+        trace: Option<String>,
+        seed: u64,
+        duration_us: u64,
+        window_us: u64,
+        weakly_hard: Option<[usize; 2]>,
+        overloaded: Option<String>,
+    ) -> (RunResult, Vec<WindowRow>) {
+        let count = |f: Fate| self.fates.iter().filter(|x| **x == f).count() as u64;
+        let (on_time, late, dropped, expired, pending) =
+            (count(Fate::OnTime), count(Fate::Late), count(Fate::Dropped), count(Fate::Expired), count(Fate::Pending));
+        let n = self.fates.len() as u64;
+        let acc_sum: f64 = self.fates.iter().zip(&self.accuracy).filter(|(f, _)| **f == Fate::OnTime).map(|(_, a)| a).sum();
+        let longest = |pred: fn(Fate) -> bool| {
+            let (mut best, mut cur) = (0u64, 0u64);
+            for f in &self.fates {
+                cur = if pred(*f) { cur + 1 } else { 0 };
+                best = best.max(cur);
+            }
+            best
+        };
+        let weakly_hard = weakly_hard.map(|[m, k]| {
+            // The most misses in any K consecutive requests (arrival order).
+            let miss: Vec<u32> = self.fates.iter().map(|f| u32::from(f.missed())).collect();
+            let mut worst = 0u32;
+            let mut window: u32 = miss.iter().take(k).sum();
+            worst = worst.max(window);
+            for i in k..miss.len() {
+                window = window + miss[i] - miss[i - k];
+                worst = worst.max(window);
+            }
+            WeaklyHard { m, k, worst_misses_in_window: worst as usize, held: worst as usize <= m }
+        });
+        let result = RunResult {
+            run,
+            app: app.to_string(),
+            policy: policy.to_string(),
+            workers,
+            load_qps,
+            trace,
+            seed,
+            requests: n,
+            served: on_time + late,
+            on_time,
+            late,
+            dropped: dropped + expired,
+            dropped_by_reason: BTreeMap::from([("policy".to_string(), dropped), ("expired".to_string(), expired)]),
+            unfinished: pending,
+            accuracy: if on_time > 0 { acc_sum / on_time as f64 } else { 0.0 },
+            violation_rate: if n > 0 { (n - on_time) as f64 / n as f64 } else { 0.0 },
+            throughput_qps: (on_time + late) as f64 / (duration_us as f64 / 1e6),
+            batch_sizes: self.batch_sizes.clone(),
+            model_mix: self.model_mix.clone(),
+            max_consecutive_misses: longest(Fate::missed),
+            max_consecutive_drops: longest(Fate::dropped),
+            weakly_hard,
+            faults: self.faults,
+            decide_calls: self.decide_calls,
+            overloaded,
+        };
+        let mut windows: BTreeMap<u64, WindowRow> = BTreeMap::new();
+        for (i, f) in self.fates.iter().enumerate() {
+            let w = self.arrivals[i] / window_us.max(1);
+            let row = windows.entry(w).or_insert_with(|| WindowRow {
+                run,
+                app: app.to_string(),
+                policy: policy.to_string(),
+                window_start_s: (w * window_us) as f64 / 1e6,
+                ..Default::default()
+            });
+            row.arrivals += 1;
+            match f {
+                Fate::OnTime => {
+                    row.on_time += 1;
+                    row.accuracy += self.accuracy[i];
+                }
+                Fate::Late => row.late += 1,
+                Fate::Dropped | Fate::Expired => row.dropped += 1,
+                Fate::Pending => {}
+            }
+        }
+        let rows = windows
+            .into_values()
+            .map(|mut r| {
+                r.accuracy = if r.on_time > 0 { r.accuracy / r.on_time as f64 } else { 0.0 };
+                r
+            })
+            .collect();
+        (result, rows)
+    }
+}
+
+/// (m, K) weakly-hard check.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct WeaklyHard {
+    /// At most m misses...
+    pub m: usize,
+    /// ...in any K consecutive requests.
+    pub k: usize,
+    /// The most misses seen in any K consecutive requests.
+    pub worst_misses_in_window: usize,
+    /// Whether the constraint held.
+    pub held: bool,
+}
+
+/// The deterministic result of one app in one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    /// Run index in the sweep.
+    pub run: usize,
+    /// App.
+    pub app: String,
+    /// Policy label.
+    pub policy: String,
+    /// Workers.
+    pub workers: u32,
+    /// Constant rate, when the arrivals have one.
+    pub load_qps: Option<f64>,
+    /// Trace file, when they come from one.
+    pub trace: Option<String>,
+    /// Seed.
+    pub seed: u64,
+    /// Requests that arrived.
+    pub requests: u64,
+    /// Served (on time or late).
+    pub served: u64,
+    /// Served by their deadline.
+    pub on_time: u64,
+    /// Served after it.
+    pub late: u64,
+    /// Dropped (policy or expired).
+    pub dropped: u64,
+    /// Drops by reason.
+    pub dropped_by_reason: BTreeMap<String, u64>,
+    /// Still queued or running when the run ended.
+    pub unfinished: u64,
+    /// Mean accuracy per satisfied (on-time) query, 0–1.
+    pub accuracy: f64,
+    /// Share of requests not served on time (late, dropped or unfinished), 0–1.
+    pub violation_rate: f64,
+    /// Served per simulated second.
+    pub throughput_qps: f64,
+    /// Batches by size.
+    pub batch_sizes: BTreeMap<usize, u64>,
+    /// Requests served by model.
+    pub model_mix: BTreeMap<String, u64>,
+    /// Longest run of consecutive misses (arrival order).
+    pub max_consecutive_misses: u64,
+    /// Longest run of consecutive drops (arrival order).
+    pub max_consecutive_drops: u64,
+    /// The (m, K) check, when asked for.
+    pub weakly_hard: Option<WeaklyHard>,
+    /// Policy faults answered by the safe decision.
+    pub faults: u64,
+    /// `decide` calls.
+    pub decide_calls: u64,
+    /// Why the run stopped early, if it overloaded.
+    pub overloaded: Option<String>,
+}
+
+/// One time-series row.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WindowRow {
+    /// Run index.
+    pub run: usize,
+    /// App.
+    pub app: String,
+    /// Policy label.
+    pub policy: String,
+    /// Window start, seconds.
+    pub window_start_s: f64,
+    /// Arrivals in the window.
+    pub arrivals: u64,
+    /// Of those, served on time.
+    pub on_time: u64,
+    /// Served late.
+    pub late: u64,
+    /// Dropped.
+    pub dropped: u64,
+    /// Mean accuracy of the on-time ones.
+    pub accuracy: f64,
+}
+
+/// Wall-clock figures of one (run, app): `summary.json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Timing {
+    /// Run index.
+    pub run: usize,
+    /// App.
+    pub app: String,
+    /// Policy label.
+    pub policy: String,
+    /// Workers.
+    pub workers: u32,
+    /// Constant rate, if any.
+    pub load_qps: Option<f64>,
+    /// Trace, if any.
+    pub trace: Option<String>,
+    /// Requests.
+    pub requests: u64,
+    /// Accuracy per satisfied query.
+    pub accuracy: f64,
+    /// Violation rate.
+    pub violation_rate: f64,
+    /// Dropped.
+    pub dropped: u64,
+    /// Wall time of the run (all its apps).
+    pub wall_seconds: f64,
+    /// Of which inside the policy's `decide`.
+    pub wasm_seconds: f64,
+    /// Simulated requests per wall second.
+    pub simulated_requests_per_second: f64,
+}
+
+/// Writes results.json, results.csv, timeseries.csv (deterministic) and summary.json.
+pub fn write_outputs(dir: &Path, out: &super::ExperimentOutput) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let write = |name: &str, text: String| {
+        std::fs::write(dir.join(name), text).with_context(|| format!("write {}/{name}", dir.display()))
+    };
+    write("results.json", serde_json::to_string_pretty(&out.results)? + "\n")?;
+    write("summary.json", serde_json::to_string_pretty(&out.timing)? + "\n")?;
+    let mut csv = String::from(
+        "run,app,policy,workers,load_qps,trace,seed,requests,served,on_time,late,dropped,accuracy,violation_rate,throughput_qps,max_consecutive_misses,max_consecutive_drops,faults,overloaded\n",
+    );
+    for r in &out.results {
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.3},{},{},{},{}",
+            r.run,
+            r.app,
+            r.policy,
+            r.workers,
+            r.load_qps.map(|l| l.to_string()).unwrap_or_default(),
+            r.trace.clone().unwrap_or_default(),
+            r.seed,
+            r.requests,
+            r.served,
+            r.on_time,
+            r.late,
+            r.dropped,
+            r.accuracy,
+            r.violation_rate,
+            r.throughput_qps,
+            r.max_consecutive_misses,
+            r.max_consecutive_drops,
+            r.faults,
+            r.overloaded.is_some()
+        );
+    }
+    write("results.csv", csv)?;
+    let mut ts = String::from("run,app,policy,window_start_s,arrivals,on_time,late,dropped,accuracy\n");
+    for w in &out.timeseries {
+        let _ = writeln!(
+            ts,
+            "{},{},{},{:.3},{},{},{},{},{:.6}",
+            w.run, w.app, w.policy, w.window_start_s, w.arrivals, w.on_time, w.late, w.dropped, w.accuracy
+        );
+    }
+    write("timeseries.csv", ts)
+}

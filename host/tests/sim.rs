@@ -1,0 +1,167 @@
+//! The simulator on small scenarios with hand-computed outcomes, determinism, and
+//! overload detection. Policies are the real components (`cargo xtask policies`).
+
+use std::path::{Path, PathBuf};
+
+use sluice::sim::{run_experiment, stats::write_outputs, Experiment};
+
+fn policies() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/policies");
+    assert!(dir.join("fixed.wasm").exists(), "run `cargo xtask policies` first");
+    dir
+}
+
+/// One model `m` (accuracy 0.7): 10 ms at batch 1, 12 ms at batch 2 (p50 = p95 = p99).
+const PROFILE: &str = r#"version = 1
+name = "sim-test"
+device = "virtual"
+source = "hand-made"
+
+[[model]]
+name = "m"
+accuracy = 0.7
+accuracy_source = "test"
+batch_sizes = [1, 2]
+p50_us = [10000, 12000]
+p95_us = [10000, 12000]
+p99_us = [10000, 12000]
+"#;
+
+fn experiment(dir: &Path, body: &str) -> (Experiment, PathBuf) {
+    std::fs::write(dir.join("p.toml"), PROFILE).unwrap();
+    let text = format!("version = 1\nname = \"t\"\nbuiltin_policy_dir = \"{}\"\n{body}", policies().display());
+    let path = dir.join("e.toml");
+    std::fs::write(&path, text).unwrap();
+    Experiment::load(&path).unwrap()
+}
+
+#[test]
+fn one_worker_fixed_latency_hand_computed() {
+    let dir = tempfile::tempdir().unwrap();
+    // Arrivals at 0, 1, 2 ms; batch 1 only; SLO 15 ms; expiry right at the deadline.
+    // r0 runs 0–10 (on time), r1 runs 10–20 (deadline 16: late), r2's deadline 17 has
+    // passed when the worker is free at 20: expired.
+    let (e, base) = experiment(
+        dir.path(),
+        r#"duration_s = 0.003
+weakly_hard = [1, 3]
+[[app]]
+name = "a"
+slo_ms = 15
+workers = 1
+profile = "p.toml"
+max_batch = 1
+expire_after_ms = 0
+policy = "fixed"
+params = { model = "m" }
+arrivals = { kind = "uniform", rate_qps = 1000 }
+"#,
+    );
+    let out = run_experiment(&e, &base, false).unwrap();
+    let r = &out.results[0];
+    assert_eq!((r.requests, r.on_time, r.late, r.dropped), (3, 1, 1, 1), "{r:?}");
+    assert_eq!(r.dropped_by_reason["expired"], 1);
+    assert!((r.accuracy - 0.7).abs() < 1e-12);
+    assert!((r.violation_rate - 2.0 / 3.0).abs() < 1e-12);
+    assert_eq!(r.max_consecutive_misses, 2);
+    assert_eq!(r.max_consecutive_drops, 1);
+    assert_eq!(r.batch_sizes.get(&1), Some(&2));
+    let wh = r.weakly_hard.as_ref().unwrap();
+    assert_eq!((wh.worst_misses_in_window, wh.held), (2, false));
+}
+
+#[test]
+fn batching_follows_the_policy_and_the_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every 5 ms for 20 ms (4 requests), SLO 30 ms, batches up to 2 at 12 ms:
+    // r0 alone at 0 (done 12); r1, r2 queued (5, 10) go together 12–24; r3 (15) runs
+    // 24–36 (deadline 45). All on time; batches {1: 2, 2: 1}.
+    let (e, base) = experiment(
+        dir.path(),
+        r#"duration_s = 0.02
+[[app]]
+name = "a"
+slo_ms = 30
+workers = 1
+profile = "p.toml"
+policy = "fixed"
+params = { model = "m" }
+arrivals = { kind = "uniform", rate_qps = 200 }
+"#,
+    );
+    let r = &run_experiment(&e, &base, false).unwrap().results[0];
+    assert_eq!((r.requests, r.on_time), (4, 4), "{r:?}");
+    assert_eq!(r.batch_sizes, [(1, 2), (2, 1)].into_iter().collect());
+    assert_eq!(r.model_mix["m"], 4);
+}
+
+#[test]
+fn same_seed_same_bytes_and_sweeps_expand() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = r#"duration_s = 2
+latency = "sampled"
+seed = 7
+[[app]]
+name = "a"
+slo_ms = 40
+workers = 4
+router = "shortest-queue"
+profile = "p.toml"
+policy = "jellyfish"
+arrivals = { kind = "poisson", rate_qps = 200 }
+[sweep]
+load_qps = [100, 300]
+policies = [{ policy = "jellyfish" }, { policy = "fixed", params = { model = "m" }, label = "fixed-m" }]
+"#;
+    let (e, base) = experiment(dir.path(), body);
+    assert_eq!(e.runs().len(), 4);
+    let a = run_experiment(&e, &base, false).unwrap();
+    let b = run_experiment(&e, &base, false).unwrap();
+    write_outputs(&dir.path().join("a"), &a).unwrap();
+    write_outputs(&dir.path().join("b"), &b).unwrap();
+    for f in ["results.json", "results.csv", "timeseries.csv"] {
+        let x = std::fs::read(dir.path().join("a").join(f)).unwrap();
+        let y = std::fs::read(dir.path().join("b").join(f)).unwrap();
+        assert!(x == y, "{f} differs between two runs of the same experiment");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("a/summary.json")).unwrap()).unwrap();
+    let first = &summary[0];
+    for key in ["policy", "workers", "load_qps", "requests", "accuracy", "violation_rate", "dropped", "wall_seconds"] {
+        assert!(first.get(key).is_some(), "summary.json lacks {key}");
+    }
+    assert_eq!(a.results[3].policy, "fixed-m");
+    assert!(a.results[1].requests > a.results[0].requests * 2, "the sweep changes the load");
+    // Another seed gives other arrivals.
+    let (mut e2, base2) = experiment(dir.path(), body);
+    e2.seed = 8;
+    let c = run_experiment(&e2, &base2, false).unwrap();
+    assert_ne!(c.results[0].requests, 0);
+    assert!(a.results.iter().zip(&c.results).any(|(x, y)| x.requests != y.requests));
+}
+
+#[test]
+fn an_overloaded_run_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    // 1000 req/s into one worker that serves 100/s, requests never expire.
+    let (e, base) = experiment(
+        dir.path(),
+        r#"duration_s = 10
+max_queue = 50
+[[app]]
+name = "a"
+slo_ms = 20
+workers = 1
+profile = "p.toml"
+max_batch = 1
+expire_after_ms = 1e9
+policy = "fixed"
+params = { model = "m" }
+arrivals = { kind = "uniform", rate_qps = 1000 }
+"#,
+    );
+    let r = &run_experiment(&e, &base, false).unwrap().results[0];
+    let why = r.overloaded.as_deref().expect("overload reported");
+    assert!(why.contains("max_queue = 50"), "{why}");
+    assert!(r.requests > 0);
+}
