@@ -187,3 +187,48 @@ async fn dropping_policies_answer_every_request_under_a_burst() {
     }
     server.stop().await.unwrap();
 }
+
+/// Uploads `target/examples/<name>.wasm` (built by `cargo xtask policies`
+/// from the standalone crate `examples/<name>`) as `as_name`.
+async fn upload_example(server: &TestServer, name: &str, as_name: &str) {
+    let path = root().join(format!("target/examples/{name}.wasm"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask policies`", path.display()));
+    let mut c = server.client().await;
+    let auth = format!("Bearer {TOKEN}");
+    let r = c
+        .request(
+            "POST",
+            &format!("/admin/policies?name={as_name}"),
+            &[("authorization", &auth), ("content-type", "application/wasm")],
+            &bytes,
+        )
+        .await
+        .unwrap();
+    assert!(r.status == 200 || r.status == 201, "upload {name}: {} {}", r.status, String::from_utf8_lossy(&r.body));
+}
+
+/// The standalone example `examples/policy-template` (outside the workspace)
+/// is uploaded like a third-party policy, swapped in, and decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_template_uploads_and_swaps_in() {
+    let server = TestServer::start(CONFIG).await.unwrap();
+    upload_example(&server, "policy-template", "my-template").await;
+    let (served, dropped, variants) = run(&server, "my-template", json!({ "max_batch": 4 }), 2, 5).await;
+    assert_eq!((served, dropped), (10, 0));
+    // 100 ms of slack at arrival: the most accurate model meets it.
+    assert!(variants.iter().all(|v| v == "large"), "{variants:?}");
+    server.stop().await.unwrap();
+}
+
+/// `examples/combined-policy` (ModelSwitching's model choice with spread-drop's
+/// drop rule, both used as libraries) is one component exporting one policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_combined_policy_uploads_and_swaps_in() {
+    let server = TestServer::start(CONFIG).await.unwrap();
+    upload_example(&server, "combined-policy", "combined").await;
+    let table = json!({ "table": [[1.0e9, "medium"]] });
+    let (served, dropped, variants) = run(&server, "combined", table, 2, 5).await;
+    assert_eq!((served, dropped), (10, 0));
+    assert!(variants.iter().all(|v| v == "medium"), "{variants:?}");
+    server.stop().await.unwrap();
+}

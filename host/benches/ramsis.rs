@@ -16,6 +16,8 @@
 //!    time, `decide` p50/p99 serving from a ready policy, and `decide` p50/p99
 //!    while a new policy is generated in the background, slice by slice.
 //!
+//! Prints a report, then one JSON line with everything.
+//!
 //! Run: `cargo bench -p sluice --bench ramsis` (add `-- quick` for one repetition,
 //! `-- decide` for the component part only).
 
@@ -88,7 +90,7 @@ fn phases(problem: &Problem) -> Phases {
     }
 }
 
-fn case(label: &str, problem: &Problem, reps: usize, baseline_s: Option<f64>) {
+fn case(label: &str, problem: &Problem, reps: usize, baseline_s: Option<f64>) -> serde_json::Value {
     let runs: Vec<Phases> = (0..reps).map(|_| phases(problem)).collect();
     let total = median(runs.iter().map(|p| p.build + p.values + p.power).collect());
     let build = median(runs.iter().map(|p| p.build).collect());
@@ -139,6 +141,19 @@ fn case(label: &str, problem: &Problem, reps: usize, baseline_s: Option<f64>) {
             base / two.as_secs_f64()
         );
     }
+    serde_json::json!({
+        "case": label.trim_start_matches(['…', ' ']),
+        "states": s.states,
+        "actions": s.actions,
+        "stored_values": runs[0].nnz,
+        "memory_bytes": runs[0].memory,
+        "expected_accuracy": s.expected_accuracy,
+        "expected_violation": s.expected_violation,
+        "seconds_1_thread": total.as_secs_f64(),
+        "seconds_2_threads": two.as_secs_f64(),
+        "ms_per_sweep": values.as_secs_f64() * 1e3 / sweeps,
+        "baseline_seconds": baseline_s,
+    })
 }
 
 fn bench_config(params: &str) -> Config {
@@ -192,7 +207,7 @@ fn time_calls(views: &[View], mut call: impl FnMut(&View) -> Decision) -> (u128,
     percentiles(samples)
 }
 
-fn decide_bench(reps: usize) {
+fn decide_bench(reps: usize) -> serde_json::Value {
     let config = bench_config(r#"{"load_qps": 2000, "slice_work": 0}"#);
     let t = Instant::now();
     let mut policy = Ramsis::init(config.clone()).expect("init");
@@ -201,11 +216,14 @@ fn decide_bench(reps: usize) {
     let (p50, p99, max) = time_calls(&views, |v| policy.decide(v));
     println!("component, native: init {:.3} s (one policy at 2000 QPS)", init.as_secs_f64());
     println!("  decide: p50 {p50} ns  p99 {p99} ns  max {max} ns over {reps} views (queue 1..12)");
+    let mut out = serde_json::json!({
+        "native": {"init_seconds": init.as_secs_f64(), "decide_p50_ns": p50, "decide_p99_ns": p99},
+    });
 
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/policies/ramsis.wasm");
     let Ok(bytes) = std::fs::read(&path) else {
         println!("component, Wasm: skipped ({} missing: run `cargo xtask policies`)", path.display());
-        return;
+        return out;
     };
     let engine = PolicyEngine::new().expect("engine");
     let compiled = engine.compile("ramsis", &bytes).expect("compile");
@@ -215,6 +233,7 @@ fn decide_bench(reps: usize) {
     let (p50, p99, max) = time_calls(&views, |v| instance.decide(v).expect("decide"));
     println!("component, Wasm: init {:.3} s (one policy at 2000 QPS)", init.as_secs_f64());
     println!("  decide: p50 {p50} ns  p99 {p99} ns  max {max} ns");
+    out["wasm"] = serde_json::json!({"init_seconds": init.as_secs_f64(), "decide_p50_ns": p50, "decide_p99_ns": p99});
     // Load above the grid: the policy serves with its 2000 QPS policy and
     // generates one for 2500 · 1.05 QPS a slice per call.
     let config = bench_config(r#"{"grid": [2000]}"#);
@@ -254,27 +273,37 @@ fn decide_bench(reps: usize) {
         "  while generating a policy for 2625 QPS in the background: {calls} decides over {:.2} s; decide p50 {p50} ns  p99 {p99} ns  max {max} ns",
         wall.as_secs_f64()
     );
+    out["wasm_generating"] =
+        serde_json::json!({"decides": calls, "decide_p50_ns": p50, "decide_p99_ns": p99, "decide_max_ns": max});
+    out
 }
 
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
     let reps = if quick { 1 } else { 5 };
     if std::env::args().any(|a| a == "decide") {
-        decide_bench(if quick { 20_000 } else { 200_000 });
+        let component = decide_bench(if quick { 20_000 } else { 200_000 });
+        println!("{}", serde_json::json!({ "component": component }));
         return;
     }
     let models = image_models();
     let fidelity = Problem::new(models.clone(), 150_000.0, 60, 2000.0);
-    case("fidelity case (9 models, FLD 100, maximal, K=60, 2000 QPS)", &fidelity, reps, Some(REFERENCE_FIDELITY_S));
+    let mut cases = Vec::new();
+    cases.push(case(
+        "fidelity case (9 models, FLD 100, maximal, K=60, 2000 QPS)",
+        &fidelity,
+        reps,
+        Some(REFERENCE_FIDELITY_S),
+    ));
     let mut md = fidelity.clone();
     md.discretization = Discretization::Md;
-    case("  … model-based discretization (MD)", &md, reps, None);
+    cases.push(case("  … model-based discretization (MD)", &md, reps, None));
     let mut variable = fidelity.clone();
     variable.batching = Batching::Variable;
-    case("  … variable batching", &variable, reps.min(3), None);
+    cases.push(case("  … variable batching", &variable, reps.min(3), None));
     let mut full_power = fidelity.clone();
     full_power.stationary_tolerance = 0.0;
-    case("  … all 1,000 power iterations (artifact)", &full_power, reps.min(3), Some(REFERENCE_FIDELITY_S));
+    cases.push(case("  … all 1,000 power iterations (artifact)", &full_power, reps.min(3), Some(REFERENCE_FIDELITY_S)));
     let pairs: Vec<(f64, Vec<f64>)> = models.iter().map(|m| (m.accuracy, m.latency_us.clone())).collect();
     let synthetic: Vec<ModelSpec> = latency::interpolate_front(&pairs, 0.005)
         .into_iter()
@@ -283,11 +312,12 @@ fn main() {
         .collect();
     let scale = Problem::new(synthetic.clone(), 400_000.0, 100, 4000.0);
     let b_w = (1..=32).filter(|&b| synthetic[0].latency_us[b - 1] <= 400_000.0).max().unwrap_or(0);
-    case(
+    cases.push(case(
         &format!("§7.3.2 scale ({} synthetic models, FLD 100, maximal, B_w={b_w}, K=100, 4000 QPS)", synthetic.len()),
         &scale,
         reps.min(3),
         Some(PAPER_SCALE_S),
-    );
-    decide_bench(if quick { 20_000 } else { 200_000 });
+    ));
+    let component = decide_bench(if quick { 20_000 } else { 200_000 });
+    println!("{}", serde_json::json!({ "generation": cases, "component": component }));
 }

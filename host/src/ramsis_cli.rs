@@ -72,6 +72,11 @@ pub struct GenArgs {
     /// `maximal` or `variable` (§4.3.2).
     #[arg(long, default_value = "maximal")]
     pub batching: Batching,
+    /// Variable batching: take a left-behind head's slack as `T_j − τ`
+    /// (the artifact's conservative fallback) instead of from the order
+    /// statistics of the arrivals.
+    #[arg(long)]
+    pub variable_conservative: bool,
     /// `round-robin` or `shortest-queue` (Appendix I.1).
     #[arg(long, default_value = "round-robin", value_parser = parse_balancing)]
     pub balancing: Balancing,
@@ -244,6 +249,7 @@ fn run_gen(args: GenArgs) -> Result<()> {
     problem.max_queue = args.max_queue;
     problem.discretization = args.discretization;
     problem.batching = args.batching;
+    problem.variable_exact = !args.variable_conservative;
     problem.balancing = args.balancing;
     problem.arrivals = args.arrivals;
     problem.sweeps = args.sweeps;
@@ -346,6 +352,7 @@ fn run_grid(args: &GenArgs, problem: &Problem, space: &Space) -> Result<()> {
         let params = serde_json::json!({
             "discretization": discretization,
             "batching": problem.batching,
+            "variable_exact": problem.variable_exact,
             "balancing": problem.balancing,
             "max_queue": problem.max_queue,
             "threshold": args.threshold,

@@ -115,13 +115,11 @@ fn decide(
     models: &ModelSet,
     draining: bool,
 ) -> (Step, Vec<Request>, Dropped) {
-    // Declared before the guard so that a replaced policy is dropped after the slot
-    // is unlocked: dropping a store takes microseconds a swap should not add.
-    let mut _retired = None;
+    let mut retired = None;
     let wait_started = Instant::now();
     let mut slot = handle.slot.lock();
     if let Some((bound, generation)) = slot.pending.take() {
-        _retired = Some(std::mem::replace(&mut slot.current, bound));
+        retired = Some(std::mem::replace(&mut slot.current, bound));
         slot.generation = generation;
         let waited = wait_started.elapsed();
         app.counters.swap_max_wait_ns.fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
@@ -150,6 +148,10 @@ fn decide(
     handle.queue.sync_len(&items);
     drop(items);
     drop(slot);
+    if let Some(old) = retired {
+        // Dropping a store takes tens of microseconds: not on the worker's path.
+        tokio::task::spawn_blocking(move || drop(old));
+    }
     let removed =
         d.expired.len() + d.dropped.len() + if let Next::Run { batch, .. } = &d.next { batch.len() } else { 0 };
     app.queued.fetch_sub(removed, Ordering::AcqRel);

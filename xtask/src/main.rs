@@ -124,7 +124,8 @@ fn setup(root: &Path) -> Result<()> {
 
 fn build_all_policies(root: &Path) -> Result<()> {
     let names: Vec<&str> = policies::BUILTIN.iter().chain(policies::FIXTURES).copied().collect();
-    let built = policies::build_policies(root, &names)?;
+    let mut built = policies::build_policies(root, &names)?;
+    built.extend(policies::build_examples(root, policies::EXAMPLES)?);
     for p in built {
         eprintln!("xtask: built {}", p.display());
     }

@@ -84,3 +84,46 @@ pub fn build_policies(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
     }
     Ok(paths)
 }
+
+/// Standalone policy crates outside the workspace (`examples/<name>`, package
+/// `<name>`): built like the built-ins but *not* installed as built-ins, since
+/// the tests upload them through the admin API as a third party would.
+pub const EXAMPLES: &[&str] = &["policy-template", "combined-policy"];
+
+/// Builds each standalone example crate `examples/<name>` into
+/// `<target>/examples/<name>.wasm` and returns those paths. They keep their own
+/// `Cargo.lock`, as a policy author's crate would, and their own target
+/// directory (`<target>/examples-build`): sharing the workspace's would compile
+/// the SDK under the same artifact name from two paths (workspace member vs.
+/// path dependency), and each build would invalidate the other's rlibs.
+pub fn build_examples(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|dir| root.join(dir))
+        .unwrap_or_else(|| root.join("target"));
+    let out_dir = target.join("examples");
+    let build_dir = target.join("examples-build");
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let mut paths = Vec::with_capacity(names.len());
+    for name in names {
+        let dir = root.join("examples").join(name);
+        let mut command = Command::new(&cargo);
+        command
+            .current_dir(&dir)
+            .env("CARGO_TARGET_DIR", &build_dir)
+            .args(["build", "--target", TARGET, "--profile", PROFILE]);
+        let status = command.status().with_context(|| format!("running {command:?}"))?;
+        if !status.success() {
+            bail!("building example {name} failed ({status})");
+        }
+        let from = build_dir.join(TARGET).join(PROFILE).join(format!("{}.wasm", name.replace('-', "_")));
+        let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+        if !bytes.starts_with(&COMPONENT_HEADER) {
+            bail!("{} is not a WebAssembly component", from.display());
+        }
+        let to = out_dir.join(format!("{name}.wasm"));
+        std::fs::write(&to, &bytes).with_context(|| format!("writing {}", to.display()))?;
+        paths.push(to);
+    }
+    Ok(paths)
+}

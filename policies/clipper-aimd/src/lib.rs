@@ -187,6 +187,7 @@ impl Policy for ClipperAimd {
     }
 }
 
+#[cfg(feature = "export")]
 sluice_sdk::export_policy!(ClipperAimd);
 
 #[cfg(test)]

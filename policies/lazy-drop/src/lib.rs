@@ -118,6 +118,7 @@ impl Policy for LazyDrop {
     }
 }
 
+#[cfg(feature = "export")]
 sluice_sdk::export_policy!(LazyDrop);
 
 #[cfg(test)]

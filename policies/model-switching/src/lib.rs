@@ -164,6 +164,7 @@ impl Policy for ModelSwitching {
     }
 }
 
+#[cfg(feature = "export")]
 sluice_sdk::export_policy!(ModelSwitching);
 
 #[cfg(test)]

@@ -164,6 +164,7 @@ impl Policy for Nexus {
     }
 }
 
+#[cfg(feature = "export")]
 sluice_sdk::export_policy!(Nexus);
 
 #[cfg(test)]

@@ -198,6 +198,7 @@ impl Policy for ProteusBatching {
     }
 }
 
+#[cfg(feature = "export")]
 sluice_sdk::export_policy!(ProteusBatching);
 
 #[cfg(test)]

@@ -37,6 +37,10 @@ pub struct Params {
     pub discretization: String,
     /// `"maximal"` (default) or `"variable"` batching (§4.3.2).
     pub batching: Batching,
+    /// Variable batching: derive the slack of a head left behind from the
+    /// order statistics of the arrivals (default, Poisson only) rather than
+    /// the conservative `T_j − τ`.
+    pub variable_exact: bool,
     /// `"round_robin"` (default; what sluice's round-robin router does) or
     /// `"shortest_queue"` (Appendix I.1).
     pub balancing: Balancing,
@@ -85,6 +89,7 @@ impl Default for Params {
         Params {
             discretization: "fld:100".into(),
             batching: Batching::Maximal,
+            variable_exact: true,
             balancing: Balancing::RoundRobin,
             arrivals: Arrivals::Poisson,
             max_queue: 32,
@@ -395,6 +400,7 @@ impl Policy for Ramsis {
         let mut problem = Problem::new(specs, config.slo as f64, config.workers.max(1), 1.0);
         problem.discretization = discretization;
         problem.batching = params.batching;
+        problem.variable_exact = params.variable_exact;
         problem.balancing = params.balancing;
         problem.arrivals = params.arrivals;
         problem.sweeps = params.sweeps;

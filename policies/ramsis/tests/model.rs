@@ -50,6 +50,11 @@ fn rows_sum_to_one_md_variable_sqf_gamma() {
     assert_rows_sum_to_one(&p);
 }
 
+/// Measured error of the variable-batching slack model (see
+/// `compare_with_monte_carlo_batching`): up to ~0.095 in CDF, both directions,
+/// on the two-model instances below.
+const SLACK_MODEL_ERROR: f64 = 0.12;
+
 fn two_models() -> Vec<ModelSpec> {
     let line = |a: f64, b: f64| (1..=10).map(|n| a + b * f64::from(n - 1)).collect::<Vec<_>>();
     vec![
@@ -128,11 +133,16 @@ fn compare_with_monte_carlo_batching(
         let allowance = if workers > 1 { 0.006 } else { 0.0 };
         let n_total = total as f64;
         if usize::from(action.batch) < s / space.slack_levels() {
-            // Requests left behind keep their (rounded-down) slack: the model's
-            // next slack is at most one grid step below the real one. Check the
-            // queue-length marginal exactly and, per queue length, that the
-            // model's slack CDF lies between the Monte-Carlo CDF and the
-            // Monte-Carlo CDF shifted up by one grid step.
+            // Requests left behind: the queue-length marginal is exact (left
+            // behind + arrivals during τ). The new head's slack is modelled from
+            // the rounded-down slack (up to one grid step low) and from uniform
+            // order statistics of the arrivals in interval A given the state,
+            // which ignores what earlier decisions revealed about those
+            // arrival times (the state (n, T_j) is not a sufficient statistic
+            // once requests are left behind; the artifact makes the same
+            // assumption). So: per queue length, the model's slack CDF must lie
+            // between the Monte-Carlo CDF and that CDF one grid step up, within
+            // sampling noise plus SLACK_MODEL_ERROR.
             partial += 1;
             let levels = space.slack_levels();
             let by_len = |m: &dyn Fn(usize) -> f64, n: usize| -> Vec<f64> {
@@ -157,13 +167,8 @@ fn compare_with_monte_carlo_batching(
                 let band = 5.0 * (0.25 / n_total).sqrt() + allowance;
                 for j in 0..levels {
                     let upper = cs[(j + 1).min(levels - 1)];
-                    let low = (cs[j] - band - cm[j]).max(0.0);
-                    let high = (cm[j] - upper - band).max(0.0);
-                    if low + high > 0.0 {
-                        eprintln!("K={workers} s={s} n'={n} j'={j} optimistic {low:.4} conservative {high:.4}");
-                    }
                     assert!(
-                        cm[j] >= cs[j] - band - 1.0 && cm[j] <= upper + band + 1.0,
+                        cm[j] >= cs[j] - band - SLACK_MODEL_ERROR && cm[j] <= upper + band + SLACK_MODEL_ERROR,
                         "K={workers} state {s}, n'={n}, j'={j}: model CDF {:.4}, Monte-Carlo {:.4}..{:.4}",
                         cm[j],
                         cs[j],
@@ -261,4 +266,22 @@ fn burstier_arrivals_cost_accuracy_or_violations() {
 fn parallel_generation_gives_the_same_policy() {
     let problem = Problem::new(fidelity_data::table("image"), 150_000.0, 60, 2000.0);
     assert_eq!(mdp::generate(&problem).unwrap(), mdp::generate_with_threads(&problem, 2).unwrap());
+}
+
+#[test]
+fn variable_batching_policy_monte_carlo_matches_expectations() {
+    let mut problem = Problem::new(fidelity_data::table("image"), 150_000.0, 60, 2000.0);
+    problem.batching = Batching::Variable;
+    let space = Space::new(&problem).unwrap();
+    let solution = mdp::generate(&problem).unwrap();
+    let report = sim::run(&space, 60, 2000.0, 300_000, 9, |d| solution.action(d.n, d.slack), |_, _| {});
+    eprintln!(
+        "variable: expected {:.5} / {:.5}, Monte-Carlo {:.5} / {:.5}",
+        solution.expected_accuracy,
+        solution.expected_violation,
+        report.accuracy(),
+        report.violation()
+    );
+    assert!((report.accuracy() - solution.expected_accuracy).abs() < 0.01);
+    assert!(report.violation() <= solution.expected_violation + 0.001);
 }

@@ -357,6 +357,7 @@ impl Policy for SpreadDrop {
     }
 }
 
+#[cfg(feature = "export")]
 sluice_sdk::export_policy!(SpreadDrop);
 
 #[cfg(test)]

@@ -678,13 +678,22 @@ impl Generator {
     /// Enumerates the actions of state `s` (§4.3) with their rewards (§4.1)
     /// and transition representations, and its phase weights.
     fn setup_state(&mut self, s: usize) {
+        let prepared = self.prepare_state(s);
+        self.commit_state(s, prepared);
+    }
+
+    /// The part of a state's setup that depends on nothing but the problem
+    /// (so threads can run it): phase weights, actions, rewards, and the
+    /// left-behind distributions of variable batching.
+    pub(super) fn prepare_state(&self, s: usize) -> Prepared {
         let space = &self.space;
         let full = s == space.full();
         let (n, j) = if full { (space.max_queue + 1, 0) } else { space.split(s) };
         // Mostly K evaluations of ln Γ (~50 flops each) for the phase weights.
-        self.work += self.k as u64 * 48;
+        let mut work = self.k as u64 * 48;
         if n == 0 {
-            return; // the arrival action: deterministic, handled inline
+            // The arrival action: deterministic, handled inline.
+            return Prepared { phase: None, choices: Vec::new(), work };
         }
         let t_a = space.slo - space.grid[j];
         let phase = Phase::of_state(self.counts.as_ref(), self.rate, self.k, n, t_a);
@@ -702,32 +711,61 @@ impl Generator {
             // b/n, which is 1 under maximal batching; the full state earns 0.
             let reward = if full || space.violates(j, a) { 0.0 } else { space.accuracy[m] * b as f64 / n as f64 };
             let kind = if b >= n {
-                // Maximal batching: b = n, so (b, m) fixes both τ and, for
-                // shortest-queue-first, the rate λ_w(n).
-                let key = (b, m);
-                let index = match self.block_index.get(&key) {
-                    Some(&i) => i,
-                    None => {
-                        let i = self.block_specs.len();
-                        self.block_specs.push((tau, rate));
-                        self.block_index.insert(key, i);
-                        i
-                    }
-                };
-                Kind::Block(index)
+                PreparedKind::Block { tau, rate }
             } else {
                 // Uniform order statistics hold for Poisson arrivals only.
                 let exact = self.order_statistics;
-                let (shift, work) = Shift::new(space, self.counts.as_ref(), rate, self.k, &phase, n, j, b, tau, exact);
-                self.work += work;
-                Kind::Shift(shift)
+                let (shift, w) = Shift::new(space, self.counts.as_ref(), rate, self.k, &phase, n, j, b, tau, exact);
+                work += w;
+                PreparedKind::Shift(shift)
             };
-            self.work += 16;
-            choices.push(Choice { action: a, reward, kind });
+            work += 16;
+            choices.push((a, reward, kind));
         }
-        self.phases[s] = Some(phase);
+        Prepared { phase: Some(phase), choices, work }
+    }
+
+    /// Registers a prepared state: its blocks get indices in first-use order
+    /// (state order), so sequential and parallel setup number them alike.
+    pub(super) fn commit_state(&mut self, s: usize, prepared: Prepared) {
+        self.work += prepared.work;
+        let mut choices = Vec::with_capacity(prepared.choices.len());
+        for (action, reward, kind) in prepared.choices {
+            let kind = match kind {
+                PreparedKind::Block { tau, rate } => {
+                    // Maximal batching: b = n, so (b, m) fixes both τ and, for
+                    // shortest-queue-first, the rate λ_w(n).
+                    let key = (usize::from(action.batch), usize::from(action.model));
+                    let index = match self.block_index.get(&key) {
+                        Some(&i) => i,
+                        None => {
+                            let i = self.block_specs.len();
+                            self.block_specs.push((tau, rate));
+                            self.block_index.insert(key, i);
+                            i
+                        }
+                    };
+                    Kind::Block(index)
+                }
+                PreparedKind::Shift(shift) => Kind::Shift(shift),
+            };
+            choices.push(Choice { action, reward, kind });
+        }
+        self.phases[s] = prepared.phase;
         self.choices[s] = choices;
     }
+}
+
+/// A state's setup, computed before its blocks are numbered.
+pub(super) struct Prepared {
+    phase: Option<Phase>,
+    choices: Vec<(Action, f64, PreparedKind)>,
+    work: u64,
+}
+
+pub(super) enum PreparedKind {
+    Block { tau: f64, rate: f64 },
+    Shift(Shift),
 }
 
 /// Generates the policy for `problem` in one go (single-threaded).

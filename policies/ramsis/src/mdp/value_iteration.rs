@@ -69,11 +69,35 @@ impl Generator {
     pub fn run_parallel(&mut self, threads: usize) {
         use super::Stage;
         let threads = threads.max(1);
-        while let Stage::Setup(_) = self.stage {
-            self.unit();
-        }
         if threads == 1 {
             return self.run();
+        }
+        if let Stage::Setup(0) = self.stage {
+            // Prepare states on all threads (contiguous ranges), then number
+            // the blocks in state order as the sequential setup does.
+            let states = self.space.state_count();
+            let chunk = states.div_ceil(threads);
+            let this = &*self;
+            let prepared: Vec<Vec<super::Prepared>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        scope.spawn(move || {
+                            (t * chunk..((t + 1) * chunk).min(states))
+                                .map(|s| this.prepare_state(s))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("setup thread")).collect()
+            });
+            for (s, p) in prepared.into_iter().flatten().enumerate() {
+                self.commit_state(s, p);
+            }
+            self.y = vec![0.0; self.block_specs.len() * self.k];
+            self.stage = if self.block_specs.is_empty() { Stage::SweepBlocks(0, 0) } else { Stage::Build(0) };
+        }
+        while let Stage::Setup(_) = self.stage {
+            self.unit();
         }
         if let Stage::Build(0) = self.stage {
             let space = &self.space;
