@@ -19,6 +19,7 @@ pub mod executor;
 pub mod http;
 pub mod loadgen;
 pub mod metrics;
+pub mod model_switching_cli;
 pub mod profile;
 pub mod profiling;
 pub mod queue;

@@ -33,6 +33,8 @@ enum Command {
     Loadgen(sluice::loadgen::LoadArgs),
     /// Simulate an experiment in virtual time with the real policy components.
     Sim(sluice::sim::SimArgs),
+    /// ModelSwitching: build its load → model table by simulation.
+    ModelSwitching(sluice::model_switching_cli::ModelSwitchingArgs),
     /// RAMSIS: generate MDP model-selection policies, convert the artifact's profiles.
     Ramsis(sluice::ramsis_cli::RamsisArgs),
     /// Spread-drop guarantees: the maximum sustainable rates of Theorems 1 and 2.
@@ -50,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve { config, listen, record_arrivals } => serve(config, listen, record_arrivals),
         Command::Profile(args) => sluice::profiling::run(args),
         Command::Sim(args) => sluice::sim::run(args),
+        Command::ModelSwitching(args) => sluice::model_switching_cli::run(args),
         Command::Ramsis(args) => sluice::ramsis_cli::run(args),
         Command::SpreadDrop(args) => sluice::spread_drop_cli::run(args),
         Command::Loadgen(args) => {

@@ -165,3 +165,45 @@ arrivals = { kind = "uniform", rate_qps = 1000 }
     assert!(why.contains("max_queue = 50"), "{why}");
     assert!(r.requests > 0);
 }
+
+#[test]
+fn model_switching_table_matches_the_reference_away_from_boundaries() {
+    use sluice::model_switching_cli::{build, read_reference, BuildArgs};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let reference = read_reference(
+        &root.join("../shared/data/ramsis/model_switching_tables/image_cloud_cpu_ModelSwitching_instances-60_150ms_0.01"),
+    )
+    .unwrap();
+    let pareto = [
+        "shufflenet_v2_x0_5",
+        "mobilenet_v3_large",
+        "efficientnet_b0",
+        "efficientnet_b2",
+        "efficientnet_b3",
+        "efficientnet_b4",
+        "efficientnet_v2_s",
+        "efficientnet_v2_m",
+        "efficientnet_v2_l",
+    ];
+    let args = BuildArgs {
+        profile: root.join("profiles/ramsis-image-cpu.toml"),
+        models: pareto.iter().map(|s| s.to_string()).collect(),
+        slo_ms: 150.0,
+        workers: 60,
+        // Loads whose reference choice is not at a boundary between two models.
+        loads: vec![200.0, 600.0, 1600.0, 2200.0, 3400.0],
+        duration: 20.0,
+        threshold: 0.01,
+        max_batch: 32,
+        seed: 1,
+        policies: policies(),
+        out: None,
+        compare: None,
+    };
+    let table = build(&args).unwrap();
+    for (load, model) in table {
+        // Reference indices are 1-based in increasing latency order, which is `pareto`'s.
+        let expected = pareto[reference[&(load as u64)] - 1];
+        assert_eq!(model, expected, "at {load} req/s");
+    }
+}

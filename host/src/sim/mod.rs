@@ -185,23 +185,29 @@ impl Experiment {
     /// Reads an experiment file; relative paths resolve against its directory.
     pub fn load(path: &Path) -> Result<(Experiment, PathBuf)> {
         let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-        let e: Experiment = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let e = Experiment::parse(&text, &path.display().to_string())?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok((e, base))
+    }
+
+    /// Parses and checks experiment text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Experiment> {
+        let e: Experiment = toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
         if e.version != 1 {
-            bail!("{}: version: expected 1, got {}", path.display(), e.version);
+            bail!("{origin}: version: expected 1, got {}", e.version);
         }
         if !(e.duration_s.is_finite() && e.duration_s > 0.0) {
-            bail!("{}: duration_s: expected a positive number of seconds", path.display());
+            bail!("{origin}: duration_s: expected a positive number of seconds");
         }
         if e.apps.is_empty() {
-            bail!("{}: at least one [[app]] is required", path.display());
+            bail!("{origin}: at least one [[app]] is required");
         }
         for a in &e.apps {
             if a.workers == 0 || !(a.slo_ms.is_finite() && a.slo_ms > 0.0) {
-                bail!("{}: app {}: workers and slo_ms must be positive", path.display(), a.name);
+                bail!("{origin}: app {}: workers and slo_ms must be positive", a.name);
             }
         }
-        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Ok((e, base))
+        Ok(e)
     }
 
     /// The runs: the cartesian product of the sweep's lists (in the order policies,
