@@ -49,6 +49,9 @@ pub enum Next<Q> {
     },
     /// Wait for an arrival or until this instant (capped at the head's expiry).
     Wait(u64),
+    /// Decide again at once: the policy only dropped (each such decision removes at
+    /// least one request, so this ends), and what is left may be servable now.
+    Again,
     /// Wait for an arrival, or until `expire_at` when the queue is not empty.
     Idle {
         /// When the head of the queue expires (None: the queue is empty).
@@ -133,7 +136,11 @@ pub fn decide<Q: Queued>(policy: &mut Bound, items: &mut Vec<Q>, cx: &Context) -
             out.dropped = d.drop.iter().filter_map(|&i| slots[i as usize].take()).collect();
             items.extend(slots.into_iter().flatten());
             if batch.is_empty() {
-                Next::Idle { expire_at: items.first().map(|r| r.pending().deadline + cx.expire_us + 1) }
+                if items.is_empty() {
+                    Next::Idle { expire_at: None }
+                } else {
+                    Next::Again
+                }
             } else {
                 Next::Run { model: d.model, batch }
             }

@@ -560,6 +560,66 @@ mod tests {
         assert!((solution.expected_violation - 0.00189).abs() < 0.001, "{}", solution.expected_violation);
     }
 
+    /// `gen --load-grid --out` writes params the component accepts as they are.
+    #[test]
+    fn load_grid_output_is_component_params() {
+        use policy_ramsis::{Params, Ramsis};
+        use sluice_sdk::Policy;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("grid.json");
+        let profile = repo("profiles/ramsis-image-cpu.toml");
+        let args = GenArgs {
+            profile: Some(profile.clone()),
+            latency_table: None,
+            task: "image".into(),
+            percentile: Percentile::P95,
+            slo: 150_000.0,
+            workers: 60,
+            load: 3000.0,
+            discretization: Discretization::Fld(20),
+            batching: Batching::Maximal,
+            variable_conservative: false,
+            balancing: Balancing::RoundRobin,
+            arrivals: Arrivals::Poisson,
+            max_queue: 12,
+            sweeps: 100,
+            power_iterations: 1000,
+            stationary_tolerance: 1e-13,
+            no_prune: false,
+            threads: 1,
+            out: Some(out.clone()),
+            json: true,
+            load_grid: true,
+            grid_min: Some(1000.0),
+            grid_max: None,
+            threshold: 0.05,
+        };
+        run_gen(args).unwrap();
+        let text = std::fs::read_to_string(&out).unwrap();
+        let params: Params = serde_json::from_str(&text).unwrap();
+        assert!(params.policies.len() >= 2);
+        let p = Profile::load(&profile).unwrap();
+        let models = p
+            .models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| sluice_sdk::Model {
+                id: i as u32,
+                name: m.name.clone(),
+                accuracy: m.accuracy,
+                latency: models_from_profile(&p, Percentile::P95, 32)[i]
+                    .latency_us
+                    .iter()
+                    .map(|&l| l.round() as u64)
+                    .collect(),
+            })
+            .collect();
+        let config =
+            sluice_sdk::Config { app: "image".into(), slo: 150_000, workers: 60, worker: 0, models, params: text };
+        let policy = Ramsis::init(config).unwrap();
+        assert_eq!(policy.policies().entries.len(), params.policies.len());
+    }
+
     #[test]
     fn arrivals_and_balancing() {
         assert_eq!(parse_arrivals("poisson").unwrap(), Arrivals::Poisson);

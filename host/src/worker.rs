@@ -22,6 +22,8 @@ enum Step {
     Run { model: u32, batch: Vec<Request>, policy: String, generation: u64 },
     /// Wait for an arrival or until this instant (µs).
     Wait(u64),
+    /// Decide again at once (the policy only dropped).
+    Again,
     /// Wait for an arrival (or until `expire_at`, when the queue is not empty).
     Idle { expire_at: Option<u64> },
 }
@@ -56,6 +58,7 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
             Step::Run { model, batch, policy, generation } => {
                 execute(&app, &handle, &models, model, batch, &policy, generation).await;
             }
+            Step::Again => {}
             Step::Wait(until) => {
                 let at = tokio::time::Instant::from_std(app.clock.instant(until));
                 tokio::select! {
@@ -165,6 +168,7 @@ fn decide(
     let step = match d.next {
         Next::Run { model, batch } => Step::Run { model, batch, policy: decided_by.clone(), generation },
         Next::Wait(t) => Step::Wait(t),
+        Next::Again => Step::Again,
         Next::Idle { expire_at } => Step::Idle { expire_at },
     };
     (step, d.expired, (d.dropped, decided_by))

@@ -98,9 +98,7 @@ pub const EXAMPLES: &[&str] = &["policy-template", "combined-policy"];
 /// path dependency), and each build would invalidate the other's rlibs.
 pub fn build_examples(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(|dir| root.join(dir))
-        .unwrap_or_else(|| root.join("target"));
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(|dir| root.join(dir)).unwrap_or_else(|| root.join("target"));
     let out_dir = target.join("examples");
     let build_dir = target.join("examples-build");
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
@@ -108,10 +106,13 @@ pub fn build_examples(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
     for name in names {
         let dir = root.join("examples").join(name);
         let mut command = Command::new(&cargo);
-        command
-            .current_dir(&dir)
-            .env("CARGO_TARGET_DIR", &build_dir)
-            .args(["build", "--target", TARGET, "--profile", PROFILE]);
+        command.current_dir(&dir).env("CARGO_TARGET_DIR", &build_dir).args([
+            "build",
+            "--target",
+            TARGET,
+            "--profile",
+            PROFILE,
+        ]);
         let status = command.status().with_context(|| format!("running {command:?}"))?;
         if !status.success() {
             bail!("building example {name} failed ({status})");

@@ -36,7 +36,8 @@ impl Policy for Combined {
     fn decide(&mut self, view: &View) -> Decision {
         let models = &self.config.models;
         let id = self.table.lookup(view.load_qps.max(0.0), &view.loaded);
-        let Some(model) = id.and_then(|id| self.config.model(id)).or_else(|| helpers::fastest_model(models, &view.loaded))
+        let Some(model) =
+            id.and_then(|id| self.config.model(id)).or_else(|| helpers::fastest_model(models, &view.loaded))
         else {
             return Decision::Idle;
         };

@@ -320,6 +320,12 @@ impl Simulation {
     }
 
     fn decide(&mut self, a: usize, w: usize, now: u64) {
+        // Each drop-only decision removes a request, so this loop ends.
+        while self.decide_once(a, w, now) {}
+    }
+
+    /// One decision; true when the policy only dropped and must decide again now.
+    fn decide_once(&mut self, a: usize, w: usize, now: u64) -> bool {
         let app = &mut self.apps[a];
         let q = if app.spec.router == RouterMode::Shared { 0 } else { w };
         let load_qps = app.load.rate(now);
@@ -358,9 +364,11 @@ impl Simulation {
                 self.schedule(now + latency, Event::Done { app: a, worker: w, model, batch, started: now });
             }
             Next::Wait(t) => self.schedule(t, Event::Timer { app: a, worker: w, token }),
+            Next::Again => return true,
             Next::Idle { expire_at: Some(t) } => self.schedule(t, Event::Timer { app: a, worker: w, token }),
             Next::Idle { expire_at: None } => {}
         }
+        false
     }
 
     fn finish(&mut self, a: usize, w: usize, model: u32, batch: Vec<SimRequest>, started: u64, now: u64) {

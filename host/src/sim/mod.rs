@@ -12,6 +12,7 @@
 
 pub mod arrivals;
 pub mod engine;
+pub mod report;
 pub mod rng;
 pub mod stats;
 
@@ -351,19 +352,35 @@ pub fn run_experiment(exp: &Experiment, base: &Path, progress: bool) -> Result<E
     Ok(out)
 }
 
-/// `sluice sim` arguments.
+/// `sluice sim` arguments: an experiment file, or `report <dir>`.
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct SimArgs {
+    /// `report <dir>`: render report.md and SVG plots from a `--out` directory.
+    #[command(subcommand)]
+    pub command: Option<SimCommand>,
     /// The experiment file.
-    pub experiment: PathBuf,
+    #[arg(required = true)]
+    pub experiment: Option<PathBuf>,
     /// Write results.json, results.csv, timeseries.csv and summary.json here.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
+/// `sluice sim` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum SimCommand {
+    /// Render report.md and SVG plots from the results of `sluice sim <experiment> --out <dir>`.
+    Report(report::ReportArgs),
+}
+
 /// Runs `sluice sim`.
 pub fn run(args: SimArgs) -> Result<()> {
-    let (exp, base) = Experiment::load(&args.experiment)?;
+    if let Some(SimCommand::Report(r)) = args.command {
+        return report::run(r);
+    }
+    let Some(experiment) = &args.experiment else { bail!("sluice sim: an experiment file is required") };
+    let (exp, base) = Experiment::load(experiment)?;
     let out = run_experiment(&exp, &base, true)?;
     println!(
         "{:<4} {:<16} {:<10} {:>7} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9}",

@@ -131,7 +131,6 @@ pub struct Precomputed {
 /// latency order), the full-queue state as `"full"`; empty queues omitted.
 pub fn table_to_json(space: &Space, policy: &[Action]) -> serde_json::Map<String, serde_json::Value> {
     let mut map = serde_json::Map::new();
-    let levels = space.slack_levels();
     for (s, a) in policy.iter().enumerate() {
         let key = if s == space.full() {
             "full".to_string()
@@ -142,7 +141,6 @@ pub fn table_to_json(space: &Space, policy: &[Action]) -> serde_json::Map<String
             }
             format!("({n}, {j})")
         };
-        let _ = levels;
         map.insert(key, serde_json::json!([a.model + 1, a.batch]));
     }
     map
@@ -175,6 +173,21 @@ pub fn table_from_json(
             }
         };
         policy[s] = action;
+    }
+    // Every non-empty state needs an action (the grid and N_w must match the
+    // ones the table was generated with).
+    for (s, a) in policy.iter().enumerate().skip(space.slack_levels()) {
+        if a.batch == 0 {
+            let key = if s == space.full() {
+                "full".to_string()
+            } else {
+                let (n, j) = space.split(s);
+                format!("({n}, {j})")
+            };
+            return Err(format!(
+                "no action for state {key}: was the table generated with this discretization and max_queue?"
+            ));
+        }
     }
     Ok(policy)
 }
@@ -581,6 +594,9 @@ mod tests {
         });
         let other = Ramsis::init(cfg(&params.to_string())).unwrap();
         assert_eq!(other.set.entries[0].policy, entry.policy);
+        // A malformed table is an init error, not a panic.
+        let bad = serde_json::json!({"policies": [{"load_qps": 1.0, "table": {"(99, 0)": [1, 1]}}]});
+        assert!(Ramsis::init(cfg(&bad.to_string())).is_err());
         policy.set.entries.clear();
     }
 }

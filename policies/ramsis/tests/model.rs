@@ -264,8 +264,11 @@ fn burstier_arrivals_cost_accuracy_or_violations() {
 
 #[test]
 fn parallel_generation_gives_the_same_policy() {
-    let problem = Problem::new(fidelity_data::table("image"), 150_000.0, 60, 2000.0);
+    let mut problem = Problem::new(fidelity_data::table("image"), 150_000.0, 60, 2000.0);
     assert_eq!(mdp::generate(&problem).unwrap(), mdp::generate_with_threads(&problem, 2).unwrap());
+    problem.batching = Batching::Variable;
+    problem.max_queue = 12;
+    assert_eq!(mdp::generate(&problem).unwrap(), mdp::generate_with_threads(&problem, 3).unwrap());
 }
 
 #[test]

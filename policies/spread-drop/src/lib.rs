@@ -352,7 +352,11 @@ impl Policy for SpreadDrop {
         take.extend((late + candidates..late + candidates + room.min(rest)).map(|i| i as u32));
         let mut drop: Vec<u32> = (0..late as u32).collect();
         drop.extend((0..candidates).filter(|&c| !taken[c]).map(|c| (late + c) as u32));
-        self.remember(std::iter::repeat_n(true, late).chain(taken.iter().map(|&t| !t)));
+        self.remember(
+            std::iter::repeat_n(true, late)
+                .chain(taken.iter().map(|&t| !t))
+                .chain(std::iter::repeat_n(false, room.min(rest))),
+        );
         Decision::Dispatch(Dispatch { model: s.model, take, drop })
     }
 }

@@ -11,6 +11,12 @@
 
 use super::{Generator, Kind};
 
+/// Below this many stored transition probabilities, [`Generator::run_parallel`]
+/// runs the sweeps on one thread (setup and block construction still use all
+/// threads). At ~1 ns per value a sweep then takes under ~1 ms, and three
+/// barrier waits per sweep cost more than the split saves on 2 cores.
+pub const PARALLEL_SWEEP_MIN_VALUES: usize = 1_000_000;
+
 impl Generator {
     /// The best action of state `s` against the current `y = Block · V`:
     /// `(value, action index, work)`.
@@ -130,6 +136,12 @@ impl Generator {
             });
             self.blocks = built.into_iter().map(|b| b.expect("every block built")).collect();
             self.stage = Stage::SweepBlocks(0, 0);
+        }
+        let stored: usize = self.blocks.iter().map(|b| b.nnz()).sum();
+        if stored < PARALLEL_SWEEP_MIN_VALUES {
+            // Sweeps this small (~0.25 ms for the fidelity case) lose more to
+            // the barriers, and to a busy second core, than they gain.
+            return self.run();
         }
         self.parallel_sweeps(threads);
         self.start_power();
