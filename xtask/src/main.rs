@@ -145,5 +145,15 @@ fn test(root: &Path) -> Result<()> {
     // instead of two, and the binary the tests start is the one users run.
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--release", "--", "-D", "warnings"]))?;
     run(cargo().args(["build", "--release", "-p", "sluice", "--bin", "sluice"]))?;
-    run(cargo().args(["test", "--workspace", "--release"]))
+    run(cargo().args(["test", "--workspace", "--release"]))?;
+    // The examples are standalone crates (outside the workspace, as a policy
+    // author's would be): their own tests, in their own build directory.
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(|d| root.join(d)).unwrap_or_else(|| root.join("target"));
+    for name in policies::EXAMPLES {
+        run(Command::new("cargo")
+            .current_dir(root.join("examples").join(name))
+            .env("CARGO_TARGET_DIR", target.join("examples-build"))
+            .args(["test", "--release"]))?;
+    }
+    Ok(())
 }
