@@ -62,10 +62,16 @@ fn spread_drop_mcd_is_below_early_drop_at_equal_throughput() {
         assert!(early >= 3.0 * spread, "{load} req/s: MCD spread {spread} early {early}");
     }
     // §3.3: the same candidate sets, so the same number served and dropped, run by run.
-    let by = |p: &str| results.iter().filter(move |r| r.policy == p);
+    let by = |p: &'static str| results.iter().filter(move |r| r.policy == p);
     for (s, d) in by("spread-drop").zip(by("early-drop")) {
         assert_eq!((s.load_qps, s.seed), (d.load_qps, d.seed));
-        assert_eq!((s.requests, s.on_time, s.dropped), (d.requests, d.on_time, d.dropped), "{:?} seed {}", s.load_qps, s.seed);
+        assert_eq!(
+            (s.requests, s.on_time, s.dropped),
+            (d.requests, d.on_time, d.dropped),
+            "{:?} seed {}",
+            s.load_qps,
+            s.seed
+        );
     }
 }
 
@@ -80,7 +86,12 @@ fn theorem_1_rates_keep_the_mcd() {
     let results = run(&e, &base);
     for m in 0..3u32 {
         let r = results.iter().find(|r| r.policy == "spread-drop" && r.load_qps == Some(rate(m))).unwrap();
-        assert!(r.max_consecutive_drops <= u64::from(m), "M = {m}: at {} req/s the MCD is {}", rate(m), r.max_consecutive_drops);
+        assert!(
+            r.max_consecutive_drops <= u64::from(m),
+            "M = {m}: at {} req/s the MCD is {}",
+            rate(m),
+            r.max_consecutive_drops
+        );
     }
     // Early drop has no such bound: at M = 2's rate it drops far more in a row.
     let r = results.iter().find(|r| r.policy == "early-drop" && r.load_qps == Some(rate(2))).unwrap();
@@ -131,25 +142,34 @@ fn proteus_batching_beats_clipper_on_bursty_arrivals_and_all_do_well_on_uniform(
         assert!(at("uniform", p) < 0.001, "uniform: {p} {}", at("uniform", p));
     }
     for c in ["clipper-aimd", "clipper-steps"] {
-        assert!(at("gamma-0.05", "proteus") < at("gamma-0.05", c), "gamma: proteus {} {c} {}", at("gamma-0.05", "proteus"), at("gamma-0.05", c));
+        assert!(
+            at("gamma-0.05", "proteus") < at("gamma-0.05", c),
+            "gamma: proteus {} {c} {}",
+            at("gamma-0.05", "proteus"),
+            at("gamma-0.05", c)
+        );
     }
 }
 
-/// The paper's claim, asserted as written: Proteus batching has fewer violations than
-/// both Nexus and Clipper on Poisson and Gamma arrivals. It does not hold in our
-/// reproduction (Nexus's early drop wins at this load); see docs/results/README.md,
-/// "Proteus batching vs Clipper AIMD vs Nexus", for the numbers and the analysis.
+/// The paper's claim, asserted as written: Proteus batching has 2–4× fewer violations
+/// than both Nexus and Clipper on Poisson and Gamma arrivals (the full 300 s, two
+/// seeds). It does not hold in our reproduction: Nexus's early drop has fewer
+/// violations than Proteus batching on both, and Clipper fewer on Poisson; see
+/// docs/results/README.md, "Proteus batching vs Clipper AIMD vs Nexus".
 #[test]
 #[ignore = "does not hold in our reproduction: see docs/results/README.md"]
-fn proteus_batching_beats_nexus_and_clipper_on_poisson_and_gamma() {
+fn proteus_batching_has_2x_fewer_violations_than_nexus_and_clipper_on_poisson_and_gamma() {
     let (mut e, base) = load("proteus-batching.toml");
-    e.duration_s = 60.0;
     e.sweep.seeds = vec![1, 2];
     let v = mean(&run(&e, &base), |r| r.violation_rate);
     let at = |app: &str, p: &str| v[&(app.to_string(), p.to_string(), 170)];
+    let mut failed = Vec::new();
     for app in ["poisson", "gamma-0.05"] {
         for p in ["clipper-aimd", "nexus"] {
-            assert!(at(app, "proteus") < at(app, p), "{app}: proteus {} vs {p} {}", at(app, "proteus"), at(app, p));
+            if 2.0 * at(app, "proteus") > at(app, p) {
+                failed.push(format!("{app}: proteus {:.5} vs {p} {:.5}", at(app, "proteus"), at(app, p)));
+            }
         }
     }
+    assert!(failed.is_empty(), "{failed:#?}");
 }

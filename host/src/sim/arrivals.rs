@@ -97,9 +97,9 @@ impl ArrivalSpec {
     /// The mean rate, when the spec has one (for reports).
     pub fn rate_qps(&self) -> Option<f64> {
         match self {
-            ArrivalSpec::Poisson { rate_qps } | ArrivalSpec::Gamma { rate_qps, .. } | ArrivalSpec::Uniform { rate_qps } => {
-                Some(*rate_qps)
-            }
+            ArrivalSpec::Poisson { rate_qps }
+            | ArrivalSpec::Gamma { rate_qps, .. }
+            | ArrivalSpec::Uniform { rate_qps } => Some(*rate_qps),
             _ => None,
         }
     }
@@ -115,7 +115,13 @@ impl ArrivalSpec {
     }
 
     /// Every arrival in `[0, duration_us)`, in time order, drawn from `rng`.
-    pub fn generate(&self, app: &str, base: &Path, duration_us: u64, rng: &mut Rng) -> Result<Vec<Arrival>, ArrivalError> {
+    pub fn generate(
+        &self,
+        app: &str,
+        base: &Path,
+        duration_us: u64,
+        rng: &mut Rng,
+    ) -> Result<Vec<Arrival>, ArrivalError> {
         let check_rate = |r: f64| {
             if r.is_finite() && r > 0.0 {
                 Ok(r)
@@ -223,7 +229,12 @@ impl ArrivalSpec {
                 })?;
                 let mine: Vec<u64> = rows.into_iter().filter(|(a, _)| a == app).map(|(_, t)| t).collect();
                 let first = mine.iter().copied().min().unwrap_or(0);
-                out.extend(mine.into_iter().map(|t| t - first).filter(|t| *t < duration_us).map(|at| Arrival { at, budget: None }));
+                out.extend(
+                    mine.into_iter()
+                        .map(|t| t - first)
+                        .filter(|t| *t < duration_us)
+                        .map(|at| Arrival { at, budget: None }),
+                );
                 out.sort_by_key(|a| a.at);
             }
         }
@@ -240,7 +251,11 @@ fn read_lines<T>(path: &Path, mut parse: impl FnMut(&str, usize) -> Result<T, St
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        out.push(parse(line, i + 1).map_err(|message| ArrivalError::Line { file: file.clone(), line: i + 1, message })?);
+        out.push(parse(line, i + 1).map_err(|message| ArrivalError::Line {
+            file: file.clone(),
+            line: i + 1,
+            message,
+        })?);
     }
     Ok(out)
 }
@@ -258,7 +273,9 @@ mod tests {
         let u = ArrivalSpec::Uniform { rate_qps: 100.0 }.generate("a", Path::new(""), 1_000_000, &mut rng).unwrap();
         assert_eq!(u.len(), 100);
         assert_eq!(u[1].at - u[0].at, 10_000);
-        let g = ArrivalSpec::Gamma { rate_qps: 1000.0, shape: 0.05 }.generate("a", Path::new(""), 100_000_000, &mut rng).unwrap();
+        let g = ArrivalSpec::Gamma { rate_qps: 1000.0, shape: 0.05 }
+            .generate("a", Path::new(""), 100_000_000, &mut rng)
+            .unwrap();
         assert!((g.len() as f64 / 100_000.0 - 1.0).abs() < 0.1, "{}", g.len());
     }
 
@@ -277,7 +294,8 @@ mod tests {
         assert!((200..400).contains(&late), "{late}");
         let q = ArrivalSpec::Requests { file: "req.txt".into() }.generate("a", &dir, 1_000_000, &mut rng).unwrap();
         assert_eq!(q, vec![Arrival { at: 1500, budget: Some(100_000) }, Arrival { at: 5000, budget: Some(300_000) }]);
-        let e = ArrivalSpec::RateTrace { file: "bad.txt".into(), scale: 1.0 }.generate("a", &dir, 1, &mut rng).unwrap_err();
+        let e =
+            ArrivalSpec::RateTrace { file: "bad.txt".into(), scale: 1.0 }.generate("a", &dir, 1, &mut rng).unwrap_err();
         assert!(e.to_string().ends_with("bad.txt:2: line 2: expected `t_sec qps`"), "{e}");
     }
 }

@@ -53,7 +53,8 @@ impl LatencySampler {
         match self.model {
             LatencyModel::Deterministic => at(&self.policy_tables[model]) as u64,
             LatencyModel::Sampled => {
-                let [p50, p95, p99] = [at(&self.tables[model][0]), at(&self.tables[model][1]), at(&self.tables[model][2])];
+                let [p50, p95, p99] =
+                    [at(&self.tables[model][0]), at(&self.tables[model][1]), at(&self.tables[model][2])];
                 let lo = (p50 - (p95 - p50)).max(p50 / 2.0);
                 let hi = p99 + (p99 - p95);
                 let points = [(0.0, lo), (0.5, p50), (0.95, p95), (0.99, p99), (1.0, hi)];
@@ -136,9 +137,7 @@ impl Simulation {
             };
             let tables = selected
                 .iter()
-                .map(|(_, m)| {
-                    [Percentile::P50, Percentile::P95, Percentile::P99].map(|p| cap(m.latency_table(p)))
-                })
+                .map(|(_, m)| [Percentile::P50, Percentile::P95, Percentile::P99].map(|p| cap(m.latency_table(p))))
                 .collect();
             let models: Vec<sdk::Model> = selected.into_iter().map(|(m, _)| m).collect();
             let latency = LatencySampler {
@@ -286,11 +285,7 @@ impl Simulation {
         let arrival = app.arrivals[i];
         app.next_arrival += 1;
         app.load.record(now);
-        let request = SimRequest {
-            id: i as u64,
-            arrival: now,
-            deadline: now + arrival.budget.unwrap_or(app.slo_us),
-        };
+        let request = SimRequest { id: i as u64, arrival: now, deadline: now + arrival.budget.unwrap_or(app.slo_us) };
         let k = app.workers.len();
         let target = pick_worker(app.spec.router, i, k, |w| app.queues[w].len() + app.workers[w].busy);
         app.queues[target].push(request);

@@ -135,7 +135,9 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
     let mut groups: Vec<Group> = Vec::new();
     for r in &rows {
         let load = r.load_text();
-        match groups.iter_mut().find(|g| g.app == r.app && g.policy == r.policy && g.workers == r.workers && g.load == load)
+        match groups
+            .iter_mut()
+            .find(|g| g.app == r.app && g.policy == r.policy && g.workers == r.workers && g.load == load)
         {
             Some(g) => g.rows.push(r.clone()),
             None => groups.push(Group {
@@ -397,7 +399,8 @@ fn unique<T: PartialEq>(items: impl Iterator<Item = T>) -> Vec<T> {
 }
 
 fn slug(s: &str) -> String {
-    let s: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+    let s: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
     if s.is_empty() {
         "app".into()
     } else {
@@ -583,8 +586,12 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
     let mut s = frame.open(title, x_label, y_label, true);
     for (i, ser) in series.iter().enumerate() {
         let c = PALETTE[i % PALETTE.len()];
-        let p: Vec<(f64, f64)> =
-            ser.points.iter().filter(|(x, y)| x.is_finite() && y.is_finite()).map(|&(x, y)| (frame.px(x), frame.py(y))).collect();
+        let p: Vec<(f64, f64)> = ser
+            .points
+            .iter()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .map(|&(x, y)| (frame.px(x), frame.py(y)))
+            .collect();
         if p.len() > 1 {
             let d: Vec<String> = p.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
             let _ = writeln!(s, r#"<polyline points="{}" fill="none" stroke="{c}" stroke-width="2"/>"#, d.join(" "));
@@ -642,7 +649,8 @@ pub fn bar_chart(title: &str, y_label: &str, groups: &[String], series: &[(Strin
                     tx + 3.0
                 );
             } else {
-                let _ = writeln!(s, r#"<text x="{tx:.1}" y="{ty:.1}" text-anchor="middle" font-size="9">{text}</text>"#);
+                let _ =
+                    writeln!(s, r#"<text x="{tx:.1}" y="{ty:.1}" text-anchor="middle" font-size="9">{text}</text>"#);
             }
         }
     }

@@ -95,7 +95,8 @@ impl Stats {
         let (on_time, late, dropped, expired, pending) =
             (count(Fate::OnTime), count(Fate::Late), count(Fate::Dropped), count(Fate::Expired), count(Fate::Pending));
         let n = self.fates.len() as u64;
-        let acc_sum: f64 = self.fates.iter().zip(&self.accuracy).filter(|(f, _)| **f == Fate::OnTime).map(|(_, a)| a).sum();
+        let acc_sum: f64 =
+            self.fates.iter().zip(&self.accuracy).filter(|(f, _)| **f == Fate::OnTime).map(|(_, a)| a).sum();
         let longest = |pred: fn(Fate) -> bool| {
             let (mut best, mut cur) = (0u64, 0u64);
             for f in &self.fates {

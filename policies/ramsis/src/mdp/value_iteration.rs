@@ -68,10 +68,12 @@ impl Generator {
         work
     }
 
-    /// Runs setup, then builds the blocks and runs the sweeps on `threads`
-    /// threads (`std::thread::scope`); the power iteration stays sequential.
-    /// The result is bit-for-bit the single-threaded one: every block and
-    /// every state is computed by exactly one thread, in the same way.
+    /// Runs setup and block construction on `threads` threads
+    /// (`std::thread::scope`), then the sweeps too when the blocks hold at
+    /// least [`PARALLEL_SWEEP_MIN_VALUES`] probabilities; the power iteration
+    /// stays sequential. The result is bit-for-bit the single-threaded one:
+    /// every state and block is computed by exactly one thread, in the same
+    /// way, and blocks are numbered in state order either way.
     pub fn run_parallel(&mut self, threads: usize) {
         use super::Stage;
         let threads = threads.max(1);
