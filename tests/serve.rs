@@ -195,7 +195,8 @@ async fn worker_models_change_at_run_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recorded_arrivals_replay_in_the_simulator() {
-    let server = TestServer::start(&emu_app("zero", "slo_ms = 100\nworkers = 2\npolicy = \"jellyfish\"")).await.unwrap();
+    let server =
+        TestServer::start(&emu_app("zero", "slo_ms = 100\nworkers = 2\npolicy = \"jellyfish\"")).await.unwrap();
     // The server's temp dir goes away with it: keep the log and the replay elsewhere.
     let keep = tempfile::tempdir().unwrap();
     let dir = keep.path().to_path_buf();

@@ -46,7 +46,10 @@ fn main() {
     }
     let base = rows.iter().find(|r| r.0 == "safe").map(|r| r.2).unwrap_or(f64::NAN);
     println!("simulator: 60 workers, 2000 QPS Poisson, 30 s simulated (best of 3)");
-    println!("{:<10} {:>9} {:>9} {:>12} {:>10} {:>9} {:>9} {:>10}", "policy", "requests", "wall s", "sim req/s", "in decide", "vs safe", "accuracy", "violation");
+    println!(
+        "{:<10} {:>9} {:>9} {:>12} {:>10} {:>9} {:>9} {:>10}",
+        "policy", "requests", "wall s", "sim req/s", "in decide", "vs safe", "accuracy", "violation"
+    );
     for (p, n, wall, wasm, acc, vio) in &rows {
         println!(
             "{p:<10} {n:>9} {wall:>9.3} {:>12.0} {:>9.1}% {:>8.2}x {acc:>9.5} {vio:>10.5}",

@@ -88,16 +88,15 @@ fn serve(
         if let Some(path) = &record_arrivals {
             state.record_arrivals(path).with_context(|| format!("--record-arrivals {}", path.display()))?;
         }
-        let listener =
-            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         // Printed on stdout (logs go to stderr) so scripts can find the port.
         println!("sluice listening on http://{}", listener.local_addr()?);
         let shutdown = async {
             let ctrl_c = tokio::signal::ctrl_c();
             #[cfg(unix)]
             {
-                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
                 tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
             }
             #[cfg(not(unix))]

@@ -42,7 +42,11 @@ pub struct BuildArgs {
     #[arg(long, default_value_t = 60)]
     pub workers: u32,
     /// Loads to tabulate, requests/s.
-    #[arg(long, value_delimiter = ',', default_value = "200,400,600,800,1000,1200,1400,1600,1800,2000,2200,2400,2600,2800,3000,3200,3400,3600,3800,4000")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "200,400,600,800,1000,1200,1400,1600,1800,2000,2200,2400,2600,2800,3000,3200,3400,3600,3800,4000"
+    )]
     pub loads: Vec<f64>,
     /// Simulated seconds per (model, load).
     #[arg(long, default_value_t = 300.0)]

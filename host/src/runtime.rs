@@ -267,6 +267,12 @@ impl PolicyEngine {
     }
 }
 
+/// The optional `status: func() -> string` export.
+type StatusFunc = TypedFunc<(), (String,)>;
+
+/// A freshly instantiated and initialised instance: its store, bindings and `status`.
+type Live = (Store<HostState>, Policy, Option<StatusFunc>);
+
 /// One policy instance bound to one worker.
 pub struct PolicyInstance {
     engine: Arc<PolicyEngine>,
@@ -276,7 +282,7 @@ pub struct PolicyInstance {
     store: Store<HostState>,
     bindings: Policy,
     /// The optional `status` export (world `policy-with-status`).
-    status: Option<TypedFunc<(), (String,)>>,
+    status: Option<StatusFunc>,
     /// After a trap the store cannot be entered again; the next call re-instantiates.
     poisoned: bool,
     /// How long the last instantiation + init took.
@@ -317,7 +323,7 @@ impl PolicyInstance {
         compiled: &Arc<CompiledPolicy>,
         config: &sdk::Config,
         limits: Limits,
-    ) -> Result<(Store<HostState>, Policy, Option<TypedFunc<(), (String,)>>), PolicyError> {
+    ) -> Result<Live, PolicyError> {
         let tag: Arc<str> = format!("{}/{}#{}", config.app, compiled.name, config.worker).into();
         let state = HostState {
             tag,

@@ -241,7 +241,8 @@ fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSource
             ExecutorKind::Emulated => ModelSource::Emulated(Arc::new(model.latency.clone())),
             ExecutorKind::Onnx => {
                 let dir = app.model_dir.clone().unwrap_or_default();
-                let file = m.file.clone().map(PathBuf::from).unwrap_or_else(|| PathBuf::from(format!("{}.onnx", model.name)));
+                let file =
+                    m.file.clone().map(PathBuf::from).unwrap_or_else(|| PathBuf::from(format!("{}.onnx", model.name)));
                 ModelSource::Onnx(OnnxSource {
                     path: dir.join(file),
                     options: OnnxOptions { intra_threads: app.intra_threads, cuda: app.cuda },

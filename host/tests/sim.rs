@@ -170,10 +170,11 @@ arrivals = { kind = "uniform", rate_qps = 1000 }
 fn model_switching_table_matches_the_reference_away_from_boundaries() {
     use sluice::model_switching_cli::{build, read_reference, BuildArgs};
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let reference = read_reference(
-        &root.join("../shared/data/ramsis/model_switching_tables/image_cloud_cpu_ModelSwitching_instances-60_150ms_0.01"),
-    )
-    .unwrap();
+    let reference =
+        read_reference(&root.join(
+            "../shared/data/ramsis/model_switching_tables/image_cloud_cpu_ModelSwitching_instances-60_150ms_0.01",
+        ))
+        .unwrap();
     let pareto = [
         "shufflenet_v2_x0_5",
         "mobilenet_v3_large",

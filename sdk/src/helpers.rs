@@ -38,14 +38,8 @@ pub fn is_loaded(loaded: &[u32], id: u32) -> bool {
 
 /// The loaded models of `models` that can serve at least a batch of one, in
 /// `loaded` order. Ids in `loaded` that name no model are skipped.
-pub fn loaded_models<'m, 'l>(
-    models: &'m [Model],
-    loaded: &'l [u32],
-) -> impl Iterator<Item = &'m Model> + use<'m, 'l> {
-    loaded
-        .iter()
-        .filter_map(move |&id| models.get(usize::try_from(id).ok()?))
-        .filter(|m| m.max_batch() > 0)
+pub fn loaded_models<'m, 'l>(models: &'m [Model], loaded: &'l [u32]) -> impl Iterator<Item = &'m Model> + use<'m, 'l> {
+    loaded.iter().filter_map(move |&id| models.get(usize::try_from(id).ok()?)).filter(|m| m.max_batch() > 0)
 }
 
 /// The loaded model with the lowest batch-1 latency (ties: the lowest id), or
@@ -58,10 +52,7 @@ pub fn fastest_model<'a>(models: &'a [Model], loaded: &[u32]) -> Option<&'a Mode
 /// then the lower id), or `None` when no loaded model can serve.
 pub fn most_accurate<'a>(models: &'a [Model], loaded: &[u32]) -> Option<&'a Model> {
     loaded_models(models, loaded).max_by(|a, b| {
-        a.accuracy
-            .total_cmp(&b.accuracy)
-            .then_with(|| b.latency[0].cmp(&a.latency[0]))
-            .then_with(|| b.id.cmp(&a.id))
+        a.accuracy.total_cmp(&b.accuracy).then_with(|| b.latency[0].cmp(&a.latency[0])).then_with(|| b.id.cmp(&a.id))
     })
 }
 
@@ -74,14 +65,9 @@ pub fn most_accurate<'a>(models: &'a [Model], loaded: &[u32]) -> Option<&'a Mode
 /// is never chosen (Proteus §5 and the Clipper/Nexus baselines use one model per
 /// worker). Callers typically fall back to [`fastest_model`] on `None`.
 pub fn most_accurate_within<'a>(models: &'a [Model], loaded: &[u32], budget: Micros) -> Option<&'a Model> {
-    loaded_models(models, loaded)
-        .filter(|m| m.latency[0] <= budget)
-        .max_by(|a, b| {
-            a.accuracy
-                .total_cmp(&b.accuracy)
-                .then_with(|| b.latency[0].cmp(&a.latency[0]))
-                .then_with(|| b.id.cmp(&a.id))
-        })
+    loaded_models(models, loaded).filter(|m| m.latency[0] <= budget).max_by(|a, b| {
+        a.accuracy.total_cmp(&b.accuracy).then_with(|| b.latency[0].cmp(&a.latency[0])).then_with(|| b.id.cmp(&a.id))
+    })
 }
 
 /// The largest batch `b <= cap` (and within the profile) whose latency is at
@@ -89,20 +75,21 @@ pub fn most_accurate_within<'a>(models: &'a [Model], loaded: &[u32], budget: Mic
 /// be monotone: every size up to the cap is considered.
 pub fn largest_batch_within(model: &Model, budget: Micros, cap: u32) -> u32 {
     let cap = cap.min(model.max_batch());
-    (1..=cap)
-        .rev()
-        .find(|&b| model.latency(b).is_some_and(|l| l <= budget))
-        .unwrap_or(0)
+    (1..=cap).rev().find(|&b| model.latency(b).is_some_and(|l| l <= budget)).unwrap_or(0)
 }
 
 /// The largest batch that `model` can serve from the head of the queue and still
 /// meet the head's deadline: the largest `b <= min(queue.len(), max_batch)` with
 /// `now + L(b) <= deadline of queue[0]`.
 ///
-/// Returns 0 when the queue is empty (or the model has no profile) and 1 when
-/// even a batch of one would be late: serving late beats starving the queue.
-/// The head has the earliest deadline (the queue is EDF), so the whole batch
-/// meets its deadlines when the head does.
+/// Returns 0 when the queue is empty (or the model has no profile). When even a
+/// batch of one would be late, the head is lost anyway and the largest batch the
+/// queue and the profile allow is served: serving late beats starving the queue,
+/// and a full batch catches up fastest (RAMSIS §4.3.1's late-serving action
+/// serves the whole queue, too). Answering such a backlog one request at a time
+/// would keep every later head late as well, a spiral the simulator shows at
+/// 2000 QPS. The head has the earliest deadline (the queue is EDF), so the whole
+/// batch meets its deadlines when the head does.
 pub fn largest_feasible_batch(model: &Model, view: &View) -> u32 {
     let Some(head) = view.queue.first() else {
         return 0;
@@ -112,7 +99,10 @@ pub fn largest_feasible_batch(model: &Model, view: &View) -> u32 {
     }
     let cap = u32::try_from(view.queue.len()).unwrap_or(u32::MAX);
     let budget = head.deadline.saturating_sub(view.now);
-    largest_batch_within(model, budget, cap).max(1)
+    match largest_batch_within(model, budget, cap) {
+        0 => cap.min(model.max_batch()),
+        b => b,
+    }
 }
 
 /// The host's built-in safe decision, used whenever a policy faults (trap,
@@ -120,7 +110,8 @@ pub fn largest_feasible_batch(model: &Model, view: &View) -> u32 {
 ///
 /// The fastest loaded model ([`fastest_model`]) serves the earliest deadlines
 /// (the head of the queue) in the largest batch that still meets the head's
-/// deadline ([`largest_feasible_batch`], at least 1). [`Decision::Idle`] when the
+/// deadline ([`largest_feasible_batch`]; the largest batch when the head is already
+/// lost). [`Decision::Idle`] when the
 /// queue is empty or no loaded model can serve. Nothing is dropped: whether to
 /// drop is a policy's choice, not the fallback's.
 pub fn safe_decision(models: &[Model], view: &View) -> Decision {
@@ -200,10 +191,7 @@ pub fn check_decision(models: &[Model], view: &View, decision: &Decision) -> Res
     let dispatch = match decision {
         Decision::Idle => return Ok(()),
         Decision::WaitUntil(until) if *until <= view.now => {
-            return Err(Invalid::WaitInPast {
-                until: *until,
-                now: view.now,
-            })
+            return Err(Invalid::WaitInPast { until: *until, now: view.now })
         }
         Decision::WaitUntil(_) => return Ok(()),
         Decision::Dispatch(dispatch) => dispatch,
@@ -219,18 +207,13 @@ pub fn check_decision(models: &[Model], view: &View, decision: &Decision) -> Res
         return Err(Invalid::EmptyDispatch);
     }
     if dispatch.take.len() > model.latency.len() {
-        return Err(Invalid::BatchTooLarge {
-            size: dispatch.take.len(),
-            max: model.max_batch(),
-        });
+        return Err(Invalid::BatchTooLarge { size: dispatch.take.len(), max: model.max_batch() });
     }
     let len = view.queue.len();
     let mut seen = vec![false; len];
     for &index in dispatch.take.iter().chain(&dispatch.drop) {
-        let slot = usize::try_from(index)
-            .ok()
-            .and_then(|i| seen.get_mut(i))
-            .ok_or(Invalid::OutOfRange { index, len })?;
+        let slot =
+            usize::try_from(index).ok().and_then(|i| seen.get_mut(i)).ok_or(Invalid::OutOfRange { index, len })?;
         if std::mem::replace(slot, true) {
             return Err(Invalid::Duplicate(index));
         }
@@ -244,21 +227,12 @@ mod tests {
     use crate::types::Dispatch;
 
     fn model(id: u32, accuracy: f64, latency: &[Micros]) -> Model {
-        Model {
-            id,
-            name: format!("m{id}"),
-            accuracy,
-            latency: latency.to_vec(),
-        }
+        Model { id, name: format!("m{id}"), accuracy, latency: latency.to_vec() }
     }
 
     /// m0: slow and accurate; m1: fast; m2: fastest but not loaded in `view`.
     fn models() -> Vec<Model> {
-        vec![
-            model(0, 0.80, &[50, 80, 110, 140]),
-            model(1, 0.70, &[10, 15, 20, 25]),
-            model(2, 0.60, &[5, 6, 7, 8]),
-        ]
+        vec![model(0, 0.80, &[50, 80, 110, 140]), model(1, 0.70, &[10, 15, 20, 25]), model(2, 0.60, &[5, 6, 7, 8])]
     }
 
     fn view(now: Micros, deadlines: &[Micros]) -> View {
@@ -271,11 +245,7 @@ mod tests {
             queue: deadlines
                 .iter()
                 .enumerate()
-                .map(|(i, &deadline)| Pending {
-                    id: i as u64,
-                    arrival: 0,
-                    deadline,
-                })
+                .map(|(i, &deadline)| Pending { id: i as u64, arrival: 0, deadline })
                 .collect(),
         }
     }
@@ -324,9 +294,11 @@ mod tests {
         // Capped by the profile.
         let v = view(0, &[1000; 9]);
         assert_eq!(largest_feasible_batch(&ms[1], &v), 4);
-        // Hopeless head: serve one anyway.
+        // Hopeless head: serve late, the whole queue up to the profile, to catch up.
         let v = view(100, &[105, 300]);
-        assert_eq!(largest_feasible_batch(&ms[1], &v), 1);
+        assert_eq!(largest_feasible_batch(&ms[1], &v), 2);
+        let v = view(100, &[105; 9]);
+        assert_eq!(largest_feasible_batch(&ms[1], &v), 4);
         // Empty queue.
         assert_eq!(largest_feasible_batch(&ms[1], &view(0, &[])), 0);
     }
@@ -356,38 +328,19 @@ mod tests {
         let ms = models();
         let v = view(100, &[200, 210, 220]);
         let dispatch = |model, take: &[u32], drop: &[u32]| {
-            Decision::Dispatch(Dispatch {
-                model,
-                take: take.to_vec(),
-                drop: drop.to_vec(),
-            })
+            Decision::Dispatch(Dispatch { model, take: take.to_vec(), drop: drop.to_vec() })
         };
         let check = |d: &Decision| check_decision(&ms, &v, d);
         assert_eq!(check(&dispatch(1, &[0, 2], &[1])), Ok(()));
         assert_eq!(check(&dispatch(0, &[], &[0])), Ok(()));
         assert_eq!(check(&Decision::Idle), Ok(()));
         assert_eq!(check(&Decision::WaitUntil(101)), Ok(()));
-        assert_eq!(
-            check(&Decision::WaitUntil(100)),
-            Err(Invalid::WaitInPast {
-                until: 100,
-                now: 100
-            })
-        );
-        assert_eq!(
-            check(&dispatch(7, &[0], &[])),
-            Err(Invalid::UnknownModel(7))
-        );
+        assert_eq!(check(&Decision::WaitUntil(100)), Err(Invalid::WaitInPast { until: 100, now: 100 }));
+        assert_eq!(check(&dispatch(7, &[0], &[])), Err(Invalid::UnknownModel(7)));
         assert_eq!(check(&dispatch(2, &[0], &[])), Err(Invalid::NotLoaded(2)));
         assert_eq!(check(&dispatch(1, &[], &[])), Err(Invalid::EmptyDispatch));
-        assert_eq!(
-            check(&dispatch(1, &[3], &[])),
-            Err(Invalid::OutOfRange { index: 3, len: 3 })
-        );
-        assert_eq!(
-            check(&dispatch(1, &[0, 0], &[])),
-            Err(Invalid::Duplicate(0))
-        );
+        assert_eq!(check(&dispatch(1, &[3], &[])), Err(Invalid::OutOfRange { index: 3, len: 3 }));
+        assert_eq!(check(&dispatch(1, &[0, 0], &[])), Err(Invalid::Duplicate(0)));
         assert_eq!(check(&dispatch(1, &[0], &[0])), Err(Invalid::Duplicate(0)));
         let big = view(0, &[500; 6]);
         assert_eq!(

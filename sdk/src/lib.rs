@@ -95,9 +95,7 @@ macro_rules! export_policy {
             }
 
             impl $crate::wit::Guest for __SluicePolicyComponent {
-                fn init(
-                    config: $crate::wit::Config,
-                ) -> ::core::result::Result<(), ::std::string::String> {
+                fn init(config: $crate::wit::Config) -> ::core::result::Result<(), ::std::string::String> {
                     __SLUICE_SLOT.with(|slot| slot.init(config.into()))
                 }
 

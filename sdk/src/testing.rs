@@ -34,24 +34,13 @@ use crate::Level;
 
 /// A [`Config`] for one worker of one (`"test"`) app with these models and params.
 pub fn config(slo: Micros, models: Vec<Model>, params: &str) -> Config {
-    Config {
-        app: "test".into(),
-        slo,
-        workers: 1,
-        worker: 0,
-        models,
-        params: params.into(),
-    }
+    Config { app: "test".into(), slo, workers: 1, worker: 0, models, params: params.into() }
 }
 
 /// A queue entry arriving at `arrival` with deadline `arrival + slo`; its id is
 /// its position in the arrival order.
 pub fn pending(id: u64, arrival: Micros, slo: Micros) -> Pending {
-    Pending {
-        id,
-        arrival,
-        deadline: arrival + slo,
-    }
+    Pending { id, arrival, deadline: arrival + slo }
 }
 
 /// Drains the lines this thread's policies logged with [`crate::log`] natively.
@@ -69,10 +58,7 @@ pub struct Harness<P: Policy> {
 
 impl<P: Policy> std::fmt::Debug for Harness<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Harness")
-            .field("config", &self.config)
-            .field("loaded", &self.loaded)
-            .finish_non_exhaustive()
+        f.debug_struct("Harness").field("config", &self.config).field("loaded", &self.loaded).finish_non_exhaustive()
     }
 }
 
@@ -128,16 +114,9 @@ impl<P: Policy> Harness<P> {
     /// Builds the policy with [`Policy::init`]; every model in the config starts
     /// loaded. The error is `init`'s.
     pub fn new(config: Config) -> Result<Self, String> {
-        let loaded = (0..config.models.len())
-            .filter_map(|i| u32::try_from(i).ok())
-            .collect();
+        let loaded = (0..config.models.len()).filter_map(|i| u32::try_from(i).ok()).collect();
         let policy = P::init(config.clone())?;
-        Ok(Harness {
-            policy,
-            config,
-            loaded,
-            max_decisions: 1_000_000,
-        })
+        Ok(Harness { policy, config, loaded, max_decisions: 1_000_000 })
     }
 
     /// The policy, to inspect its state.
@@ -230,21 +209,14 @@ impl<P: Policy> Harness<P> {
             } else {
                 asked.clone()
             };
-            out.steps.push(Step {
-                at: now,
-                queue_len: view.queue.len(),
-                decision: asked,
-                invalid,
-            });
+            out.steps.push(Step { at: now, queue_len: view.queue.len(), decision: asked, invalid });
             queue = view.queue;
             let next_arrival = arrivals.get(next).copied();
             match decision {
                 Decision::Dispatch(d) => {
                     out.dropped += d.drop.len() as u64;
-                    let batch: Vec<Pending> =
-                        d.take.iter().map(|&i| queue[i as usize].clone()).collect();
-                    let mut gone: Vec<usize> =
-                        d.take.iter().chain(&d.drop).map(|&i| i as usize).collect();
+                    let batch: Vec<Pending> = d.take.iter().map(|&i| queue[i as usize].clone()).collect();
+                    let mut gone: Vec<usize> = d.take.iter().chain(&d.drop).map(|&i| i as usize).collect();
                     gone.sort_unstable();
                     for i in gone.into_iter().rev() {
                         queue.remove(i);
@@ -260,13 +232,7 @@ impl<P: Policy> Harness<P> {
                     out.served += u64::from(size);
                     out.late += u64::from(missed);
                     out.batches.push((d.model, size));
-                    self.policy.observe(&Outcome {
-                        model: d.model,
-                        size,
-                        started: now,
-                        finished,
-                        missed,
-                    });
+                    self.policy.observe(&Outcome { model: d.model, size, started: now, finished, missed });
                     now = finished;
                 }
                 // A timer: wake at `t` or at the next arrival, whichever is first.
@@ -289,18 +255,8 @@ mod tests {
 
     fn models() -> Vec<Model> {
         vec![
-            Model {
-                id: 0,
-                name: "slow".into(),
-                accuracy: 0.9,
-                latency: vec![40_000, 60_000, 80_000, 100_000],
-            },
-            Model {
-                id: 1,
-                name: "fast".into(),
-                accuracy: 0.6,
-                latency: vec![10_000, 12_000, 14_000, 16_000],
-            },
+            Model { id: 0, name: "slow".into(), accuracy: 0.9, latency: vec![40_000, 60_000, 80_000, 100_000] },
+            Model { id: 1, name: "fast".into(), accuracy: 0.6, latency: vec![10_000, 12_000, 14_000, 16_000] },
         ]
     }
 
@@ -334,10 +290,7 @@ mod tests {
 
     impl Policy for Picky {
         fn init(config: Config) -> Result<Self, String> {
-            Ok(Picky {
-                models: config.models,
-                lied: false,
-            })
+            Ok(Picky { models: config.models, lied: false })
         }
         fn decide(&mut self, view: &View) -> Decision {
             if !self.lied && !view.queue.is_empty() {
@@ -353,9 +306,7 @@ mod tests {
             }
             match view.queue.len() {
                 0 => Decision::Idle,
-                1 if view.now < view.queue[0].arrival + 5_000 => {
-                    Decision::WaitUntil(view.queue[0].arrival + 5_000)
-                }
+                1 if view.now < view.queue[0].arrival + 5_000 => Decision::WaitUntil(view.queue[0].arrival + 5_000),
                 _ => Decision::serve_head(1, helpers::largest_feasible_batch(fast, view)),
             }
         }
@@ -402,10 +353,7 @@ mod tests {
         assert_eq!(r.served, 4);
         assert_eq!(r.late, 0);
         assert_eq!(r.batches, vec![(1, 1), (1, 1), (1, 2)]);
-        assert!(r
-            .steps
-            .iter()
-            .any(|s| s.decision == Decision::WaitUntil(105_000)));
+        assert!(r.steps.iter().any(|s| s.decision == Decision::WaitUntil(105_000)));
 
         // A burst the fast model cannot serve in time: the policy drops.
         let mut h = Harness::<Picky>::new(config(30_000, models(), "")).expect("init");

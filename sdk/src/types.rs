@@ -93,11 +93,7 @@ pub enum Decision {
 impl Decision {
     /// Serve the queue entries at `take` with `model`, dropping nothing.
     pub fn serve(model: u32, take: Vec<u32>) -> Self {
-        Decision::Dispatch(Dispatch {
-            model,
-            take,
-            drop: Vec::new(),
-        })
+        Decision::Dispatch(Dispatch { model, take, drop: Vec::new() })
     }
 
     /// Serve the first `batch` entries of the queue (the earliest deadlines)
@@ -113,11 +109,7 @@ impl Decision {
     /// Drop the queue entries at `drop` without serving anything. `model` must
     /// still be a loaded model (the host validates it like any dispatch).
     pub fn drop_only(model: u32, drop: Vec<u32>) -> Self {
-        Decision::Dispatch(Dispatch {
-            model,
-            take: Vec::new(),
-            drop,
-        })
+        Decision::Dispatch(Dispatch { model, take: Vec::new(), drop })
     }
 
     /// The dispatch, if this decision is one.
@@ -198,12 +190,7 @@ mod tests {
     use super::*;
 
     fn model() -> Model {
-        Model {
-            id: 0,
-            name: "m".into(),
-            accuracy: 0.7,
-            latency: vec![10, 15, 18],
-        }
+        Model { id: 0, name: "m".into(), accuracy: 0.7, latency: vec![10, 15, 18] }
     }
 
     #[test]
@@ -235,22 +222,12 @@ mod tests {
 
     impl Default for Params {
         fn default() -> Self {
-            Params {
-                headroom: 1.05,
-                model: None,
-            }
+            Params { headroom: 1.05, model: None }
         }
     }
 
     fn config(params: &str) -> Config {
-        Config {
-            app: "a".into(),
-            slo: 100,
-            workers: 1,
-            worker: 0,
-            models: vec![model()],
-            params: params.into(),
-        }
+        Config { app: "a".into(), slo: 100, workers: 1, worker: 0, models: vec![model()], params: params.into() }
     }
 
     #[test]
@@ -268,9 +245,7 @@ mod tests {
     fn params_errors_name_the_problem() {
         let err = config(r#"{"hedroom": 2}"#).params::<Params>().unwrap_err();
         assert!(err.contains("hedroom"), "{err}");
-        let err = config(r#"{"headroom": "x"}"#)
-            .params::<Params>()
-            .unwrap_err();
+        let err = config(r#"{"headroom": "x"}"#).params::<Params>().unwrap_err();
         assert!(err.contains("invalid type"), "{err}");
     }
 

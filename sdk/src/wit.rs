@@ -103,22 +103,13 @@ mod convert {
 
     impl From<w::Model> for s::Model {
         fn from(m: w::Model) -> Self {
-            s::Model {
-                id: m.id,
-                name: m.name,
-                accuracy: m.accuracy,
-                latency: m.latency,
-            }
+            s::Model { id: m.id, name: m.name, accuracy: m.accuracy, latency: m.latency }
         }
     }
 
     impl From<w::Pending> for s::Pending {
         fn from(p: w::Pending) -> Self {
-            s::Pending {
-                id: p.id,
-                arrival: p.arrival,
-                deadline: p.deadline,
-            }
+            s::Pending { id: p.id, arrival: p.arrival, deadline: p.deadline }
         }
     }
 
@@ -150,24 +141,16 @@ mod convert {
 
     impl From<w::Outcome> for s::Outcome {
         fn from(o: w::Outcome) -> Self {
-            s::Outcome {
-                model: o.model,
-                size: o.size,
-                started: o.started,
-                finished: o.finished,
-                missed: o.missed,
-            }
+            s::Outcome { model: o.model, size: o.size, started: o.started, finished: o.finished, missed: o.missed }
         }
     }
 
     impl From<s::Decision> for w::Decision {
         fn from(d: s::Decision) -> Self {
             match d {
-                s::Decision::Dispatch(d) => w::Decision::Dispatch(w::Dispatch {
-                    model: d.model,
-                    take: d.take,
-                    drop: d.drop,
-                }),
+                s::Decision::Dispatch(d) => {
+                    w::Decision::Dispatch(w::Dispatch { model: d.model, take: d.take, drop: d.drop })
+                }
                 s::Decision::WaitUntil(t) => w::Decision::WaitUntil(t),
                 s::Decision::Idle => w::Decision::Idle,
             }
@@ -190,10 +173,7 @@ mod tests {
             if config.params == "fail" {
                 return Err("counter: asked to fail".into());
             }
-            Ok(Counter {
-                decided: 0,
-                observed: 0,
-            })
+            Ok(Counter { decided: 0, observed: 0 })
         }
 
         fn decide(&mut self, _view: &View) -> Decision {
@@ -207,44 +187,21 @@ mod tests {
     }
 
     fn config(params: &str) -> Config {
-        Config {
-            app: "a".into(),
-            slo: 1000,
-            workers: 1,
-            worker: 0,
-            models: vec![],
-            params: params.into(),
-        }
+        Config { app: "a".into(), slo: 1000, workers: 1, worker: 0, models: vec![], params: params.into() }
     }
 
     fn view() -> View {
-        View {
-            now: 0,
-            worker: 0,
-            workers: 1,
-            load_qps: 0.0,
-            loaded: vec![],
-            queue: vec![],
-        }
+        View { now: 0, worker: 0, workers: 1, load_qps: 0.0, loaded: vec![], queue: vec![] }
     }
 
-    const OUTCOME: Outcome = Outcome {
-        model: 0,
-        size: 1,
-        started: 0,
-        finished: 1,
-        missed: 0,
-    };
+    const OUTCOME: Outcome = Outcome { model: 0, size: 1, started: 0, finished: 1, missed: 0 };
 
     #[test]
     fn slot_is_idle_until_init_succeeds() {
         let slot: Slot<Counter> = Slot::new();
         slot.observe(&OUTCOME);
         assert_eq!(slot.decide(&view()), Decision::Idle);
-        assert_eq!(
-            slot.init(config("fail")),
-            Err("counter: asked to fail".into())
-        );
+        assert_eq!(slot.init(config("fail")), Err("counter: asked to fail".into()));
         assert_eq!(slot.decide(&view()), Decision::Idle);
         slot.init(config("")).expect("init");
         assert_eq!(slot.decide(&view()), Decision::WaitUntil(1000));

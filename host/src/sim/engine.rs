@@ -155,11 +155,7 @@ impl Simulation {
                 name => Some(cache.get(name).with_context(|| format!("app {}", spec.name))?),
             };
             let slo_us = (spec.slo_ms * 1000.0).round() as u64;
-            let params = spec
-                .params
-                .as_ref()
-                .map(|t| serde_json::to_string(t).unwrap_or_else(|_| "{}".into()))
-                .unwrap_or_else(|| "{}".into());
+            let params = spec.params_json(base).with_context(|| format!("app {}", spec.name))?;
             let limits = Limits { call_budget: std::time::Duration::from_millis(50), ..Limits::default() };
             let all: Vec<u32> = (0..models.len() as u32).collect();
             let mut workers = Vec::new();

@@ -103,6 +103,10 @@ pub struct SimApp {
     /// Policy params.
     #[serde(default)]
     pub params: Option<toml::Table>,
+    /// A JSON file of policy params (e.g. `sluice ramsis gen --load-grid --out`),
+    /// relative to the experiment; `params` entries override its keys.
+    #[serde(default)]
+    pub params_file: Option<PathBuf>,
     /// Arrivals.
     pub arrivals: ArrivalSpec,
 }
@@ -134,6 +138,9 @@ pub struct PolicyChoice {
     /// Params.
     #[serde(default)]
     pub params: Option<toml::Table>,
+    /// A JSON file of params, as for an app.
+    #[serde(default)]
+    pub params_file: Option<PathBuf>,
     /// Label in results (default: the policy name).
     #[serde(default)]
     pub label: Option<String>,
@@ -216,10 +223,16 @@ impl Experiment {
     pub fn runs(&self) -> Vec<RunSpec> {
         let policies: Vec<Option<&PolicyChoice>> =
             if self.sweep.policies.is_empty() { vec![None] } else { self.sweep.policies.iter().map(Some).collect() };
-        let workers: Vec<Option<u32>> =
-            if self.sweep.workers.is_empty() { vec![None] } else { self.sweep.workers.iter().copied().map(Some).collect() };
-        let loads: Vec<Option<f64>> =
-            if self.sweep.load_qps.is_empty() { vec![None] } else { self.sweep.load_qps.iter().copied().map(Some).collect() };
+        let workers: Vec<Option<u32>> = if self.sweep.workers.is_empty() {
+            vec![None]
+        } else {
+            self.sweep.workers.iter().copied().map(Some).collect()
+        };
+        let loads: Vec<Option<f64>> = if self.sweep.load_qps.is_empty() {
+            vec![None]
+        } else {
+            self.sweep.load_qps.iter().copied().map(Some).collect()
+        };
         let seeds: Vec<u64> = if self.sweep.seeds.is_empty() { vec![self.seed] } else { self.sweep.seeds.clone() };
         let mut out = Vec::new();
         for p in &policies {
@@ -234,6 +247,7 @@ impl Experiment {
                                 if let Some(p) = p {
                                     a.policy = p.policy.clone();
                                     a.params = p.params.clone();
+                                    a.params_file = p.params_file.clone();
                                 }
                                 if let Some(w) = w {
                                     a.workers = *w;
@@ -253,6 +267,31 @@ impl Experiment {
             }
         }
         out
+    }
+}
+
+impl SimApp {
+    /// The policy params as JSON: `params_file` (if any) overlaid with `params`.
+    pub fn params_json(&self, base: &Path) -> Result<String> {
+        let mut obj = match &self.params_file {
+            Some(f) => {
+                let path = base.join(f);
+                let text = std::fs::read_to_string(&path).with_context(|| format!("params_file {}", path.display()))?;
+                match serde_json::from_str::<serde_json::Value>(&text)
+                    .with_context(|| format!("params_file {}: not JSON", path.display()))?
+                {
+                    serde_json::Value::Object(m) => m,
+                    _ => bail!("params_file {}: expected a JSON object", path.display()),
+                }
+            }
+            None => serde_json::Map::new(),
+        };
+        if let Some(t) = &self.params {
+            if let serde_json::Value::Object(m) = serde_json::to_value(t)? {
+                obj.extend(m);
+            }
+        }
+        Ok(serde_json::Value::Object(obj).to_string())
     }
 }
 
@@ -287,8 +326,9 @@ impl PolicyCache {
         } else {
             (policy.to_string(), self.builtin_dir.join(format!("{policy}.wasm")))
         };
-        let bytes = std::fs::read(&path)
-            .with_context(|| format!("policy `{policy}`: cannot read {} (run `cargo xtask policies`)", path.display()))?;
+        let bytes = std::fs::read(&path).with_context(|| {
+            format!("policy `{policy}`: cannot read {} (run `cargo xtask policies`)", path.display())
+        })?;
         let c = self.engine.compile(&name, &bytes)?;
         self.compiled.insert(policy.to_string(), c.clone());
         Ok(c)
@@ -390,7 +430,16 @@ pub fn run(args: SimArgs) -> Result<()> {
         let load = t.load_qps.map(|l| format!("{l:.0}")).unwrap_or_else(|| t.trace.clone().unwrap_or_default());
         println!(
             "{:<4} {:<16} {:<10} {:>7} {:>10} {:>9} {:>9.5} {:>9.5} {:>8} {:>9.3}",
-            t.run, t.policy, t.app, t.workers, load, t.requests, t.accuracy, t.violation_rate, t.dropped, t.wall_seconds
+            t.run,
+            t.policy,
+            t.app,
+            t.workers,
+            load,
+            t.requests,
+            t.accuracy,
+            t.violation_rate,
+            t.dropped,
+            t.wall_seconds
         );
     }
     for r in &out.results {

@@ -220,18 +220,13 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
     // (app, load or trace).
     let rest: Vec<&Group> = groups.iter().filter(|g| !swept_apps.contains(&g.app)).collect();
     if !rest.is_empty() {
-        let several_apps = unique(rest.iter().map(|g| g.app.clone())).len() > 1;
         let group_label = |g: &Group| {
-            if several_apps || g.load.is_empty() {
-                if g.load.is_empty() {
-                    g.app.clone()
-                } else if g.load_qps.is_some() {
-                    format!("{} @ {} req/s", g.app, g.load)
-                } else {
-                    format!("{} ({})", g.app, g.load)
-                }
+            if g.load.is_empty() {
+                g.app.clone()
+            } else if g.load_qps.is_some() {
+                format!("{} @ {} req/s", g.app, g.load)
             } else {
-                format!("{} @ {}", g.app, g.load)
+                format!("{} ({})", g.app, g.load)
             }
         };
         let bar_groups = unique(rest.iter().map(|g| group_label(g)));

@@ -40,28 +40,16 @@ impl Policy for Fixed {
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("fixed: {e}"))?;
         let Some(name) = params.model else {
-            return Err(format!(
-                "fixed: missing param `model` (one of: {})",
-                config.model_names()
-            ));
+            return Err(format!("fixed: missing param `model` (one of: {})", config.model_names()));
         };
-        let model = config.model_named(&name).ok_or_else(|| {
-            format!(
-                "fixed: unknown model `{name}` (valid models: {})",
-                config.model_names()
-            )
-        })?;
+        let model = config
+            .model_named(&name)
+            .ok_or_else(|| format!("fixed: unknown model `{name}` (valid models: {})", config.model_names()))?;
         if model.max_batch() == 0 {
-            return Err(format!(
-                "fixed: model `{name}` has an empty latency profile"
-            ));
+            return Err(format!("fixed: model `{name}` has an empty latency profile"));
         }
         let model = model.id;
-        Ok(Fixed {
-            config,
-            model,
-            warned: false,
-        })
+        Ok(Fixed { config, model, warned: false })
     }
 
     fn decide(&mut self, view: &View) -> Decision {
@@ -96,18 +84,8 @@ mod tests {
 
     fn models() -> Vec<Model> {
         vec![
-            Model {
-                id: 0,
-                name: "resnet18".into(),
-                accuracy: 0.69,
-                latency: vec![10_000, 14_000, 18_000, 22_000],
-            },
-            Model {
-                id: 1,
-                name: "resnet152".into(),
-                accuracy: 0.78,
-                latency: vec![40_000, 60_000, 80_000, 100_000],
-            },
+            Model { id: 0, name: "resnet18".into(), accuracy: 0.69, latency: vec![10_000, 14_000, 18_000, 22_000] },
+            Model { id: 1, name: "resnet152".into(), accuracy: 0.78, latency: vec![40_000, 60_000, 80_000, 100_000] },
         ]
     }
 
@@ -142,9 +120,9 @@ mod tests {
         // 35 ms later the budget is 65 ms: b = 2.
         let v = h.view(35_000, 100.0, queue(0, 6));
         assert_eq!(h.decide(&v), Decision::serve(1, vec![0, 1]));
-        // Hopeless head: still serve one.
+        // Hopeless head: serve late, the largest batch, to catch up.
         let v = h.view(90_000, 100.0, queue(0, 6));
-        assert_eq!(h.decide(&v), Decision::serve(1, vec![0]));
+        assert_eq!(h.decide(&v), Decision::serve(1, vec![0, 1, 2, 3]));
         let v = h.view(0, 100.0, vec![]);
         assert_eq!(h.decide(&v), Decision::Idle);
     }
@@ -185,10 +163,6 @@ mod tests {
         assert_eq!(slow.served, 50);
         assert_eq!(slow.invalid, 0);
         assert!(slow.batches.iter().all(|&(m, _)| m == 1));
-        assert!(
-            slow.batches.iter().any(|&(_, b)| b > 1),
-            "{:?}",
-            slow.batches
-        );
+        assert!(slow.batches.iter().any(|&(_, b)| b > 1), "{:?}", slow.batches);
     }
 }

@@ -36,11 +36,7 @@ pub struct Params {
 
 impl Default for Params {
     fn default() -> Self {
-        Params {
-            load_qps: None,
-            headroom: 1.05,
-            max_batch: 32,
-        }
+        Params { load_qps: None, headroom: 1.05, max_batch: 32 }
     }
 }
 
@@ -76,21 +72,12 @@ impl Candidate {
                 steps.push((throughput, b));
             }
         }
-        Some(Candidate {
-            id: model.id,
-            accuracy: model.accuracy,
-            fastest,
-            within_half_slo,
-            steps,
-        })
+        Some(Candidate { id: model.id, accuracy: model.accuracy, fastest, within_half_slo, steps })
     }
 
     /// The largest batch within SLO/2 whose throughput is at least `needed`.
     fn batch_for(&self, needed: f64) -> Option<u32> {
-        self.steps
-            .iter()
-            .find(|&&(throughput, _)| throughput >= needed)
-            .map(|&(_, b)| b)
+        self.steps.iter().find(|&&(throughput, _)| throughput >= needed).map(|&(_, b)| b)
     }
 }
 
@@ -132,28 +119,14 @@ impl Jellyfish {
     pub fn choose(&self, lambda: f64, workers: u32, loaded: &[u32]) -> Option<Choice> {
         let per_worker = lambda / f64::from(workers.max(1)); // r = λ / K
         let needed = self.params.headroom * per_worker;
-        let loaded_candidates = self
-            .by_accuracy
-            .iter()
-            .filter(|c| helpers::is_loaded(loaded, c.id));
+        let loaded_candidates = self.by_accuracy.iter().filter(|c| helpers::is_loaded(loaded, c.id));
         // The most accurate model that sustains r with a batch within SLO/2.
-        if let Some((c, batch)) = loaded_candidates
-            .clone()
-            .find_map(|c| Some((c, c.batch_for(needed)?)))
-        {
-            return Some(Choice {
-                model: c.id,
-                batch,
-                sustains_load: true,
-            });
+        if let Some((c, batch)) = loaded_candidates.clone().find_map(|c| Some((c, c.batch_for(needed)?))) {
+            return Some(Choice { model: c.id, batch, sustains_load: true });
         }
         // Overload: the fastest model, largest batch within SLO/2 (at least 1).
         let c = loaded_candidates.min_by_key(|c| (c.fastest, c.id))?;
-        Some(Choice {
-            model: c.id,
-            batch: c.within_half_slo.max(1),
-            sustains_load: false,
-        })
+        Some(Choice { model: c.id, batch: c.within_half_slo.max(1), sustains_load: false })
     }
 
     /// The current selection (after the last `decide`), for tests and logs.
@@ -176,35 +149,23 @@ impl Policy for Jellyfish {
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("jellyfish: {e}"))?;
         if !(params.headroom.is_finite() && params.headroom > 0.0) {
-            return Err(format!(
-                "jellyfish: param `headroom` must be a positive number, got {}",
-                params.headroom
-            ));
+            return Err(format!("jellyfish: param `headroom` must be a positive number, got {}", params.headroom));
         }
         if params.max_batch == 0 {
             return Err("jellyfish: param `max_batch` must be at least 1".into());
         }
         if let Some(load) = params.load_qps {
             if !(load.is_finite() && load >= 0.0) {
-                return Err(format!(
-                    "jellyfish: param `load_qps` must be a non-negative number, got {load}"
-                ));
+                return Err(format!("jellyfish: param `load_qps` must be a non-negative number, got {load}"));
             }
         }
-        let mut by_accuracy: Vec<Candidate> = config
-            .models
-            .iter()
-            .filter_map(|m| Candidate::new(m, config.slo, params.max_batch))
-            .collect();
+        let mut by_accuracy: Vec<Candidate> =
+            config.models.iter().filter_map(|m| Candidate::new(m, config.slo, params.max_batch)).collect();
         if by_accuracy.is_empty() {
             return Err("jellyfish: no model has a latency profile".into());
         }
         by_accuracy.sort_by(|a, b| b.accuracy.total_cmp(&a.accuracy).then(a.id.cmp(&b.id)));
-        Ok(Jellyfish {
-            params,
-            by_accuracy,
-            cached: None,
-        })
+        Ok(Jellyfish { params, by_accuracy, cached: None })
     }
 
     fn decide(&mut self, view: &View) -> Decision {
@@ -216,40 +177,26 @@ impl Policy for Jellyfish {
         if !hit {
             let choice = self.choose(lambda, view.workers, &view.loaded);
             if choice != self.current() || self.cached.is_none() {
-                let message =
-                    match choice {
-                        Some(c) => {
-                            format!(
-                        "jellyfish: model {} batch {} at {lambda:.0} req/s over {} workers{}",
-                        c.model,
-                        c.batch,
-                        view.workers,
-                        if c.sustains_load { "" } else { " (overloaded: fastest model)" }
-                    )
-                        }
-                        None => "jellyfish: no loaded model can serve".to_string(),
-                    };
-                log(
-                    if choice.is_some() {
-                        Level::Debug
-                    } else {
-                        Level::Warn
-                    },
-                    &message,
-                );
+                let message = match choice {
+                    Some(c) => {
+                        format!(
+                            "jellyfish: model {} batch {} at {lambda:.0} req/s over {} workers{}",
+                            c.model,
+                            c.batch,
+                            view.workers,
+                            if c.sustains_load { "" } else { " (overloaded: fastest model)" }
+                        )
+                    }
+                    None => "jellyfish: no loaded model can serve".to_string(),
+                };
+                log(if choice.is_some() { Level::Debug } else { Level::Warn }, &message);
             }
-            let key = Key {
-                lambda_bits: lambda.to_bits(),
-                workers: view.workers,
-                loaded: view.loaded.clone(),
-            };
+            let key = Key { lambda_bits: lambda.to_bits(), workers: view.workers, loaded: view.loaded.clone() };
             self.cached = Some((key, choice));
         }
         match self.current() {
             Some(c) if !view.queue.is_empty() => {
-                let batch = c
-                    .batch
-                    .min(u32::try_from(view.queue.len()).unwrap_or(u32::MAX));
+                let batch = c.batch.min(u32::try_from(view.queue.len()).unwrap_or(u32::MAX));
                 Decision::serve_head(c.model, batch)
             }
             _ => Decision::Idle,
@@ -284,22 +231,13 @@ mod tests {
 
     /// `L(b) = base + step · (b - 1)` for `b` in `1..=max`, in milliseconds.
     fn linear(id: u32, accuracy: f64, base: u64, step: u64, max: u64) -> Model {
-        Model {
-            id,
-            name: format!("m{id}"),
-            accuracy,
-            latency: (0..max).map(|i| (base + step * i) * 1000).collect(),
-        }
+        Model { id, name: format!("m{id}"), accuracy, latency: (0..max).map(|i| (base + step * i) * 1000).collect() }
     }
 
     /// Within SLO/2 = 50 ms: m0 up to b = 7 (140 req/s), m1 up to 16 (400 req/s),
     /// m2 up to 32 (889 req/s).
     fn models() -> Vec<Model> {
-        vec![
-            linear(0, 0.80, 20, 5, 8),
-            linear(1, 0.75, 10, 2, 16),
-            linear(2, 0.60, 5, 1, 32),
-        ]
+        vec![linear(0, 0.80, 20, 5, 8), linear(1, 0.75, 10, 2, 16), linear(2, 0.60, 5, 1, 32)]
     }
 
     fn harness(params: &str) -> Harness<Jellyfish> {
@@ -307,11 +245,7 @@ mod tests {
     }
 
     fn choice(model: u32, batch: u32, sustains_load: bool) -> Option<Choice> {
-        Some(Choice {
-            model,
-            batch,
-            sustains_load,
-        })
+        Some(Choice { model, batch, sustains_load })
     }
 
     fn queue(n: u64) -> Vec<Pending> {
@@ -351,12 +285,7 @@ mod tests {
     #[test]
     fn largest_batch_that_sustains_the_load_when_throughput_is_not_monotone() {
         // Throughput by batch size: 100, 50, 125, 20 req/s; all within SLO/2.
-        let m = Model {
-            id: 0,
-            name: "odd".into(),
-            accuracy: 0.9,
-            latency: vec![10_000, 40_000, 24_000, 200_000],
-        };
+        let m = Model { id: 0, name: "odd".into(), accuracy: 0.9, latency: vec![10_000, 40_000, 24_000, 200_000] };
         let h = Harness::<Jellyfish>::new(config(1_000_000, vec![m], "")).expect("init");
         let j = h.policy();
         let batch = |needed: f64| j.choose(needed / 1.05, 1, &[0]).map(|c| c.batch);
@@ -395,10 +324,7 @@ mod tests {
         let mut h = harness("");
         assert_eq!(h.decide(&h.view(0, 100.0, vec![])), Decision::Idle);
         // Fewer queued than b = 7: take them all.
-        assert_eq!(
-            h.decide(&h.view(0, 100.0, queue(3))),
-            Decision::serve(0, vec![0, 1, 2])
-        );
+        assert_eq!(h.decide(&h.view(0, 100.0, queue(3))), Decision::serve(0, vec![0, 1, 2]));
         // More: take b from the head, even if the head is already late.
         let v = h.view(500_000, 100.0, queue(12));
         let d = h.decide_checked(&v).expect("valid");
@@ -434,10 +360,7 @@ mod tests {
         assert!(logs[0].1.contains("overloaded"), "{logs:?}");
         // A new loaded set at the same load: recomputed too.
         h.set_loaded(vec![0, 1]);
-        assert_eq!(
-            h.decide(&h.view(0, 1000.0, queue(40))),
-            Decision::serve_head(1, 16)
-        );
+        assert_eq!(h.decide(&h.view(0, 1000.0, queue(40))), Decision::serve_head(1, 16));
         // Same choice at a slightly different load: recomputed, not re-logged.
         let _ = take_logs();
         h.decide(&h.view(0, 1001.0, queue(40)));
