@@ -140,3 +140,45 @@ async fn failed_init_keeps_the_old_policy() {
     assert_eq!(r.status, 400);
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swapping_to_ramsis_under_load_reports_its_expectations() {
+    // The emulated app waits 1-4 ms per batch; RAMSIS generates its policy in `init`,
+    // before the swap, while jellyfish keeps serving.
+    let server = TestServer::start(CONFIG).await.unwrap();
+    let addr = server.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let by_ramsis = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (s2, r2) = (stop.clone(), by_ramsis.clone());
+    let client = tokio::spawn(async move {
+        let mut c = sluice::loadgen::Client::connect(addr).await.unwrap();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while !s2.load(Ordering::Relaxed) {
+            let r = c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap();
+            let policy = r.json()["parameters"]["policy"].as_str().unwrap_or("").to_string();
+            if policy == "ramsis" {
+                r2.fetch_add(1, Ordering::Relaxed);
+            }
+            out.push((r.status, policy));
+            i += 1;
+        }
+        out
+    });
+    let mut c = server.client().await;
+    let r = swap(&mut c, "emu", "ramsis", json!({ "load_qps": 300.0 })).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(eventually(Duration::from_secs(10), || by_ramsis.load(Ordering::Relaxed) >= 50).await);
+    stop.store(true, Ordering::Relaxed);
+    let seen = client.await.unwrap();
+    assert!(seen.iter().all(|(s, _)| *s == 200), "no request failed across the swap");
+    assert!(seen.iter().any(|(_, p)| p == "ramsis"), "RAMSIS decides after the swap");
+    let status = app_status(&mut c, "emu").await;
+    assert_eq!(status["policy"], json!("ramsis"));
+    let ps = &status["workers"][0]["policy_status"];
+    let acc = ps["expected_accuracy"].as_f64().unwrap_or(-1.0);
+    assert!((0.0..=1.0).contains(&acc), "RAMSIS reports its expected accuracy: {ps}");
+    assert!(ps["expected_violation"].as_f64().is_some(), "{ps}");
+    assert_eq!(ps["policy_load_qps"].as_f64(), Some(300.0), "the policy in use is the one for the fixed load: {ps}");
+    server.stop().await.unwrap();
+}
