@@ -37,11 +37,36 @@ pub struct Params {
     /// executor adds overhead, so waiting to the exact microsecond turns that
     /// jitter into missed deadlines; 0 reproduces the simulator's behaviour.
     pub margin_us: Micros,
+    /// Which heads are dropped: `"batch"` (default, the Proteus code: drop the head
+    /// while the batch the queue would fire, `L(min(q, B))`, ends after its
+    /// deadline — throughput is kept and the queue cannot spiral into single late
+    /// requests under load) or `"alone"` (drop only heads that even a batch of one
+    /// cannot save, then shrink the batch to fit the head; fewer drops at low load,
+    /// but under load small batches cut throughput and the queue collapses: 0.28
+    /// violations at 87% load in `docs/results/proteus-batching-load`).
+    pub head_drop: HeadDrop,
+}
+
+/// See [`Params::head_drop`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeadDrop {
+    /// Drop while the full batch would make the head late (the Proteus code).
+    #[default]
+    Batch,
+    /// Drop only heads a batch of one cannot save.
+    Alone,
 }
 
 impl Default for Params {
     fn default() -> Self {
-        Params { model: None, max_batch: None, latency_set: None, margin_us: DEFAULT_MARGIN_US }
+        Params {
+            model: None,
+            max_batch: None,
+            latency_set: None,
+            margin_us: DEFAULT_MARGIN_US,
+            head_drop: HeadDrop::Batch,
+        }
     }
 }
 
@@ -62,11 +87,22 @@ pub struct Plan {
 /// The batching rule of Proteus §5 on one model. `sizes` are the allowed batch
 /// sizes, increasing, each within the model's profile and at most `B`; the
 /// timer is set `margin` µs early (see [`Params::margin_us`]).
-pub fn plan(model: &Model, sizes: &[u32], margin: Micros, view: &View) -> Plan {
+pub fn plan(model: &Model, sizes: &[u32], margin: Micros, head_drop: HeadDrop, view: &View) -> Plan {
     let l = |b: u32| model.latency(b).unwrap_or(Micros::MAX);
     let smallest = sizes.first().copied().unwrap_or(1);
-    // Drop from the head while even the smallest batch would finish late.
-    let drop = view.queue.iter().take_while(|p| view.now.saturating_add(l(smallest)) > p.deadline).count();
+    let largest_within = |q: usize| {
+        let q = u32::try_from(q).unwrap_or(u32::MAX);
+        sizes.iter().rev().copied().find(|&b| b <= q).unwrap_or(smallest)
+    };
+    let drop = match head_drop {
+        // Drop from the head while even the smallest batch would finish late.
+        HeadDrop::Alone => view.queue.iter().take_while(|p| view.now.saturating_add(l(smallest)) > p.deadline).count(),
+        // The Proteus code: drop from the head while the batch the remaining queue
+        // would fire (the largest allowed size ≤ q) finishes after the head's deadline.
+        HeadDrop::Batch => (0..view.queue.len())
+            .find(|&i| view.now.saturating_add(l(largest_within(view.queue.len() - i))) <= view.queue[i].deadline)
+            .unwrap_or(view.queue.len()),
+    };
     let rest = &view.queue[drop..];
     let drop = drop as u32;
     let Some(head) = rest.first() else {
@@ -177,7 +213,7 @@ impl Policy for ProteusBatching {
             self.logged = Some(id);
             log(Level::Debug, &format!("proteus-batching: model {} sizes {sizes:?}", model.name));
         }
-        let p = plan(model, &sizes, self.params.margin_us, view);
+        let p = plan(model, &sizes, self.params.margin_us, self.params.head_drop, view);
         if p.fire == 0 {
             // While waiting, hopeless heads stay queued and are dropped with the
             // next batch: the host does not decide again right after a drop-only
@@ -276,17 +312,23 @@ mod tests {
 
     #[test]
     fn past_the_deadline_of_a_full_batch_fires_one_fewer() {
-        let mut h = harness("");
+        let mut h = harness(r#"{"head_drop": "alone"}"#);
         // now = 75 ms, 5 queued (head due at 100 ms), past T_max_wait(6) = 55 ms:
         // L(5) = 40 would end at 115, L(3) = 30 at 105, L(2) = 25 at 100 ≤ 100:
         // fire 2, keep 3 queued.
         let v = h.view(75_000, 0.0, queue(&[0, 10_000, 20_000, 30_000, 40_000]));
         assert_eq!(h.decide_checked(&v), Ok(serve(0, 0..2, 0..0)));
+        // The default (the Proteus code) drops the head instead: L(5) = 40 ends at
+        // 115 > 100, so the head goes; L(4) = 35 ends at 110 ≤ 110 (the new head's
+        // deadline), and the queue of 4 fires as one batch.
+        let mut h = harness("");
+        let v = h.view(75_000, 0.0, queue(&[0, 10_000, 20_000, 30_000, 40_000]));
+        assert_eq!(h.decide_checked(&v), Ok(serve(0, 1..5, 0..1)));
     }
 
     #[test]
     fn drops_only_hopeless_heads() {
-        let mut h = harness("");
+        let mut h = harness(r#"{"head_drop": "alone"}"#);
         // now = 85 ms: the head (deadline 100) cannot finish by 100 even alone
         // (L(1) = 20 → 105). The next (deadline 150) can wait until
         // T_max_wait(2) = 125 ms, so the hopeless head stays queued until then
@@ -300,7 +342,7 @@ mod tests {
         let v = h.view(95_000, 0.0, queue(&[0, 1_000]));
         assert_eq!(h.decide_checked(&v), Ok(Decision::drop_only(0, vec![0, 1])));
         // The default margin fires 5 ms before T_max_wait.
-        let mut h = Harness::<ProteusBatching>::new(config(SLO, models(), "{}")).expect("init");
+        let mut h = Harness::<ProteusBatching>::new(config(SLO, models(), r#"{"head_drop": "alone"}"#)).expect("init");
         let v = h.view(10_000, 0.0, queue(&[0]));
         assert_eq!(h.decide_checked(&v), Ok(Decision::WaitUntil(70_000)));
         // A head that can still make it alone is never dropped.
