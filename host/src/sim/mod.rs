@@ -104,7 +104,8 @@ pub struct SimApp {
     #[serde(default)]
     pub params: Option<toml::Table>,
     /// A JSON file of policy params (e.g. `sluice ramsis gen --load-grid --out`),
-    /// relative to the experiment; `params` entries override its keys.
+    /// relative to the experiment; `params` entries override its keys. `{workers}`
+    /// in the path is replaced by the app's worker count (tables depend on K).
     #[serde(default)]
     pub params_file: Option<PathBuf>,
     /// Arrivals.
@@ -275,7 +276,7 @@ impl SimApp {
     pub fn params_json(&self, base: &Path) -> Result<String> {
         let mut obj = match &self.params_file {
             Some(f) => {
-                let path = base.join(f);
+                let path = base.join(f.to_string_lossy().replace("{workers}", &self.workers.to_string()));
                 let text = std::fs::read_to_string(&path).with_context(|| format!("params_file {}", path.display()))?;
                 match serde_json::from_str::<serde_json::Value>(&text)
                     .with_context(|| format!("params_file {}: not JSON", path.display()))?
