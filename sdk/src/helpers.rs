@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::types::{Decision, Micros, Model, Pending, View};
+use crate::types::{Config, Decision, Micros, Model, Pending, View};
 
 impl Pending {
     /// Time left until this request's deadline at `now`, in microseconds;
@@ -76,6 +76,18 @@ pub fn most_accurate_within<'a>(models: &'a [Model], loaded: &[u32], budget: Mic
 pub fn largest_batch_within(model: &Model, budget: Micros, cap: u32) -> u32 {
     let cap = cap.min(model.max_batch());
     (1..=cap).rev().find(|&b| model.latency(b).is_some_and(|l| l <= budget)).unwrap_or(0)
+}
+
+/// The model a single-model policy serves with: the one its params name, when that
+/// model is loaded and profiled; otherwise the most accurate loaded model whose
+/// batch-1 latency fits the SLO ([`most_accurate_within`]); otherwise the fastest
+/// loaded one. `None` when nothing usable is loaded.
+pub fn named_or_most_accurate<'a>(config: &'a Config, named: Option<&str>, loaded: &[u32]) -> Option<&'a Model> {
+    let models = &config.models;
+    match named.and_then(|n| config.model_named(n)) {
+        Some(m) if is_loaded(loaded, m.id) && m.max_batch() > 0 => Some(m),
+        _ => most_accurate_within(models, loaded, config.slo).or_else(|| fastest_model(models, loaded)),
+    }
 }
 
 /// The largest batch that `model` can serve from the head of the queue and still

@@ -113,13 +113,7 @@ pub struct ClipperAimd {
 impl ClipperAimd {
     /// The model this worker serves with, given the loaded set.
     pub fn model<'a>(&'a self, loaded: &[u32]) -> Option<&'a Model> {
-        let models = &self.config.models;
-        let named = self.params.model.as_deref().and_then(|n| self.config.model_named(n));
-        match named {
-            Some(m) if helpers::is_loaded(loaded, m.id) && m.max_batch() > 0 => Some(m),
-            _ => helpers::most_accurate_within(models, loaded, self.config.slo)
-                .or_else(|| helpers::fastest_model(models, loaded)),
-        }
+        helpers::named_or_most_accurate(&self.config, self.params.model.as_deref(), loaded)
     }
 
     /// The batch cap for `model`.
