@@ -1,39 +1,12 @@
 //! The simulator on small scenarios with hand-computed outcomes, determinism, and
 //! overload detection. Policies are the real components (`cargo xtask policies`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use sluice::sim::{run_experiment, stats::write_outputs, Experiment};
+mod common;
 
-fn policies() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/policies");
-    assert!(dir.join("fixed.wasm").exists(), "run `cargo xtask policies` first");
-    dir
-}
-
-/// One model `m` (accuracy 0.7): 10 ms at batch 1, 12 ms at batch 2 (p50 = p95 = p99).
-const PROFILE: &str = r#"version = 1
-name = "sim-test"
-device = "virtual"
-source = "hand-made"
-
-[[model]]
-name = "m"
-accuracy = 0.7
-accuracy_source = "test"
-batch_sizes = [1, 2]
-p50_us = [10000, 12000]
-p95_us = [10000, 12000]
-p99_us = [10000, 12000]
-"#;
-
-fn experiment(dir: &Path, body: &str) -> (Experiment, PathBuf) {
-    std::fs::write(dir.join("p.toml"), PROFILE).unwrap();
-    let text = format!("version = 1\nname = \"t\"\nbuiltin_policy_dir = \"{}\"\n{body}", policies().display());
-    let path = dir.join("e.toml");
-    std::fs::write(&path, text).unwrap();
-    Experiment::load(&path).unwrap()
-}
+use common::{experiment, policies};
+use sluice::sim::{run_experiment, stats::write_outputs};
 
 #[test]
 fn one_worker_fixed_latency_hand_computed() {

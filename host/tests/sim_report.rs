@@ -3,37 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-use sluice::sim::{report, run_experiment, stats::write_outputs, Experiment};
+mod common;
 
-fn policies() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/policies");
-    assert!(dir.join("fixed.wasm").exists(), "run `cargo xtask policies` first");
-    dir
-}
-
-/// One model `m`: 10 ms at batch 1, 12 ms at batch 2.
-const PROFILE: &str = r#"version = 1
-name = "report-test"
-device = "virtual"
-source = "hand-made"
-
-[[model]]
-name = "m"
-accuracy = 0.7
-accuracy_source = "test"
-batch_sizes = [1, 2]
-p50_us = [10000, 12000]
-p95_us = [10000, 12000]
-p99_us = [10000, 12000]
-"#;
+use sluice::sim::{report, run_experiment, stats::write_outputs};
 
 /// Runs `body` (after the common header) and writes its outputs to `dir/out`.
 fn run(dir: &Path, body: &str) -> PathBuf {
-    std::fs::write(dir.join("p.toml"), PROFILE).unwrap();
-    let text = format!("version = 1\nname = \"t\"\nbuiltin_policy_dir = \"{}\"\n{body}", policies().display());
-    let path = dir.join("e.toml");
-    std::fs::write(&path, text).unwrap();
-    let (e, base) = Experiment::load(&path).unwrap();
+    let (e, base) = common::experiment(dir, body);
     let out = run_experiment(&e, &base, false).unwrap();
     let dir = dir.join("out");
     write_outputs(&dir, &out).unwrap();
