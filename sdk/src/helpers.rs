@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::types::{Config, Decision, Micros, Model, Pending, View};
+use crate::types::{Config, Decision, Dispatch, Micros, Model, Pending, View};
 
 impl Pending {
     /// Time left until this request's deadline at `now`, in microseconds;
@@ -88,6 +88,23 @@ pub fn named_or_most_accurate<'a>(config: &'a Config, named: Option<&str>, loade
         Some(m) if is_loaded(loaded, m.id) && m.max_batch() > 0 => Some(m),
         _ => most_accurate_within(models, loaded, config.slo).or_else(|| fastest_model(models, loaded)),
     }
+}
+
+/// The decision for a plan over the head of the queue, as proactive batching
+/// policies (Proteus, Nexus) make them: drop the first `drop` entries and serve the
+/// next `fire` on `model`; when firing nothing, wait until `wait_until` (hopeless
+/// heads then stay queued and leave with the next batch, so a plan that waits never
+/// needs two decisions), else drop only, else idle.
+pub fn head_plan(model: u32, drop: u32, fire: u32, wait_until: Option<Micros>) -> Decision {
+    if fire == 0 {
+        if let Some(t) = wait_until {
+            return Decision::WaitUntil(t);
+        }
+        if drop == 0 {
+            return Decision::Idle;
+        }
+    }
+    Decision::Dispatch(Dispatch { model, take: (drop..drop + fire).collect(), drop: (0..drop).collect() })
 }
 
 /// The largest batch that `model` can serve from the head of the queue and still

@@ -14,7 +14,7 @@
 //! the Nexus paper describes (and as Proteus's evaluation characterises it).
 
 use serde::Deserialize;
-use sluice_sdk::{helpers, log, Config, Decision, Dispatch, Level, Micros, Model, Policy, View};
+use sluice_sdk::{helpers, log, Config, Decision, Level, Micros, Model, Policy, View};
 
 /// The policy's parameters (all optional):
 /// `{"model": "<name>", "batch": B, "work_conserving": false}`.
@@ -139,22 +139,7 @@ impl Policy for Nexus {
             log(Level::Debug, &format!("nexus: model {} batch {batch}", model.name));
         }
         let p = plan(model, batch, self.params.work_conserving, self.params.margin_us, view);
-        if p.fire == 0 {
-            // While waiting, dropped heads stay queued until the next batch: the
-            // host idles after a drop-only dispatch instead of deciding again,
-            // which would let the timer lapse.
-            if let Some(t) = p.wait_until {
-                return Decision::WaitUntil(t);
-            }
-            if p.drop == 0 {
-                return Decision::Idle;
-            }
-        }
-        Decision::Dispatch(Dispatch {
-            model: model.id,
-            take: (p.drop..p.drop + p.fire).collect(),
-            drop: (0..p.drop).collect(),
-        })
+        helpers::head_plan(model.id, p.drop, p.fire, p.wait_until)
     }
 }
 
@@ -165,6 +150,7 @@ sluice_sdk::export_policy!(Nexus);
 mod tests {
     use super::*;
     use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::Dispatch;
     use sluice_sdk::Pending;
 
     const SLO: Micros = 100_000;

@@ -15,7 +15,7 @@
 //! head first; the head is never left to expire while it could still be served.
 
 use serde::Deserialize;
-use sluice_sdk::{helpers, log, Config, Decision, Dispatch, Level, Micros, Model, Policy, View};
+use sluice_sdk::{helpers, log, Config, Decision, Level, Micros, Model, Policy, View};
 
 /// The policy's parameters (all optional):
 /// `{"model": "<name>", "max_batch": B, "latency_set": [1, 2, 4, 8]}`.
@@ -208,23 +208,7 @@ impl Policy for ProteusBatching {
             log(Level::Debug, &format!("proteus-batching: model {} sizes {sizes:?}", model.name));
         }
         let p = plan(model, &sizes, self.params.margin_us, self.params.head_drop, view);
-        if p.fire == 0 {
-            // While waiting, hopeless heads stay queued and are dropped with the
-            // next batch: the host does not decide again right after a drop-only
-            // dispatch (it idles until the next arrival), which would let the
-            // timer lapse. A drop-only dispatch is left for an all-hopeless queue.
-            if let Some(t) = p.wait_until {
-                return Decision::WaitUntil(t);
-            }
-            if p.drop == 0 {
-                return Decision::Idle;
-            }
-        }
-        Decision::Dispatch(Dispatch {
-            model: model.id,
-            take: (p.drop..p.drop + p.fire).collect(),
-            drop: (0..p.drop).collect(),
-        })
+        helpers::head_plan(model.id, p.drop, p.fire, p.wait_until)
     }
 }
 
@@ -235,6 +219,7 @@ sluice_sdk::export_policy!(ProteusBatching);
 mod tests {
     use super::*;
     use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::Dispatch;
     use sluice_sdk::Pending;
 
     const SLO: Micros = 100_000;
