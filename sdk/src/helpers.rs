@@ -78,6 +78,18 @@ pub fn largest_batch_within(model: &Model, budget: Micros, cap: u32) -> u32 {
     (1..=cap).rev().find(|&b| model.latency(b).is_some_and(|l| l <= budget)).unwrap_or(0)
 }
 
+/// Checks a single-model policy's `model` param at `init`: it must name a model of
+/// the app with a latency profile. The error names the policy, the model and the
+/// valid names.
+pub fn check_model_param(config: &Config, policy: &str, named: Option<&str>) -> Result<(), String> {
+    match named {
+        Some(name) if config.model_named(name).is_none_or(|m| m.max_batch() == 0) => {
+            Err(format!("{policy}: unknown model `{name}` or empty profile (valid models: {})", config.model_names()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The model a single-model policy serves with: the one its params name, when that
 /// model is loaded and profiled; otherwise the most accurate loaded model whose
 /// batch-1 latency fits the SLO ([`most_accurate_within`]); otherwise the fastest

@@ -130,14 +130,7 @@ impl ClipperAimd {
 impl Policy for ClipperAimd {
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("clipper-aimd: {e}"))?;
-        if let Some(name) = &params.model {
-            if config.model_named(name).is_none_or(|m| m.max_batch() == 0) {
-                return Err(format!(
-                    "clipper-aimd: unknown model `{name}` or empty profile (valid models: {})",
-                    config.model_names()
-                ));
-            }
-        }
+        helpers::check_model_param(&config, "clipper-aimd", params.model.as_deref())?;
         if !(params.backoff > 0.0 && params.backoff < 1.0) {
             return Err(format!("clipper-aimd: param `backoff` must be in (0, 1), got {}", params.backoff));
         }

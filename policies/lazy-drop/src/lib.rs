@@ -75,14 +75,7 @@ impl LazyDrop {
 impl Policy for LazyDrop {
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("lazy-drop: {e}"))?;
-        if let Some(name) = &params.model {
-            if config.model_named(name).is_none_or(|m| m.max_batch() == 0) {
-                return Err(format!(
-                    "lazy-drop: unknown model `{name}` or empty profile (valid models: {})",
-                    config.model_names()
-                ));
-            }
-        }
+        helpers::check_model_param(&config, "lazy-drop", params.model.as_deref())?;
         if params.max_batch == Some(0) {
             return Err("lazy-drop: param `max_batch` must be at least 1".into());
         }

@@ -111,14 +111,7 @@ impl Nexus {
 impl Policy for Nexus {
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("nexus: {e}"))?;
-        if let Some(name) = &params.model {
-            if config.model_named(name).is_none_or(|m| m.max_batch() == 0) {
-                return Err(format!(
-                    "nexus: unknown model `{name}` or empty profile (valid models: {})",
-                    config.model_names()
-                ));
-            }
-        }
+        helpers::check_model_param(&config, "nexus", params.model.as_deref())?;
         if params.batch == Some(0) {
             return Err("nexus: param `batch` must be at least 1".into());
         }
