@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
-use sluice::runtime::{Limits, PolicyEngine, PolicyInstance};
+use sluice::runtime::{Binding, Limits, PolicyEngine, PolicyInstance};
 use sluice_sdk::{Config, Decision, Model, Pending, Policy, View};
 
 /// Timed calls per (policy, depth, path), after the warm-up.
@@ -137,7 +137,9 @@ struct Row {
 
 fn bench_policy<P: Policy>(engine: &Arc<PolicyEngine>, name: &'static str, params: &str, rows: &mut Vec<Row>) {
     let compiled = engine.compile(name, &component(name)).expect("compile");
-    let mut instance = PolicyInstance::new(engine, &compiled, config(params), Limits::default()).expect("init");
+    let mut instance =
+        PolicyInstance::new(engine, &Binding::new(compiled.clone(), config(params), Limits::default()), 0)
+            .expect("init");
     let mut native = P::init(config(params)).expect("native init");
     for depth in DEPTHS {
         let views = views(depth);

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use policy_ramsis::mdp::{self, Batching, Discretization, Generator, ModelSpec, Problem};
 use policy_ramsis::{latency, Ramsis};
-use sluice::runtime::{Limits, PolicyEngine, PolicyInstance};
+use sluice::runtime::{Binding, Limits, PolicyEngine, PolicyInstance};
 use sluice_sdk::{Config, Decision, Model, Pending, Policy, View};
 
 const TABLE: &str = include_str!("../../policies/ramsis/tests/data/ramsis_effective_latency_p95_us.csv");
@@ -228,7 +228,8 @@ fn decide_bench(reps: usize) -> serde_json::Value {
     let engine = PolicyEngine::new().expect("engine");
     let compiled = engine.compile("ramsis", &bytes).expect("compile");
     let t = Instant::now();
-    let mut instance = PolicyInstance::new(&engine, &compiled, config, Limits::default()).expect("init");
+    let mut instance =
+        PolicyInstance::new(&engine, &Binding::new(compiled.clone(), config, Limits::default()), 0).expect("init");
     let init = t.elapsed();
     let (p50, p99, max) = time_calls(&views, |v| instance.decide(v).expect("decide"));
     println!("component, Wasm: init {:.3} s (one policy at 2000 QPS)", init.as_secs_f64());
@@ -237,7 +238,8 @@ fn decide_bench(reps: usize) -> serde_json::Value {
     // Load above the grid: the policy serves with its 2000 QPS policy and
     // generates one for 2500 · 1.05 QPS a slice per call.
     let config = bench_config(r#"{"grid": [2000]}"#);
-    let mut instance = PolicyInstance::new(&engine, &compiled, config, Limits::default()).expect("init");
+    let mut instance =
+        PolicyInstance::new(&engine, &Binding::new(compiled.clone(), config, Limits::default()), 0).expect("init");
     let busy = random_views(reps, 2500.0);
     let mut calls = 0usize;
     let mut samples = Vec::new();

@@ -3,7 +3,8 @@
 //!
 //! 1. Compile `jellyfish.wasm` and `fixed.wasm` from bytes with a fresh
 //!    [`PolicyEngine`] each time (uncached), median of 10; then the cached path
-//!    (same bytes, same engine: a SHA-256 of the bytes and a map lookup).
+//!    (same bytes, same engine: a SHA-256 of the bytes and a map lookup), and a
+//!    fresh engine loading the code from the disk compile cache (a restart).
 //! 2. Instantiate + `init` one instance ([`PolicyInstance::new`]), its first and
 //!    second `decide`, and dropping it (a worker drops the replaced instance itself).
 //! 3. Under load: an in-process server (`examples/bench-zero.toml`: emulated
@@ -27,7 +28,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use sluice::app::SwapReport;
 use sluice::loadgen::{self, LoadArgs, Summary};
-use sluice::runtime::{Limits, PolicyEngine, PolicyInstance};
+use sluice::runtime::{Binding, Limits, PolicyEngine, PolicyInstance};
 use sluice_sdk::{Config, Model, Pending, View};
 
 const COMPILE_REPS: usize = 10;
@@ -109,18 +110,31 @@ struct CompileRow {
     fresh: (f64, f64, f64),
     /// µs: p50, p99 of the cached path.
     cached: (f64, f64),
+    /// ms: p50 of a fresh engine loading the compiled code from the disk cache.
+    disk: f64,
 }
 
 fn compile_costs(name: &'static str) -> CompileRow {
     let bytes = component(name);
     let mut fresh = Vec::new();
     for _ in 0..COMPILE_REPS {
-        let engine = PolicyEngine::new().expect("engine");
+        let engine = PolicyEngine::with_cache(None).expect("engine");
         let t = Instant::now();
         let c = engine.compile(name, &bytes).expect("compile");
         fresh.push(t.elapsed());
         drop(c);
     }
+    // A restart: a fresh engine whose disk cache holds the component.
+    let dir = tempfile::tempdir().expect("cache dir");
+    PolicyEngine::with_cache(Some(dir.path())).expect("engine").compile(name, &bytes).expect("compile");
+    let disk: Vec<Duration> = (0..COMPILE_REPS)
+        .map(|_| {
+            let engine = PolicyEngine::with_cache(Some(dir.path())).expect("engine");
+            let t = Instant::now();
+            engine.compile(name, &bytes).expect("compile");
+            t.elapsed()
+        })
+        .collect();
     let engine = PolicyEngine::new().expect("engine");
     engine.compile(name, &bytes).expect("compile");
     let cached: Vec<Duration> = (0..CACHED_REPS)
@@ -135,7 +149,8 @@ fn compile_costs(name: &'static str) -> CompileRow {
     let min = fresh.iter().min().copied().unwrap_or_default().as_secs_f64() * 1e6;
     let (f50, _, fmax) = pct(fresh);
     let (c50, c99, _) = pct(cached);
-    CompileRow { name, bytes: bytes.len(), fresh: (f50, min, fmax), cached: (c50, c99) }
+    let (d50, _, _) = pct(disk);
+    CompileRow { name, bytes: bytes.len(), fresh: (f50, min, fmax), cached: (c50, c99), disk: d50 / 1e3 }
 }
 
 struct InstanceRow {
@@ -153,7 +168,9 @@ fn instance_costs(engine: &Arc<PolicyEngine>, name: &'static str) -> InstanceRow
     let (mut new, mut first, mut second, mut dropped) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..INSTANCE_REPS {
         let t = Instant::now();
-        let mut i = PolicyInstance::new(engine, &compiled, config(params(name)), Limits::default()).expect("init");
+        let mut i =
+            PolicyInstance::new(engine, &Binding::new(compiled.clone(), config(params(name)), Limits::default()), 0)
+                .expect("init");
         new.push(t.elapsed());
         let t = Instant::now();
         std::hint::black_box(i.decide(&v).expect("decide"));
@@ -251,12 +268,20 @@ fn main() -> Result<()> {
 
     println!("swap: compile ({COMPILE_REPS} fresh engines, median) vs cached ({CACHED_REPS} lookups)");
     println!(
-        "{:<10} {:>8} | {:>12} {:>10} {:>10} | {:>12} {:>10} | {:>12}",
-        "component", "bytes", "fresh p50 ms", "min ms", "max ms", "cached p50 µs", "p99 µs", "x fresh/cached"
+        "{:<10} {:>8} | {:>12} {:>10} {:>10} | {:>12} {:>10} | {:>12} | {:>13}",
+        "component",
+        "bytes",
+        "fresh p50 ms",
+        "min ms",
+        "max ms",
+        "cached p50 µs",
+        "p99 µs",
+        "x fresh/cached",
+        "disk p50 ms"
     );
     for r in &compile {
         println!(
-            "{:<10} {:>8} | {:>12.1} {:>10.1} {:>10.1} | {:>13.1} {:>10.1} | {:>12.0}",
+            "{:<10} {:>8} | {:>12.1} {:>10.1} {:>10.1} | {:>13.1} {:>10.1} | {:>12.0} | {:>13.2}",
             r.name,
             r.bytes,
             r.fresh.0 / 1e3,
@@ -264,7 +289,8 @@ fn main() -> Result<()> {
             r.fresh.2 / 1e3,
             r.cached.0,
             r.cached.1,
-            r.fresh.0 / r.cached.0.max(1e-3)
+            r.fresh.0 / r.cached.0.max(1e-3),
+            r.disk
         );
     }
     println!();
@@ -350,6 +376,7 @@ fn main() -> Result<()> {
             "component": r.name, "bytes": r.bytes,
             "fresh_ms": { "p50": r.fresh.0 / 1e3, "min": r.fresh.1 / 1e3, "max": r.fresh.2 / 1e3 },
             "cached_us": { "p50": r.cached.0, "p99": r.cached.1 },
+            "disk_cache_ms": { "p50": r.disk },
             "ratio_fresh_cached": r.fresh.0 / r.cached.0.max(1e-3),
         })).collect::<Vec<_>>(),
         "instance_us": instances.iter().map(|r| json!({

@@ -20,7 +20,7 @@ use crate::config::{AppConfig, FailMode, InputSpec, RouterMode};
 use crate::executor::models::{LoadedModel, ModelSet};
 use crate::metrics::Metrics;
 use crate::queue::{Clock, Reply, Request, WorkQueue};
-use crate::runtime::{CompiledPolicy, Limits, PolicyEngine, PolicyError, PolicyInstance};
+use crate::runtime::{Binding, CompiledPolicy, Limits, PolicyEngine, PolicyError, PolicyInstance};
 use crate::tensor::Tensor;
 
 /// Why a request was not accepted.
@@ -260,14 +260,12 @@ impl App {
         let params = config.params_json();
         let mut workers = Vec::new();
         let mut starts = Vec::new();
+        let binding = compiled
+            .as_ref()
+            .map(|c| Binding::new(c.clone(), policy_config(&config, &models, &params), limits(&config)));
         for (w, loaded) in (0..k).zip(worker_models) {
-            let current = match &compiled {
-                Some(c) => Bound::Wasm(Box::new(PolicyInstance::new(
-                    &engine,
-                    c,
-                    policy_config(&config, &models, w, &params),
-                    limits(&config),
-                )?)),
+            let current = match &binding {
+                Some(b) => Bound::Wasm(Box::new(PolicyInstance::new(&engine, b, w)?)),
                 None => Bound::Safe,
             };
             let (tx, rx) = mpsc::unbounded_channel();
@@ -391,12 +389,9 @@ impl App {
         let c = compiled.clone();
         let p = params.clone();
         let instances = tokio::task::spawn_blocking(move || -> Result<Vec<PolicyInstance>, PolicyError> {
-            (0..this.workers.len() as u32)
-                .map(|w| {
-                    let cfg = policy_config(&this.config, &this.models, w, &p);
-                    PolicyInstance::new(&this.engine, &c, cfg, limits(&this.config))
-                })
-                .collect()
+            // A swap is a new binding: its instances share a fresh store.
+            let binding = Binding::new(c, policy_config(&this.config, &this.models, &p), limits(&this.config));
+            (0..this.workers.len() as u32).map(|w| PolicyInstance::new(&this.engine, &binding, w)).collect()
         })
         .await
         .map_err(|e| PolicyError::Init { name: compiled.name.clone(), reason: format!("init task failed: {e}") })??;
@@ -523,13 +518,14 @@ pub fn limits(config: &AppConfig) -> Limits {
     }
 }
 
-/// The `config` record a worker's policy instance is initialised with.
-pub fn policy_config(config: &AppConfig, models: &[sdk::Model], worker: u32, params: &str) -> sdk::Config {
+/// The `config` record the app's policy instances are initialised with (`worker`
+/// is set per instance, see [`Binding`]).
+pub fn policy_config(config: &AppConfig, models: &[sdk::Model], params: &str) -> sdk::Config {
     sdk::Config {
         app: config.name.clone(),
         slo: (config.slo_ms * 1000.0).round() as u64,
         workers: config.workers,
-        worker,
+        worker: 0,
         models: models.to_vec(),
         params: params.to_string(),
     }

@@ -239,7 +239,9 @@ pub fn models_from_profile(profile: &Profile, percentile: Percentile, max_batch:
         .collect()
 }
 
-fn run_gen(args: GenArgs) -> Result<()> {
+/// `sluice ramsis gen`: generates a policy (or a load grid), prints its expectations
+/// and writes it where `--out` says.
+pub fn run_gen(args: GenArgs) -> Result<()> {
     let models = match (&args.latency_table, &args.profile) {
         (Some(csv), _) => read_latency_table(csv, &args.task)?,
         (None, Some(path)) => models_from_profile(&Profile::load(path)?, args.percentile, args.max_queue),
@@ -341,7 +343,7 @@ fn run_grid(args: &GenArgs, problem: &Problem, space: &Space) -> Result<()> {
                     "load_qps": e.load_qps,
                     "expected_accuracy": e.expected_accuracy,
                     "expected_violation": e.expected_violation,
-                    "table": policy_ramsis::table_to_json(space, &e.policy),
+                    "table": policy_ramsis::table_rows(space, &e.policy),
                 })
             })
             .collect();

@@ -122,9 +122,64 @@ fn ticks(budget: Duration) -> u64 {
     (budget.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
 }
 
+/// Longest key of the shared store (`shared-put` refuses longer ones).
+pub const MAX_SHARED_KEY: usize = 1024;
+
+/// The store the instances of one binding share (`shared-get` / `shared-put` in
+/// `wit/policy.wit`): write-once values under string keys, within a byte budget.
+///
+/// One is made per binding: an app's policy at startup, each hot swap, each
+/// simulator run. Values are kept as `Arc<[u8]>` so a `get` copies only into the
+/// guest.
+#[derive(Debug)]
+pub struct SharedStore {
+    budget: usize,
+    inner: Mutex<SharedInner>,
+}
+
+#[derive(Debug, Default)]
+struct SharedInner {
+    values: HashMap<String, Arc<[u8]>>,
+    bytes: usize,
+}
+
+impl SharedStore {
+    /// An empty store holding at most `budget` bytes of keys and values.
+    pub fn new(budget: usize) -> Arc<SharedStore> {
+        Arc::new(SharedStore { budget, inner: Mutex::new(SharedInner::default()) })
+    }
+
+    /// The value under `key`.
+    pub fn get(&self, key: &str) -> Option<Arc<[u8]>> {
+        self.inner.lock().values.get(key).cloned()
+    }
+
+    /// Stores `value` under `key` unless the key is taken, longer than
+    /// [`MAX_SHARED_KEY`], or the budget would be exceeded; returns whether it did.
+    pub fn put(&self, key: String, value: Vec<u8>) -> bool {
+        if key.len() > MAX_SHARED_KEY {
+            return false;
+        }
+        let mut inner = self.inner.lock();
+        let size = key.len() + value.len();
+        if inner.values.contains_key(&key) || inner.bytes + size > self.budget {
+            return false;
+        }
+        inner.bytes += size;
+        inner.values.insert(key, value.into());
+        true
+    }
+
+    /// Bytes of keys and values stored.
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().bytes
+    }
+}
+
 /// The store data of one policy instance.
 pub struct HostState {
     tag: Arc<str>,
+    shared: Arc<SharedStore>,
     memory_cap: usize,
     memory_denied: bool,
     log_window: Instant,
@@ -175,6 +230,14 @@ impl PolicyImports for HostState {
             _ => tracing::trace!(target: "sluice::policy", policy = tag, "{message}"),
         }
     }
+
+    fn shared_get(&mut self, key: String) -> Option<Vec<u8>> {
+        self.shared.get(&key).map(|v| v.to_vec())
+    }
+
+    fn shared_put(&mut self, key: String, value: Vec<u8>) -> bool {
+        self.shared.put(key, value)
+    }
 }
 
 impl wit::Host for HostState {}
@@ -213,10 +276,40 @@ pub fn digest(bytes: &[u8]) -> String {
 impl PolicyEngine {
     /// Creates the engine and starts its epoch ticker thread, which stops when the
     /// engine is dropped.
+    ///
+    /// Compiled code is cached on disk (wasmtime's cache, keyed by the component's
+    /// bytes and the compiler's settings), so a restart, a second `sluice sim` or a
+    /// re-upload of a known policy loads machine code instead of compiling it again.
+    /// `SLUICE_COMPILE_CACHE` picks the directory (default: the user's cache
+    /// directory, e.g. `~/.cache/wasmtime`) or turns the cache `off`. A cache that
+    /// cannot be opened is logged and skipped.
     pub fn new() -> anyhow::Result<Arc<PolicyEngine>> {
+        let cache = match std::env::var("SLUICE_COMPILE_CACHE") {
+            Ok(v) if v == "off" => None,
+            Ok(dir) => Some(std::path::PathBuf::from(dir)),
+            Err(_) => Some(std::path::PathBuf::new()),
+        };
+        Self::with_cache(cache.as_deref())
+    }
+
+    /// Creates the engine with the compile cache in `dir` (the default directory
+    /// when `dir` is empty) or without one (`None`).
+    pub fn with_cache(dir: Option<&std::path::Path>) -> anyhow::Result<Arc<PolicyEngine>> {
         let mut config = wasmtime::Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model(true);
+        if let Some(dir) = dir {
+            let mut cache = wasmtime::CacheConfig::new();
+            if !dir.as_os_str().is_empty() {
+                cache.with_directory(std::path::absolute(dir)?);
+            }
+            match wasmtime::Cache::new(cache) {
+                Ok(cache) => {
+                    config.cache(Some(cache));
+                }
+                Err(e) => tracing::warn!("policy compile cache disabled: {e:#}"),
+            }
+        }
         let engine = Engine::new(&config)?;
         let mut linker = Linker::new(&engine);
         Policy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
@@ -273,12 +366,39 @@ type StatusFunc = TypedFunc<(), (String,)>;
 /// A freshly instantiated and initialised instance: its store, bindings and `status`.
 type Live = (Store<HostState>, Policy, Option<StatusFunc>);
 
+/// What the instances of one binding share: the compiled policy, the `config`
+/// record (the same for every worker but for its index), the limits and the
+/// binding's [`SharedStore`]. An app's policy at startup, each hot swap and each
+/// simulator run make one; its instances are made with [`PolicyInstance::new`].
+///
+/// Keeping one `config` per binding rather than per instance matters when the
+/// params are large (a RAMSIS load grid is megabytes): each instance receives a
+/// copy in its own memory, but the host keeps one.
+#[derive(Debug)]
+pub struct Binding {
+    /// The compiled component.
+    pub compiled: Arc<CompiledPolicy>,
+    /// The `config` record; `worker` is set per instance.
+    pub config: sdk::Config,
+    /// The instances' limits.
+    pub limits: Limits,
+    /// The store the instances share, with a budget of `limits.memory_bytes`.
+    pub shared: Arc<SharedStore>,
+}
+
+impl Binding {
+    /// A binding with an empty shared store.
+    pub fn new(compiled: Arc<CompiledPolicy>, config: sdk::Config, limits: Limits) -> Arc<Binding> {
+        let shared = SharedStore::new(limits.memory_bytes);
+        Arc::new(Binding { compiled, config, limits, shared })
+    }
+}
+
 /// One policy instance bound to one worker.
 pub struct PolicyInstance {
     engine: Arc<PolicyEngine>,
-    compiled: Arc<CompiledPolicy>,
-    config: sdk::Config,
-    limits: Limits,
+    binding: Arc<Binding>,
+    worker: u32,
     store: Store<HostState>,
     bindings: Policy,
     /// The optional `status` export (world `policy-with-status`).
@@ -291,25 +411,20 @@ pub struct PolicyInstance {
 
 impl std::fmt::Debug for PolicyInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PolicyInstance").field("policy", &self.compiled.name).finish()
+        f.debug_struct("PolicyInstance").field("policy", &self.binding.compiled.name).finish()
     }
 }
 
 impl PolicyInstance {
-    /// Instantiates the policy in a fresh store and calls `init`.
-    pub fn new(
-        engine: &Arc<PolicyEngine>,
-        compiled: &Arc<CompiledPolicy>,
-        config: sdk::Config,
-        limits: Limits,
-    ) -> Result<PolicyInstance, PolicyError> {
+    /// Instantiates the binding's policy for `worker` in a fresh store and calls
+    /// `init`.
+    pub fn new(engine: &Arc<PolicyEngine>, binding: &Arc<Binding>, worker: u32) -> Result<PolicyInstance, PolicyError> {
         let started = Instant::now();
-        let (store, bindings, status) = Self::instantiate(engine, compiled, &config, limits)?;
+        let (store, bindings, status) = Self::instantiate(engine, binding, worker)?;
         Ok(PolicyInstance {
             engine: engine.clone(),
-            compiled: compiled.clone(),
-            config,
-            limits,
+            binding: binding.clone(),
+            worker,
             store,
             bindings,
             status,
@@ -318,15 +433,12 @@ impl PolicyInstance {
         })
     }
 
-    fn instantiate(
-        engine: &Arc<PolicyEngine>,
-        compiled: &Arc<CompiledPolicy>,
-        config: &sdk::Config,
-        limits: Limits,
-    ) -> Result<Live, PolicyError> {
-        let tag: Arc<str> = format!("{}/{}#{}", config.app, compiled.name, config.worker).into();
+    fn instantiate(engine: &Arc<PolicyEngine>, binding: &Binding, worker: u32) -> Result<Live, PolicyError> {
+        let (compiled, limits) = (&binding.compiled, binding.limits);
+        let tag: Arc<str> = format!("{}/{}#{}", binding.config.app, compiled.name, worker).into();
         let state = HostState {
             tag,
+            shared: binding.shared.clone(),
             memory_cap: limits.memory_bytes,
             memory_denied: false,
             log_window: Instant::now(),
@@ -343,8 +455,11 @@ impl PolicyInstance {
         let bindings = Policy::new(&mut store, &instance).map_err(instantiate_err)?;
         // `status` is optional: components of the plain `policy` world lack it.
         let status = instance.get_typed_func::<(), (String,)>(&mut store, "status").ok();
-        let wit_config = to_wit_config(config);
-        match bindings.call_init(&mut store, &wit_config) {
+        // A transient copy: the record is lowered into the instance's memory.
+        let wit_config = to_wit_config(&binding.config, worker);
+        let result = bindings.call_init(&mut store, &wit_config);
+        drop(wit_config);
+        match result {
             Ok(Ok(())) => Ok((store, bindings, status)),
             Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
             Err(e) => {
@@ -356,19 +471,19 @@ impl PolicyInstance {
 
     /// The compiled policy this instance runs.
     pub fn compiled(&self) -> &Arc<CompiledPolicy> {
-        &self.compiled
+        &self.binding.compiled
     }
 
     fn ensure_live(&mut self) -> Result<(), PolicyFault> {
         if self.poisoned {
-            let (store, bindings, status) = Self::instantiate(&self.engine, &self.compiled, &self.config, self.limits)
+            let (store, bindings, status) = Self::instantiate(&self.engine, &self.binding, self.worker)
                 .map_err(|e| PolicyFault::Trap(format!("re-instantiation after a fault failed: {e}")))?;
             self.store = store;
             self.bindings = bindings;
             self.status = status;
             self.poisoned = false;
         }
-        self.store.set_epoch_deadline(ticks(self.limits.call_budget));
+        self.store.set_epoch_deadline(ticks(self.binding.limits.call_budget));
         Ok(())
     }
 
@@ -382,7 +497,7 @@ impl PolicyInstance {
             Ok(d) => Ok(from_wit_decision(d)),
             Err(e) => {
                 self.poisoned = true;
-                Err(classify(&self.store, e, self.limits.call_budget))
+                Err(classify(&self.store, e, self.binding.limits.call_budget))
             }
         }
     }
@@ -396,7 +511,7 @@ impl PolicyInstance {
             Ok((s,)) => Ok(Some(s)),
             Err(e) => {
                 self.poisoned = true;
-                Err(classify(&self.store, e, self.limits.call_budget))
+                Err(classify(&self.store, e, self.binding.limits.call_budget))
             }
         }
     }
@@ -413,7 +528,7 @@ impl PolicyInstance {
         };
         self.bindings.call_observe(&mut self.store, o).map_err(|e| {
             self.poisoned = true;
-            classify(&self.store, e, self.limits.call_budget)
+            classify(&self.store, e, self.binding.limits.call_budget)
         })
     }
 }
@@ -432,12 +547,12 @@ fn to_wit_model(m: &sdk::Model) -> wit::Model {
     wit::Model { id: m.id, name: m.name.clone(), accuracy: m.accuracy, latency: m.latency.clone() }
 }
 
-fn to_wit_config(c: &sdk::Config) -> wit::Config {
+fn to_wit_config(c: &sdk::Config, worker: u32) -> wit::Config {
     wit::Config {
         app: c.app.clone(),
         slo: c.slo,
         workers: c.workers,
-        worker: c.worker,
+        worker,
         models: c.models.iter().map(to_wit_model).collect(),
         params: c.params.clone(),
     }
@@ -461,5 +576,24 @@ fn from_wit_decision(d: wit::Decision) -> sdk::Decision {
         }
         wit::Decision::WaitUntil(t) => sdk::Decision::WaitUntil(t),
         wit::Decision::Idle => sdk::Decision::Idle,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_store_is_write_once_within_its_budget() {
+        let store = SharedStore::new(16);
+        assert!(store.get("a").is_none());
+        assert!(store.put("a".into(), vec![1, 2]));
+        assert!(!store.put("a".into(), vec![3]), "first value wins");
+        assert_eq!(store.get("a").as_deref(), Some(&[1u8, 2][..]));
+        assert_eq!(store.bytes(), 3);
+        assert!(!store.put("b".into(), vec![0; 13]), "over the budget");
+        assert!(store.put("b".into(), vec![0; 12]));
+        assert!(!store.put("x".repeat(MAX_SHARED_KEY + 1), vec![]));
+        assert_eq!(store.bytes(), 16);
     }
 }

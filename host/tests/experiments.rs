@@ -39,6 +39,59 @@ fn mean(results: &[RunResult], f: impl Fn(&RunResult) -> f64) -> BTreeMap<(Strin
     acc.into_iter().map(|(k, (s, n))| (k, s / n)).collect()
 }
 
+/// Experiment 1 (RAMSIS §7.2) on a shortened run: RAMSIS more accurate than both
+/// baselines at loads they can sustain, with no more violations.
+#[test]
+fn ramsis_is_above_both_baselines_at_constant_load() {
+    let (mut e, base) = load("ramsis-constant.toml");
+    e.duration_s = 10.0;
+    e.sweep.load_qps = vec![800.0, 2000.0, 2800.0];
+    let results = run(&e, &base);
+    let acc = mean(&results, |r| r.accuracy);
+    let viol = mean(&results, |r| r.violation_rate);
+    for load in [800, 2000, 2800] {
+        let at = |m: &BTreeMap<(String, String, u64), f64>, p: &str| m[&("image".to_string(), p.to_string(), load)];
+        for other in ["Jellyfish+", "ModelSwitching"] {
+            assert!(
+                at(&acc, "RAMSIS") > at(&acc, other),
+                "{load} QPS: accuracy RAMSIS {} {other} {}",
+                at(&acc, "RAMSIS"),
+                at(&acc, other)
+            );
+            assert!(
+                at(&viol, "RAMSIS") <= at(&viol, other) + 0.001,
+                "{load} QPS: violations RAMSIS {} {other} {}",
+                at(&viol, "RAMSIS"),
+                at(&viol, other)
+            );
+        }
+    }
+}
+
+/// Experiment 2 (RAMSIS §7.1, Fig. 5) on the first 100 s of the Twitter trace at 80
+/// workers, image and text: RAMSIS the most accurate, with no more violations.
+#[test]
+fn ramsis_is_above_both_baselines_on_the_twitter_trace() {
+    for file in ["ramsis-twitter.toml", "ramsis-twitter-text.toml"] {
+        let (mut e, base) = load(file);
+        e.duration_s = 100.0;
+        e.sweep.workers = vec![80];
+        let results = run(&e, &base);
+        let by = |p: &str| results.iter().find(|r| r.policy == p).unwrap_or_else(|| panic!("{file}: no {p} run"));
+        let ramsis = by("RAMSIS");
+        for other in ["Jellyfish+", "ModelSwitching"] {
+            let o = by(other);
+            assert!(ramsis.accuracy > o.accuracy, "{file}: accuracy RAMSIS {} {other} {}", ramsis.accuracy, o.accuracy);
+            assert!(
+                ramsis.violation_rate <= o.violation_rate + 0.001,
+                "{file}: violations RAMSIS {} {other} {}",
+                ramsis.violation_rate,
+                o.violation_rate
+            );
+        }
+    }
+}
+
 /// B = 8 and P_B (µs) of the spread-drop experiments: shufflenet's p95 at batch 8.
 fn spread_drop_batch() -> (u32, f64) {
     let p = Profile::load(&root().join("profiles/imagenet-light-cpu.toml")).unwrap();

@@ -8,7 +8,9 @@
 //! 3. [`helpers`]: slack, batch sizing, model choice, and [`helpers::safe_decision`],
 //!    the built-in fallback the host uses when a policy faults.
 //! 4. [`export_policy!`]: one line that turns the policy into a component.
-//! 5. [`testing`] (native only): drive a policy on hand-made views and replay an
+//! 5. [`shared`]: a store the instances of one binding (every worker of the app)
+//!    share, for work that depends only on `params` and the app.
+//! 6. [`testing`] (native only): drive a policy on hand-made views and replay an
 //!    arrival trace in virtual time, without building Wasm.
 //!
 //! A complete policy, serving every batch with the fastest loaded model:
@@ -53,6 +55,7 @@ extern crate self as sluice_sdk;
 pub mod helpers;
 mod log;
 mod policy;
+pub mod shared;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
 pub mod types;

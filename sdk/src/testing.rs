@@ -43,6 +43,12 @@ pub fn pending(id: u64, arrival: Micros, slo: Micros) -> Pending {
     Pending { id, arrival, deadline: arrival + slo }
 }
 
+/// Empties this thread's [`crate::shared`] store (natively, the policies a test
+/// creates on one thread share it, as the instances of one binding do).
+pub fn clear_shared() {
+    crate::shared::imp::clear();
+}
+
 /// Drains the lines this thread's policies logged with [`crate::log`] natively.
 pub fn take_logs() -> Vec<(Level, String)> {
     crate::log::imp::take()

@@ -165,7 +165,20 @@ impl Config {
     pub fn params<T: serde::de::DeserializeOwned>(&self) -> Result<T, String> {
         let text = self.params.trim();
         let text = if text.is_empty() { "{}" } else { text };
-        serde_json::from_str(text).map_err(|e| format!("invalid params {text}: {e}"))
+        serde_json::from_str(text).map_err(|e| {
+            // Params can carry large tables (RAMSIS's run to megabytes): quote
+            // only their start; serde_json's message gives the position.
+            const QUOTE: usize = 200;
+            if text.len() <= QUOTE {
+                format!("invalid params {text}: {e}")
+            } else {
+                let mut cut = QUOTE;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                format!("invalid params {}…: {e}", &text[..cut])
+            }
+        })
     }
 
     /// The model with this id, if there is one.

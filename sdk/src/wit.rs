@@ -8,7 +8,8 @@
 //! after the WIT: the world's exports become the trait `Guest` (methods `init`,
 //! `decide`, `observe`) at this module's root, the world's `use types.{...}`
 //! re-exports `Config`, `View`, `Decision` and `Outcome` here (the records live in
-//! `sluice::policy::types`), and the `log` import is the function `log`.
+//! `sluice::policy::types`), and the imports are the functions `log`, `shared_get`
+//! and `shared_put`.
 
 use std::cell::RefCell;
 

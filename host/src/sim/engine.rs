@@ -17,7 +17,7 @@ use crate::app::{pick_worker, Bound, LoadMonitor};
 use crate::config::RouterMode;
 use crate::decision::{self, Context, Next, Queued};
 use crate::profile::{Percentile, Profile};
-use crate::runtime::{Limits, PolicyInstance};
+use crate::runtime::{Binding, Limits, PolicyInstance};
 
 /// A simulated request.
 #[derive(Clone, Copy, Debug)]
@@ -159,18 +159,22 @@ impl Simulation {
             let limits = Limits { call_budget: std::time::Duration::from_millis(50), ..Limits::default() };
             let all: Vec<u32> = (0..models.len() as u32).collect();
             let mut workers = Vec::new();
-            for w in 0..spec.workers {
+            // One binding per app and run: its instances share one config and store.
+            let binding = compiled.as_ref().map(|c| {
                 let config = sdk::Config {
                     app: spec.name.clone(),
                     slo: slo_us,
                     workers: spec.workers,
-                    worker: w,
+                    worker: 0,
                     models: models.clone(),
                     params: params.clone(),
                 };
-                let policy = match &compiled {
-                    Some(c) => Bound::Wasm(Box::new(
-                        PolicyInstance::new(cache.engine(), c, config, limits)
+                Binding::new(c.clone(), config, limits)
+            });
+            for w in 0..spec.workers {
+                let policy = match &binding {
+                    Some(b) => Bound::Wasm(Box::new(
+                        PolicyInstance::new(cache.engine(), b, w)
                             .with_context(|| format!("app {}: worker {w}", spec.name))?,
                     )),
                     None => Bound::Safe,

@@ -278,6 +278,16 @@ impl SimApp {
             Some(f) => {
                 let path = base.join(f.to_string_lossy().replace("{workers}", &self.workers.to_string()));
                 let text = std::fs::read_to_string(&path).with_context(|| format!("params_file {}", path.display()))?;
+                if self.params.is_none() {
+                    // Nothing to overlay: hand the file over as it is (RAMSIS grids
+                    // run to megabytes), once checked to be a JSON object.
+                    if !text.trim_start().starts_with('{') {
+                        bail!("params_file {}: expected a JSON object", path.display());
+                    }
+                    serde_json::from_str::<serde::de::IgnoredAny>(&text)
+                        .with_context(|| format!("params_file {}: not JSON", path.display()))?;
+                    return Ok(text);
+                }
                 match serde_json::from_str::<serde_json::Value>(&text)
                     .with_context(|| format!("params_file {}: not JSON", path.display()))?
                 {

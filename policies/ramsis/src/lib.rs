@@ -21,12 +21,14 @@ pub mod grid;
 pub mod latency;
 pub mod mdp;
 pub mod sim;
+pub mod table;
 
 use serde::{Deserialize, Serialize};
-use sluice_sdk::{log, Config, Decision, Level, Micros, Model, Policy, View};
+use sluice_sdk::{log, shared, Config, Decision, Level, Micros, Model, Policy, View};
 
 use grid::{Entry, GridOptions, PolicySet};
-use mdp::{Action, Arrivals, Balancing, Batching, Discretization, Generator, ModelSpec, Problem, Space};
+use mdp::{Arrivals, Balancing, Batching, Discretization, Generator, ModelSpec, Problem, Space};
+pub use table::{table_actions, table_of, table_rows, table_to_json, Table, TableKey};
 
 /// The policy's parameters (all optional), e.g.
 /// `{"discretization": "fld:100", "batching": "maximal", "threshold": 0.01}`.
@@ -124,82 +126,113 @@ pub struct Precomputed {
     #[serde(default)]
     pub expected_violation: f64,
     /// The table.
-    pub table: serde_json::Map<String, serde_json::Value>,
-}
-
-/// The policy table as JSON: `"(n, j)"` → `[model, batch]` (model 1-based in
-/// latency order), the full-queue state as `"full"`; empty queues omitted.
-pub fn table_to_json(space: &Space, policy: &[Action]) -> serde_json::Map<String, serde_json::Value> {
-    let mut map = serde_json::Map::new();
-    for (s, a) in policy.iter().enumerate() {
-        let key = if s == space.full() {
-            "full".to_string()
-        } else {
-            let (n, j) = space.split(s);
-            if n == 0 {
-                continue;
-            }
-            format!("({n}, {j})")
-        };
-        map.insert(key, serde_json::json!([a.model + 1, a.batch]));
-    }
-    map
-}
-
-/// Parses a table written by [`table_to_json`] for `space`.
-pub fn table_from_json(
-    space: &Space,
-    table: &serde_json::Map<String, serde_json::Value>,
-) -> Result<Vec<Action>, String> {
-    let mut policy = vec![Action::WAIT; space.state_count()];
-    let models = space.models.len();
-    for (key, value) in table {
-        let pair: Vec<u64> = serde_json::from_value(value.clone()).map_err(|e| format!("`{key}`: {e}"))?;
-        let [model, batch] = pair[..] else {
-            return Err(format!("`{key}`: expected [model, batch]"));
-        };
-        if model == 0 || model as usize > models {
-            return Err(format!("`{key}`: model {model} out of 1..={models}"));
-        }
-        let action = Action { model: (model - 1) as u16, batch: batch as u16 };
-        let s = if key == "full" {
-            space.full()
-        } else {
-            let inner = key.trim().trim_start_matches('(').trim_end_matches(')');
-            let mut it = inner.split(',').map(|x| x.trim().parse::<usize>());
-            match (it.next(), it.next()) {
-                (Some(Ok(n)), Some(Ok(j))) if n <= space.max_queue && j < space.slack_levels() => space.state(n, j),
-                _ => return Err(format!("bad state key `{key}`")),
-            }
-        };
-        policy[s] = action;
-    }
-    // Every non-empty state needs an action (the grid and N_w must match the
-    // ones the table was generated with).
-    for (s, a) in policy.iter().enumerate().skip(space.slack_levels()) {
-        if a.batch == 0 {
-            let key = if s == space.full() {
-                "full".to_string()
-            } else {
-                let (n, j) = space.split(s);
-                format!("({n}, {j})")
-            };
-            return Err(format!(
-                "no action for state {key}: was the table generated with this discretization and max_queue?"
-            ));
-        }
-    }
-    Ok(policy)
+    pub table: Table,
 }
 
 /// How long (host µs) the plan must keep asking for about the same load
 /// before a background generation starts: two 500 ms load windows.
 pub const STABLE_US: Micros = 1_000_000;
 
+/// The shared-store key of the binding's initial state (parsed params and
+/// policy set): the first worker's `init` does the work, the others read it.
+const INIT_KEY: &str = "ramsis/init";
+
+/// Loads planned online are rounded up to this geometric grid (1% steps), so
+/// that the workers of an app, whose estimates differ slightly from call to
+/// call, plan the same loads and can share each generation.
+const LOAD_STEP: f64 = 1.01;
+
+/// A published policy within this many grid steps above the plan's target is
+/// close enough (§6's grid is coarser than that anyway).
+const ACCEPT_ABOVE: i64 = 2;
+
+/// How often (host µs) a worker waiting on another worker's generation looks
+/// for the result.
+const POLL_US: Micros = 10_000;
+
+/// How long (host µs) a worker waits on another worker's generation before it
+/// generates the policy itself (the other worker may have stopped deciding).
+const WAIT_TIMEOUT_US: Micros = 60_000_000;
+
+/// What a shared `ramsis/policy/<i>` value says (its first byte).
+const TAG_FAILED: u8 = 0;
+const TAG_POLICY: u8 = 1;
+const TAG_ABANDONED: u8 = 2;
+
+/// The grid index of the smallest grid load ≥ `load`.
+fn load_index(load: f64) -> i64 {
+    let i = (load.ln() / LOAD_STEP.ln() - 1e-9).ceil();
+    if i.is_finite() {
+        i as i64
+    } else if i > 0.0 {
+        i64::MAX / 2
+    } else {
+        i64::MIN / 2
+    }
+}
+
+/// The load of grid index `i`.
+fn grid_load(i: i64) -> f64 {
+    LOAD_STEP.powi(i.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32)
+}
+
+fn policy_key(i: i64) -> String {
+    format!("ramsis/policy/{i}")
+}
+
+fn claim_key(i: i64) -> String {
+    format!("ramsis/claim/{i}")
+}
+
+/// A `ramsis/policy/<i>` value.
+enum Published {
+    /// Nothing yet.
+    None,
+    /// The policy.
+    Policy(Entry),
+    /// Its generation cannot be done (the MDP exceeds `max_block_values`).
+    Failed,
+    /// Its claimer abandoned it (the load passed it); whoever needs it
+    /// generates it.
+    Abandoned,
+}
+
+fn fetch(i: i64) -> Published {
+    let Some(bytes) = shared::get(&policy_key(i)) else { return Published::None };
+    match bytes.split_first() {
+        Some((&TAG_POLICY, mut rest)) => match table::decode_entry(&mut rest) {
+            Some(entry) => Published::Policy(entry),
+            None => Published::Abandoned,
+        },
+        Some((&TAG_FAILED, _)) => Published::Failed,
+        _ => Published::Abandoned,
+    }
+}
+
+fn publish(i: i64, entry: &Entry) {
+    let mut bytes = vec![TAG_POLICY];
+    table::encode_entry(entry, &mut bytes);
+    shared::put(&policy_key(i), &bytes);
+}
+
 /// A generation running in the background, a slice per `decide`.
 struct Job {
+    /// The grid index of its load.
+    index: i64,
     load_qps: f64,
     generator: Generator,
+    /// Whether this worker holds the claim on `index` (then it publishes
+    /// failure and abandonment too, so that no one waits on it in vain).
+    claimed: bool,
+}
+
+/// Waiting on generations other workers claimed.
+struct Waiting {
+    indices: Vec<i64>,
+    /// The highest load awaited.
+    load_qps: f64,
+    since: Micros,
+    next_poll: Micros,
 }
 
 /// The RAMSIS policy for one worker.
@@ -214,6 +247,7 @@ pub struct Ramsis {
     models: Vec<Model>,
     set: PolicySet,
     job: Option<Job>,
+    waiting: Option<Waiting>,
     min_load: f64,
     /// Whether background generation gave up (memory cap, error).
     stalled: bool,
@@ -248,6 +282,77 @@ impl Ramsis {
         self.job.as_ref().map(|j| j.load_qps)
     }
 
+    /// The load of another worker's generation this one waits on, if any.
+    pub fn waiting_for(&self) -> Option<f64> {
+        self.waiting.as_ref().map(|w| w.load_qps)
+    }
+
+    /// Builds the worker's MDP from the app's models, SLO and K; the policy
+    /// set starts empty.
+    fn prepare(config: &Config, params: Params) -> Result<Ramsis, String> {
+        let discretization: Discretization = params.discretization.parse().map_err(|e| format!("ramsis: {e}"))?;
+        let mut ids = Vec::new();
+        let mut specs = Vec::new();
+        for m in &config.models {
+            if m.latency.is_empty() {
+                continue;
+            }
+            let mut latency: Vec<f64> = m.latency.iter().map(|&l| l as f64).collect();
+            latency::make_monotone(&mut latency);
+            ids.push(m.id);
+            specs.push(ModelSpec { name: m.name.clone(), accuracy: m.accuracy.clamp(0.0, 1.0), latency_us: latency });
+        }
+        if specs.is_empty() {
+            return Err("ramsis: no model has a latency profile".into());
+        }
+        let mut problem = Problem::new(specs, config.slo as f64, config.workers.max(1), 1.0);
+        problem.discretization = discretization;
+        problem.batching = params.batching;
+        problem.variable_exact = params.variable_exact;
+        problem.balancing = params.balancing;
+        problem.arrivals = params.arrivals;
+        problem.sweeps = params.sweeps;
+        problem.power_iterations = params.power_iterations;
+        // N_w cannot exceed the fastest model's largest batch: maximal
+        // batching serves the whole queue in one batch.
+        let fastest = {
+            let probe = Space::new(&Problem { max_queue: 1, ..problem.clone() }).map_err(|e| format!("ramsis: {e}"))?;
+            problem.models[probe.models[0]].latency_us.len() as u32
+        };
+        problem.max_queue = params.max_queue.min(fastest).max(1);
+        let space = Space::new(&problem).map_err(|e| format!("ramsis: {e}"))?;
+        let capacity = grid::capacity_qps(&problem).map_err(|e| format!("ramsis: {e}"))?;
+        let min_load = params.min_load_qps.unwrap_or(capacity / 64.0).max(1.0);
+        let grid_options = GridOptions {
+            threshold: params.threshold,
+            min_gap_qps: params.min_gap_qps,
+            max_policies: params.max_policies.max(1),
+        };
+        Ok(Ramsis {
+            grid_options,
+            problem,
+            space,
+            ids,
+            models: config.models.clone(),
+            set: PolicySet::default(),
+            job: None,
+            waiting: None,
+            min_load,
+            stalled: false,
+            last_estimate: None,
+            pending: None,
+            params,
+        })
+    }
+
+    /// The load the first policy is generated for when `params` names none:
+    /// 90% of the fastest model's capacity (a conservative policy whose queue
+    /// is still stable), not below the lowest load of the lazy grid.
+    fn default_load(&self) -> Result<f64, String> {
+        let capacity = grid::capacity_qps(&self.problem).map_err(|e| format!("ramsis: {e}"))?;
+        Ok((0.9 * capacity).max(self.min_load))
+    }
+
     /// Generates a policy for `load_qps` to completion (used by `init`).
     fn generate_now(&mut self, load_qps: f64) -> Result<(), String> {
         let mut problem = self.problem.clone();
@@ -267,14 +372,21 @@ impl Ramsis {
         Ok(())
     }
 
-    /// Spends one slice of background work: advances the running generation
-    /// or starts the next one the grid needs at this load estimate.
+    /// Spends one slice of background work: advances the running generation,
+    /// looks for the one this worker waits on, or starts what the grid needs
+    /// at this load estimate.
     ///
     /// A generation starts only once the plan has asked for about the same
     /// load (within 10%) for [`STABLE_US`] of host time, so the ramp of the
     /// 500 ms load window after a start or a step does not start generations
     /// for loads that are gone a second later; and a running generation is
     /// abandoned when the estimate rises above its load (it could not serve it).
+    ///
+    /// The workers of an app share generations through the binding's store:
+    /// the planned load is rounded up to the 1% grid ([`LOAD_STEP`]); a policy
+    /// another worker published near it is taken as it is; one another worker
+    /// claimed is waited for; otherwise this worker claims the load and
+    /// generates it, a slice per call, and publishes the result.
     fn background(&mut self, estimate: f64, now: Micros) {
         if self.params.slice_work == 0 || self.stalled {
             return;
@@ -288,41 +400,19 @@ impl Ramsis {
                         job.load_qps
                     ),
                 );
+                if job.claimed {
+                    shared::put(&policy_key(job.index), &[TAG_ABANDONED]);
+                }
                 self.job = None;
             }
         }
+        if self.waiting.is_some() {
+            self.poll(estimate, now);
+            return;
+        }
         if self.job.is_none() {
-            // Below `min_load` the lowest policy serves; nothing is generated.
-            if estimate < self.min_load {
-                self.pending = None;
-                return;
-            }
-            let Some(load) = self.set.plan(estimate, self.params.headroom, self.min_load, &self.grid_options) else {
-                self.pending = None;
-                return;
-            };
-            match self.pending {
-                Some((wanted, since)) if (load - wanted).abs() <= 0.1 * wanted => {
-                    if now.saturating_sub(since) < STABLE_US {
-                        return;
-                    }
-                }
-                _ => {
-                    self.pending = Some((load, now));
-                    return;
-                }
-            }
-            self.pending = None;
-            let mut problem = self.problem.clone();
-            problem.load_qps = load;
-            match Generator::new(&problem) {
-                Ok(generator) => self.job = Some(Job { load_qps: load, generator }),
-                Err(e) => {
-                    log(Level::Warn, &format!("ramsis: cannot generate for {load:.0} QPS: {e}"));
-                    self.stalled = true;
-                }
-            }
-            return; // starting is this call's slice
+            self.start(estimate, now);
+            return;
         }
         let Some(job) = self.job.as_mut() else {
             return;
@@ -330,6 +420,9 @@ impl Ramsis {
         let done = job.generator.step(self.params.slice_work);
         if job.generator.block_stats().1 > self.params.max_block_values {
             log(Level::Warn, "ramsis: background generation exceeds max_block_values; the grid stays as it is");
+            if job.claimed {
+                shared::put(&policy_key(job.index), &[TAG_FAILED]);
+            }
             self.job = None;
             self.stalled = true;
             return;
@@ -344,8 +437,133 @@ impl Ramsis {
                             job.load_qps, solution.expected_accuracy, solution.expected_violation
                         ),
                     );
-                    self.set.insert(solution.into());
+                    let entry: Entry = solution.into();
+                    publish(job.index, &entry);
+                    self.set.insert(entry);
                 }
+            }
+        }
+    }
+
+    /// Plans the next load and takes it from the store, waits for it, or
+    /// starts generating it (see [`Ramsis::background`]).
+    fn start(&mut self, estimate: f64, now: Micros) {
+        // Below `min_load` the lowest policy serves; nothing is generated.
+        if estimate < self.min_load {
+            self.pending = None;
+            return;
+        }
+        let Some(load) = self.set.plan(estimate, self.params.headroom, self.min_load, &self.grid_options) else {
+            self.pending = None;
+            return;
+        };
+        // Candidates: grid loads that still cover the estimate, up to a little
+        // above the target. A policy of the set among them is close enough.
+        let target = load_index(load);
+        let candidates = load_index(estimate).max(target - 5)..=target + ACCEPT_ABOVE;
+        let (lo, hi) = (grid_load(*candidates.start()) * (1.0 - 1e-12), grid_load(*candidates.end()) * (1.0 + 1e-12));
+        if self.set.entries.iter().any(|e| e.load_qps >= lo && e.load_qps <= hi) {
+            self.pending = None;
+            return;
+        }
+        match self.pending {
+            Some((wanted, since)) if (load - wanted).abs() <= 0.1 * wanted => {
+                if now.saturating_sub(since) < STABLE_US {
+                    return;
+                }
+            }
+            _ => {
+                self.pending = Some((load, now));
+                return;
+            }
+        }
+        self.pending = None;
+        // Published by another worker?
+        let mut found = false;
+        let mut open = Vec::new();
+        for i in candidates {
+            match fetch(i) {
+                Published::Policy(entry) => {
+                    self.set.insert(entry);
+                    found = true;
+                }
+                Published::Failed => {
+                    log(Level::Warn, "ramsis: another worker could not generate this load; the grid stays as it is");
+                    self.stalled = true;
+                    return;
+                }
+                Published::Abandoned => {}
+                Published::None => open.push(i),
+            }
+        }
+        if found {
+            return;
+        }
+        // Being generated by another worker?
+        let claimed: Vec<i64> = open.into_iter().filter(|&i| shared::get(&claim_key(i)).is_some()).collect();
+        if let Some(&top) = claimed.iter().max() {
+            self.waiting = Some(Waiting { indices: claimed, load_qps: grid_load(top), since: now, next_poll: now });
+            return;
+        }
+        // Claim it (a claim another worker abandoned, or lost a race for,
+        // leaves this worker generating it unclaimed).
+        let claimed = shared::put(&claim_key(target), &[]);
+        self.begin(target, claimed);
+    }
+
+    /// Starts generating grid load `index`.
+    fn begin(&mut self, index: i64, claimed: bool) {
+        let load_qps = grid_load(index);
+        let mut problem = self.problem.clone();
+        problem.load_qps = load_qps;
+        match Generator::new(&problem) {
+            Ok(generator) => self.job = Some(Job { index, load_qps, generator, claimed }),
+            Err(e) => {
+                log(Level::Warn, &format!("ramsis: cannot generate for {load_qps:.0} QPS: {e}"));
+                if claimed {
+                    shared::put(&policy_key(index), &[TAG_FAILED]);
+                }
+                self.stalled = true;
+            }
+        }
+    }
+
+    /// Looks for the generations this worker waits on (every [`POLL_US`]).
+    fn poll(&mut self, estimate: f64, now: Micros) {
+        let Some(w) = self.waiting.as_mut() else { return };
+        if estimate > w.load_qps && self.set.covering(estimate).is_none() {
+            // The load passed what is being generated: plan again.
+            self.waiting = None;
+            return;
+        }
+        if now < w.next_poll {
+            return;
+        }
+        w.next_poll = now + POLL_US;
+        let (indices, since) = (w.indices.clone(), w.since);
+        let mut open = false;
+        let mut found = false;
+        for i in indices.iter().copied() {
+            match fetch(i) {
+                Published::Policy(entry) => {
+                    self.set.insert(entry);
+                    found = true;
+                }
+                Published::Failed => {
+                    log(Level::Warn, "ramsis: another worker could not generate this load; the grid stays as it is");
+                    self.stalled = true;
+                }
+                Published::Abandoned => {}
+                Published::None => open = true,
+            }
+        }
+        if found || self.stalled {
+            self.waiting = None;
+        } else if !open || now.saturating_sub(since) >= WAIT_TIMEOUT_US {
+            // Abandoned, or its worker stopped deciding: generate it here.
+            self.waiting = None;
+            if let Some(&top) = indices.iter().max() {
+                self.begin(top, false);
             }
         }
     }
@@ -394,62 +612,24 @@ impl Ramsis {
 
 impl Policy for Ramsis {
     fn init(config: Config) -> Result<Self, String> {
-        let params: Params = config.params().map_err(|e| format!("ramsis: {e}"))?;
-        let discretization: Discretization = params.discretization.parse().map_err(|e| format!("ramsis: {e}"))?;
-        let mut ids = Vec::new();
-        let mut specs = Vec::new();
-        for m in &config.models {
-            if m.latency.is_empty() {
-                continue;
+        // Another worker of this binding did the work already: take its result
+        // (the params without the tables, and the policy set).
+        if let Some(blob) = shared::get(INIT_KEY) {
+            match decode_init(&blob) {
+                Some((params, set)) => {
+                    let mut ramsis = Ramsis::prepare(&config, params)?;
+                    ramsis.set = set;
+                    return Ok(ramsis);
+                }
+                None => log(Level::Warn, "ramsis: the shared initial state is unreadable; initialising from params"),
             }
-            let mut latency: Vec<f64> = m.latency.iter().map(|&l| l as f64).collect();
-            latency::make_monotone(&mut latency);
-            ids.push(m.id);
-            specs.push(ModelSpec { name: m.name.clone(), accuracy: m.accuracy.clamp(0.0, 1.0), latency_us: latency });
         }
-        if specs.is_empty() {
-            return Err("ramsis: no model has a latency profile".into());
-        }
-        let mut problem = Problem::new(specs, config.slo as f64, config.workers.max(1), 1.0);
-        problem.discretization = discretization;
-        problem.batching = params.batching;
-        problem.variable_exact = params.variable_exact;
-        problem.balancing = params.balancing;
-        problem.arrivals = params.arrivals;
-        problem.sweeps = params.sweeps;
-        problem.power_iterations = params.power_iterations;
-        // N_w cannot exceed the fastest model's largest batch: maximal
-        // batching serves the whole queue in one batch.
-        let fastest = {
-            let probe = Space::new(&Problem { max_queue: 1, ..problem.clone() }).map_err(|e| format!("ramsis: {e}"))?;
-            problem.models[probe.models[0]].latency_us.len() as u32
-        };
-        problem.max_queue = params.max_queue.min(fastest).max(1);
-        let space = Space::new(&problem).map_err(|e| format!("ramsis: {e}"))?;
-        let capacity = grid::capacity_qps(&problem).map_err(|e| format!("ramsis: {e}"))?;
-        let min_load = params.min_load_qps.unwrap_or(capacity / 64.0).max(1.0);
-        let grid_options = GridOptions {
-            threshold: params.threshold,
-            min_gap_qps: params.min_gap_qps,
-            max_policies: params.max_policies.max(1),
-        };
-        let mut ramsis = Ramsis {
-            grid_options,
-            problem,
-            space,
-            ids,
-            models: config.models.clone(),
-            set: PolicySet::default(),
-            job: None,
-            min_load,
-            stalled: false,
-            last_estimate: None,
-            pending: None,
-            params,
-        };
-        if !ramsis.params.policies.is_empty() {
-            for p in ramsis.params.policies.clone() {
-                let policy = table_from_json(&ramsis.space, &p.table).map_err(|e| format!("ramsis: policies: {e}"))?;
+        let mut params: Params = config.params().map_err(|e| format!("ramsis: {e}"))?;
+        let precomputed = std::mem::take(&mut params.policies);
+        let mut ramsis = Ramsis::prepare(&config, params)?;
+        if !precomputed.is_empty() {
+            for p in precomputed {
+                let policy = table_actions(&ramsis.space, &p.table).map_err(|e| format!("ramsis: policies: {e}"))?;
                 ramsis.set.insert(Entry {
                     load_qps: p.load_qps,
                     expected_accuracy: p.expected_accuracy,
@@ -461,12 +641,13 @@ impl Policy for Ramsis {
             let loads = match (&ramsis.params.grid, ramsis.params.load_qps) {
                 (Some(loads), _) if !loads.is_empty() => loads.clone(),
                 (_, Some(load)) => vec![load],
-                _ => vec![(0.9 * capacity).max(min_load)],
+                _ => vec![ramsis.default_load()?],
             };
             for load in loads {
                 ramsis.generate_now(load).map_err(|e| format!("ramsis: {e}"))?;
             }
         }
+        shared::put(INIT_KEY, &encode_init(&ramsis.params, &ramsis.set));
         Ok(ramsis)
     }
 
@@ -497,10 +678,30 @@ impl Policy for Ramsis {
             "expected_violation": selected.map(|e| e.expected_violation),
             "grid_qps": self.set.entries.iter().map(|e| e.load_qps).collect::<Vec<_>>(),
             "generating_qps": self.generating(),
+            "waiting_for_qps": self.waiting_for(),
             "stalled": self.stalled,
         })
         .to_string()
     }
+}
+
+/// The binding's initial state for the shared store: the params (without
+/// their tables: the set holds them) as JSON, then the set in binary.
+fn encode_init(params: &Params, set: &PolicySet) -> Vec<u8> {
+    let json = serde_json::to_vec(params).unwrap_or_default();
+    let mut bytes = (json.len() as u32).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&json);
+    table::encode_set(set, &mut bytes);
+    bytes
+}
+
+fn decode_init(bytes: &[u8]) -> Option<(Params, PolicySet)> {
+    let mut rest = bytes;
+    let n = u32::from_le_bytes(table::take(&mut rest)?) as usize;
+    let params = serde_json::from_slice(rest.get(..n)?).ok()?;
+    rest = &rest[n..];
+    let set = table::decode_set(&mut rest)?;
+    Some((params, set))
 }
 
 sluice_sdk::export_policy!(Ramsis);
@@ -549,6 +750,7 @@ mod tests {
 
     #[test]
     fn grows_the_grid_in_the_background() {
+        sluice_sdk::testing::clear_shared();
         let params = r#"{"load_qps": 200, "max_queue": 12, "discretization": "fld:50", "slice_work": 50000}"#;
         let mut policy = Ramsis::init(cfg(params)).unwrap();
         assert_eq!(policy.policies().entries.len(), 1);
@@ -577,26 +779,107 @@ mod tests {
         assert!(status["policy_load_qps"].as_f64().unwrap() > 400.0, "{status}");
         assert!(status["expected_accuracy"].as_f64().unwrap() > 0.6, "{status}");
         let loads: Vec<f64> = policy.policies().entries.iter().map(|e| e.load_qps).collect();
-        assert!(loads.iter().any(|l| (l - 420.0).abs() < 1e-6), "{loads:?}");
+        // 400 · 1.05, rounded up to the 1% grid.
+        assert!(loads.iter().any(|&l| (420.0..420.0 * 1.01).contains(&l)), "{loads:?}");
     }
 
     #[test]
     fn precomputed_tables_round_trip() {
+        sluice_sdk::testing::clear_shared();
         let mut policy =
             Ramsis::init(cfg(r#"{"load_qps": 200, "max_queue": 12, "discretization": "fld:50"}"#)).unwrap();
         let entry = policy.set.entries[0].clone();
         let json = table_to_json(&policy.space, &entry.policy);
-        let back = table_from_json(&policy.space, &json).unwrap();
+        let table: Table = serde_json::from_value(serde_json::Value::Object(json.clone())).unwrap();
+        let back = table_actions(&policy.space, &table).unwrap();
         assert_eq!(back, entry.policy);
+        let compact: Table = serde_json::from_value(table_rows(&policy.space, &entry.policy)).unwrap();
+        assert_eq!(table_actions(&policy.space, &compact).unwrap(), entry.policy);
         let params = serde_json::json!({
             "max_queue": 12, "discretization": "fld:50",
             "policies": [{"load_qps": 200.0, "table": json}],
         });
+        sluice_sdk::testing::clear_shared();
         let other = Ramsis::init(cfg(&params.to_string())).unwrap();
         assert_eq!(other.set.entries[0].policy, entry.policy);
-        // A malformed table is an init error, not a panic.
-        let bad = serde_json::json!({"policies": [{"load_qps": 1.0, "table": {"(99, 0)": [1, 1]}}]});
-        assert!(Ramsis::init(cfg(&bad.to_string())).is_err());
+        assert!(other.params.policies.is_empty(), "the tables live in the set only");
+        // A malformed table is an init error naming the key, not a panic.
+        for bad in [
+            serde_json::json!({"policies": [{"load_qps": 1.0, "table": {"(99, 0)": [1, 1]}}]}),
+            serde_json::json!({"policies": [{"load_qps": 1.0, "table": {"(1 0)": [1, 1]}}]}),
+            serde_json::json!({"policies": [{"load_qps": 1.0, "table": {"(1, 0)": [7, 1]}}]}),
+        ] {
+            sluice_sdk::testing::clear_shared();
+            let e = Ramsis::init(cfg(&bad.to_string())).unwrap_err();
+            assert!(e.contains("(99, 0)") || e.contains("(1 0)") || e.contains("model 7"), "{e}");
+        }
         policy.set.entries.clear();
+    }
+
+    #[test]
+    fn workers_of_a_binding_share_init() {
+        sluice_sdk::testing::clear_shared();
+        let params = r#"{"load_qps": 200, "max_queue": 12, "discretization": "fld:50"}"#;
+        let first = Ramsis::init(cfg(params)).unwrap();
+        // The second worker finds the first one's state: same params, same
+        // policies, and no generation of its own (a poisoned generator budget
+        // would fail it otherwise).
+        let mut c = cfg(r#"{"max_block_values": 1}"#);
+        c.worker = 1;
+        let second = Ramsis::init(c).unwrap();
+        assert_eq!(second.params, first.params);
+        assert_eq!(second.set, first.set);
+        // A new binding (empty store) with those params must generate, and fails.
+        sluice_sdk::testing::clear_shared();
+        assert!(Ramsis::init(cfg(r#"{"max_block_values": 1}"#)).is_err());
+    }
+
+    #[test]
+    fn workers_share_background_generations() {
+        sluice_sdk::testing::clear_shared();
+        let params = r#"{"load_qps": 200, "max_queue": 12, "discretization": "fld:50", "slice_work": 50000}"#;
+        let mut workers: Vec<Ramsis> = (0..3)
+            .map(|w| {
+                let mut c = cfg(params);
+                c.worker = w;
+                let mut p = Ramsis::init(c).unwrap();
+                p.params.load_qps = None;
+                p
+            })
+            .collect();
+        // Each worker sees a slightly different estimate, as the host's moving
+        // window gives them; all within the grid step of one another.
+        let mut generated = [false; 3];
+        let mut waited = [false; 3];
+        let mut calls = 0u64;
+        while workers.iter().any(|p| p.policies().entries.len() < 2) {
+            for (w, p) in workers.iter_mut().enumerate() {
+                let now = calls * 10_000 + w as u64 * 1_000;
+                let view = View {
+                    now,
+                    worker: w as u32,
+                    workers: 4,
+                    load_qps: 400.0 + w as f64,
+                    loaded: vec![0, 1, 2],
+                    queue: vec![pending(0, now, 100_000)],
+                };
+                assert!(p.decide(&view).as_dispatch().is_some(), "serves while generating");
+                generated[w] |= p.generating().is_some();
+                waited[w] |= p.waiting_for().is_some();
+            }
+            calls += 1;
+            assert!(calls < 100_000, "background generation never finished");
+        }
+        let loads: Vec<Vec<f64>> =
+            workers.iter().map(|p| p.policies().entries.iter().map(|e| e.load_qps).collect()).collect();
+        // One generation, published by its claimer and taken by the others.
+        assert_eq!(loads[0], loads[1]);
+        assert_eq!(loads[0], loads[2]);
+        assert_eq!(generated, [true, false, false], "one worker generates");
+        assert_eq!(waited, [false, true, true], "the others wait for it");
+        assert!(workers.iter().all(|p| p.waiting_for().is_none()), "nobody still waits");
+        let new = loads[0].iter().copied().find(|&l| l != 200.0).unwrap();
+        assert!((400.0 * 1.05..400.0 * 1.05 * 1.03).contains(&new), "{new}");
+        assert_eq!(load_index(new), load_index(new * (1.0 - 1e-12)), "a grid load");
     }
 }
