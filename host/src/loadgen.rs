@@ -320,6 +320,8 @@ pub async fn run(args: LoadArgs) -> Result<Summary> {
         }
         let interval = Duration::from_secs_f64(1.0 / args.rate);
         let mut next = Instant::now();
+        // The schedule starts once the pool is connected: `duration · rate` arrivals.
+        let end = next + Duration::from_secs_f64(args.duration);
         let mut i = 0usize;
         let mut skipped = 0u64;
         while next < end {
