@@ -37,6 +37,12 @@ pub fn config(slo: Micros, models: Vec<Model>, params: &str) -> Config {
     Config { app: "test".into(), slo, workers: 1, worker: 0, models, params: params.into() }
 }
 
+/// A model whose batch of `b` takes `first + step · (b − 1)` µs, for `b` up to
+/// `max_batch`: the linear latency profile most policy tests start from.
+pub fn linear_model(id: u32, name: &str, accuracy: f64, first: Micros, step: Micros, max_batch: u32) -> Model {
+    Model { id, name: name.into(), accuracy, latency: (0..Micros::from(max_batch)).map(|i| first + step * i).collect() }
+}
+
 /// A queue entry arriving at `arrival` with deadline `arrival + slo`; its id is
 /// its position in the arrival order.
 pub fn pending(id: u64, arrival: Micros, slo: Micros) -> Pending {

@@ -75,7 +75,7 @@ sluice_sdk::export_policy!(Combined);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::testing::{config, linear_model, pending, Harness};
     use sluice_sdk::Model;
 
     const SLO: u64 = 100_000;
@@ -83,7 +83,7 @@ mod tests {
     /// "m": L(b) = 10 + 5(b − 1) ms; "tiny": 20 ms for any batch up to 2.
     fn models() -> Vec<Model> {
         vec![
-            Model { id: 0, name: "m".into(), accuracy: 0.8, latency: (0..16).map(|i| 10_000 + 5_000 * i).collect() },
+            linear_model(0, "m", 0.8, 10_000, 5_000, 16),
             Model { id: 1, name: "tiny".into(), accuracy: 0.5, latency: vec![20_000, 20_000] },
         ]
     }

@@ -180,13 +180,13 @@ sluice_sdk::export_policy!(ClipperAimd);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::testing::{config, linear_model, pending, Harness};
     use sluice_sdk::{Micros, Pending};
 
     const SLO: Micros = 100_000;
 
     fn models() -> Vec<Model> {
-        vec![Model { id: 0, name: "m".into(), accuracy: 0.8, latency: (0..16).map(|i| 10_000 + 5_000 * i).collect() }]
+        vec![linear_model(0, "m", 0.8, 10_000, 5_000, 16)]
     }
 
     fn harness(params: &str) -> Harness<ClipperAimd> {

@@ -224,14 +224,14 @@ sluice_sdk::export_policy!(Jellyfish);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_sdk::testing::{config, pending, take_logs, Harness};
+    use sluice_sdk::testing::{config, linear_model, pending, take_logs, Harness};
     use sluice_sdk::Pending;
 
     const SLO: Micros = 100_000;
 
     /// `L(b) = base + step · (b - 1)` for `b` in `1..=max`, in milliseconds.
-    fn linear(id: u32, accuracy: f64, base: u64, step: u64, max: u64) -> Model {
-        Model { id, name: format!("m{id}"), accuracy, latency: (0..max).map(|i| (base + step * i) * 1000).collect() }
+    fn linear(id: u32, accuracy: f64, base: u64, step: u64, max: u32) -> Model {
+        linear_model(id, &format!("m{id}"), accuracy, base * 1000, step * 1000, max)
     }
 
     /// Within SLO/2 = 50 ms: m0 up to b = 7 (140 req/s), m1 up to 16 (400 req/s),

@@ -111,14 +111,14 @@ sluice_sdk::export_policy!(LazyDrop);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::testing::{config, linear_model, pending, Harness};
     use sluice_sdk::Pending;
 
     const SLO: Micros = 100_000;
 
     /// L(b) = 10 + 5(b − 1) ms, b ≤ 8.
     fn models() -> Vec<Model> {
-        vec![Model { id: 0, name: "m".into(), accuracy: 0.8, latency: (0..8).map(|i| 10_000 + 5_000 * i).collect() }]
+        vec![linear_model(0, "m", 0.8, 10_000, 5_000, 8)]
     }
 
     fn harness(params: &str) -> Harness<LazyDrop> {

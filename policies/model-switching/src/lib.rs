@@ -170,17 +170,14 @@ sluice_sdk::export_policy!(ModelSwitching);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::testing::{config, linear_model, pending, Harness};
     use sluice_sdk::{Micros, Model, Pending};
 
     const SLO: Micros = 150_000;
 
     fn models() -> Vec<Model> {
-        let m = |id: u32, name: &str, accuracy: f64, base: u64| Model {
-            id,
-            name: name.into(),
-            accuracy,
-            latency: (0..8).map(|i| (base + base / 2 * i) * 1_000).collect(),
+        let m = |id: u32, name: &str, accuracy: f64, base: u64| {
+            linear_model(id, name, accuracy, base * 1_000, base * 500, 8)
         };
         vec![m(0, "fast", 0.6, 10), m(1, "mid", 0.7, 20), m(2, "best", 0.8, 40)]
     }

@@ -142,7 +142,7 @@ sluice_sdk::export_policy!(Nexus);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::testing::{config, linear_model, pending, Harness};
     use sluice_sdk::Dispatch;
     use sluice_sdk::Pending;
 
@@ -151,7 +151,7 @@ mod tests {
     /// L(b) = 20 + 5(b − 1) ms: the default B is 7 (L(7) = 50 ms).
     fn models() -> Vec<Model> {
         vec![
-            Model { id: 0, name: "m".into(), accuracy: 0.8, latency: (0..16).map(|i| 20_000 + 5_000 * i).collect() },
+            linear_model(0, "m", 0.8, 20_000, 5_000, 16),
             Model { id: 1, name: "tiny".into(), accuracy: 0.5, latency: vec![1_000; 4] },
         ]
     }

@@ -218,7 +218,7 @@ sluice_sdk::export_policy!(ProteusBatching);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::testing::{config, linear_model, pending, Harness};
     use sluice_sdk::Dispatch;
     use sluice_sdk::Pending;
 
@@ -228,9 +228,9 @@ mod tests {
     /// "huge": L(1) = 120 ms, more accurate but never within the SLO.
     fn models() -> Vec<Model> {
         vec![
-            Model { id: 0, name: "big".into(), accuracy: 0.8, latency: (0..16).map(|i| 20_000 + 5_000 * i).collect() },
+            linear_model(0, "big", 0.8, 20_000, 5_000, 16),
             Model { id: 1, name: "huge".into(), accuracy: 0.9, latency: vec![120_000, 130_000] },
-            Model { id: 2, name: "small".into(), accuracy: 0.6, latency: (0..16).map(|i| 5_000 + 1_000 * i).collect() },
+            linear_model(2, "small", 0.6, 5_000, 1_000, 16),
         ]
     }
 

@@ -708,14 +708,13 @@ sluice_sdk::export_policy!(Ramsis);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::testing::{config, linear_model, pending, Harness};
 
     fn models() -> Vec<Model> {
-        let line = |a: u64, b: u64| (0..16).map(|i| a + b * i).collect::<Vec<_>>();
         vec![
-            Model { id: 0, name: "fast".into(), accuracy: 0.6, latency: line(5_000, 3_000) },
-            Model { id: 1, name: "slow".into(), accuracy: 0.8, latency: line(20_000, 10_000) },
-            Model { id: 2, name: "dominated".into(), accuracy: 0.5, latency: line(30_000, 10_000) },
+            linear_model(0, "fast", 0.6, 5_000, 3_000, 16),
+            linear_model(1, "slow", 0.8, 20_000, 10_000, 16),
+            linear_model(2, "dominated", 0.5, 30_000, 10_000, 16),
         ]
     }
 

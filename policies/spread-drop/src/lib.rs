@@ -368,7 +368,7 @@ sluice_sdk::export_policy!(SpreadDrop);
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use sluice_sdk::testing::{config, pending, Harness};
+    use sluice_sdk::testing::{config, linear_model, pending, Harness};
     use sluice_sdk::Pending;
 
     /// Longest run of `true` in `dropped`.
@@ -497,10 +497,7 @@ mod tests {
     /// L(b) = 10 ms + 5 ms·(b − 1), b ≤ 16: with L = 100 ms the largest B with
     /// 2·L(B) ≤ L is 9 (L(9) = 50 ms).
     fn models() -> Vec<Model> {
-        vec![
-            Model { id: 0, name: "fast".into(), accuracy: 0.6, latency: (0..16).map(|i| 10_000 + 5_000 * i).collect() },
-            Model { id: 1, name: "slow".into(), accuracy: 0.9, latency: (0..4).map(|i| 60_000 + 10_000 * i).collect() },
-        ]
+        vec![linear_model(0, "fast", 0.6, 10_000, 5_000, 16), linear_model(1, "slow", 0.9, 60_000, 10_000, 4)]
     }
 
     /// The policy with `params`, and a zero timer margin unless they set one.
