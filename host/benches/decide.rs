@@ -10,14 +10,16 @@
 //!
 //! Run: `cargo bench -p sluice --bench decide`. Prints a table, then one JSON line.
 
+mod common;
+
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use common::{component, config, SLO_US};
 use serde_json::json;
 use sluice::runtime::{Binding, Limits, PolicyEngine, PolicyInstance};
-use sluice_sdk::{Config, Decision, Model, Pending, Policy, View};
+use sluice_sdk::{Decision, Pending, Policy, View};
 
 /// Timed calls per (policy, depth, path), after the warm-up.
 const CALLS: usize = 50_000;
@@ -26,42 +28,10 @@ const WARMUP: usize = 5_000;
 const DEPTHS: [usize; 3] = [1, 8, 32];
 /// Goal: jellyfish through Wasm at depth 32, p99.
 const GOAL_P99_NS: u64 = 5_000;
-const SLO_US: u64 = 100_000;
 /// Distinct load estimates cycled through the views: the host's estimate moves with
 /// every arrival, so jellyfish's per-load cache misses on each call (the model
 /// choice itself stays the same, so nothing is logged).
 const LOADS: usize = 16;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ is in the workspace").to_path_buf()
-}
-
-fn component(name: &str) -> Vec<u8> {
-    let path = root().join("target/policies").join(format!("{name}.wasm"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}: run `cargo xtask policies` first", path.display()))
-}
-
-/// `L(b) = base + step·(b-1)` µs for b in 1..=32.
-fn model(id: u32, name: &str, accuracy: f64, base: u64, step: u64) -> Model {
-    Model { id, name: name.into(), accuracy, latency: (0..32).map(|i| base + step * i).collect() }
-}
-
-/// Four ImageNet-like variants, fast/inaccurate to slow/accurate, profiled up to b = 32.
-fn config(params: &str) -> Config {
-    Config {
-        app: "bench".into(),
-        slo: SLO_US,
-        workers: 4,
-        worker: 0,
-        models: vec![
-            model(0, "mobilenet", 0.70, 2_000, 300),
-            model(1, "resnet18", 0.74, 4_000, 600),
-            model(2, "resnet50", 0.78, 9_000, 1_400),
-            model(3, "efficientnet", 0.82, 15_000, 2_500),
-        ],
-        params: params.into(),
-    }
-}
 
 /// A view of `depth` requests that arrived 500 µs apart (the oldest first, so
 /// deadlines increase), all four models loaded, load estimate `load`.

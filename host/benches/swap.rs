@@ -18,18 +18,20 @@
 //! Run: `cargo bench -p sluice --bench swap`. Asserts nothing; prints a table,
 //! then one JSON line.
 
+mod common;
+
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use common::{component, config, root, SLO_US};
 use serde_json::json;
 use sluice::app::SwapReport;
 use sluice::loadgen::{self, LoadArgs, Summary};
 use sluice::runtime::{Binding, Limits, PolicyEngine, PolicyInstance};
-use sluice_sdk::{Config, Model, Pending, View};
+use sluice_sdk::{Pending, View};
 
 const COMPILE_REPS: usize = 10;
 const CACHED_REPS: usize = 1_000;
@@ -43,45 +45,12 @@ const CLIENTS: usize = 4;
 const LOAD_SECONDS: f64 = 2.5;
 /// Goal for the longest time a worker waited on a swap.
 const GOAL_WAIT_NS: u64 = 1_000_000;
-const SLO_US: u64 = 100_000;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ is in the workspace").to_path_buf()
-}
-
-fn component(name: &str) -> Vec<u8> {
-    let path = root().join("target/policies").join(format!("{name}.wasm"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}: run `cargo xtask policies` first", path.display()))
-}
 
 fn params(name: &str) -> &'static str {
     if name == "fixed" {
         r#"{"model": "resnet50"}"#
     } else {
         "{}"
-    }
-}
-
-/// The same four-variant app as the `decide` benchmark.
-fn config(params: &str) -> Config {
-    let model = |id: u32, name: &str, accuracy: f64, base: u64, step: u64| Model {
-        id,
-        name: name.into(),
-        accuracy,
-        latency: (0..32).map(|i| base + step * i).collect(),
-    };
-    Config {
-        app: "bench".into(),
-        slo: SLO_US,
-        workers: 4,
-        worker: 0,
-        models: vec![
-            model(0, "mobilenet", 0.70, 2_000, 300),
-            model(1, "resnet18", 0.74, 4_000, 600),
-            model(2, "resnet50", 0.78, 9_000, 1_400),
-            model(3, "efficientnet", 0.82, 15_000, 2_500),
-        ],
-        params: params.into(),
     }
 }
 
