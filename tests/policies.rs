@@ -17,17 +17,9 @@ const MARGIN_US: u64 = 20_000;
 
 /// Two workers, 100 ms SLO, the emulated three-model profile of `support.rs`
 /// (small 1 ms, medium 2 ms, large 4 ms at batch 1, up to batch 8).
-const CONFIG: &str = r#"
-[[app]]
-name = "emu"
-slo_ms = 100
-workers = 2
-executor = "emulated"
-profile = "{dir}/emulated.toml"
-max_queue = 10000
-policy = "jellyfish"
-input = { name = "x", datatype = "FP32", shape = [4] }
-"#;
+fn config() -> String {
+    emu_app("emulated", "slo_ms = 100\nworkers = 2\nmax_queue = 10000\npolicy = \"jellyfish\"")
+}
 
 const SUITE: &[&str] = &["proteus-batching", "nexus", "clipper-aimd", "lazy-drop", "spread-drop", "model-switching"];
 
@@ -126,7 +118,7 @@ async fn run(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_policy_serves_on_the_host() {
     require_components();
-    let server = TestServer::start(CONFIG).await.unwrap();
+    let server = TestServer::start(&config()).await.unwrap();
 
     // Light load: nothing needs dropping and each policy's model choice shows.
     let (served, dropped, variants) =
@@ -166,7 +158,7 @@ async fn every_policy_serves_on_the_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_policies_answer_every_request_under_a_burst() {
     require_components();
-    let server = TestServer::start(CONFIG).await.unwrap();
+    let server = TestServer::start(&config()).await.unwrap();
     // 48 concurrent requests against small batches on the slowest model:
     // whatever each policy drops, every request gets exactly one answer, served
     // or dropped by that policy. spread-drop is told P_B = 45 ms, which makes
@@ -211,7 +203,7 @@ async fn upload_example(server: &TestServer, name: &str, as_name: &str) {
 /// is uploaded like a third-party policy, swapped in, and decides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_template_uploads_and_swaps_in() {
-    let server = TestServer::start(CONFIG).await.unwrap();
+    let server = TestServer::start(&config()).await.unwrap();
     upload_example(&server, "policy-template", "my-template").await;
     let (served, dropped, variants) = run(&server, "my-template", json!({ "max_batch": 4 }), 2, 5).await;
     assert_eq!((served, dropped), (10, 0));
@@ -224,7 +216,7 @@ async fn the_policy_template_uploads_and_swaps_in() {
 /// drop rule, both used as libraries) is one component exporting one policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_combined_policy_uploads_and_swaps_in() {
-    let server = TestServer::start(CONFIG).await.unwrap();
+    let server = TestServer::start(&config()).await.unwrap();
     upload_example(&server, "combined-policy", "combined").await;
     let table = json!({ "table": [[1.0e9, "medium"]] });
     let (served, dropped, variants) = run(&server, "combined", table, 2, 5).await;

@@ -23,21 +23,13 @@ mod parking_lot_free {
     pub struct Log(pub Mutex<Vec<Entry>>);
 }
 
-const CONFIG: &str = r#"
-[[app]]
-name = "emu"
-slo_ms = 100
-workers = 3
-executor = "emulated"
-profile = "{dir}/emulated.toml"
-max_queue = 10000
-policy = "jellyfish"
-input = { name = "x", datatype = "FP32", shape = [4] }
-"#;
+fn config() -> String {
+    emu_app("emulated", "slo_ms = 100\nworkers = 3\nmax_queue = 10000\npolicy = \"jellyfish\"")
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_swaps_under_load_lose_nothing() {
-    let server = TestServer::start(CONFIG).await.unwrap();
+    let server = TestServer::start(&config()).await.unwrap();
     let addr = server.addr;
     let log = Arc::new(Log::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -122,7 +114,7 @@ async fn twenty_swaps_under_load_lose_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_init_keeps_the_old_policy() {
-    let server = TestServer::start(CONFIG).await.unwrap();
+    let server = TestServer::start(&config()).await.unwrap();
     let mut c = server.client().await;
     // `fixed` without its required param refuses to init: the swap is refused.
     let r = swap(&mut c, "emu", "fixed", json!({ "model": "no-such-model" })).await;
@@ -145,7 +137,7 @@ async fn failed_init_keeps_the_old_policy() {
 async fn swapping_to_ramsis_under_load_reports_its_expectations() {
     // The emulated app waits 1-4 ms per batch; RAMSIS generates its policy in `init`,
     // before the swap, while jellyfish keeps serving.
-    let server = TestServer::start(CONFIG).await.unwrap();
+    let server = TestServer::start(&config()).await.unwrap();
     let addr = server.addr;
     let stop = Arc::new(AtomicBool::new(false));
     let by_ramsis = Arc::new(std::sync::atomic::AtomicUsize::new(0));
