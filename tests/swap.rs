@@ -172,5 +172,9 @@ async fn swapping_to_ramsis_under_load_reports_its_expectations() {
     assert!((0.0..=1.0).contains(&acc), "RAMSIS reports its expected accuracy: {ps}");
     assert!(ps["expected_violation"].as_f64().is_some(), "{ps}");
     assert_eq!(ps["policy_load_qps"].as_f64(), Some(300.0), "the policy in use is the one for the fixed load: {ps}");
+    // The workers share one generated policy through the binding's store.
+    let w1 = &status["workers"][1]["policy_status"];
+    assert_eq!(w1["grid_qps"], ps["grid_qps"], "{w1} vs {ps}");
+    assert!(status["shared_store_bytes"].as_u64().unwrap_or(0) > 0, "RAMSIS stored its initial state: {status}");
     server.stop().await.unwrap();
 }

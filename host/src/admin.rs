@@ -193,5 +193,6 @@ fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
             "swaps": load(&c.swaps),
         },
         "swap_max_wait_us": load(&c.swap_max_wait_ns) as f64 / 1e3,
+        "shared_store_bytes": b.shared.as_ref().map(|s| s.bytes()),
     }))
 }

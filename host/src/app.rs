@@ -20,7 +20,7 @@ use crate::config::{AppConfig, FailMode, InputSpec, RouterMode};
 use crate::executor::models::{LoadedModel, ModelSet};
 use crate::metrics::Metrics;
 use crate::queue::{Clock, Reply, Request, WorkQueue};
-use crate::runtime::{Binding, CompiledPolicy, Limits, PolicyEngine, PolicyError, PolicyInstance};
+use crate::runtime::{Binding, CompiledPolicy, Limits, PolicyEngine, PolicyError, PolicyInstance, SharedStore};
 use crate::tensor::Tensor;
 
 /// Why a request was not accepted.
@@ -106,6 +106,9 @@ pub struct BindingInfo {
     pub generation: u64,
     /// Why the policy was unbound, if it was.
     pub unbound_reason: Option<String>,
+    /// The binding's shared store (none for `safe`).
+    #[serde(skip)]
+    pub shared: Option<Arc<SharedStore>>,
 }
 
 /// Counters reported by the admin API.
@@ -289,6 +292,7 @@ impl App {
             params,
             generation: 1,
             unbound_reason: None,
+            shared: binding.as_ref().map(|b| b.shared.clone()),
         };
         let app = Arc::new(App {
             load: LoadMonitor::new(config.load_window_ms * 1000),
@@ -405,6 +409,7 @@ impl App {
             b.digest = Some(compiled.digest.clone());
             b.params = params;
             b.unbound_reason = None;
+            b.shared = instances.first().map(|i| i.binding().shared.clone());
             b.generation
         };
         let mut max_hold = Duration::ZERO;

@@ -474,6 +474,11 @@ impl PolicyInstance {
         &self.binding.compiled
     }
 
+    /// The binding this instance belongs to.
+    pub fn binding(&self) -> &Arc<Binding> {
+        &self.binding
+    }
+
     fn ensure_live(&mut self) -> Result<(), PolicyFault> {
         if self.poisoned {
             let (store, bindings, status) = Self::instantiate(&self.engine, &self.binding, self.worker)
