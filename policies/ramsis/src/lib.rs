@@ -975,6 +975,19 @@ mod tests {
     }
 
     #[test]
+    fn planned_loads_round_up_to_the_grid() {
+        for i in [-300, -1, 0, 1, 500, 1_000, 2_000] {
+            assert_eq!(load_index(grid_load(i)), i, "grid load {i} maps back to itself");
+            assert_eq!(load_index(grid_load(i) * 1.0001), i + 1, "just above grid load {i}");
+        }
+        let l = 2_100.0;
+        assert!((l..l * LOAD_STEP).contains(&grid_load(load_index(l))));
+        // Degenerate estimates give far-away indices, not a panic.
+        assert!(load_index(0.0) < -1_000_000 && load_index(f64::INFINITY) > 1_000_000);
+        assert!(grid_load(load_index(0.0)) >= 0.0);
+    }
+
+    #[test]
     fn workers_share_background_generations() {
         sluice_sdk::testing::clear_shared();
         let params = r#"{"load_qps": 200, "max_queue": 12, "discretization": "fld:50", "slice_work": 50000}"#;
