@@ -125,6 +125,11 @@ fn ticks(budget: Duration) -> u64 {
 /// Longest key of the shared store (`shared-put` refuses longer ones).
 pub const MAX_SHARED_KEY: usize = 1024;
 
+/// What one entry of the shared store costs the host beyond its key and value
+/// (map slot, `String` and `Arc` headers), charged to the budget so that a policy
+/// storing millions of empty values cannot grow the host's memory past it.
+pub const SHARED_ENTRY_OVERHEAD: usize = 64;
+
 /// The store the instances of one binding share (`shared-get` / `shared-put` in
 /// `wit/policy.wit`): write-once values under string keys, within a byte budget.
 ///
@@ -155,13 +160,14 @@ impl SharedStore {
     }
 
     /// Stores `value` under `key` unless the key is taken, longer than
-    /// [`MAX_SHARED_KEY`], or the budget would be exceeded; returns whether it did.
+    /// [`MAX_SHARED_KEY`], or the budget would be exceeded (each entry costs its
+    /// key, its value and [`SHARED_ENTRY_OVERHEAD`]); returns whether it did.
     pub fn put(&self, key: String, value: Vec<u8>) -> bool {
         if key.len() > MAX_SHARED_KEY {
             return false;
         }
         let mut inner = self.inner.lock();
-        let size = key.len() + value.len();
+        let size = key.len() + value.len() + SHARED_ENTRY_OVERHEAD;
         if inner.values.contains_key(&key) || inner.bytes + size > self.budget {
             return false;
         }
@@ -170,7 +176,7 @@ impl SharedStore {
         true
     }
 
-    /// Bytes of keys and values stored.
+    /// Bytes charged to the budget: keys, values and the per-entry overhead.
     pub fn bytes(&self) -> usize {
         self.inner.lock().bytes
     }
@@ -590,15 +596,17 @@ mod tests {
 
     #[test]
     fn shared_store_is_write_once_within_its_budget() {
-        let store = SharedStore::new(16);
+        let store = SharedStore::new(2 * SHARED_ENTRY_OVERHEAD + 16);
         assert!(store.get("a").is_none());
         assert!(store.put("a".into(), vec![1, 2]));
         assert!(!store.put("a".into(), vec![3]), "first value wins");
         assert_eq!(store.get("a").as_deref(), Some(&[1u8, 2][..]));
-        assert_eq!(store.bytes(), 3);
+        assert_eq!(store.bytes(), SHARED_ENTRY_OVERHEAD + 3);
         assert!(!store.put("b".into(), vec![0; 13]), "over the budget");
         assert!(store.put("b".into(), vec![0; 12]));
         assert!(!store.put("x".repeat(MAX_SHARED_KEY + 1), vec![]));
-        assert_eq!(store.bytes(), 16);
+        assert_eq!(store.bytes(), 2 * SHARED_ENTRY_OVERHEAD + 16);
+        // Empty values still cost their entry: no third one fits.
+        assert!(!store.put("c".into(), vec![]));
     }
 }
