@@ -20,6 +20,7 @@
 pub mod grid;
 pub mod latency;
 pub mod mdp;
+pub mod sharing;
 pub mod sim;
 pub mod table;
 
@@ -28,6 +29,7 @@ use sluice_sdk::{log, shared, Config, Decision, Level, Micros, Model, Policy, Vi
 
 use grid::{Entry, GridOptions, PolicySet};
 use mdp::{Arrivals, Balancing, Batching, Discretization, Generator, ModelSpec, Problem, Space};
+use sharing::{grid_load, load_index, Attempt, Published, INIT_KEY};
 pub use table::{table_actions, table_of, table_rows, table_to_json, Table, TableKey};
 
 /// The policy's parameters (all optional), e.g.
@@ -133,121 +135,31 @@ pub struct Precomputed {
 /// before a background generation starts: two 500 ms load windows.
 pub const STABLE_US: Micros = 1_000_000;
 
-/// The shared-store key of the binding's initial state (parsed params and
-/// policy set): the first worker's `init` does the work, the others read it.
-const INIT_KEY: &str = "ramsis/init";
-
-/// Loads planned online are rounded up to this geometric grid (1% steps), so
-/// that the workers of an app, whose estimates differ slightly from call to
-/// call, plan the same loads and can share each generation.
-const LOAD_STEP: f64 = 1.01;
-
-/// A published policy within this many grid steps above the plan's target is
-/// close enough (§6's grid is coarser than that anyway).
-const ACCEPT_ABOVE: i64 = 2;
-
-/// How often (host µs) a worker waiting on another worker's generation looks
-/// for the result.
-const POLL_US: Micros = 10_000;
-
-/// How often (host µs) a worker generating a load it claimed signs that it is
-/// still at it (`ramsis/alive/<i>/<n>`, n = 0, 1, …).
-const BEAT_US: Micros = 2_000_000;
-
-/// How long (host µs) a worker waits without a sign from the claimer before it
-/// generates the policy itself (the claimer may have stopped deciding). A
-/// generation takes as long as it takes (a minute at 2000 QPS over 60 workers);
-/// the signs, not a fixed deadline, say whether it is still running.
-const WAIT_TIMEOUT_US: Micros = 10_000_000;
-
-/// What a shared `ramsis/policy/<i>` value says (its first byte).
-const TAG_FAILED: u8 = 0;
-const TAG_POLICY: u8 = 1;
-const TAG_ABANDONED: u8 = 2;
-
-/// The grid index of the smallest grid load ≥ `load`.
-fn load_index(load: f64) -> i64 {
-    let i = (load.ln() / LOAD_STEP.ln() - 1e-9).ceil();
-    if i.is_finite() {
-        i as i64
-    } else if i > 0.0 {
-        i64::MAX / 2
-    } else {
-        i64::MIN / 2
-    }
-}
-
-/// The load of grid index `i`.
-fn grid_load(i: i64) -> f64 {
-    LOAD_STEP.powi(i.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32)
-}
-
-fn policy_key(i: i64) -> String {
-    format!("ramsis/policy/{i}")
-}
-
-fn claim_key(i: i64) -> String {
-    format!("ramsis/claim/{i}")
-}
-
-fn alive_key(i: i64, n: u32) -> String {
-    format!("ramsis/alive/{i}/{n}")
-}
-
-/// A `ramsis/policy/<i>` value.
-enum Published {
-    /// Nothing yet.
-    None,
-    /// The policy.
-    Policy(Entry),
-    /// Its generation cannot be done (the MDP exceeds `max_block_values`).
-    Failed,
-    /// Its claimer abandoned it (the load passed it); whoever needs it
-    /// generates it.
-    Abandoned,
-}
-
-fn fetch(i: i64) -> Published {
-    let Some(bytes) = shared::get(&policy_key(i)) else { return Published::None };
-    match bytes.split_first() {
-        Some((&TAG_POLICY, mut rest)) => match table::decode_entry(&mut rest) {
-            Some(entry) => Published::Policy(entry),
-            None => Published::Abandoned,
-        },
-        Some((&TAG_FAILED, _)) => Published::Failed,
-        _ => Published::Abandoned,
-    }
-}
-
-fn publish(i: i64, entry: &Entry) {
-    let mut bytes = vec![TAG_POLICY];
-    table::encode_entry(entry, &mut bytes);
-    shared::put(&policy_key(i), &bytes);
-}
-
-/// A generation running in the background, a slice per `decide`.
+/// A generation running in the background, a slice per `decide`: attempt
+/// `attempt` at grid load `index`, which this worker claimed.
 struct Job {
-    /// The grid index of its load.
     index: i64,
+    attempt: u32,
     load_qps: f64,
     generator: Generator,
-    /// Whether this worker holds the claim on `index` (then it signs that it
-    /// is alive, and publishes failure and abandonment too, so that no one
-    /// waits on it in vain).
-    claimed: bool,
-    /// Signs given so far, and when the next is due (claimed jobs).
+    /// Signs given so far, and when the next is due.
     beats: u32,
     next_beat: Micros,
-    /// When an unclaimed job next looks whether the claimer published after
-    /// all.
+    /// When the job next looks whether another attempt published first.
     next_check: Micros,
+}
+
+/// An attempt another worker claimed that this one waits on.
+struct Target {
+    index: i64,
+    attempt: u32,
+    /// The next sign expected from its claimer.
+    beat: u32,
 }
 
 /// Waiting on generations other workers claimed.
 struct Waiting {
-    indices: Vec<i64>,
-    /// The next sign expected from each claimer.
-    beats: Vec<u32>,
+    targets: Vec<Target>,
     /// The highest load awaited.
     load_qps: f64,
     /// When a claimer last signed (or the wait began).
@@ -402,11 +314,11 @@ impl Ramsis {
     /// for loads that are gone a second later; and a running generation is
     /// abandoned when the estimate rises above its load (it could not serve it).
     ///
-    /// The workers of an app share generations through the binding's store:
-    /// the planned load is rounded up to the 1% grid ([`LOAD_STEP`]); a policy
+    /// The workers of an app share generations through the binding's store
+    /// ([`sharing`]): the planned load is rounded up to the 1% grid; a policy
     /// another worker published near it is taken as it is; one another worker
-    /// claimed is waited for; otherwise this worker claims the load and
-    /// generates it, a slice per call, and publishes the result.
+    /// is generating is waited for; otherwise this worker claims the load,
+    /// generates it a slice per call, signing as it goes, and publishes it.
     fn background(&mut self, estimate: f64, now: Micros) {
         if self.params.slice_work == 0 || self.stalled {
             return;
@@ -420,9 +332,7 @@ impl Ramsis {
                         job.load_qps
                     ),
                 );
-                if job.claimed {
-                    shared::put(&policy_key(job.index), &[TAG_ABANDONED]);
-                }
+                sharing::bury(job.index, job.attempt);
                 self.job = None;
             }
         }
@@ -437,29 +347,24 @@ impl Ramsis {
         let Some(job) = self.job.as_mut() else {
             return;
         };
-        if job.claimed && now >= job.next_beat {
-            shared::put(&alive_key(job.index, job.beats), &[]);
+        if now >= job.next_beat {
+            sharing::sign(job.index, job.attempt, job.beats);
             job.beats += 1;
-            job.next_beat = now + BEAT_US;
+            job.next_beat = now + sharing::BEAT_US;
         }
-        if !job.claimed && now >= job.next_check {
-            // The claimer may have finished after all: take its policy.
-            job.next_check = now + POLL_US;
-            if let Published::Policy(entry) = fetch(job.index) {
+        if now >= job.next_check {
+            // An earlier attempt's claimer may have finished after all.
+            job.next_check = now + sharing::POLL_US;
+            if let Published::Policy(entry) = sharing::fetch(job.index) {
                 self.set.insert(entry);
                 self.job = None;
                 return;
             }
         }
-        let Some(job) = self.job.as_mut() else {
-            return;
-        };
         let done = job.generator.step(self.params.slice_work);
         if job.generator.block_stats().1 > self.params.max_block_values {
             log(Level::Warn, "ramsis: background generation exceeds max_block_values; the grid stays as it is");
-            if job.claimed {
-                shared::put(&policy_key(job.index), &[TAG_FAILED]);
-            }
+            sharing::publish_failure(job.index);
             self.job = None;
             self.stalled = true;
             return;
@@ -475,7 +380,7 @@ impl Ramsis {
                         ),
                     );
                     let entry: Entry = solution.into();
-                    publish(job.index, &entry);
+                    sharing::publish(job.index, &entry);
                     self.set.insert(entry);
                 }
             }
@@ -483,7 +388,7 @@ impl Ramsis {
     }
 
     /// Plans the next load and takes it from the store, waits for it, or
-    /// starts generating it (see [`Ramsis::background`]).
+    /// claims and starts generating it (see [`Ramsis::background`]).
     fn start(&mut self, estimate: f64, now: Micros) {
         // Below `min_load` the lowest policy serves; nothing is generated.
         if estimate < self.min_load {
@@ -497,7 +402,7 @@ impl Ramsis {
         // Candidates: grid loads that still cover the estimate, up to a little
         // above the target. A policy of the set among them is close enough.
         let target = load_index(load);
-        let candidates = load_index(estimate).max(target - 5)..=target + ACCEPT_ABOVE;
+        let candidates = load_index(estimate).max(target - 5)..=target + sharing::ACCEPT_ABOVE;
         let (lo, hi) = (grid_load(*candidates.start()) * (1.0 - 1e-12), grid_load(*candidates.end()) * (1.0 + 1e-12));
         if self.set.entries.iter().any(|e| e.load_qps >= lo && e.load_qps <= hi) {
             self.pending = None;
@@ -521,21 +426,33 @@ impl Ramsis {
             return;
         }
         // Being generated by another worker?
-        let claimed: Vec<i64> = open.into_iter().filter(|&i| shared::get(&claim_key(i)).is_some()).collect();
-        if let Some(&top) = claimed.iter().max() {
-            self.waiting = Some(Waiting {
-                beats: vec![0; claimed.len()],
-                indices: claimed,
-                load_qps: grid_load(top),
-                last_sign: now,
-                next_poll: now,
-            });
+        let live: Vec<Target> = open
+            .into_iter()
+            .filter_map(|index| match sharing::attempt(index) {
+                Attempt::Live(attempt) => Some(Target { index, attempt, beat: 0 }),
+                _ => None,
+            })
+            .collect();
+        if !live.is_empty() {
+            self.wait(live, now);
             return;
         }
-        // Claim it (a claim another worker abandoned, or lost a race for,
-        // leaves this worker generating it unclaimed).
-        let claimed = shared::put(&claim_key(target), &[]);
-        self.begin(target, claimed, now);
+        // Claim the next attempt at the target (one worker gets it).
+        match sharing::attempt(target) {
+            Attempt::Free(attempt) if sharing::claim(target, attempt) => self.begin(target, attempt, now),
+            Attempt::Free(attempt) | Attempt::Live(attempt) => {
+                self.wait(vec![Target { index: target, attempt, beat: 0 }], now)
+            }
+            Attempt::Exhausted => {
+                log(Level::Warn, "ramsis: too many abandoned generations of one load; the grid stays as it is");
+                self.stalled = true;
+            }
+        }
+    }
+
+    fn wait(&mut self, targets: Vec<Target>, now: Micros) {
+        let top = targets.iter().map(|t| t.index).max().unwrap_or(i64::MIN);
+        self.waiting = Some(Waiting { targets, load_qps: grid_load(top), last_sign: now, next_poll: now });
     }
 
     /// Takes the policies other workers published for these grid loads into the
@@ -546,7 +463,7 @@ impl Ramsis {
         let mut found = false;
         let mut open = Vec::new();
         for i in indices {
-            match fetch(i) {
+            match sharing::fetch(i) {
                 Published::Policy(entry) => {
                     self.set.insert(entry);
                     found = true;
@@ -560,33 +477,41 @@ impl Ramsis {
                     }
                     self.stalled = true;
                 }
-                Published::Abandoned => {}
                 Published::None => open.push(i),
             }
         }
         (found, open)
     }
 
-    /// Starts generating grid load `index`.
-    fn begin(&mut self, index: i64, claimed: bool, now: Micros) {
+    /// Starts generating attempt `attempt` at grid load `index`, claimed.
+    fn begin(&mut self, index: i64, attempt: u32, now: Micros) {
         let load_qps = grid_load(index);
         let mut problem = self.problem.clone();
         problem.load_qps = load_qps;
         match Generator::new(&problem) {
             Ok(generator) => {
-                self.job = Some(Job { index, load_qps, generator, claimed, beats: 0, next_beat: now, next_check: now })
+                self.job = Some(Job {
+                    index,
+                    attempt,
+                    load_qps,
+                    generator,
+                    beats: 0,
+                    next_beat: now,
+                    next_check: now + sharing::POLL_US,
+                })
             }
             Err(e) => {
                 log(Level::Warn, &format!("ramsis: cannot generate for {load_qps:.0} QPS: {e}"));
-                if claimed {
-                    shared::put(&policy_key(index), &[TAG_FAILED]);
-                }
+                sharing::publish_failure(index);
                 self.stalled = true;
             }
         }
     }
 
-    /// Looks for the generations this worker waits on (every [`POLL_US`]).
+    /// Looks for the generations this worker waits on (every [`sharing::POLL_US`]):
+    /// takes a published policy; plans again when every awaited attempt died,
+    /// or declares them dead after [`sharing::WAIT_TIMEOUT_US`] without a sign
+    /// (then one worker claims the next attempt).
     fn poll(&mut self, estimate: f64, now: Micros) {
         let Some(w) = self.waiting.as_mut() else { return };
         if estimate > w.load_qps && self.set.covering(estimate).is_none() {
@@ -597,24 +522,28 @@ impl Ramsis {
         if now < w.next_poll {
             return;
         }
-        w.next_poll = now + POLL_US;
-        for (&i, beat) in w.indices.iter().zip(w.beats.iter_mut()) {
-            while shared::get(&alive_key(i, *beat)).is_some() {
-                *beat += 1;
+        w.next_poll = now + sharing::POLL_US;
+        for t in &mut w.targets {
+            while sharing::signed(t.index, t.attempt, t.beat) {
+                t.beat += 1;
                 w.last_sign = now;
             }
         }
-        let (indices, last_sign) = (w.indices.clone(), w.last_sign);
-        let (found, open) = self.take_published(indices.iter().copied());
-        let open = !open.is_empty();
+        let indices: Vec<i64> = w.targets.iter().map(|t| t.index).collect();
+        let (found, _) = self.take_published(indices);
+        let Some(w) = self.waiting.as_mut() else { return };
         if found || self.stalled {
             self.waiting = None;
-        } else if !open || now.saturating_sub(last_sign) >= WAIT_TIMEOUT_US {
-            // Abandoned, or its worker stopped deciding: generate it here.
+            return;
+        }
+        w.targets.retain(|t| !sharing::dead(t.index, t.attempt));
+        if w.targets.is_empty() {
             self.waiting = None;
-            if let Some(&top) = indices.iter().max() {
-                self.begin(top, false, now);
+        } else if now.saturating_sub(w.last_sign) >= sharing::WAIT_TIMEOUT_US {
+            for t in &w.targets {
+                sharing::bury(t.index, t.attempt);
             }
+            self.waiting = None;
         }
     }
 
@@ -888,103 +817,108 @@ mod tests {
         View { now, worker, workers: 4, load_qps: load, loaded: vec![0, 1, 2], queue: vec![pending(0, now, 100_000)] }
     }
 
-    /// Two workers of one binding (the native store is per thread), the
-    /// second waiting on the first's claimed generation for ~420 QPS.
-    fn claimer_and_waiter() -> (Ramsis, Ramsis, Micros) {
+    /// `n` workers of one binding (the native store is per thread), the first
+    /// generating ~420 QPS under its claim and the others waiting on it.
+    fn claimer_and_waiters(n: u32) -> (Vec<Ramsis>, Micros) {
         sluice_sdk::testing::clear_shared();
         let params = r#"{"load_qps": 200, "max_queue": 12, "discretization": "fld:50", "slice_work": 1000}"#;
-        let mut a = Ramsis::init(cfg(params)).unwrap();
-        let mut c = cfg(params);
-        c.worker = 1;
-        let mut b = Ramsis::init(c).unwrap();
-        a.params.load_qps = None;
-        b.params.load_qps = None;
+        let mut workers: Vec<Ramsis> = (0..n)
+            .map(|w| {
+                let mut c = cfg(params);
+                c.worker = w;
+                let mut p = Ramsis::init(c).unwrap();
+                p.params.load_qps = None;
+                p
+            })
+            .collect();
         let mut now = 0;
-        while b.waiting_for().is_none() {
+        while workers[1..].iter().any(|p| p.waiting_for().is_none()) {
             now += 10_000;
-            a.decide(&fresh(now, 0, 400.0));
-            b.decide(&fresh(now, 1, 400.0));
+            step(&mut workers, now, 400.0);
             assert!(now < 10_000_000, "never waited");
         }
-        assert!(a.generating().is_some());
-        (a, b, now)
+        assert!(workers[0].generating().is_some());
+        (workers, now)
     }
 
-    #[test]
-    fn a_waiter_generates_when_the_claimer_abandons() {
-        let (mut a, mut b, mut now) = claimer_and_waiter();
-        // The load jumps past the claimer's generation: it drops it and says so.
-        a.decide(&fresh(now, 0, 2_000.0));
-        assert!(a.generating().is_none());
-        now += POLL_US;
-        b.decide(&fresh(now, 1, 400.0));
-        assert!(b.waiting_for().is_none());
-        assert!(b.generating().is_some(), "the waiter generates it itself");
-    }
-
-    #[test]
-    fn a_waiter_generates_when_the_claimer_stops_deciding() {
-        let (_a, mut b, mut now) = claimer_and_waiter();
-        let since = now;
-        while b.generating().is_none() {
-            now += 100_000;
-            b.decide(&fresh(now, 1, 400.0));
-            assert!(now < since + 2 * WAIT_TIMEOUT_US, "waited for ever");
+    /// One decision of each worker at `now`.
+    fn step(workers: &mut [Ramsis], now: Micros, load: f64) {
+        for (w, p) in workers.iter_mut().enumerate() {
+            assert!(p.decide(&fresh(now, w as u32, load)).as_dispatch().is_some(), "serves while generating");
         }
-        assert!(now >= since + WAIT_TIMEOUT_US, "gave up after {} s", (now - since) / 1_000_000);
+    }
+
+    #[test]
+    fn after_an_abandonment_one_waiter_claims_the_next_attempt() {
+        let (mut workers, mut now) = claimer_and_waiters(3);
+        // The load jumps past the claimer's generation: it drops it and says so.
+        workers[0].decide(&fresh(now, 0, 2_000.0));
+        assert!(workers[0].generating().is_none());
+        let mut waiters = workers.split_off(1);
+        while waiters.iter().all(|p| p.generating().is_none()) {
+            now += 10_000;
+            step(&mut waiters, now, 400.0);
+            assert!(now < 30_000_000, "no waiter took over");
+        }
+        for _ in 0..3 {
+            now += sharing::POLL_US;
+            step(&mut waiters, now, 400.0);
+        }
+        let generating = waiters.iter().filter(|p| p.generating().is_some()).count();
+        let waiting = waiters.iter().filter(|p| p.waiting_for().is_some()).count();
+        assert_eq!((generating, waiting), (1, 1), "one generates the next attempt, the other waits for it");
+    }
+
+    #[test]
+    fn a_waiter_takes_over_when_the_claimer_stops_deciding() {
+        let (mut workers, mut now) = claimer_and_waiters(2);
+        let since = now;
+        while workers[1].generating().is_none() {
+            now += 100_000;
+            workers[1].decide(&fresh(now, 1, 400.0));
+            assert!(now < since + 2 * sharing::WAIT_TIMEOUT_US, "waited for ever");
+        }
+        assert!(now >= since + sharing::WAIT_TIMEOUT_US, "gave up after {} s", (now - since) / 1_000_000);
     }
 
     #[test]
     fn a_waiter_keeps_waiting_while_the_claimer_signs() {
-        let (mut a, mut b, mut now) = claimer_and_waiter();
+        let (mut workers, mut now) = claimer_and_waiters(2);
         // One decision each per second of host time: the claimer's generation
         // runs far longer than the wait timeout, signing as it goes.
         let started = now;
-        while a.generating().is_some() {
+        while workers[0].generating().is_some() {
             now += 1_000_000;
-            a.decide(&fresh(now, 0, 400.0));
-            b.decide(&fresh(now, 1, 400.0));
-            assert!(b.generating().is_none(), "the waiter generated while the claimer signed");
+            step(&mut workers, now, 400.0);
+            assert!(workers[1].generating().is_none(), "the waiter generated while the claimer signed");
         }
-        assert!(now - started > 2 * WAIT_TIMEOUT_US, "the generation took {} s", (now - started) / 1_000_000);
-        now += POLL_US;
-        b.decide(&fresh(now, 1, 400.0));
-        assert!(b.waiting_for().is_none());
-        assert_eq!(b.policies(), a.policies(), "the waiter took the claimer's policy");
+        let took = now - started;
+        assert!(took > 2 * sharing::WAIT_TIMEOUT_US, "the generation took {} s", took / 1_000_000);
+        now += sharing::POLL_US;
+        workers[1].decide(&fresh(now, 1, 400.0));
+        assert!(workers[1].waiting_for().is_none());
+        assert_eq!(workers[1].policies(), workers[0].policies(), "the waiter took the claimer's policy");
     }
 
     #[test]
-    fn an_unclaimed_generation_takes_the_claimers_policy_when_it_comes() {
-        let (mut a, mut b, mut now) = claimer_and_waiter();
-        // The waiter times out while the claimer is silent, and generates itself.
+    fn a_later_attempt_takes_an_earlier_attempts_policy_when_it_comes() {
+        let (mut workers, mut now) = claimer_and_waiters(2);
+        // The waiter times out while the claimer is silent, and takes over.
         let since = now;
-        while b.generating().is_none() {
+        while workers[1].generating().is_none() {
             now += 100_000;
-            b.decide(&fresh(now, 1, 400.0));
-            assert!(now < since + 2 * WAIT_TIMEOUT_US, "waited for ever");
+            workers[1].decide(&fresh(now, 1, 400.0));
+            assert!(now < since + 2 * sharing::WAIT_TIMEOUT_US, "waited for ever");
         }
-        // The claimer comes back and finishes; the waiter drops its own work.
-        while a.generating().is_some() {
+        // The first claimer comes back and finishes; the second drops its work.
+        while workers[0].generating().is_some() {
             now += 10_000;
-            a.decide(&fresh(now, 0, 400.0));
+            workers[0].decide(&fresh(now, 0, 400.0));
         }
-        now += POLL_US;
-        b.decide(&fresh(now, 1, 400.0));
-        assert!(b.generating().is_none(), "took the published policy instead");
-        assert_eq!(b.policies(), a.policies());
-    }
-
-    #[test]
-    fn planned_loads_round_up_to_the_grid() {
-        for i in [-300, -1, 0, 1, 500, 1_000, 2_000] {
-            assert_eq!(load_index(grid_load(i)), i, "grid load {i} maps back to itself");
-            assert_eq!(load_index(grid_load(i) * 1.0001), i + 1, "just above grid load {i}");
-        }
-        let l = 2_100.0;
-        assert!((l..l * LOAD_STEP).contains(&grid_load(load_index(l))));
-        // Degenerate estimates give far-away indices, not a panic.
-        assert!(load_index(0.0) < -1_000_000 && load_index(f64::INFINITY) > 1_000_000);
-        assert!(grid_load(load_index(0.0)) >= 0.0);
+        now += sharing::POLL_US;
+        workers[1].decide(&fresh(now, 1, 400.0));
+        assert!(workers[1].generating().is_none(), "took the published policy instead");
+        assert_eq!(workers[1].policies(), workers[0].policies());
     }
 
     #[test]
