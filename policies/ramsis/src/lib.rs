@@ -13,6 +13,11 @@
 //! - [`latency`]: latency-table preparation (regression fill, monotone fix,
 //!   Pareto pruning, the synthetic models of §7.3.2).
 //! - [`sim`]: a direct Monte-Carlo of one worker, to check the expectations.
+//! - [`table`]: policy tables in JSON (the artifact-like map and the compact
+//!   run-length form) and binary.
+//! - [`sharing`]: how the workers of an app share the parsed tables and the
+//!   generations through the binding's store, so the work is done once per
+//!   app rather than once per worker.
 //!
 //! `docs/ramsis.md` describes the model as implemented and every place it
 //! departs from the paper or the authors' artifact.
