@@ -181,3 +181,48 @@ fn model_switching_table_matches_the_reference_away_from_boundaries() {
         assert_eq!(model, expected, "at {load} req/s");
     }
 }
+
+/// RAMSIS generating its own policies in the loop (in `init` and in the
+/// background, shared by the workers through the binding's store) gives
+/// byte-identical results run after run, and the background generation changes
+/// what it decides.
+#[test]
+fn ramsis_generating_in_the_loop_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/ramsis-image-cpu.toml");
+    let body = |slice_work: u32| {
+        format!(
+            r#"duration_s = 20
+seed = 3
+[[app]]
+name = "image"
+slo_ms = 150
+workers = 8
+profile = "{}"
+models = ["shufflenet_v2_x0_5", "mobilenet_v3_large", "efficientnet_b0", "efficientnet_b2", "efficientnet_b3"]
+max_batch = 12
+policy = "ramsis"
+params = {{ discretization = "fld:20", max_queue = 12, slice_work = {slice_work} }}
+arrivals = {{ kind = "poisson", rate_qps = 300 }}
+"#,
+            profile.display()
+        )
+    };
+    let (e, base) = experiment(dir.path(), &body(50_000));
+    let a = run_experiment(&e, &base, false).unwrap();
+    let b = run_experiment(&e, &base, false).unwrap();
+    write_outputs(&dir.path().join("a"), &a).unwrap();
+    write_outputs(&dir.path().join("b"), &b).unwrap();
+    for f in ["results.json", "timeseries.csv"] {
+        let x = std::fs::read(dir.path().join("a").join(f)).unwrap();
+        let y = std::fs::read(dir.path().join("b").join(f)).unwrap();
+        assert!(x == y, "{f} differs between two runs");
+    }
+    assert_eq!(a.results[0].faults, 0);
+    let (e0, base0) = experiment(dir.path(), &body(0));
+    let frozen = run_experiment(&e0, &base0, false).unwrap();
+    assert_ne!(
+        a.results[0].accuracy, frozen.results[0].accuracy,
+        "the policy generated in the background for ~315 QPS decides differently from the 90%-capacity one"
+    );
+}
