@@ -62,7 +62,7 @@ pub mod types;
 #[doc(hidden)]
 pub mod wit;
 
-pub use log::{log, Level};
+pub use log::{log, Level, LogOnChange};
 pub use policy::Policy;
 pub use types::{Config, Decision, Dispatch, Micros, Model, Outcome, Pending, View};
 

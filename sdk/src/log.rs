@@ -29,6 +29,21 @@ pub fn log(level: Level, message: &str) {
     imp::log(level, message);
 }
 
+/// Remembers the last value a policy logged about (its model choice), so a change
+/// is logged once rather than on every `decide`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogOnChange(Option<u32>);
+
+impl LogOnChange {
+    /// Logs `message()` at `level` when `value` differs from the last one seen.
+    pub fn log(&mut self, value: u32, level: Level, message: impl FnOnce() -> String) {
+        if self.0 != Some(value) {
+            self.0 = Some(value);
+            log(level, &message());
+        }
+    }
+}
+
 /// How many lines the native log buffer keeps; older lines are discarded so a
 /// long replay that logs on every decision cannot exhaust memory.
 #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
@@ -65,5 +80,21 @@ pub(crate) mod imp {
 
     pub(crate) fn take() -> Vec<(Level, String)> {
         LINES.with(|lines| lines.borrow_mut().drain(..).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_on_change_logs_each_change_once() {
+        let _ = imp::take();
+        let mut logged = LogOnChange::default();
+        for id in [1, 1, 2, 2, 1] {
+            logged.log(id, Level::Debug, || format!("model {id}"));
+        }
+        let lines: Vec<String> = imp::take().into_iter().map(|(_, l)| l).collect();
+        assert_eq!(lines, ["model 1", "model 2", "model 1"]);
     }
 }

@@ -19,7 +19,7 @@
 //! simulator's "AIMD" baseline does.
 
 use serde::Deserialize;
-use sluice_sdk::{helpers, log, Config, Decision, Dispatch, Level, Model, Outcome, Policy, View};
+use sluice_sdk::{helpers, Config, Decision, Dispatch, Level, LogOnChange, Model, Outcome, Policy, View};
 
 /// How the batch-size limit adapts.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub struct ClipperAimd {
     config: Config,
     params: Params,
     aimd: Aimd,
-    logged: Option<u32>,
+    logged: LogOnChange,
 }
 
 impl ClipperAimd {
@@ -138,7 +138,7 @@ impl Policy for ClipperAimd {
             return Err("clipper-aimd: param `max_batch` must be at least 1".into());
         }
         let aimd = Aimd::new(params.mode, params.backoff);
-        Ok(ClipperAimd { config, params, aimd, logged: None })
+        Ok(ClipperAimd { config, params, aimd, logged: LogOnChange::default() })
     }
 
     fn decide(&mut self, view: &View) -> Decision {
@@ -149,10 +149,8 @@ impl Policy for ClipperAimd {
             return Decision::Idle;
         };
         let model = &self.config.models[id as usize];
-        if self.logged != Some(id) {
-            self.logged = Some(id);
-            log(Level::Debug, &format!("clipper-aimd: model {} ({:?})", model.name, self.params.mode));
-        }
+        let mode = self.params.mode;
+        self.logged.log(id, Level::Debug, || format!("clipper-aimd: model {} ({mode:?})", model.name));
         // Lazy drop: only requests whose deadline has already passed.
         let late = if self.params.drop_late {
             view.queue.iter().take_while(|p| p.deadline <= view.now).count() as u32

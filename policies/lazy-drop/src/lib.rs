@@ -15,7 +15,7 @@
 //! the backlog. Service is work-conserving: it never waits.
 
 use serde::Deserialize;
-use sluice_sdk::{helpers, log, Config, Decision, Dispatch, Level, Micros, Model, Policy, View};
+use sluice_sdk::{helpers, Config, Decision, Dispatch, Level, LogOnChange, Micros, Model, Policy, View};
 
 /// The policy's parameters (all optional): `{"model": "<name>", "max_batch": B}`.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -62,7 +62,7 @@ pub fn plan(model: &Model, cap: u32, view: &View) -> Plan {
 pub struct LazyDrop {
     config: Config,
     params: Params,
-    logged: Option<u32>,
+    logged: LogOnChange,
 }
 
 impl LazyDrop {
@@ -79,7 +79,7 @@ impl Policy for LazyDrop {
         if params.max_batch == Some(0) {
             return Err("lazy-drop: param `max_batch` must be at least 1".into());
         }
-        Ok(LazyDrop { config, params, logged: None })
+        Ok(LazyDrop { config, params, logged: LogOnChange::default() })
     }
 
     fn decide(&mut self, view: &View) -> Decision {
@@ -90,10 +90,7 @@ impl Policy for LazyDrop {
             return Decision::Idle;
         };
         let model = &self.config.models[id as usize];
-        if self.logged != Some(id) {
-            self.logged = Some(id);
-            log(Level::Debug, &format!("lazy-drop: model {}", model.name));
-        }
+        self.logged.log(id, Level::Debug, || format!("lazy-drop: model {}", model.name));
         let p = plan(model, self.params.max_batch.unwrap_or(u32::MAX), view);
         // An empty `take` with a non-empty `drop` is a valid dispatch: the host
         // answers the dropped requests and asks again at once.

@@ -14,7 +14,7 @@
 //! the Nexus paper describes (and as Proteus's evaluation characterises it).
 
 use serde::Deserialize;
-use sluice_sdk::{helpers, log, Config, Decision, Level, Micros, Model, Policy, View};
+use sluice_sdk::{helpers, Config, Decision, Level, LogOnChange, Micros, Model, Policy, View};
 
 /// The policy's parameters (all optional):
 /// `{"model": "<name>", "batch": B, "work_conserving": false}`.
@@ -90,7 +90,7 @@ pub fn plan(model: &Model, batch: u32, work_conserving: bool, margin: Micros, vi
 pub struct Nexus {
     config: Config,
     params: Params,
-    logged: Option<u32>,
+    logged: LogOnChange,
 }
 
 impl Nexus {
@@ -115,7 +115,7 @@ impl Policy for Nexus {
         if params.batch == Some(0) {
             return Err("nexus: param `batch` must be at least 1".into());
         }
-        Ok(Nexus { config, params, logged: None })
+        Ok(Nexus { config, params, logged: LogOnChange::default() })
     }
 
     fn decide(&mut self, view: &View) -> Decision {
@@ -127,10 +127,7 @@ impl Policy for Nexus {
         };
         let model = &self.config.models[id as usize];
         let batch = self.batch(model);
-        if self.logged != Some(id) {
-            self.logged = Some(id);
-            log(Level::Debug, &format!("nexus: model {} batch {batch}", model.name));
-        }
+        self.logged.log(id, Level::Debug, || format!("nexus: model {} batch {batch}", model.name));
         let p = plan(model, batch, self.params.work_conserving, self.params.margin_us, view);
         helpers::head_plan(model.id, p.drop, p.fire, p.wait_until)
     }

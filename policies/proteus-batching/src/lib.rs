@@ -15,7 +15,7 @@
 //! head first; the head is never left to expire while it could still be served.
 
 use serde::Deserialize;
-use sluice_sdk::{helpers, log, Config, Decision, Level, Micros, Model, Policy, View};
+use sluice_sdk::{helpers, Config, Decision, Level, LogOnChange, Micros, Model, Policy, View};
 
 /// The policy's parameters (all optional):
 /// `{"model": "<name>", "max_batch": B, "latency_set": [1, 2, 4, 8]}`.
@@ -134,7 +134,7 @@ pub fn plan(model: &Model, sizes: &[u32], margin: Micros, head_drop: HeadDrop, v
 pub struct ProteusBatching {
     config: Config,
     params: Params,
-    logged: Option<u32>,
+    logged: LogOnChange,
 }
 
 impl ProteusBatching {
@@ -191,7 +191,7 @@ impl Policy for ProteusBatching {
                 return Err(format!("proteus-batching: param `latency_set` must list sizes ≥ 1, got {set:?}"));
             }
         }
-        Ok(ProteusBatching { config, params, logged: None })
+        Ok(ProteusBatching { config, params, logged: LogOnChange::default() })
     }
 
     fn decide(&mut self, view: &View) -> Decision {
@@ -203,10 +203,7 @@ impl Policy for ProteusBatching {
         };
         let model = &self.config.models[id as usize];
         let sizes = self.sizes(model);
-        if self.logged != Some(id) {
-            self.logged = Some(id);
-            log(Level::Debug, &format!("proteus-batching: model {} sizes {sizes:?}", model.name));
-        }
+        self.logged.log(id, Level::Debug, || format!("proteus-batching: model {} sizes {sizes:?}", model.name));
         let p = plan(model, &sizes, self.params.margin_us, self.params.head_drop, view);
         helpers::head_plan(model.id, p.drop, p.fire, p.wait_until)
     }

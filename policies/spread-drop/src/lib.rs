@@ -24,7 +24,7 @@
 //! properties instead, and the property tests at the bottom check them.
 
 use serde::Deserialize;
-use sluice_sdk::{helpers, log, Config, Decision, Dispatch, Level, Micros, Model, Policy, View};
+use sluice_sdk::{helpers, log, Config, Decision, Dispatch, Level, LogOnChange, Micros, Model, Policy, View};
 
 /// How the batch is spread over the candidate set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,7 +217,7 @@ pub struct SpreadDrop {
     /// (`true` = dropped), for windows spanning two batches.
     history: Vec<bool>,
     /// The last model we logged about, so changes are logged once.
-    logged: Option<u32>,
+    logged: LogOnChange,
 }
 
 impl SpreadDrop {
@@ -286,7 +286,8 @@ impl Policy for SpreadDrop {
         if latency == 0 {
             return Err("spread-drop: the latency SLO L must be positive".into());
         }
-        let policy = SpreadDrop { config, params, latency, objective, history: Vec::new(), logged: None };
+        let policy =
+            SpreadDrop { config, params, latency, objective, history: Vec::new(), logged: LogOnChange::default() };
         // Warn once if the paper's assumption 2·P_B ≤ L does not hold for the
         // configured model: candidate sets are then incomplete (§3.1).
         let all: Vec<u32> = policy.config.models.iter().map(|m| m.id).collect();
@@ -305,16 +306,10 @@ impl Policy for SpreadDrop {
         let Some(s) = self.setting(&view.loaded) else {
             return Decision::Idle;
         };
-        if self.logged != Some(s.model) {
-            self.logged = Some(s.model);
-            log(
-                Level::Debug,
-                &format!(
-                    "spread-drop: model {} B = {} P_B = {} µs, {:?}",
-                    s.model, s.batch, s.processing, self.objective
-                ),
-            );
-        }
+        let objective = &self.objective;
+        self.logged.log(s.model, Level::Debug, || {
+            format!("spread-drop: model {} B = {} P_B = {} µs, {objective:?}", s.model, s.batch, s.processing)
+        });
         // Deadlines from the paper's L: a_i + L (the host's are arrival + SLO).
         let deadline = |i: usize| view.queue[i].arrival.saturating_add(self.latency);
         // Algorithm 1, line 2: drop what cannot meet its deadline with a batch
