@@ -334,17 +334,25 @@ fn run_grid(args: &GenArgs, problem: &Problem, space: &Space) -> Result<()> {
     })?;
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
+    let rows: Vec<serde_json::Value> = set
+        .entries
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "load_qps": e.load_qps,
+                "expected_accuracy": e.expected_accuracy,
+                "expected_violation": e.expected_violation,
+            })
+        })
+        .collect();
     if let Some(out) = &args.out {
-        let policies: Vec<serde_json::Value> = set
-            .entries
+        let policies: Vec<serde_json::Value> = rows
             .iter()
-            .map(|e| {
-                serde_json::json!({
-                    "load_qps": e.load_qps,
-                    "expected_accuracy": e.expected_accuracy,
-                    "expected_violation": e.expected_violation,
-                    "table": policy_ramsis::table_rows(space, &e.policy),
-                })
+            .zip(&set.entries)
+            .map(|(row, e)| {
+                let mut p = row.clone();
+                p["table"] = policy_ramsis::table_rows(space, &e.policy);
+                p
             })
             .collect();
         let discretization = match problem.discretization {
@@ -362,17 +370,6 @@ fn run_grid(args: &GenArgs, problem: &Problem, space: &Space) -> Result<()> {
         });
         write_json(out, &params)?;
     }
-    let rows: Vec<serde_json::Value> = set
-        .entries
-        .iter()
-        .map(|e| {
-            serde_json::json!({
-                "load_qps": e.load_qps,
-                "expected_accuracy": e.expected_accuracy,
-                "expected_violation": e.expected_violation,
-            })
-        })
-        .collect();
     if args.json {
         let report = serde_json::json!({
             "policies": rows,

@@ -462,10 +462,7 @@ impl PolicyInstance {
         // `status` is optional: components of the plain `policy` world lack it.
         let status = instance.get_typed_func::<(), (String,)>(&mut store, "status").ok();
         // A transient copy: the record is lowered into the instance's memory.
-        let wit_config = to_wit_config(&binding.config, worker);
-        let result = bindings.call_init(&mut store, &wit_config);
-        drop(wit_config);
-        match result {
+        match bindings.call_init(&mut store, &to_wit_config(&binding.config, worker)) {
             Ok(Ok(())) => Ok((store, bindings, status)),
             Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
             Err(e) => {

@@ -165,11 +165,16 @@ struct Target {
 /// Waiting on generations other workers claimed.
 struct Waiting {
     targets: Vec<Target>,
-    /// The highest load awaited.
-    load_qps: f64,
     /// When a claimer last signed (or the wait began).
     last_sign: Micros,
     next_poll: Micros,
+}
+
+impl Waiting {
+    /// The highest load awaited.
+    fn load_qps(&self) -> f64 {
+        self.targets.iter().map(|t| grid_load(t.index)).fold(f64::NEG_INFINITY, f64::max)
+    }
 }
 
 /// The RAMSIS policy for one worker.
@@ -221,7 +226,7 @@ impl Ramsis {
 
     /// The load of another worker's generation this one waits on, if any.
     pub fn waiting_for(&self) -> Option<f64> {
-        self.waiting.as_ref().map(|w| w.load_qps)
+        self.waiting.as_ref().map(Waiting::load_qps)
     }
 
     /// Builds the worker's MDP from the app's models, SLO and K; the policy
@@ -456,8 +461,7 @@ impl Ramsis {
     }
 
     fn wait(&mut self, targets: Vec<Target>, now: Micros) {
-        let top = targets.iter().map(|t| t.index).max().unwrap_or(i64::MIN);
-        self.waiting = Some(Waiting { targets, load_qps: grid_load(top), last_sign: now, next_poll: now });
+        self.waiting = Some(Waiting { targets, last_sign: now, next_poll: now });
     }
 
     /// Takes the policies other workers published for these grid loads into the
@@ -519,7 +523,7 @@ impl Ramsis {
     /// (then one worker claims the next attempt).
     fn poll(&mut self, estimate: f64, now: Micros) {
         let Some(w) = self.waiting.as_mut() else { return };
-        if estimate > w.load_qps && self.set.covering(estimate).is_none() {
+        if estimate > w.load_qps() && self.set.covering(estimate).is_none() {
             // The load passed what is being generated: plan again.
             self.waiting = None;
             return;
@@ -825,17 +829,7 @@ mod tests {
     /// `n` workers of one binding (the native store is per thread), the first
     /// generating ~420 QPS under its claim and the others waiting on it.
     fn claimer_and_waiters(n: u32) -> (Vec<Ramsis>, Micros) {
-        sluice_sdk::testing::clear_shared();
-        let params = r#"{"load_qps": 200, "max_queue": 12, "discretization": "fld:50", "slice_work": 1000}"#;
-        let mut workers: Vec<Ramsis> = (0..n)
-            .map(|w| {
-                let mut c = cfg(params);
-                c.worker = w;
-                let mut p = Ramsis::init(c).unwrap();
-                p.params.load_qps = None;
-                p
-            })
-            .collect();
+        let mut workers = binding(n, 1_000);
         let mut now = 0;
         while workers[1..].iter().any(|p| p.waiting_for().is_none()) {
             now += 10_000;
@@ -844,6 +838,23 @@ mod tests {
         }
         assert!(workers[0].generating().is_some());
         (workers, now)
+    }
+
+    /// `n` workers of a new binding (an empty native store), their first
+    /// policy generated for 200 QPS, then following the load estimate.
+    fn binding(n: u32, slice_work: u64) -> Vec<Ramsis> {
+        sluice_sdk::testing::clear_shared();
+        let params =
+            format!(r#"{{"load_qps": 200, "max_queue": 12, "discretization": "fld:50", "slice_work": {slice_work}}}"#);
+        (0..n)
+            .map(|w| {
+                let mut c = cfg(&params);
+                c.worker = w;
+                let mut p = Ramsis::init(c).unwrap();
+                p.params.load_qps = None;
+                p
+            })
+            .collect()
     }
 
     /// One decision of each worker at `now`.
@@ -928,17 +939,7 @@ mod tests {
 
     #[test]
     fn workers_share_background_generations() {
-        sluice_sdk::testing::clear_shared();
-        let params = r#"{"load_qps": 200, "max_queue": 12, "discretization": "fld:50", "slice_work": 50000}"#;
-        let mut workers: Vec<Ramsis> = (0..3)
-            .map(|w| {
-                let mut c = cfg(params);
-                c.worker = w;
-                let mut p = Ramsis::init(c).unwrap();
-                p.params.load_qps = None;
-                p
-            })
-            .collect();
+        let mut workers = binding(3, 50_000);
         // Each worker sees a slightly different estimate, as the host's moving
         // window gives them; all within the grid step of one another.
         let mut generated = [false; 3];
