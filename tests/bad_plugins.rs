@@ -30,7 +30,7 @@ unbind_after = 3
 input = { name = "x", datatype = "FP32", shape = [4] }
 "#;
 
-async fn upload(c: &mut sluice::loadgen::Client, name: &str, bytes: &[u8]) -> sluice::loadgen::HttpResponse {
+async fn upload(c: &mut sluice_loadgen::Client, name: &str, bytes: &[u8]) -> sluice_loadgen::HttpResponse {
     let auth = format!("Bearer {TOKEN}");
     c.request(
         "POST",
@@ -42,7 +42,7 @@ async fn upload(c: &mut sluice::loadgen::Client, name: &str, bytes: &[u8]) -> sl
     .unwrap()
 }
 
-async fn serves(c: &mut sluice::loadgen::Client, app: &str, n: u64) -> Vec<String> {
+async fn serves(c: &mut sluice_loadgen::Client, app: &str, n: u64) -> Vec<String> {
     let mut policies = Vec::new();
     for i in 0..n {
         let r = c.post_json(&format!("/v2/models/{app}/infer"), &small_infer(i)).await.unwrap();

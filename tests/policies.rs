@@ -48,7 +48,7 @@ async fn traffic(server: &TestServer, clients: u64, per_client: u64) -> Vec<Answ
     for c in 0..clients {
         let addr = server.addr;
         tasks.spawn(async move {
-            let mut client = sluice::loadgen::Client::connect(addr).await.expect("connect");
+            let mut client = sluice_loadgen::Client::connect(addr).await.expect("connect");
             let mut out = Vec::new();
             for i in 0..per_client {
                 let r = client.post_json("/v2/models/emu/infer", &small_infer(c * 1000 + i)).await.expect("answer");

@@ -52,7 +52,7 @@ async fn two_apps_every_request_answered_once_by_a_loaded_variant() {
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..12u64 {
         tasks.spawn(async move {
-            let mut client = sluice::loadgen::Client::connect(addr).await.unwrap();
+            let mut client = sluice_loadgen::Client::connect(addr).await.unwrap();
             let mut out = Vec::new();
             for i in 0..250u64 {
                 let id = c * 1000 + i;
@@ -66,7 +66,7 @@ async fn two_apps_every_request_answered_once_by_a_loaded_variant() {
     let mut onnx_tasks = tokio::task::JoinSet::new();
     for c in 0..3usize {
         onnx_tasks.spawn(async move {
-            let mut client = sluice::loadgen::Client::connect(addr).await.unwrap();
+            let mut client = sluice_loadgen::Client::connect(addr).await.unwrap();
             let mut out = Vec::new();
             for i in 0..40usize {
                 let body = json!({ "id": format!("img-{c}-{i}"), "inputs": [{ "name": "data_0", "datatype": "FP32", "shape": [1, 3, 224, 224], "data": image(c * 40 + i) }] });
@@ -213,8 +213,8 @@ async fn recorded_arrivals_replay_in_the_simulator() {
         policies_dir().display()
     );
     std::fs::write(dir.join("replay.toml"), experiment).unwrap();
-    let (e, base) = sluice::sim::Experiment::load(&dir.join("replay.toml")).unwrap();
-    let out = sluice::sim::run_experiment(&e, &base, false).unwrap();
+    let (e, base) = sluice_sim::Experiment::load(&dir.join("replay.toml")).unwrap();
+    let out = sluice_sim::run_experiment(&e, &base, false).unwrap();
     assert_eq!(out.results[0].requests, 50, "every recorded arrival is replayed");
     assert_eq!(out.results[0].on_time, 50);
 }

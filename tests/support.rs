@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use sluice::loadgen::{Client, HttpResponse};
-use sluice::server::State;
+use sluice_loadgen::{Client, HttpResponse};
+use sluice_server::state::State;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -84,14 +84,14 @@ impl TestServer {
             policies_dir().display(),
             config.replace("{dir}", &dir.path().display().to_string()).replace("{root}", &root().display().to_string())
         );
-        let config = sluice::config::Config::parse(&text, "test config", dir.path())?;
+        let config = sluice_server::config::Config::parse(&text, "test config", dir.path())?;
         let state = State::build(config).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (tx, rx) = oneshot::channel::<()>();
         let s = state.clone();
         let task = tokio::spawn(async move {
-            sluice::server::run(listener, s, async {
+            sluice_server::server::run(listener, s, async {
                 let _ = rx.await;
             })
             .await

@@ -38,7 +38,7 @@ async fn twenty_swaps_under_load_lose_nothing() {
         let log = log.clone();
         let stop = stop.clone();
         clients.spawn(async move {
-            let mut client = sluice::loadgen::Client::connect(addr).await.unwrap();
+            let mut client = sluice_loadgen::Client::connect(addr).await.unwrap();
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 let sent = Instant::now();
@@ -143,7 +143,7 @@ async fn swapping_to_ramsis_under_load_reports_its_expectations() {
     let by_ramsis = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (s2, r2) = (stop.clone(), by_ramsis.clone());
     let client = tokio::spawn(async move {
-        let mut c = sluice::loadgen::Client::connect(addr).await.unwrap();
+        let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
         let mut out = Vec::new();
         let mut i = 0;
         while !s2.load(Ordering::Relaxed) {

@@ -18,7 +18,7 @@ commits) and writes (relative to --out):
   infadapter/infadapter_constants.json               -> infadapter-resnet-capacity.toml
                                                         infadapter-resnet-cpu1.toml
 
-Profiles follow host/src/profile.rs (format version 1, latency in integer µs
+Profiles follow host/core/src/profile.rs (format version 1, latency in integer µs
 per batch size, p50 <= p95 <= p99, accuracy in [0, 1]); the capacity table
 has its own schema, described in its header and in profiles/README.md. Every
 choice made here (percentile filling, accuracy normalisation, duplicates) is
@@ -532,7 +532,7 @@ def convert_infadapter(data, out, report):
     lines = [
         "# InfAdapter capacity table: ResNet-18..152 served by TF Serving on CPU, one replica, batch 1,\n",
         "# for 1..20 CPU cores and four latency SLAs. NOT a sluice model profile (no `version`; the file\n",
-        "# name ends in `-capacity`, which host/tests/profiles.rs skips); see profiles/README.md.\n",
+        "# name ends in `-capacity`, which host/core/tests/profiles.rs skips); see profiles/README.md.\n",
         "#\n",
         "# Converted by xtask/scripts/convert_profiles.py from the InfAdapter artifact (commit %s):\n"
         % SNAPSHOTS["infadapter"],

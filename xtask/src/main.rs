@@ -53,7 +53,15 @@ fn main() -> Result<()> {
         Task::Bench => {
             setup(&root)?;
             build_all_policies(&root)?;
-            run(Command::new("cargo").current_dir(&root).args(["bench", "-p", "sluice"]))
+            run(Command::new("cargo").current_dir(&root).args([
+                "bench",
+                "-p",
+                "sluice-core",
+                "-p",
+                "sluice-server",
+                "-p",
+                "sluice",
+            ]))
         }
     }
 }

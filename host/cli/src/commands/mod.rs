@@ -1,0 +1,10 @@
+//! One file per subcommand: each parses its arguments (clap) and calls the library
+//! that does the work.
+
+pub mod loadgen;
+pub mod model_switching;
+pub mod profile;
+pub mod ramsis;
+pub mod serve;
+pub mod sim;
+pub mod spread_drop;

@@ -1,0 +1,49 @@
+//! The `sluice` command: parses arguments, sets up logging, calls one subcommand
+//! (`sluice::commands::*`, a file each).
+
+use clap::{Parser, Subcommand};
+use sluice::commands;
+
+/// Inference serving with hot-swappable WebAssembly scheduling policies.
+#[derive(Parser)]
+#[command(name = "sluice", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the apps of a config (the embedded default without --config).
+    Serve(commands::serve::ServeArgs),
+    /// Measure model latency per batch size and write a profile.
+    Profile(commands::profile::ProfileArgs),
+    /// Send load to a running server (open or closed loop), optionally swapping policies.
+    Loadgen(sluice_loadgen::LoadArgs),
+    /// Simulate an experiment in virtual time with the real policy components.
+    Sim(commands::sim::SimArgs),
+    /// ModelSwitching: build its load → model table by simulation.
+    ModelSwitching(commands::model_switching::ModelSwitchingArgs),
+    /// RAMSIS: generate MDP model-selection policies, convert the artifact's profiles.
+    Ramsis(commands::ramsis::RamsisArgs),
+    /// Spread-drop guarantees: the maximum sustainable rates of Theorems 1 and 2.
+    SpreadDrop(commands::spread_drop::SpreadDropArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,ort=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => commands::serve::run(args),
+        Command::Profile(args) => commands::profile::run(args),
+        Command::Loadgen(args) => commands::loadgen::run(args),
+        Command::Sim(args) => commands::sim::run(args),
+        Command::ModelSwitching(args) => commands::model_switching::run(args),
+        Command::Ramsis(args) => commands::ramsis::run(args),
+        Command::SpreadDrop(args) => commands::spread_drop::run(args),
+    }
+}

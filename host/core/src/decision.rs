@@ -1,0 +1,250 @@
+//! One decision of one worker, independent of the clock and the executor: the live
+//! worker loop (wall time, real queues) and the simulator (virtual time) both call
+//! [`decide`], so a policy sees the same views and its answers are validated and
+//! applied the same way in both.
+
+use std::time::{Duration, Instant};
+
+use sluice_sdk as sdk;
+
+use crate::runtime::{PolicyFault, PolicyInstance};
+
+/// The policy a worker runs.
+pub enum Bound {
+    /// A Wasm component instance.
+    Wasm(Box<PolicyInstance>),
+    /// The built-in safe policy (after an unbind, or when none could be bound).
+    Safe,
+}
+
+impl Bound {
+    /// Name for responses and metrics.
+    pub fn name(&self) -> &str {
+        match self {
+            Bound::Wasm(i) => &i.compiled().name,
+            Bound::Safe => "safe",
+        }
+    }
+}
+
+/// What the decision core needs to know about a queued request.
+pub trait Queued {
+    /// Its id, arrival and deadline as the policy sees them.
+    fn pending(&self) -> sdk::Pending;
+}
+
+/// Everything about the worker a decision depends on, besides its queue and policy.
+pub struct Context<'a> {
+    /// Now (µs on the host or virtual clock).
+    pub now: u64,
+    /// The worker's index.
+    pub worker: u32,
+    /// Workers of the app.
+    pub workers: u32,
+    /// The app's arrival-rate estimate.
+    pub load_qps: f64,
+    /// Model ids loaded on the worker.
+    pub loaded: &'a [u32],
+    /// Every model of the app.
+    pub models: &'a [sdk::Model],
+    /// The host drops a request this long past its deadline.
+    pub expire_us: u64,
+    /// At shutdown an idle answer on a non-empty queue is replaced by the safe
+    /// decision, so the queue drains.
+    pub draining: bool,
+}
+
+/// What the worker does next.
+#[derive(Debug)]
+pub enum Next<Q> {
+    /// Execute this batch on this model.
+    Run {
+        /// The model id.
+        model: u32,
+        /// The requests, in the policy's order.
+        batch: Vec<Q>,
+    },
+    /// Wait for an arrival or until this instant (capped at the head's expiry).
+    Wait(u64),
+    /// Decide again at once: the policy only dropped (each such decision removes at
+    /// least one request, so this ends), and what is left may be servable now.
+    Again,
+    /// Wait for an arrival, or until `expire_at` when the queue is not empty.
+    Idle {
+        /// When the head of the queue expires (None: the queue is empty).
+        expire_at: Option<u64>,
+    },
+}
+
+/// The result of one decision.
+#[derive(Debug)]
+pub struct Decided<Q> {
+    /// What to do next.
+    pub next: Next<Q>,
+    /// Requests the host expired (waited past deadline + `expire_us`).
+    pub expired: Vec<Q>,
+    /// Requests the policy dropped.
+    pub dropped: Vec<Q>,
+    /// The fault, when the policy's answer was replaced by the safe decision.
+    pub fault: Option<PolicyFault>,
+    /// Whether the safe policy decided (a fault, the draining rule, or `Bound::Safe`).
+    pub by_safe: bool,
+    /// Time spent in the policy's `decide` (None when the queue was empty and no
+    /// decision was asked for).
+    pub decide_time: Option<Duration>,
+}
+
+/// Expires, asks the policy (when the queue is not empty), validates the answer
+/// (`check_decision`; a fault or invalid answer becomes the safe decision) and
+/// removes the taken and dropped requests from `items`, which must be in
+/// earliest-deadline order.
+pub fn decide<Q: Queued>(policy: &mut Bound, items: &mut Vec<Q>, cx: &Context) -> Decided<Q> {
+    // Host expiry: whatever the policy does, no request waits forever.
+    let cut = items.partition_point(|r| r.pending().deadline + cx.expire_us < cx.now);
+    let expired: Vec<Q> = items.drain(..cut).collect();
+    let mut out = Decided {
+        next: Next::Idle { expire_at: None },
+        expired,
+        dropped: Vec::new(),
+        fault: None,
+        by_safe: matches!(policy, Bound::Safe),
+        decide_time: None,
+    };
+    if items.is_empty() {
+        return out;
+    }
+    let view = sdk::View {
+        now: cx.now,
+        worker: cx.worker,
+        workers: cx.workers,
+        load_qps: cx.load_qps,
+        loaded: cx.loaded.to_vec(),
+        queue: items.iter().map(Queued::pending).collect(),
+    };
+    let started = Instant::now();
+    let answer = match policy {
+        Bound::Wasm(instance) => instance.decide(&view),
+        Bound::Safe => Ok(sdk::helpers::safe_decision(cx.models, &view)),
+    };
+    out.decide_time = Some(started.elapsed());
+    let checked = answer.and_then(|d| match sdk::helpers::check_decision(cx.models, &view, &d) {
+        Ok(()) => Ok(d),
+        Err(e) => Err(PolicyFault::Invalid(e.to_string())),
+    });
+    let mut decision = match checked {
+        Ok(d) => d,
+        Err(fault) => {
+            out.fault = Some(fault);
+            out.by_safe = true;
+            sdk::helpers::safe_decision(cx.models, &view)
+        }
+    };
+    if cx.draining && matches!(decision, sdk::Decision::Idle) {
+        decision = sdk::helpers::safe_decision(cx.models, &view);
+        out.by_safe = true;
+    }
+    let head_expiry = items.first().map(|r| r.pending().deadline + cx.expire_us + 1);
+    out.next = match decision {
+        sdk::Decision::Dispatch(d) => {
+            // Indices refer to the view, which mirrors `items`; they were checked to be
+            // in range and distinct.
+            let mut slots: Vec<Option<Q>> = items.drain(..).map(Some).collect();
+            let batch: Vec<Q> = d.take.iter().filter_map(|&i| slots[i as usize].take()).collect();
+            out.dropped = d.drop.iter().filter_map(|&i| slots[i as usize].take()).collect();
+            items.extend(slots.into_iter().flatten());
+            if batch.is_empty() {
+                if items.is_empty() {
+                    Next::Idle { expire_at: None }
+                } else {
+                    Next::Again
+                }
+            } else {
+                Next::Run { model: d.model, batch }
+            }
+        }
+        // A wait never outlasts the head's host expiry: that request must be answered.
+        sdk::Decision::WaitUntil(t) => Next::Wait(head_expiry.map_or(t, |e| t.min(e))),
+        sdk::Decision::Idle => Next::Idle { expire_at: head_expiry },
+    };
+    out
+}
+
+/// Whether a request that finished at `finished` met its deadline (the one rule the
+/// live host and the simulator count on-time and late requests by).
+pub fn met(finished: u64, deadline: u64) -> bool {
+    finished <= deadline
+}
+
+/// What a finished batch tells the policy that formed it (`observe`): a request is
+/// missed when it finished past its deadline, and every request is missed when the
+/// executor failed on the batch.
+pub fn outcome<Q: Queued>(model: u32, batch: &[Q], started: u64, finished: u64, failed: bool) -> sdk::Outcome {
+    let missed =
+        if failed { batch.len() } else { batch.iter().filter(|r| !met(finished, r.pending().deadline)).count() };
+    sdk::Outcome { model, size: batch.len() as u32, started, finished, missed: missed as u32 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct R(u64, u64);
+
+    impl Queued for R {
+        fn pending(&self) -> sdk::Pending {
+            sdk::Pending { id: self.0, arrival: self.1, deadline: self.1 + 100 }
+        }
+    }
+
+    fn models() -> Vec<sdk::Model> {
+        vec![sdk::Model { id: 0, name: "m".into(), accuracy: 0.5, latency: vec![10, 15, 20] }]
+    }
+
+    fn cx<'a>(now: u64, models: &'a [sdk::Model], loaded: &'a [u32]) -> Context<'a> {
+        Context { now, worker: 0, workers: 1, load_qps: 0.0, loaded, models, expire_us: 50, draining: false }
+    }
+
+    #[test]
+    fn expires_then_serves_with_the_safe_policy() {
+        let models = models();
+        let mut q = vec![R(1, 0), R(2, 100), R(3, 110), R(4, 120), R(5, 130)];
+        // At 160 request 1 (deadline 100) is 60 past its deadline > 50: expired.
+        let d = decide(&mut Bound::Safe, &mut q, &cx(160, &models, &[0]));
+        assert_eq!(d.expired, vec![R(1, 0)]);
+        assert!(d.by_safe && d.fault.is_none());
+        match d.next {
+            // Head deadline 200, now 160: L(3) = 20 fits, the largest batch is 3.
+            Next::Run { model: 0, batch } => assert_eq!(batch, vec![R(2, 100), R(3, 110), R(4, 120)]),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(q, vec![R(5, 130)]);
+    }
+
+    #[test]
+    fn outcome_counts_what_finished_past_its_deadline() {
+        // Deadlines 100, 110, 120; finished at 110: the first is missed.
+        let batch = [R(1, 0), R(2, 10), R(3, 20)];
+        let o = outcome(4, &batch, 50, 110, false);
+        assert_eq!((o.model, o.size, o.started, o.finished, o.missed), (4, 3, 50, 110, 1));
+        assert_eq!(outcome(4, &batch, 50, 60, true).missed, 3);
+    }
+
+    #[test]
+    fn an_empty_queue_asks_nothing() {
+        let models = models();
+        let mut q: Vec<R> = vec![];
+        let d = decide(&mut Bound::Safe, &mut q, &cx(0, &models, &[0]));
+        assert!(matches!(d.next, Next::Idle { expire_at: None }));
+        assert!(d.decide_time.is_none());
+    }
+
+    #[test]
+    fn nothing_loaded_idles_until_the_head_expires() {
+        let models = models();
+        let mut q = vec![R(1, 0)];
+        let d = decide(&mut Bound::Safe, &mut q, &cx(10, &models, &[]));
+        assert!(matches!(d.next, Next::Idle { expire_at: Some(151) }), "{:?}", d.next);
+        assert_eq!(q.len(), 1);
+    }
+}

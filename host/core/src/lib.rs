@@ -1,0 +1,29 @@
+//! sluice-core: the engine the live server and the simulator share — no HTTP, no
+//! networking, no simulator. A fix here is a fix in both.
+//!
+//! Start here:
+//! - [`app_config::AppConfig`]: one app (SLO, workers, router, profile, policy), the
+//!   same type in a server config and in an experiment.
+//! - [`queue`]: an accepted [`queue::Request`], its one [`queue::Reply`], and the
+//!   per-worker [`queue::WorkQueue`].
+//! - [`decision::decide`]: one decision of one worker — expiry, the policy's
+//!   `decide`, validation, the safe fallback — over any queue, at any clock.
+//! - [`runtime`]: the Wasm policy runtime (compile cache, epoch deadlines, memory
+//!   caps, faults, the binding's shared store); [`registry`]: built-in and uploaded
+//!   policies.
+//! - [`router`]: which worker's queue gets a request, and the load estimate.
+//! - [`profile`]: model latency/accuracy profiles.
+//! - The seams: [`clock::Clock`] (wall or virtual time) and
+//!   [`executor::Executor`] (what runs a batch).
+
+pub mod app_config;
+pub mod clock;
+pub mod decision;
+pub mod executor;
+pub mod profile;
+pub mod queue;
+pub mod registry;
+pub mod router;
+pub mod runtime;
+pub mod tensor;
+pub mod workload;

@@ -1,0 +1,144 @@
+//! Requests waiting for a worker, and the answers they get.
+//!
+//! Every accepted request owns a one-shot reply channel; the type system makes sure
+//! it is answered at most once (the sender is consumed), and the worker's loop makes
+//! sure it is answered at least once: served, dropped with a reason, or rejected.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, Notify};
+
+use crate::tensor::Tensor;
+
+/// Why a request was dropped instead of served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// The policy dropped it (it could not make its deadline, by the policy's judgement).
+    Policy,
+    /// It waited `expire_after_ms` past its deadline and the host gave up on it.
+    Expired,
+    /// The executor failed on its batch.
+    ExecutorError,
+}
+
+impl DropReason {
+    /// Label used in responses and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::Policy => "policy",
+            DropReason::Expired => "expired",
+            DropReason::ExecutorError => "executor-error",
+        }
+    }
+}
+
+/// A served request's result and its timing.
+#[derive(Clone, Debug)]
+pub struct Served {
+    /// The variant that served it.
+    pub variant: String,
+    /// The policy whose decision formed the batch (`safe` for the fallback).
+    pub policy: String,
+    /// Output tensors for this request (leading dimension 1).
+    pub outputs: Vec<Tensor>,
+    /// µs from arrival to the start of the batch.
+    pub queue_us: u64,
+    /// µs from arrival to completion.
+    pub latency_us: u64,
+    /// The SLO, i.e. deadline − arrival, in µs.
+    pub deadline_us: u64,
+    /// Whether it completed by its deadline.
+    pub deadline_met: bool,
+    /// Size of the batch it was served in.
+    pub batch_size: usize,
+    /// The worker that served it.
+    pub worker: u32,
+}
+
+/// The one answer an accepted request gets.
+#[derive(Debug)]
+pub enum Reply {
+    /// Served by a model.
+    Served(Box<Served>),
+    /// Dropped, with the reason and a detail for the client.
+    Dropped {
+        /// Why.
+        reason: DropReason,
+        /// Human-readable detail.
+        detail: String,
+        /// The policy in charge when it was dropped.
+        policy: String,
+    },
+    /// Refused after acceptance (server shutting down before it could be served).
+    Rejected {
+        /// Why.
+        message: String,
+    },
+}
+
+/// An accepted request.
+#[derive(Debug)]
+pub struct Request {
+    /// Host-wide unique id.
+    pub id: u64,
+    /// Host-clock arrival (µs).
+    pub arrival: u64,
+    /// `arrival + slo` (µs).
+    pub deadline: u64,
+    /// The request's one input tensor (leading dimension 1).
+    pub input: Tensor,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<Reply>,
+}
+
+impl Request {
+    /// Sends the answer; a client that went away is not an error.
+    pub fn answer(self, reply: Reply) {
+        let _ = self.reply.send(reply);
+    }
+}
+
+/// A queue of requests for one worker (or for all workers of a `shared` app),
+/// earliest deadline first.
+#[derive(Default)]
+pub struct WorkQueue {
+    /// The requests. Every request of an app has the same SLO, so arrival order is
+    /// deadline order and pushing at the back keeps the queue sorted.
+    pub items: Mutex<Vec<Request>>,
+    /// Woken on every push, and on swaps and shutdown, so waiting workers re-decide.
+    pub notify: Notify,
+    len: AtomicUsize,
+}
+
+impl WorkQueue {
+    /// Appends a request and wakes the workers waiting on this queue.
+    pub fn push(&self, request: Request) {
+        let mut items = self.items.lock();
+        items.push(request);
+        self.len.store(items.len(), Ordering::Relaxed);
+        drop(items);
+        self.notify.notify_waiters();
+    }
+
+    /// Number of queued requests (may lag by one concurrent operation).
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the queue is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Records the length after the caller changed `items` under its lock.
+    pub fn sync_len(&self, items: &[Request]) {
+        self.len.store(items.len(), Ordering::Relaxed);
+    }
+}
+
+impl crate::decision::Queued for Request {
+    fn pending(&self) -> sluice_sdk::Pending {
+        sluice_sdk::Pending { id: self.id, arrival: self.arrival, deadline: self.deadline }
+    }
+}

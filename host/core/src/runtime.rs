@@ -1,0 +1,609 @@
+//! The policy runtime: compiles policy components once (cached by digest), runs one
+//! instance per worker under an epoch deadline and a memory cap, and turns traps,
+//! overruns and invalid answers into counted faults the worker answers with the
+//! built-in safe policy.
+//!
+//! Start here: [`PolicyEngine`] (one per process), [`CompiledPolicy`] (a validated,
+//! pre-instantiated component), [`PolicyInstance`] (one per worker).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use wasmtime::component::{Component, HasSelf, Linker, TypedFunc};
+use wasmtime::{Engine, Store, Trap};
+
+use sluice_sdk as sdk;
+
+/// Host bindings generated from `wit/`, the single source of truth of the contract.
+#[allow(missing_docs)]
+mod bindings {
+    wasmtime::component::bindgen!({
+        world: "policy",
+        path: "../../wit",
+    });
+}
+
+use bindings::sluice::policy::types as wit;
+use bindings::{Policy, PolicyImports, PolicyPre};
+
+/// How often the epoch ticker advances. A call's budget is a whole number of ticks,
+/// so this is the resolution of every policy deadline: too coarse and a runaway
+/// `decide` holds its worker longer than its budget; too fine and the ticker thread
+/// costs CPU for nothing.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Longest log line a policy may write; longer ones are cut so a chatty or hostile
+/// policy cannot flood the host log.
+const MAX_LOG_LINE: usize = 1024;
+
+/// Log lines a policy instance may write per second before the rest are dropped.
+const LOG_LINES_PER_SECOND: u32 = 20;
+
+/// Why a policy component was refused.
+#[derive(Debug, Error)]
+pub enum PolicyError {
+    /// Not a valid component, or it does not implement `sluice:policy/policy@0.1.0`.
+    #[error("policy {name}: not a valid sluice:policy@0.1.0 component: {reason}")]
+    Invalid {
+        /// Policy name.
+        name: String,
+        /// wasmtime's explanation.
+        reason: String,
+    },
+    /// Instantiation failed (e.g. its start function trapped or exceeded the memory cap).
+    #[error("policy {name}: instantiation failed: {reason}")]
+    Instantiate {
+        /// Policy name.
+        name: String,
+        /// The cause.
+        reason: String,
+    },
+    /// `init` returned an error or trapped.
+    #[error("policy {name}: init failed: {reason}")]
+    Init {
+        /// Policy name.
+        name: String,
+        /// The policy's message or the trap.
+        reason: String,
+    },
+}
+
+/// A policy call that did not produce a usable answer.
+#[derive(Clone, Debug, Error, PartialEq)]
+pub enum PolicyFault {
+    /// The call trapped (panic, unreachable, out-of-bounds access...).
+    #[error("trap: {0}")]
+    Trap(String),
+    /// The call ran past its epoch deadline.
+    #[error("overran its budget of {0:?}")]
+    Timeout(Duration),
+    /// The instance asked for more memory than its cap.
+    #[error("exceeded its memory cap of {0} bytes")]
+    Memory(usize),
+    /// The decision broke a rule of the contract.
+    #[error("invalid decision: {0}")]
+    Invalid(String),
+}
+
+impl PolicyFault {
+    /// Short label for metrics (`trap`, `timeout`, `memory`, `invalid`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PolicyFault::Trap(_) => "trap",
+            PolicyFault::Timeout(_) => "timeout",
+            PolicyFault::Memory(_) => "memory",
+            PolicyFault::Invalid(_) => "invalid",
+        }
+    }
+}
+
+/// Per-instance limits.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Budget of one `decide` or `observe` call.
+    pub call_budget: Duration,
+    /// Budget of `init`.
+    pub init_budget: Duration,
+    /// Cap on the instance's linear memory, in bytes.
+    pub memory_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { call_budget: Duration::from_millis(10), init_budget: Duration::from_secs(60), memory_bytes: 64 << 20 }
+    }
+}
+
+fn ticks(budget: Duration) -> u64 {
+    (budget.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
+}
+
+/// Longest key of the shared store (`shared-put` refuses longer ones).
+pub const MAX_SHARED_KEY: usize = 1024;
+
+/// What one entry of the shared store costs the host beyond its key and value
+/// (map slot, `String` and `Arc` headers), charged to the budget so that a policy
+/// storing millions of empty values cannot grow the host's memory past it.
+pub const SHARED_ENTRY_OVERHEAD: usize = 64;
+
+/// The store the instances of one binding share (`shared-get` / `shared-put` in
+/// `wit/policy.wit`): write-once values under string keys, within a byte budget.
+///
+/// One is made per binding: an app's policy at startup, each hot swap, each
+/// simulator run. Values are kept as `Arc<[u8]>` so a `get` copies only into the
+/// guest.
+#[derive(Debug)]
+pub struct SharedStore {
+    budget: usize,
+    inner: Mutex<SharedInner>,
+}
+
+#[derive(Debug, Default)]
+struct SharedInner {
+    values: HashMap<String, Arc<[u8]>>,
+    bytes: usize,
+}
+
+impl SharedStore {
+    /// An empty store holding at most `budget` bytes of keys and values.
+    pub fn new(budget: usize) -> Arc<SharedStore> {
+        Arc::new(SharedStore { budget, inner: Mutex::new(SharedInner::default()) })
+    }
+
+    /// The value under `key`.
+    pub fn get(&self, key: &str) -> Option<Arc<[u8]>> {
+        self.inner.lock().values.get(key).cloned()
+    }
+
+    /// Stores `value` under `key` unless the key is taken, longer than
+    /// [`MAX_SHARED_KEY`], or the budget would be exceeded (each entry costs its
+    /// key, its value and [`SHARED_ENTRY_OVERHEAD`]); returns whether it did.
+    pub fn put(&self, key: String, value: Vec<u8>) -> bool {
+        if key.len() > MAX_SHARED_KEY {
+            return false;
+        }
+        let mut inner = self.inner.lock();
+        let size = key.len() + value.len() + SHARED_ENTRY_OVERHEAD;
+        if inner.values.contains_key(&key) || inner.bytes + size > self.budget {
+            return false;
+        }
+        inner.bytes += size;
+        inner.values.insert(key, value.into());
+        true
+    }
+
+    /// Bytes charged to the budget: keys, values and the per-entry overhead.
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().bytes
+    }
+}
+
+/// The store data of one policy instance.
+pub struct HostState {
+    tag: Arc<str>,
+    shared: Arc<SharedStore>,
+    memory_cap: usize,
+    memory_denied: bool,
+    log_window: Instant,
+    log_lines: u32,
+}
+
+impl wasmtime::ResourceLimiter for HostState {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            // Denying (rather than trapping here) lets a careful guest handle the
+            // failure; a Rust guest aborts, which traps and is reported as `Memory`.
+            self.memory_denied = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+impl PolicyImports for HostState {
+    fn log(&mut self, level: u8, message: String) {
+        let now = Instant::now();
+        if now.duration_since(self.log_window) >= Duration::from_secs(1) {
+            self.log_window = now;
+            self.log_lines = 0;
+        }
+        self.log_lines += 1;
+        if self.log_lines > LOG_LINES_PER_SECOND {
+            return;
+        }
+        let mut message = message;
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let tag = &*self.tag;
+        match level {
+            0 => tracing::error!(target: "sluice::policy", policy = tag, "{message}"),
+            1 => tracing::warn!(target: "sluice::policy", policy = tag, "{message}"),
+            2 => tracing::info!(target: "sluice::policy", policy = tag, "{message}"),
+            3 => tracing::debug!(target: "sluice::policy", policy = tag, "{message}"),
+            _ => tracing::trace!(target: "sluice::policy", policy = tag, "{message}"),
+        }
+    }
+
+    fn shared_get(&mut self, key: String) -> Option<Vec<u8>> {
+        self.shared.get(&key).map(|v| v.to_vec())
+    }
+
+    fn shared_put(&mut self, key: String, value: Vec<u8>) -> bool {
+        self.shared.put(key, value)
+    }
+}
+
+impl wit::Host for HostState {}
+
+/// A compiled, validated policy component ready to be instantiated.
+pub struct CompiledPolicy {
+    /// Policy name it was compiled under.
+    pub name: String,
+    /// Hex SHA-256 of the component bytes.
+    pub digest: String,
+    /// Size of the component in bytes.
+    pub size: usize,
+    /// How long compilation and validation took.
+    pub compile_time: Duration,
+    pre: PolicyPre<HostState>,
+}
+
+impl std::fmt::Debug for CompiledPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledPolicy").field("name", &self.name).field("digest", &self.digest).finish()
+    }
+}
+
+/// The process-wide Wasm engine: compiler, linker, digest cache and epoch ticker.
+pub struct PolicyEngine {
+    engine: Engine,
+    linker: Linker<HostState>,
+    cache: Mutex<HashMap<String, Arc<CompiledPolicy>>>,
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+impl PolicyEngine {
+    /// Creates the engine and starts its epoch ticker thread, which stops when the
+    /// engine is dropped.
+    ///
+    /// Compiled code is cached on disk (wasmtime's cache, keyed by the component's
+    /// bytes and the compiler's settings), so a restart, a second `sluice sim` or a
+    /// re-upload of a known policy loads machine code instead of compiling it again.
+    /// `SLUICE_COMPILE_CACHE` picks the directory (default: the user's cache
+    /// directory, e.g. `~/.cache/wasmtime`) or turns the cache `off`. A cache that
+    /// cannot be opened is logged and skipped.
+    pub fn new() -> anyhow::Result<Arc<PolicyEngine>> {
+        let cache = match std::env::var("SLUICE_COMPILE_CACHE") {
+            Ok(v) if v == "off" => None,
+            Ok(dir) => Some(std::path::PathBuf::from(dir)),
+            Err(_) => Some(std::path::PathBuf::new()),
+        };
+        Self::with_cache(cache.as_deref())
+    }
+
+    /// Creates the engine with the compile cache in `dir` (the default directory
+    /// when `dir` is empty) or without one (`None`).
+    pub fn with_cache(dir: Option<&std::path::Path>) -> anyhow::Result<Arc<PolicyEngine>> {
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        config.wasm_component_model(true);
+        if let Some(dir) = dir {
+            let mut cache = wasmtime::CacheConfig::new();
+            if !dir.as_os_str().is_empty() {
+                cache.with_directory(std::path::absolute(dir)?);
+            }
+            match wasmtime::Cache::new(cache) {
+                Ok(cache) => {
+                    config.cache(Some(cache));
+                }
+                Err(e) => tracing::warn!("policy compile cache disabled: {e:#}"),
+            }
+        }
+        let engine = Engine::new(&config)?;
+        let mut linker = Linker::new(&engine);
+        Policy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        let this = Arc::new(PolicyEngine { engine, linker, cache: Mutex::new(HashMap::new()) });
+        let weak: Weak<PolicyEngine> = Arc::downgrade(&this);
+        std::thread::Builder::new().name("sluice-epoch".into()).spawn(move || loop {
+            std::thread::sleep(EPOCH_TICK);
+            match weak.upgrade() {
+                Some(e) => e.engine.increment_epoch(),
+                None => return,
+            }
+        })?;
+        Ok(this)
+    }
+
+    /// Compiles and validates a component against the `policy` world, or returns the
+    /// cached compilation of identical bytes.
+    pub fn compile(&self, name: &str, bytes: &[u8]) -> Result<Arc<CompiledPolicy>, PolicyError> {
+        let digest = digest(bytes);
+        if let Some(c) = self.cache.lock().get(&digest) {
+            if c.name == name {
+                return Ok(c.clone());
+            }
+            // Same bytes under another name: share the compiled code.
+            let c = Arc::new(CompiledPolicy {
+                name: name.to_string(),
+                digest: c.digest.clone(),
+                size: c.size,
+                compile_time: Duration::ZERO,
+                pre: c.pre.clone(),
+            });
+            return Ok(c);
+        }
+        let started = Instant::now();
+        let invalid = |reason: String| PolicyError::Invalid { name: name.to_string(), reason };
+        let component = Component::new(&self.engine, bytes).map_err(|e| invalid(format!("{e:#}")))?;
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| invalid(format!("{e:#}")))?;
+        let pre = PolicyPre::new(instance_pre).map_err(|e| invalid(format!("{e:#}")))?;
+        let compiled = Arc::new(CompiledPolicy {
+            name: name.to_string(),
+            digest: digest.clone(),
+            size: bytes.len(),
+            compile_time: started.elapsed(),
+            pre,
+        });
+        self.cache.lock().insert(digest, compiled.clone());
+        Ok(compiled)
+    }
+}
+
+/// The optional `status: func() -> string` export.
+type StatusFunc = TypedFunc<(), (String,)>;
+
+/// A freshly instantiated and initialised instance: its store, bindings and `status`.
+type Live = (Store<HostState>, Policy, Option<StatusFunc>);
+
+/// What the instances of one binding share: the compiled policy, the `config`
+/// record (the same for every worker but for its index), the limits and the
+/// binding's [`SharedStore`]. An app's policy at startup, each hot swap and each
+/// simulator run make one; its instances are made with [`PolicyInstance::new`].
+///
+/// Keeping one `config` per binding rather than per instance matters when the
+/// params are large (a RAMSIS load grid is megabytes): each instance receives a
+/// copy in its own memory, but the host keeps one.
+#[derive(Debug)]
+pub struct Binding {
+    /// The compiled component.
+    pub compiled: Arc<CompiledPolicy>,
+    /// The `config` record; `worker` is set per instance.
+    pub config: sdk::Config,
+    /// The instances' limits.
+    pub limits: Limits,
+    /// The store the instances share, with a budget of `limits.memory_bytes`.
+    pub shared: Arc<SharedStore>,
+}
+
+impl Binding {
+    /// A binding with an empty shared store.
+    pub fn new(compiled: Arc<CompiledPolicy>, config: sdk::Config, limits: Limits) -> Arc<Binding> {
+        let shared = SharedStore::new(limits.memory_bytes);
+        Arc::new(Binding { compiled, config, limits, shared })
+    }
+}
+
+/// One policy instance bound to one worker.
+pub struct PolicyInstance {
+    engine: Arc<PolicyEngine>,
+    binding: Arc<Binding>,
+    worker: u32,
+    store: Store<HostState>,
+    bindings: Policy,
+    /// The optional `status` export (world `policy-with-status`).
+    status: Option<StatusFunc>,
+    /// After a trap the store cannot be entered again; the next call re-instantiates.
+    poisoned: bool,
+    /// How long the last instantiation + init took.
+    pub init_time: Duration,
+}
+
+impl std::fmt::Debug for PolicyInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyInstance").field("policy", &self.binding.compiled.name).finish()
+    }
+}
+
+impl PolicyInstance {
+    /// Instantiates the binding's policy for `worker` in a fresh store and calls
+    /// `init`.
+    pub fn new(engine: &Arc<PolicyEngine>, binding: &Arc<Binding>, worker: u32) -> Result<PolicyInstance, PolicyError> {
+        let started = Instant::now();
+        let (store, bindings, status) = Self::instantiate(engine, binding, worker)?;
+        Ok(PolicyInstance {
+            engine: engine.clone(),
+            binding: binding.clone(),
+            worker,
+            store,
+            bindings,
+            status,
+            poisoned: false,
+            init_time: started.elapsed(),
+        })
+    }
+
+    fn instantiate(engine: &Arc<PolicyEngine>, binding: &Binding, worker: u32) -> Result<Live, PolicyError> {
+        let (compiled, limits) = (&binding.compiled, binding.limits);
+        let tag: Arc<str> = format!("{}/{}#{}", binding.config.app, compiled.name, worker).into();
+        let state = HostState {
+            tag,
+            shared: binding.shared.clone(),
+            memory_cap: limits.memory_bytes,
+            memory_denied: false,
+            log_window: Instant::now(),
+            log_lines: 0,
+        };
+        let mut store = Store::new(&engine.engine, state);
+        store.limiter(|s| s);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(ticks(limits.init_budget));
+        let name = compiled.name.clone();
+        let instantiate_err =
+            |e: wasmtime::Error| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") };
+        let instance = compiled.pre.instance_pre().instantiate(&mut store).map_err(instantiate_err)?;
+        let bindings = Policy::new(&mut store, &instance).map_err(instantiate_err)?;
+        // `status` is optional: components of the plain `policy` world lack it.
+        let status = instance.get_typed_func::<(), (String,)>(&mut store, "status").ok();
+        // A transient copy: the record is lowered into the instance's memory.
+        match bindings.call_init(&mut store, &to_wit_config(&binding.config, worker)) {
+            Ok(Ok(())) => Ok((store, bindings, status)),
+            Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
+            Err(e) => {
+                let fault = classify(&store, e, limits.init_budget);
+                Err(PolicyError::Init { name, reason: fault.to_string() })
+            }
+        }
+    }
+
+    /// The compiled policy this instance runs.
+    pub fn compiled(&self) -> &Arc<CompiledPolicy> {
+        &self.binding.compiled
+    }
+
+    /// The binding this instance belongs to.
+    pub fn binding(&self) -> &Arc<Binding> {
+        &self.binding
+    }
+
+    fn ensure_live(&mut self) -> Result<(), PolicyFault> {
+        if self.poisoned {
+            let (store, bindings, status) = Self::instantiate(&self.engine, &self.binding, self.worker)
+                .map_err(|e| PolicyFault::Trap(format!("re-instantiation after a fault failed: {e}")))?;
+            self.store = store;
+            self.bindings = bindings;
+            self.status = status;
+            self.poisoned = false;
+        }
+        self.store.set_epoch_deadline(ticks(self.binding.limits.call_budget));
+        Ok(())
+    }
+
+    /// Asks the policy for a decision. The answer is not validated here (see
+    /// the live worker loop); a trap, overrun or memory fault is returned as a fault and
+    /// the instance is re-created before its next call.
+    pub fn decide(&mut self, view: &sdk::View) -> Result<sdk::Decision, PolicyFault> {
+        self.ensure_live()?;
+        let wit_view = to_wit_view(view);
+        match self.bindings.call_decide(&mut self.store, &wit_view) {
+            Ok(d) => Ok(from_wit_decision(d)),
+            Err(e) => {
+                self.poisoned = true;
+                Err(classify(&self.store, e, self.binding.limits.call_budget))
+            }
+        }
+    }
+
+    /// The policy's own description of its state (world `policy-with-status`), or
+    /// `None` when the component does not export `status`.
+    pub fn status(&mut self) -> Result<Option<String>, PolicyFault> {
+        self.ensure_live()?;
+        let Some(f) = self.status else { return Ok(None) };
+        match f.call(&mut self.store, ()) {
+            Ok((s,)) => Ok(Some(s)),
+            Err(e) => {
+                self.poisoned = true;
+                Err(classify(&self.store, e, self.binding.limits.call_budget))
+            }
+        }
+    }
+
+    /// Tells the policy how a batch went.
+    pub fn observe(&mut self, outcome: &sdk::Outcome) -> Result<(), PolicyFault> {
+        self.ensure_live()?;
+        let o = wit::Outcome {
+            model: outcome.model,
+            size: outcome.size,
+            started: outcome.started,
+            finished: outcome.finished,
+            missed: outcome.missed,
+        };
+        self.bindings.call_observe(&mut self.store, o).map_err(|e| {
+            self.poisoned = true;
+            classify(&self.store, e, self.binding.limits.call_budget)
+        })
+    }
+}
+
+fn classify(store: &Store<HostState>, e: wasmtime::Error, budget: Duration) -> PolicyFault {
+    if store.data().memory_denied {
+        return PolicyFault::Memory(store.data().memory_cap);
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => PolicyFault::Timeout(budget),
+        _ => PolicyFault::Trap(format!("{e:#}")),
+    }
+}
+
+fn to_wit_model(m: &sdk::Model) -> wit::Model {
+    wit::Model { id: m.id, name: m.name.clone(), accuracy: m.accuracy, latency: m.latency.clone() }
+}
+
+fn to_wit_config(c: &sdk::Config, worker: u32) -> wit::Config {
+    wit::Config {
+        app: c.app.clone(),
+        slo: c.slo,
+        workers: c.workers,
+        worker,
+        models: c.models.iter().map(to_wit_model).collect(),
+        params: c.params.clone(),
+    }
+}
+
+fn to_wit_view(v: &sdk::View) -> wit::View {
+    wit::View {
+        now: v.now,
+        worker: v.worker,
+        workers: v.workers,
+        load_qps: v.load_qps,
+        loaded: v.loaded.clone(),
+        queue: v.queue.iter().map(|p| wit::Pending { id: p.id, arrival: p.arrival, deadline: p.deadline }).collect(),
+    }
+}
+
+fn from_wit_decision(d: wit::Decision) -> sdk::Decision {
+    match d {
+        wit::Decision::Dispatch(d) => {
+            sdk::Decision::Dispatch(sdk::Dispatch { model: d.model, take: d.take, drop: d.drop })
+        }
+        wit::Decision::WaitUntil(t) => sdk::Decision::WaitUntil(t),
+        wit::Decision::Idle => sdk::Decision::Idle,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_store_is_write_once_within_its_budget() {
+        let store = SharedStore::new(2 * SHARED_ENTRY_OVERHEAD + 16);
+        assert!(store.get("a").is_none());
+        assert!(store.put("a".into(), vec![1, 2]));
+        assert!(!store.put("a".into(), vec![3]), "first value wins");
+        assert_eq!(store.get("a").as_deref(), Some(&[1u8, 2][..]));
+        assert_eq!(store.bytes(), SHARED_ENTRY_OVERHEAD + 3);
+        assert!(!store.put("b".into(), vec![0; 13]), "over the budget");
+        assert!(store.put("b".into(), vec![0; 12]));
+        assert!(!store.put("x".repeat(MAX_SHARED_KEY + 1), vec![]));
+        assert_eq!(store.bytes(), 2 * SHARED_ENTRY_OVERHEAD + 16);
+        // Empty values still cost their entry: no third one fits.
+        assert!(!store.put("c".into(), vec![]));
+    }
+}

@@ -1,0 +1,199 @@
+//! The admin API (behind the bearer token): upload and list policies, hot-swap an
+//! app's policy, inspect an app, change a worker's loaded models.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{app_of, ok, parse_json, read_body, registry_error, ApiError, Body};
+use crate::state::State;
+use sluice_core::clock::Clock as _;
+use sluice_core::decision::Bound;
+use sluice_core::runtime::PolicyError;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SwapRequest {
+    policy: String,
+    #[serde(default)]
+    params: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelsRequest {
+    models: Vec<String>,
+}
+
+fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
+    req.uri().query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == key).then(|| v.to_string())
+    })
+}
+
+/// Routes `/admin/...` (the token was already checked).
+pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) -> Result<Response<Body>, ApiError> {
+    let method = req.method().clone();
+    match (&method, rest) {
+        (&Method::GET, ["policies"]) => ok(json!({ "policies": state.registry.list() })),
+        (&Method::POST, ["policies"]) => {
+            let name = query_param(&req, "name").ok_or_else(|| ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: "missing ?name=<policy name>".into(),
+                extra: None,
+            })?;
+            let body = read_body(state, req).await?;
+            let registry = state.registry.clone();
+            let n = name.clone();
+            // Compilation takes tens of milliseconds: keep it off the async threads.
+            let compiled = tokio::task::spawn_blocking(move || registry.upload(&n, &body))
+                .await
+                .map_err(|e| ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message: e.to_string(),
+                    extra: None,
+                })?
+                .map_err(registry_error)?;
+            tracing::info!(policy = name, digest = compiled.digest, "policy uploaded");
+            Ok(with_status(
+                StatusCode::CREATED,
+                json!({
+                    "name": compiled.name,
+                    "digest": compiled.digest,
+                    "size": compiled.size,
+                    "compile_ms": compiled.compile_time.as_secs_f64() * 1e3,
+                }),
+            ))
+        }
+        (&Method::GET, ["apps"]) => ok(json!({ "apps": state.apps.keys().collect::<Vec<_>>() })),
+        (&Method::GET, ["apps", app]) => app_status(state, app),
+        (&Method::PUT, ["apps", app, "policy"]) => {
+            let a = app_of(state, app)?.clone();
+            let body = read_body(state, req).await?;
+            let swap: SwapRequest = parse_json(&body)?;
+            let params = match swap.params {
+                None => "{}".to_string(),
+                Some(v @ Value::Object(_)) => v.to_string(),
+                Some(other) => {
+                    return Err(ApiError {
+                        status: StatusCode::BAD_REQUEST,
+                        message: format!("params must be a JSON object, got {other}"),
+                        extra: None,
+                    })
+                }
+            };
+            let registry = state.registry.clone();
+            let name = swap.policy.clone();
+            let lookup = std::time::Instant::now();
+            let compiled = tokio::task::spawn_blocking(move || registry.get(&name))
+                .await
+                .map_err(|e| ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message: e.to_string(),
+                    extra: None,
+                })?
+                .map_err(registry_error)?;
+            // Compiled now, or found in the cache: what this swap actually paid.
+            let compile_ms = lookup.elapsed().as_secs_f64() * 1e3;
+            let mut report = a.swap_policy(compiled, params).await.map_err(|e| {
+                let status = match e {
+                    PolicyError::Init { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                    _ => StatusCode::BAD_REQUEST,
+                };
+                ApiError { status, message: format!("swap refused, {} keeps its policy: {e}", a.name()), extra: None }
+            })?;
+            report.compile_ms = compile_ms;
+            tracing::info!(app = a.name(), policy = report.policy, generation = report.generation, "policy swapped");
+            ok(serde_json::to_value(report).unwrap_or(Value::Null))
+        }
+        (&Method::PUT, ["apps", app, "workers", w, "models"]) => {
+            let w: usize = w.parse().map_err(|_| ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: format!("worker index `{w}` is not a number"),
+                extra: None,
+            })?;
+            let app = app.to_string();
+            let body = read_body(state, req).await?;
+            let m: ModelsRequest = parse_json(&body)?;
+            let ids = state.set_worker_models(&app, w, &m.models).await.map_err(|e| ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: e,
+                extra: None,
+            })?;
+            ok(json!({ "app": app, "worker": w, "loaded": ids }))
+        }
+        _ => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("no admin route for {method} /admin/{}", rest.join("/")),
+            extra: None,
+        }),
+    }
+}
+
+fn with_status(status: StatusCode, body: Value) -> Response<Body> {
+    let mut r = ok(body).unwrap_or_else(|e| Response::new(Body::from(e.message)));
+    *r.status_mut() = status;
+    r
+}
+
+fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
+    let a = app_of(state, name)?;
+    let b = a.binding.lock().clone();
+    let c = &a.counters;
+    let load = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    let workers: Vec<Value> = a
+        .workers
+        .iter()
+        .map(|w| {
+            let loaded: Vec<&str> = w.loaded.lock().iter().map(|id| a.models[*id as usize].name.as_str()).collect();
+            // Asked under the worker's slot lock, between two of its decisions.
+            let status = match &mut w.slot.lock().current {
+                Bound::Wasm(instance) => match instance.status() {
+                    Ok(Some(s)) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+                    Ok(None) => Value::Null,
+                    Err(fault) => json!({ "error": fault.to_string() }),
+                },
+                Bound::Safe => Value::Null,
+            };
+            json!({
+                "index": w.index,
+                "loaded": loaded,
+                "queue": w.queue.len(),
+                "in_flight": w.in_flight.load(Ordering::Relaxed),
+                "policy_status": status,
+            })
+        })
+        .collect();
+    ok(json!({
+        "app": a.name(),
+        "policy": b.policy,
+        "digest": b.digest,
+        "params": serde_json::from_str::<Value>(&b.params).unwrap_or(Value::Null),
+        "generation": b.generation,
+        "unbound_reason": b.unbound_reason,
+        "fail_mode": a.config.fail_mode,
+        "router": a.config.router,
+        "slo_ms": a.config.slo_ms,
+        "load_qps": a.load.rate(a.clock.now()),
+        "queue_lengths": a.queue_lengths(),
+        "queued": a.queued.load(Ordering::Relaxed),
+        "workers": workers,
+        "models": a.models.iter().map(|m| json!({ "id": m.id, "name": m.name, "accuracy": m.accuracy, "latency_us": m.latency })).collect::<Vec<_>>(),
+        "counters": {
+            "accepted": load(&c.accepted),
+            "served": load(&c.served),
+            "late": load(&c.late),
+            "dropped": load(&c.dropped),
+            "rejected": load(&c.rejected),
+            "faults": load(&c.faults),
+            "swaps": load(&c.swaps),
+        },
+        "swap_max_wait_us": load(&c.swap_max_wait_ns) as f64 / 1e3,
+        "shared_store_bytes": b.shared.as_ref().map(|s| s.bytes()),
+    }))
+}

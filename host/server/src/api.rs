@@ -1,0 +1,114 @@
+//! What the HTTP front and the admin API share at the edge: the response body type,
+//! the one error type [`ApiError`] (a status and an `{"error": "..."}` body; client
+//! errors echo what was wrong, server errors log the cause and say nothing more),
+//! and the helpers that read bodies and find apps.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::app::App;
+use crate::state::State;
+use sluice_core::registry::RegistryError;
+
+/// The response body type.
+pub type Body = Full<Bytes>;
+
+/// An error answered to the client.
+#[derive(Debug)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// The message in `{"error": ...}`.
+    pub message: String,
+    /// Extra fields merged into the body.
+    pub extra: Option<Value>,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), extra: None }
+    }
+    pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+    /// A server-side failure: the cause is logged, the client gets a generic message.
+    pub(crate) fn internal(cause: impl std::fmt::Display) -> ApiError {
+        tracing::error!("internal error: {cause}");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal server error (see the server log)")
+    }
+
+    pub(crate) fn into_response(self) -> Response<Body> {
+        let mut body = json!({ "error": self.message });
+        if let (Some(Value::Object(extra)), Value::Object(map)) = (self.extra, &mut body) {
+            map.extend(extra);
+        }
+        json_response(self.status, &body)
+    }
+}
+
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    r
+}
+
+pub(crate) fn ok(body: Value) -> Result<Response<Body>, ApiError> {
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+pub(crate) fn app_of<'a>(state: &'a State, name: &str) -> Result<&'a Arc<App>, ApiError> {
+    state.apps.get(name).ok_or_else(|| {
+        let known: Vec<&str> = state.apps.keys().map(String::as_str).collect();
+        ApiError::not_found(format!("unknown app `{name}` (served: {})", known.join(", ")))
+    })
+}
+
+/// Reads the body, refusing anything over `max_body_bytes` with 413.
+pub(crate) async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let limit = state.config.max_body_bytes;
+    if let Some(len) = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        if len > limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body of {len} bytes exceeds the limit of {limit}"),
+            ));
+        }
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("body exceeds the limit of {limit} bytes")))
+        }
+        Err(e) => Err(ApiError::bad_request(format!("could not read the body: {e}"))),
+    }
+}
+
+pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// Maps registry errors: unknown → 404, bad input → 400, I/O → 500.
+pub(crate) fn registry_error(e: RegistryError) -> ApiError {
+    match e {
+        RegistryError::Unknown(_) => ApiError::not_found(e.to_string()),
+        RegistryError::Io { .. } => ApiError::internal(e),
+        RegistryError::Builtin(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+        RegistryError::TooLarge(_) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
+        _ => ApiError::bad_request(e.to_string()),
+    }
+}

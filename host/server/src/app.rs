@@ -1,0 +1,454 @@
+//! One served application: its queues, router, workers and policy binding.
+//!
+//! Start here: [`App::submit`] (the router: admission and queue choice),
+//! [`App::swap_policy`] (hot swap), and the worker loop in [`crate::worker`].
+
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use thiserror::Error;
+use tokio::sync::{mpsc, oneshot};
+
+use sluice_sdk as sdk;
+
+use crate::metrics::Metrics;
+use sluice_core::app_config::{AppConfig, FailMode, InputSpec};
+use sluice_core::clock::{Clock as _, WallClock};
+use sluice_core::decision::Bound;
+use sluice_core::executor::ModelSet;
+use sluice_core::queue::{Reply, Request, WorkQueue};
+use sluice_core::router::{pick_worker, LoadMonitor, RouterMode};
+use sluice_core::runtime::{Binding, CompiledPolicy, PolicyEngine, PolicyError, PolicyInstance, SharedStore};
+use sluice_core::tensor::Tensor;
+
+/// Why a request was not accepted.
+#[derive(Debug, Error, PartialEq)]
+pub enum AdmitError {
+    /// The app's bounded queue is full.
+    #[error("app {app}: queue full ({limit} requests waiting); retry later")]
+    QueueFull {
+        /// The app.
+        app: String,
+        /// Its `max_queue`.
+        limit: usize,
+    },
+    /// The server is shutting down.
+    #[error("app {0}: shutting down, not accepting requests")]
+    ShuttingDown(String),
+}
+
+/// A worker's policy slot. The worker holds the lock for the whole of a decision
+/// (view, `decide`, removal of the chosen requests), and a swap installs `pending`
+/// under the same lock, so a decision is made entirely by the old policy or entirely
+/// by the new one, and any request enqueued after a swap returns is decided by the
+/// new policy.
+pub struct Slot {
+    /// The policy deciding now.
+    pub current: Bound,
+    /// Swap generation `current` belongs to.
+    pub generation: u64,
+    /// A policy installed by a swap, taken at the next decision.
+    pub pending: Option<(Bound, u64)>,
+}
+
+/// Messages to a worker about its models.
+pub enum WorkerControl {
+    /// Replace the loaded models with this set (already loaded and warmed).
+    Install(ModelSet, oneshot::Sender<()>),
+}
+
+/// What a worker shares with the rest of the app.
+pub struct WorkerHandle {
+    /// Index in the app.
+    pub index: u32,
+    /// Its policy slot.
+    pub slot: Mutex<Slot>,
+    /// Its queue (the app's single queue in `shared` mode).
+    pub queue: Arc<WorkQueue>,
+    /// Model changes.
+    pub control: mpsc::UnboundedSender<WorkerControl>,
+    /// Ids of the models it has loaded (for admin views and routing).
+    pub loaded: Mutex<Vec<u32>>,
+    /// Requests in the batch it is executing.
+    pub in_flight: AtomicUsize,
+}
+
+/// The app's current binding, as reported by the admin API.
+#[derive(Clone, Debug, Serialize)]
+pub struct BindingInfo {
+    /// Policy name (`safe` when unbound).
+    pub policy: String,
+    /// Digest of the component (none for `safe`).
+    pub digest: Option<String>,
+    /// Parameters as JSON.
+    pub params: String,
+    /// Incremented by every swap.
+    pub generation: u64,
+    /// Why the policy was unbound, if it was.
+    pub unbound_reason: Option<String>,
+    /// The binding's shared store (none for `safe`).
+    #[serde(skip)]
+    pub shared: Option<Arc<SharedStore>>,
+}
+
+/// Counters reported by the admin API.
+#[derive(Default)]
+pub struct AppCounters {
+    /// Requests accepted.
+    pub accepted: AtomicU64,
+    /// Served (on time or late).
+    pub served: AtomicU64,
+    /// Served after their deadline.
+    pub late: AtomicU64,
+    /// Dropped (policy, expired or executor error).
+    pub dropped: AtomicU64,
+    /// Refused at admission or at shutdown.
+    pub rejected: AtomicU64,
+    /// Policy faults answered by the fallback.
+    pub faults: AtomicU64,
+    /// Faults since the last swap (drives `unbind`).
+    pub faults_since_bind: AtomicU64,
+    /// Completed swaps.
+    pub swaps: AtomicU64,
+    /// Longest time a worker waited on a swap, ns.
+    pub swap_max_wait_ns: AtomicU64,
+}
+
+/// One served application.
+pub struct App {
+    /// The app's configuration.
+    pub config: AppConfig,
+    /// Every variant of the app, as policies see them (`id` = index).
+    pub models: Vec<sdk::Model>,
+    /// The input a request must carry.
+    pub input: InputSpec,
+    /// SLO in µs.
+    pub slo_us: u64,
+    /// How long past its deadline the host keeps a request before dropping it.
+    pub expire_us: u64,
+    /// Workers, by index.
+    pub workers: Vec<Arc<WorkerHandle>>,
+    /// Arrival-rate estimate.
+    pub load: LoadMonitor,
+    /// Counters.
+    pub counters: AppCounters,
+    /// Metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// Host clock.
+    pub clock: WallClock,
+    /// The current binding.
+    pub binding: Mutex<BindingInfo>,
+    /// Serialises swaps of this app.
+    swap_lock: tokio::sync::Mutex<()>,
+    /// Unbind requested for this generation (0: none).
+    pub unbind_generation: AtomicU64,
+    /// Requests queued across the app (bounded by `max_queue`).
+    pub queued: AtomicUsize,
+    /// Whether new requests are accepted.
+    pub accepting: AtomicBool,
+    /// Set at shutdown: workers serve what is queued, then exit.
+    pub draining: AtomicBool,
+    rr: AtomicUsize,
+    next_id: Arc<AtomicU64>,
+    engine: Arc<PolicyEngine>,
+    /// Where accepted arrivals are logged (`sluice serve --record-arrivals`).
+    pub recorder: std::sync::OnceLock<Arc<ArrivalLog>>,
+}
+
+/// A log of accepted arrivals, `app,arrival_us` per line, that `sluice sim` replays
+/// (arrivals `kind = "recorded"`).
+pub struct ArrivalLog {
+    out: Mutex<std::io::BufWriter<std::fs::File>>,
+}
+
+impl ArrivalLog {
+    /// Creates (truncates) the log file.
+    pub fn create(path: &std::path::Path) -> std::io::Result<ArrivalLog> {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+        std::io::Write::write_all(&mut out, b"# app,arrival_us (sluice serve --record-arrivals)\n")?;
+        Ok(ArrivalLog { out: Mutex::new(out) })
+    }
+
+    fn record(&self, app: &str, at: u64) {
+        // Buffered: a line costs a memcpy; the file is flushed at shutdown.
+        let _ = writeln!(self.out.lock(), "{app},{at}");
+    }
+
+    /// Writes out what is buffered.
+    pub fn flush(&self) -> std::io::Result<()> {
+        std::io::Write::flush(&mut *self.out.lock())
+    }
+}
+
+/// A worker's starting state, handed to [`crate::worker::run`].
+pub struct WorkerStart {
+    /// Its handle.
+    pub handle: Arc<WorkerHandle>,
+    /// Its initial models.
+    pub models: ModelSet,
+    /// Its control receiver.
+    pub control: mpsc::UnboundedReceiver<WorkerControl>,
+}
+
+impl App {
+    /// Builds an app with its workers' policy instances already initialised. The
+    /// caller spawns [`crate::worker::run`] for each returned [`WorkerStart`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: AppConfig,
+        models: Vec<sdk::Model>,
+        input: InputSpec,
+        params: String,
+        worker_models: Vec<ModelSet>,
+        engine: Arc<PolicyEngine>,
+        compiled: Option<Arc<CompiledPolicy>>,
+        metrics: Arc<Metrics>,
+        clock: WallClock,
+        next_id: Arc<AtomicU64>,
+    ) -> Result<(Arc<App>, Vec<WorkerStart>), PolicyError> {
+        let k = config.workers;
+        let slo_us = (config.slo_ms * 1000.0).round() as u64;
+        let expire_us = config.expire_after_ms.map(|e| (e * 1000.0).round() as u64).unwrap_or(slo_us);
+        let shared = Arc::new(WorkQueue::default());
+        let mut workers = Vec::new();
+        let mut starts = Vec::new();
+        let binding =
+            compiled.as_ref().map(|c| Binding::new(c.clone(), config.policy_config(&models, &params), config.limits()));
+        for (w, loaded) in (0..k).zip(worker_models) {
+            let current = match &binding {
+                Some(b) => Bound::Wasm(Box::new(PolicyInstance::new(&engine, b, w)?)),
+                None => Bound::Safe,
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            let queue =
+                if config.router == RouterMode::Shared { shared.clone() } else { Arc::new(WorkQueue::default()) };
+            let set = loaded;
+            let handle = Arc::new(WorkerHandle {
+                index: w,
+                slot: Mutex::new(Slot { current, generation: 1, pending: None }),
+                queue,
+                control: tx,
+                loaded: Mutex::new(set.ids()),
+                in_flight: AtomicUsize::new(0),
+            });
+            workers.push(handle.clone());
+            starts.push(WorkerStart { handle, models: set, control: rx });
+        }
+        let binding = BindingInfo {
+            policy: compiled.as_ref().map(|c| c.name.clone()).unwrap_or_else(|| "safe".into()),
+            digest: compiled.as_ref().map(|c| c.digest.clone()),
+            params,
+            generation: 1,
+            unbound_reason: None,
+            shared: binding.as_ref().map(|b| b.shared.clone()),
+        };
+        let app = Arc::new(App {
+            load: LoadMonitor::new(config.load_window_ms * 1000),
+            config,
+            models,
+            input,
+            slo_us,
+            expire_us,
+            workers,
+            counters: AppCounters::default(),
+            metrics,
+            clock,
+            binding: Mutex::new(binding),
+            swap_lock: tokio::sync::Mutex::new(()),
+            unbind_generation: AtomicU64::new(0),
+            queued: AtomicUsize::new(0),
+            accepting: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            rr: AtomicUsize::new(0),
+            next_id,
+            engine,
+            recorder: std::sync::OnceLock::new(),
+        });
+        Ok((app, starts))
+    }
+
+    /// The app's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Admits a request and routes it to a worker queue; the receiver yields its one answer.
+    pub fn submit(&self, input: Tensor) -> Result<oneshot::Receiver<Reply>, AdmitError> {
+        if !self.accepting.load(Ordering::Acquire) {
+            return Err(AdmitError::ShuttingDown(self.name().to_string()));
+        }
+        // Reserve a place first so concurrent submits cannot overshoot the bound.
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.config.max_queue {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            self.metrics.request(self.name(), "", "rejected");
+            return Err(AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue });
+        }
+        let now = self.clock.now();
+        self.load.record(now);
+        if let Some(log) = self.recorder.get() {
+            log.record(self.name(), now);
+        }
+        let (tx, rx) = oneshot::channel();
+        let request = Request {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            arrival: now,
+            deadline: now + self.slo_us,
+            input,
+            reply: tx,
+        };
+        self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+        let rr = match self.config.router {
+            RouterMode::RoundRobin => self.rr.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        let worker = pick_worker(self.config.router, rr, self.workers.len(), |i| {
+            let w = &self.workers[i];
+            w.queue.len() + w.in_flight.load(Ordering::Relaxed)
+        });
+        self.workers[worker].queue.push(request);
+        Ok(rx)
+    }
+
+    /// Queue lengths per worker (one entry in `shared` mode).
+    pub fn queue_lengths(&self) -> Vec<usize> {
+        if self.config.router == RouterMode::Shared {
+            vec![self.workers[0].queue.len()]
+        } else {
+            self.workers.iter().map(|w| w.queue.len()).collect()
+        }
+    }
+
+    /// Wakes every worker so it re-decides (after a swap, a model change or at shutdown).
+    pub fn wake_all(&self) {
+        for w in &self.workers {
+            w.queue.notify.notify_waiters();
+        }
+    }
+
+    /// Hot swap: instantiates and initialises `compiled` for every worker first (on a
+    /// blocking thread, while the old policy keeps serving), then installs all the
+    /// instances between two decisions of each worker. If any instance fails, nothing
+    /// changes and the error is returned.
+    pub async fn swap_policy(
+        self: &Arc<App>,
+        compiled: Arc<CompiledPolicy>,
+        params: String,
+    ) -> Result<SwapReport, PolicyError> {
+        let _serial = self.swap_lock.lock().await;
+        let started = Instant::now();
+        let this = self.clone();
+        let c = compiled.clone();
+        let p = params.clone();
+        let instances = tokio::task::spawn_blocking(move || -> Result<Vec<PolicyInstance>, PolicyError> {
+            // A swap is a new binding: its instances share a fresh store.
+            let binding = Binding::new(c, this.config.policy_config(&this.models, &p), this.config.limits());
+            (0..this.workers.len() as u32).map(|w| PolicyInstance::new(&this.engine, &binding, w)).collect()
+        })
+        .await
+        .map_err(|e| PolicyError::Init { name: compiled.name.clone(), reason: format!("init task failed: {e}") })??;
+        let init_time = started.elapsed();
+        let max_init = instances.iter().map(|i| i.init_time).max().unwrap_or_default();
+        let install_started = Instant::now();
+        let generation = {
+            let mut b = self.binding.lock();
+            b.generation += 1;
+            b.policy = compiled.name.clone();
+            b.digest = Some(compiled.digest.clone());
+            b.params = params;
+            b.unbound_reason = None;
+            b.shared = instances.first().map(|i| i.binding().shared.clone());
+            b.generation
+        };
+        let mut max_hold = Duration::ZERO;
+        for (w, instance) in self.workers.iter().zip(instances) {
+            let t = Instant::now();
+            let old = w.slot.lock().pending.replace((Bound::Wasm(Box::new(instance)), generation));
+            max_hold = max_hold.max(t.elapsed());
+            drop(old);
+        }
+        self.counters.faults_since_bind.store(0, Ordering::Relaxed);
+        self.counters.swaps.fetch_add(1, Ordering::Relaxed);
+        self.metrics.swap(self.name(), &compiled.name);
+        self.wake_all();
+        Ok(SwapReport {
+            policy: compiled.name.clone(),
+            digest: compiled.digest.clone(),
+            generation,
+            // The caller knows whether it compiled or hit the cache; this is the cost
+            // of the original compilation.
+            compile_ms: compiled.compile_time.as_secs_f64() * 1e3,
+            init_ms: init_time.as_secs_f64() * 1e3,
+            max_instance_init_ms: max_init.as_secs_f64() * 1e3,
+            install_us: install_started.elapsed().as_secs_f64() * 1e6,
+            max_slot_hold_us: max_hold.as_secs_f64() * 1e6,
+        })
+    }
+
+    /// Records a policy fault and applies the app's fail mode. Returns true when the
+    /// policy of `generation` must now be unbound.
+    pub fn record_fault(&self, policy: &str, kind: &str, generation: u64, detail: &str) -> bool {
+        self.counters.faults.fetch_add(1, Ordering::Relaxed);
+        self.metrics.fault(self.name(), policy, kind);
+        let n = self.counters.faults_since_bind.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(
+            app = self.name(),
+            policy,
+            kind,
+            faults = n,
+            "policy fault answered by the safe policy: {detail}"
+        );
+        if self.config.fail_mode == FailMode::Unbind && n >= self.config.unbind_after {
+            let mut b = self.binding.lock();
+            if b.generation == generation && b.unbound_reason.is_none() {
+                b.unbound_reason = Some(format!("{n} faults (last: {kind}: {detail})"));
+                b.policy = "safe".into();
+                b.digest = None;
+                self.unbind_generation.store(generation, Ordering::Release);
+                tracing::error!(
+                    app = self.name(),
+                    policy,
+                    "policy unbound after {n} faults; serving with the safe policy"
+                );
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Replaces the models loaded on worker `w` by `ids`: new sessions are loaded and
+    /// warmed first (off the worker), then the worker switches between two decisions,
+    /// then the old sessions are dropped.
+    pub async fn set_worker_models(&self, w: usize, set: ModelSet) -> Result<(), String> {
+        let worker = self.workers.get(w).ok_or_else(|| format!("app {}: no worker {w}", self.name()))?;
+        let (tx, rx) = oneshot::channel();
+        worker.control.send(WorkerControl::Install(set, tx)).map_err(|_| "worker has stopped".to_string())?;
+        worker.queue.notify.notify_waiters();
+        rx.await.map_err(|_| "worker stopped before installing the models".to_string())
+    }
+}
+
+/// What a swap did and how long each part took.
+#[derive(Clone, Debug, Serialize)]
+pub struct SwapReport {
+    /// The new policy.
+    pub policy: String,
+    /// Its digest.
+    pub digest: String,
+    /// The new binding generation.
+    pub generation: u64,
+    /// Time spent compiling (or looking up the cached compilation) for this swap.
+    pub compile_ms: f64,
+    /// Instantiating and initialising every worker's instance.
+    pub init_ms: f64,
+    /// The slowest single instance init.
+    pub max_instance_init_ms: f64,
+    /// Installing the instances into all slots.
+    pub install_us: f64,
+    /// Longest time the swap held one worker's slot (what a worker may wait).
+    pub max_slot_hold_us: f64,
+}

@@ -1,0 +1,218 @@
+//! The server configuration: where to listen, the admin token, policy directories,
+//! and the `[[app]]`s — [`AppConfig`], the app vocabulary `sluice_core` shares with
+//! the simulator (re-exported here with its enums).
+//!
+//! Parsing is strict (`deny_unknown_fields`) and every error names the file, the
+//! field and what was expected. Relative paths are resolved against the directory
+//! of the config file (the current directory for the embedded default).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+pub use sluice_core::app_config::{AppConfig, ExecutorKind, FailMode, InputSpec};
+pub use sluice_core::router::RouterMode;
+
+/// The embedded default: app `imagenet`, the light ImageNet family on the onnx
+/// executor, served on 127.0.0.1:8080.
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// Why a configuration could not be used.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The config file.
+        file: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax, a missing field, a wrong type or an unknown field.
+    #[error("{file}: {message}")]
+    Parse {
+        /// The config file.
+        file: String,
+        /// toml's message, which names the line and the field.
+        message: String,
+    },
+    /// A semantically invalid value.
+    #[error("{file}: {field}: {message}")]
+    Invalid {
+        /// The config file.
+        file: String,
+        /// Dotted path of the offending field (`app.imagenet.workers`).
+        field: String,
+        /// What was expected.
+        message: String,
+    },
+}
+
+/// The whole server configuration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `listen = "127.0.0.1:8080"`: address of the HTTP server (`--listen` overrides).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// `admin_token = "..."`: bearer token for `/admin`; `SLUICE_ADMIN_TOKEN` overrides.
+    /// Without either, the admin API answers 403 to everything.
+    #[serde(default)]
+    pub admin_token: Option<String>,
+    /// `policy_dir = "var/policies"`: where uploaded policies are kept across restarts.
+    #[serde(default = "default_policy_dir")]
+    pub policy_dir: PathBuf,
+    /// `builtin_policy_dir = "target/policies"`: where `cargo xtask policies` puts the
+    /// built-in components, loaded by name (`policy = "jellyfish"`).
+    #[serde(default = "default_builtin_dir")]
+    pub builtin_policy_dir: PathBuf,
+    /// `onnxruntime = "/path/libonnxruntime.so.1.31.1"`: overrides the search for ONNX Runtime.
+    #[serde(default)]
+    pub onnxruntime: Option<PathBuf>,
+    /// `max_body_bytes = 16777216`: larger request bodies get 413.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// `shutdown_grace_ms = 10000`: how long graceful shutdown waits for queues to drain.
+    #[serde(default = "default_grace")]
+    pub shutdown_grace_ms: u64,
+    /// `[[app]]`: the served applications.
+    #[serde(rename = "app")]
+    pub apps: Vec<AppConfig>,
+}
+
+fn default_listen() -> SocketAddr {
+    "127.0.0.1:8080".parse().expect("valid literal")
+}
+fn default_policy_dir() -> PathBuf {
+    PathBuf::from("var/policies")
+}
+fn default_builtin_dir() -> PathBuf {
+    PathBuf::from("target/policies")
+}
+fn default_max_body() -> usize {
+    16 << 20
+}
+fn default_grace() -> u64 {
+    10_000
+}
+impl Config {
+    /// Reads and validates a config file; relative paths are resolved against its directory.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { file: file.clone(), source })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Config::parse(&text, &file, &base)
+    }
+
+    /// The embedded default configuration, paths relative to the current directory.
+    pub fn embedded_default() -> Result<Config, ConfigError> {
+        Config::parse(DEFAULT_CONFIG, "<embedded default config>", Path::new(""))
+    }
+
+    /// Parses and validates config text; `file` names it in errors, `base` anchors relative paths.
+    pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError> {
+        let mut config: Config =
+            toml::from_str(text).map_err(|e| ConfigError::Parse { file: file.to_string(), message: e.to_string() })?;
+        let rebase = |p: &mut PathBuf| {
+            if p.is_relative() && !base.as_os_str().is_empty() {
+                *p = base.join(&*p);
+            }
+        };
+        rebase(&mut config.policy_dir);
+        rebase(&mut config.builtin_policy_dir);
+        if let Some(p) = config.onnxruntime.as_mut() {
+            rebase(p);
+        }
+        for app in &mut config.apps {
+            app.rebase(base);
+        }
+        config.validate(file)?;
+        Ok(config)
+    }
+
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let invalid = |field: String, message: &str| ConfigError::Invalid {
+            file: file.to_string(),
+            field,
+            message: message.to_string(),
+        };
+        if self.apps.is_empty() {
+            return Err(invalid("app".into(), "at least one [[app]] is required"));
+        }
+        let mut seen = BTreeMap::new();
+        for app in &self.apps {
+            app.validate().map_err(|e| invalid(e.field, &e.message))?;
+            if seen.insert(app.name.clone(), ()).is_some() {
+                return Err(invalid(format!("app.{}.name", app.name), "duplicate app name"));
+            }
+            if app.executor.is_none() {
+                return Err(invalid(format!("app.{}.executor", app.name), "required: \"onnx\" or \"emulated\""));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[[app]]
+name = "a"
+slo_ms = 100
+workers = 2
+executor = "emulated"
+profile = "p.toml"
+policy = "fixed"
+params = { model = "m" }
+"#;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MINIMAL, "t.toml", Path::new("/etc/sluice")).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        let app = &c.apps[0];
+        assert_eq!(app.router, RouterMode::RoundRobin);
+        assert_eq!(app.profile, PathBuf::from("/etc/sluice/p.toml"));
+        assert_eq!(app.params_json(Path::new("")).unwrap(), r#"{"model":"m"}"#);
+    }
+
+    #[test]
+    fn errors_name_file_and_field() {
+        let bad = MINIMAL.replace("workers = 2", "workers = 0");
+        let e = Config::parse(&bad, "t.toml", Path::new("")).unwrap_err().to_string();
+        assert_eq!(e, "t.toml: app.a.workers: expected 1 to 4096 workers");
+        let unknown = MINIMAL.replace("workers = 2", "workers = 2\nwokers = 3");
+        let e = Config::parse(&unknown, "t.toml", Path::new("")).unwrap_err().to_string();
+        assert!(e.starts_with("t.toml: ") && e.contains("wokers"), "{e}");
+        let missing = MINIMAL.replace("policy = \"fixed\"", "");
+        let e = Config::parse(&missing, "t.toml", Path::new("")).unwrap_err().to_string();
+        assert!(e.contains("missing field `policy`"), "{e}");
+        let onnx = MINIMAL.replace("\"emulated\"", "\"onnx\"");
+        let e = Config::parse(&onnx, "t.toml", Path::new("")).unwrap_err().to_string();
+        assert!(e.contains("app.a.model_dir"), "{e}");
+    }
+
+    #[test]
+    fn the_server_needs_an_executor_and_reads_params_files_beside_the_config() {
+        let no_executor = MINIMAL.replace("executor = \"emulated\"\n", "");
+        let e = Config::parse(&no_executor, "t.toml", Path::new("")).unwrap_err().to_string();
+        assert_eq!(e, "t.toml: app.a.executor: required: \"onnx\" or \"emulated\"");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("params-2.json"), r#"{"table": [[100, "m"]]}"#).unwrap();
+        let text = MINIMAL.replace("params = { model = \"m\" }", "params_file = \"params-{workers}.json\"");
+        let c = Config::parse(&text, "t.toml", dir.path()).unwrap();
+        assert_eq!(c.apps[0].params_json(Path::new("")).unwrap(), r#"{"table": [[100, "m"]]}"#);
+    }
+
+    #[test]
+    fn embedded_default_parses() {
+        let c = Config::embedded_default().unwrap();
+        assert_eq!(c.apps[0].name, "imagenet");
+        assert_eq!(c.apps[0].executor, Some(ExecutorKind::Onnx));
+    }
+}

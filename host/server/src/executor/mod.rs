@@ -1,0 +1,100 @@
+//! Model executors: what actually runs a batch.
+//!
+//! - [`onnx`]: real models through ONNX Runtime (the `ort` crate, CPU or CUDA).
+//! - [`emulated`]: waits the profiled latency and returns a deterministic output.
+//!
+//! Both implement [`sluice_core::executor::Executor`] through [`LoadedModel`].
+
+pub mod emulated;
+pub mod onnx;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use sluice_core::executor::{app_output, BatchFuture, ExecError, Executor};
+use sluice_core::tensor::Tensor;
+
+use onnx::{OnnxModel, OnnxOptions};
+
+/// A model ready to run on one worker.
+#[derive(Clone)]
+pub enum LoadedModel {
+    /// Waits the profiled latency (dense table, µs by batch size).
+    Emulated(Arc<Vec<u64>>),
+    /// An ONNX Runtime session. `run` needs `&mut`, and one worker runs one batch at
+    /// a time, so the mutex is never contended on the hot path.
+    Onnx(Arc<Mutex<OnnxModel>>),
+}
+
+/// How to load one model for the onnx executor.
+#[derive(Clone, Debug)]
+pub struct OnnxSource {
+    /// The `.onnx` file.
+    pub path: PathBuf,
+    /// Session options.
+    pub options: OnnxOptions,
+    /// Batch size to warm the session with after loading.
+    pub warm_batch: usize,
+}
+
+impl LoadedModel {
+    /// Loads and warms an ONNX model (blocking: call from a blocking thread).
+    pub fn load_onnx(src: &OnnxSource) -> Result<LoadedModel, ExecError> {
+        let mut model = OnnxModel::load(&src.path, &src.options).map_err(|e| ExecError::Onnx(e.to_string()))?;
+        model.warm(src.warm_batch.max(1));
+        Ok(LoadedModel::Onnx(Arc::new(Mutex::new(model))))
+    }
+}
+
+/// The models of one worker as the worker loop sees them.
+pub fn model_set(loaded: std::collections::BTreeMap<u32, LoadedModel>) -> sluice_core::executor::ModelSet {
+    sluice_core::executor::ModelSet::new(
+        loaded.into_iter().map(|(id, m)| (id, Arc::new(m) as Arc<dyn Executor>)).collect(),
+    )
+}
+
+impl Executor for LoadedModel {
+    /// Runs one batch: the samples are concatenated along dimension 0 and the
+    /// outputs split back, one `Vec<Tensor>` per sample in order.
+    fn run(&self, model_id: u32, samples: Vec<Tensor>) -> BatchFuture<'_> {
+        Box::pin(async move {
+            match self {
+                LoadedModel::Emulated(table) => {
+                    let latency = emulated::batch_latency(table, samples.len());
+                    if latency >= EMULATED_TIMER_ABOVE {
+                        tokio::time::sleep(latency).await;
+                    } else if !latency.is_zero() {
+                        // tokio's timer wheel has millisecond ticks: a short sleep would
+                        // last up to a millisecond longer than profiled. A blocking
+                        // thread's sleep is accurate to tens of microseconds.
+                        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(latency)).await;
+                    }
+                    Ok(samples.iter().map(|s| vec![emulated::output_for(model_id, s)]).collect())
+                }
+                LoadedModel::Onnx(session) => {
+                    let session = session.clone();
+                    let n = samples.len();
+                    tokio::task::spawn_blocking(move || -> Result<Vec<Vec<Tensor>>, ExecError> {
+                        let refs: Vec<&Tensor> = samples.iter().collect();
+                        let batch = Tensor::concat(&refs).map_err(|e| ExecError::Onnx(e.to_string()))?;
+                        let outputs = session.lock().run(&batch).map_err(|e| ExecError::Onnx(e.to_string()))?;
+                        let first = outputs
+                            .into_iter()
+                            .next()
+                            .ok_or_else(|| ExecError::Onnx("the model has no output".into()))?;
+                        let parts = app_output(first).split(n).map_err(|e| ExecError::Onnx(e.to_string()))?;
+                        Ok(parts.into_iter().map(|p| vec![p]).collect())
+                    })
+                    .await
+                    .map_err(|e| ExecError::Join(e.to_string()))?
+                }
+            }
+        })
+    }
+}
+
+/// Emulated batches at least this long wait on tokio's timer (millisecond
+/// resolution, at most a few percent off); shorter ones sleep on a blocking
+/// thread, and zero-latency ones do not wait at all.
+const EMULATED_TIMER_ABOVE: std::time::Duration = std::time::Duration::from_millis(20);

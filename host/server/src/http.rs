@@ -1,0 +1,337 @@
+//! The HTTP front: routing, the Open Inference Protocol, the simple `/infer`
+//! endpoint and metrics; `/admin` is handed to [`crate::admin`]. Errors are
+//! [`ApiError`]s (`crate::api`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{app_of, json_response, ok, parse_json, read_body, ApiError, Body};
+use crate::app::{AdmitError, App};
+use crate::state::State;
+use sluice_core::queue::{DropReason, Reply};
+use sluice_core::tensor::{DataType, Tensor, TensorData};
+
+/// Routes one request.
+pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    match route(&state, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path().to_string();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let method = req.method().clone();
+    match (&method, segments.as_slice()) {
+        (&Method::GET, ["v2", "health", "live"]) => ok(json!({ "live": true })),
+        (&Method::GET, ["v2", "health", "ready"]) => {
+            let ready = state.apps.values().all(|a| a.accepting.load(Ordering::Acquire));
+            let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            Ok(json_response(status, &json!({ "ready": ready })))
+        }
+        (&Method::GET, ["v2"]) => {
+            ok(json!({ "name": "sluice", "version": env!("CARGO_PKG_VERSION"), "extensions": [] }))
+        }
+        (&Method::GET, ["v2", "models", app]) => model_metadata(app_of(state, app)?),
+        (&Method::GET, ["v2", "models", app, "ready"]) => {
+            let a = app_of(state, app)?;
+            let ready = a.accepting.load(Ordering::Acquire);
+            let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            Ok(json_response(status, &json!({ "name": a.name(), "ready": ready })))
+        }
+        (&Method::POST, ["v2", "models", app, "infer"]) => {
+            let app = app_of(state, app)?.clone();
+            reject_binary_extension(&req)?;
+            let body = read_body(state, req).await?;
+            let request: InferRequest = parse_json(&body)?;
+            infer(&app, request).await
+        }
+        (&Method::POST, ["infer"]) => {
+            let body = read_body(state, req).await?;
+            let request: SimpleInferRequest = parse_json(&body)?;
+            let app = app_of(state, &request.app)?.clone();
+            infer(&app, InferRequest { id: request.id, inputs: request.inputs }).await
+        }
+        (&Method::GET, ["metrics"]) => {
+            let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())));
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            Ok(r)
+        }
+        (_, ["admin", ..]) => {
+            authorize(state, &req)?;
+            crate::admin::route(state, req, &segments[1..]).await
+        }
+        (_, ["v2", ..]) | (_, ["infer"]) | (_, ["metrics"]) => {
+            Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{method} not allowed on {path}")))
+        }
+        _ => Err(ApiError::not_found(format!("no route for {method} {path}"))),
+    }
+}
+
+fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), ApiError> {
+    let Some(token) = &state.admin_token else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin API disabled: set admin_token in the config or SLUICE_ADMIN_TOKEN",
+        ));
+    };
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        // Constant-time comparison: the token must not leak through timing.
+        Some(g)
+            if g.len() == token.len() && g.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0 =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid admin token")),
+        None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "admin API requires `Authorization: Bearer <token>`")),
+    }
+}
+
+fn reject_binary_extension(req: &Request<Incoming>) -> Result<(), ApiError> {
+    if req.headers().contains_key("inference-header-content-length") {
+        return Err(ApiError::bad_request(
+            "the binary tensor data extension is not supported; send tensors as JSON (tritonclient: binary_data=False)",
+        ));
+    }
+    Ok(())
+}
+
+/// An Open Inference Protocol inference request.
+#[derive(Deserialize)]
+struct InferRequest {
+    #[serde(default)]
+    id: Option<String>,
+    inputs: Vec<InputTensor>,
+}
+
+/// The simple `/infer` request: the OIP body plus the app name.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimpleInferRequest {
+    app: String,
+    #[serde(default)]
+    id: Option<String>,
+    inputs: Vec<InputTensor>,
+}
+
+#[derive(Deserialize)]
+struct InputTensor {
+    name: String,
+    shape: Vec<usize>,
+    datatype: String,
+    data: FlatNumbers,
+    #[serde(default)]
+    #[allow(dead_code)]
+    parameters: Option<Value>,
+}
+
+/// Tensor data, flat or nested (the protocol allows both), flattened while parsing
+/// so a large image never becomes a tree of `serde_json::Value`s.
+struct FlatNumbers(Vec<f64>);
+
+impl<'de> Deserialize<'de> for FlatNumbers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(&'a mut Vec<f64>);
+        impl<'de> de::DeserializeSeed<'de> for V<'_> {
+            type Value = ();
+            fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+                d.deserialize_any(self)
+            }
+        }
+        impl<'de> Visitor<'de> for V<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("numbers or (nested) arrays of numbers")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+                self.0.push(v);
+                Ok(())
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+                self.0.push(v as f64);
+                Ok(())
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+                self.0.push(v as f64);
+                Ok(())
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+                self.0.push(if v { 1.0 } else { 0.0 });
+                Ok(())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+                if let Some(n) = seq.size_hint() {
+                    self.0.reserve(n);
+                }
+                while seq.next_element_seed(V(&mut *self.0))?.is_some() {}
+                Ok(())
+            }
+        }
+        let mut out = Vec::new();
+        de::DeserializeSeed::deserialize(V(&mut out), d)?;
+        Ok(FlatNumbers(out))
+    }
+}
+
+/// Checks a request's tensor against the app's input and converts it.
+fn to_tensor(app: &App, inputs: Vec<InputTensor>) -> Result<Tensor, ApiError> {
+    let spec = &app.input;
+    let bad = |m: String| ApiError::bad_request(format!("app {}: {m}", app.name()));
+    let mut inputs = inputs;
+    if inputs.len() != 1 {
+        return Err(bad(format!("expected exactly 1 input tensor (`{}`), got {}", spec.name, inputs.len())));
+    }
+    let input = inputs.pop().expect("one input");
+    if input.name != spec.name {
+        return Err(bad(format!("unknown input `{}`; expected `{}`", input.name, spec.name)));
+    }
+    let datatype = DataType::from_oip(&input.datatype)
+        .ok_or_else(|| bad(format!("input `{}`: unknown datatype `{}`", input.name, input.datatype)))?;
+    if datatype.oip_name() != spec.datatype {
+        return Err(bad(format!(
+            "input `{}`: datatype {} but the app expects {}",
+            input.name, input.datatype, spec.datatype
+        )));
+    }
+    // One sample per request: `[1, ...spec]` or `[...spec]`.
+    let shape = if input.shape.len() == spec.shape.len() {
+        let mut s = vec![1];
+        s.extend(&input.shape);
+        s
+    } else {
+        input.shape.clone()
+    };
+    if shape.len() != spec.shape.len() + 1 || shape[0] != 1 || shape[1..] != spec.shape[..] {
+        let mut want = vec![1];
+        want.extend(&spec.shape);
+        return Err(bad(format!(
+            "input `{}`: shape {:?} but the app expects {:?} (one sample per request; sluice forms batches itself)",
+            input.name, input.shape, want
+        )));
+    }
+    let n: usize = shape.iter().product();
+    if input.data.0.len() != n {
+        return Err(bad(format!(
+            "input `{}`: shape {:?} needs {n} elements, data has {}",
+            input.name,
+            input.shape,
+            input.data.0.len()
+        )));
+    }
+    let data = convert(datatype, input.data.0).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
+    Ok(Tensor { name: input.name, shape, data })
+}
+
+fn convert(datatype: DataType, values: Vec<f64>) -> Result<TensorData, String> {
+    let int = |v: f64, lo: f64, hi: f64| -> Result<f64, String> {
+        if v.fract() != 0.0 || v < lo || v > hi {
+            Err(format!("{v} is not a valid {}", datatype.oip_name()))
+        } else {
+            Ok(v)
+        }
+    };
+    Ok(match datatype {
+        DataType::F32 => TensorData::F32(values.into_iter().map(|v| v as f32).collect()),
+        DataType::F64 => TensorData::F64(values),
+        DataType::I32 => TensorData::I32(
+            values
+                .into_iter()
+                .map(|v| int(v, i32::MIN as f64, i32::MAX as f64).map(|v| v as i32))
+                .collect::<Result<_, _>>()?,
+        ),
+        // Above 2^53 a JSON number is not exact in f64; refuse rather than corrupt.
+        DataType::I64 => TensorData::I64(
+            values
+                .into_iter()
+                .map(|v| int(v, -9007199254740992.0, 9007199254740992.0).map(|v| v as i64))
+                .collect::<Result<_, _>>()?,
+        ),
+        DataType::U8 => {
+            TensorData::U8(values.into_iter().map(|v| int(v, 0.0, 255.0).map(|v| v as u8)).collect::<Result<_, _>>()?)
+        }
+    })
+}
+
+fn tensor_json(t: &Tensor) -> Value {
+    let data = match &t.data {
+        TensorData::F32(v) => json!(v),
+        TensorData::F64(v) => json!(v),
+        TensorData::I32(v) => json!(v),
+        TensorData::I64(v) => json!(v),
+        TensorData::U8(v) => json!(v),
+    };
+    json!({ "name": t.name, "datatype": t.datatype().oip_name(), "shape": t.shape, "data": data })
+}
+
+async fn infer(app: &Arc<App>, request: InferRequest) -> Result<Response<Body>, ApiError> {
+    let tensor = to_tensor(app, request.inputs)?;
+    let rx = app.submit(tensor).map_err(|e| match e {
+        AdmitError::QueueFull { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
+        AdmitError::ShuttingDown(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    })?;
+    // The worker always answers; a closed channel would be a host bug.
+    let reply = rx.await.map_err(|_| ApiError::internal("a worker dropped a request without answering"))?;
+    match reply {
+        Reply::Served(s) => ok(json!({
+            "model_name": app.name(),
+            "model_version": s.variant,
+            "id": request.id,
+            "outputs": s.outputs.iter().map(tensor_json).collect::<Vec<_>>(),
+            "parameters": {
+                "variant": s.variant,
+                "policy": s.policy,
+                "worker": s.worker,
+                "batch_size": s.batch_size,
+                "queue_us": s.queue_us,
+                "latency_us": s.latency_us,
+                "deadline_us": s.deadline_us,
+                "deadline_met": s.deadline_met,
+            }
+        })),
+        Reply::Dropped { reason: DropReason::ExecutorError, detail, .. } => Err(ApiError::internal(detail)),
+        Reply::Dropped { reason, detail, policy } => Err(ApiError {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            message: format!("app {}: request dropped ({}): {detail}", app.name(), reason.as_str()),
+            extra: Some(json!({ "dropped": true, "reason": reason.as_str(), "policy": policy, "id": request.id })),
+        }),
+        Reply::Rejected { message } => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)),
+    }
+}
+
+fn model_metadata(app: &Arc<App>) -> Result<Response<Body>, ApiError> {
+    let mut shape: Vec<i64> = vec![-1];
+    shape.extend(app.input.shape.iter().map(|d| *d as i64));
+    ok(json!({
+        "name": app.name(),
+        "versions": app.models.iter().map(|m| m.name.clone()).collect::<Vec<_>>(),
+        "platform": format!("sluice-{}", match app.config.executor {
+            Some(crate::config::ExecutorKind::Onnx) => "onnx",
+            _ => "emulated",
+        }),
+        "inputs": [{ "name": app.input.name, "datatype": app.input.datatype, "shape": shape }],
+        "outputs": [{ "name": sluice_core::executor::OUTPUT_NAME, "datatype": "FP32", "shape": [-1, -1] }],
+        "parameters": {
+            "slo_ms": app.config.slo_ms,
+            "workers": app.workers.len(),
+            "policy": app.binding.lock().policy.clone(),
+            "variants": app.models.iter().map(|m| json!({ "name": m.name, "accuracy": m.accuracy })).collect::<Vec<_>>(),
+        }
+    }))
+}

@@ -1,0 +1,26 @@
+//! sluice-server: the live host — HTTP (the Open Inference Protocol and `/infer`),
+//! the admin API, apps and their workers on tokio, the executors, metrics and the
+//! server config. The engine it drives (queues, decisions, policies) is
+//! `sluice_core`.
+//!
+//! Start here:
+//! - [`config::Config`]: listen address, admin token, and the `[[app]]`s.
+//! - [`state::State::build`] and [`server::run`]: build the apps and serve HTTP
+//!   until a shutdown future resolves, then drain.
+//! - [`http::handle`]: the request path's front door; [`admin`]: the control path;
+//!   [`api`]: what both share at the edge (`ApiError`).
+//! - [`app::App`]: admission, routing, hot swap; [`worker::run`]: the decision loop.
+//! - [`executor`]: ONNX Runtime and the emulated executor behind
+//!   `sluice_core::executor::Executor`; [`profiling`]: `sluice profile`.
+
+pub mod admin;
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod executor;
+pub mod http;
+pub mod metrics;
+pub mod profiling;
+pub mod server;
+pub mod state;
+pub mod worker;

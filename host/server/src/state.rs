@@ -1,0 +1,298 @@
+//! What the handlers share: the served apps built from a config ([`State::build`]:
+//! profiles, models loaded and warmed, policies compiled, workers started), the
+//! policy registry, metrics, and the model changes the admin API asks for.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::task::JoinSet;
+
+use sluice_sdk as sdk;
+
+use crate::app::{App, WorkerStart};
+use crate::config::{AppConfig, Config, ExecutorKind, InputSpec};
+use crate::executor::onnx::{self, OnnxOptions};
+use crate::executor::{model_set, LoadedModel, OnnxSource};
+use crate::metrics::Metrics;
+use sluice_core::clock::WallClock;
+use sluice_core::profile::Profile;
+use sluice_core::queue::Reply;
+use sluice_core::registry::Registry;
+use sluice_core::runtime::PolicyEngine;
+
+/// Everything the HTTP handlers share.
+pub struct State {
+    /// The served apps, by name.
+    pub apps: BTreeMap<String, Arc<App>>,
+    /// Known policies.
+    pub registry: Arc<Registry>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Bearer token for `/admin` (none: admin disabled).
+    pub admin_token: Option<String>,
+    /// The configuration served.
+    pub config: Config,
+    /// Per-app model sources, to load models on workers at run time.
+    pub sources: HashMap<String, AppSources>,
+    workers: parking_lot::Mutex<JoinSet<()>>,
+}
+
+/// How an app's models are (re)loaded.
+#[derive(Clone)]
+pub struct AppSources {
+    /// The executor.
+    pub executor: ExecutorKind,
+    /// Per model id: the onnx source (onnx executor) or latency table (emulated).
+    pub models: Vec<ModelSource>,
+}
+
+/// How one model is loaded.
+#[derive(Clone)]
+pub enum ModelSource {
+    /// Emulated: its dense latency table.
+    Emulated(Arc<Vec<u64>>),
+    /// ONNX: the file and options.
+    Onnx(OnnxSource),
+}
+
+impl ModelSource {
+    /// Loads (and for ONNX warms) the model; blocking.
+    pub fn load(&self) -> anyhow::Result<LoadedModel> {
+        Ok(match self {
+            ModelSource::Emulated(t) => LoadedModel::Emulated(t.clone()),
+            ModelSource::Onnx(src) => LoadedModel::load_onnx(src)?,
+        })
+    }
+}
+
+impl State {
+    /// Builds every app: profiles, models (loaded and warmed on every worker), policy
+    /// instances (initialised), and spawns the workers.
+    pub async fn build(config: Config) -> anyhow::Result<Arc<State>> {
+        let engine = PolicyEngine::new()?;
+        let registry = Arc::new(Registry::open(engine.clone(), &config.builtin_policy_dir, &config.policy_dir)?);
+        // Compile the built-ins in the background so a first swap to one of them does
+        // not pay the compilation (tens to hundreds of ms) on the admin call.
+        let warm = registry.clone();
+        tokio::task::spawn_blocking(move || {
+            for p in warm.list() {
+                if let Err(e) = warm.get(&p.name) {
+                    tracing::warn!("built-in policy {}: {e}", p.name);
+                }
+            }
+        });
+        let metrics = Arc::new(Metrics::default());
+        let clock = WallClock::default();
+        let next_id = Arc::new(AtomicU64::new(1));
+        if config.apps.iter().any(|a| a.executor == Some(ExecutorKind::Onnx)) {
+            let path = onnx::init_runtime(config.onnxruntime.as_deref())?;
+            tracing::info!("ONNX Runtime loaded from {}", path.display());
+        }
+        let mut apps = BTreeMap::new();
+        let mut sources = HashMap::new();
+        let mut starts: Vec<(Arc<App>, Vec<WorkerStart>)> = Vec::new();
+        for app_config in &config.apps {
+            let (models, source) = resolve_models(app_config)?;
+            let input = resolve_input(app_config, &source)?;
+            let k = app_config.workers as usize;
+            let src = source.clone();
+            let worker_models =
+                tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<BTreeMap<u32, LoadedModel>>> {
+                    (0..k)
+                        .map(|_| {
+                            src.models
+                                .iter()
+                                .enumerate()
+                                .map(|(id, s)| Ok((id as u32, s.load()?)))
+                                .collect::<anyhow::Result<BTreeMap<_, _>>>()
+                        })
+                        .collect()
+                })
+                .await??;
+            check_inputs(app_config, &models, &input, &worker_models)?;
+            let compiled = registry
+                .get(&app_config.policy)
+                .with_context(|| format!("app {}: policy `{}`", app_config.name, app_config.policy))?;
+            // Paths in the config were resolved against its directory when it was read.
+            let params =
+                app_config.params_json(std::path::Path::new("")).with_context(|| format!("app {}", app_config.name))?;
+            let (app, ws) = App::new(
+                app_config.clone(),
+                models,
+                input,
+                params,
+                worker_models.into_iter().map(model_set).collect(),
+                engine.clone(),
+                Some(compiled),
+                metrics.clone(),
+                clock,
+                next_id.clone(),
+            )
+            .with_context(|| format!("app {}", app_config.name))?;
+            apps.insert(app_config.name.clone(), app.clone());
+            sources.insert(app_config.name.clone(), source);
+            starts.push((app, ws));
+        }
+        let mut set = JoinSet::new();
+        for (app, ws) in starts {
+            for w in ws {
+                set.spawn(crate::worker::run(app.clone(), w));
+            }
+        }
+        let admin_token =
+            std::env::var("SLUICE_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(config.admin_token.clone());
+        Ok(Arc::new(State {
+            apps,
+            registry,
+            metrics,
+            admin_token,
+            config,
+            sources,
+            workers: parking_lot::Mutex::new(set),
+        }))
+    }
+
+    /// Loads `names` for worker `w` of `app` off the worker, then has the worker switch.
+    pub async fn set_worker_models(&self, app: &str, w: usize, names: &[String]) -> Result<Vec<u32>, String> {
+        let a = self.apps.get(app).ok_or_else(|| format!("unknown app `{app}`"))?;
+        let src = self.sources.get(app).ok_or_else(|| format!("unknown app `{app}`"))?;
+        if w >= a.workers.len() {
+            return Err(format!("app {app} has {} workers; no worker {w}", a.workers.len()));
+        }
+        if names.is_empty() {
+            return Err("a worker needs at least one model".into());
+        }
+        let mut ids = Vec::new();
+        for n in names {
+            let id = a.models.iter().position(|m| &m.name == n).ok_or_else(|| {
+                let known: Vec<&str> = a.models.iter().map(|m| m.name.as_str()).collect();
+                format!("app {app} has no model `{n}` (models: {})", known.join(", "))
+            })?;
+            ids.push(id as u32);
+        }
+        let sources: Vec<(u32, ModelSource)> = ids.iter().map(|&id| (id, src.models[id as usize].clone())).collect();
+        let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<BTreeMap<u32, LoadedModel>> {
+            sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("{e:#}"))?;
+        a.set_worker_models(w, model_set(loaded)).await?;
+        Ok(ids)
+    }
+
+    /// Logs every accepted arrival of every app to `path` (for `sluice sim`).
+    pub fn record_arrivals(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let log = Arc::new(crate::app::ArrivalLog::create(path)?);
+        for app in self.apps.values() {
+            let _ = app.recorder.set(log.clone());
+        }
+        Ok(())
+    }
+
+    /// Graceful shutdown: stop accepting, let workers answer everything queued, and
+    /// after `grace` reject whatever is left (every accepted request gets one answer).
+    pub async fn drain(&self, grace: Duration) {
+        for app in self.apps.values() {
+            app.accepting.store(false, Ordering::Release);
+            app.draining.store(true, Ordering::Release);
+            app.wake_all();
+        }
+        if let Some(log) = self.apps.values().find_map(|a| a.recorder.get()) {
+            if let Err(e) = log.flush() {
+                tracing::error!("arrival log: {e}");
+            }
+        }
+        let mut set = std::mem::take(&mut *self.workers.lock());
+        let finished = tokio::time::timeout(grace, async { while set.join_next().await.is_some() {} }).await;
+        if finished.is_err() {
+            set.abort_all();
+            while set.join_next().await.is_some() {}
+            for app in self.apps.values() {
+                for w in &app.workers {
+                    let left: Vec<_> = std::mem::take(&mut *w.queue.items.lock());
+                    w.queue.sync_len(&[]);
+                    for r in left {
+                        app.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                        r.answer(Reply::Rejected {
+                            message: "server shut down before the request could be served".into(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSources)> {
+    let profile = Profile::load(&app.profile)?;
+    let selected = profile
+        .policy_models(app.models.as_deref(), app.latency_percentile, app.max_batch)
+        .map_err(|e| anyhow::anyhow!("app {}: models: {e} ({})", app.name, app.profile.display()))?;
+    // Config::validate made sure every app names its executor.
+    let executor = app.executor.unwrap_or(ExecutorKind::Emulated);
+    let mut models = Vec::new();
+    let mut sources = Vec::new();
+    for (model, m) in selected {
+        sources.push(match executor {
+            ExecutorKind::Emulated => ModelSource::Emulated(Arc::new(model.latency.clone())),
+            ExecutorKind::Onnx => {
+                let dir = app.model_dir.clone().unwrap_or_default();
+                let file =
+                    m.file.clone().map(PathBuf::from).unwrap_or_else(|| PathBuf::from(format!("{}.onnx", model.name)));
+                ModelSource::Onnx(OnnxSource {
+                    path: dir.join(file),
+                    options: OnnxOptions { intra_threads: app.intra_threads, cuda: app.cuda },
+                    warm_batch: 1,
+                })
+            }
+        });
+        models.push(model);
+    }
+    Ok((models, AppSources { executor, models: sources }))
+}
+
+/// Every ONNX variant of an app must take the app's input (same datatype and shape):
+/// a request is validated once, against the app, whichever variant serves it.
+fn check_inputs(
+    app: &AppConfig,
+    models: &[sdk::Model],
+    input: &InputSpec,
+    loaded: &[BTreeMap<u32, LoadedModel>],
+) -> anyhow::Result<()> {
+    let Some(first) = loaded.first() else { return Ok(()) };
+    for (id, m) in first {
+        if let LoadedModel::Onnx(session) = m {
+            let s = session.lock();
+            let datatype = s.input_datatype().oip_name();
+            if s.input_shape() != input.shape.as_slice() || datatype != input.datatype {
+                anyhow::bail!(
+                    "app {}: model `{}` takes {datatype} {:?} but the app's input is {} {:?}",
+                    app.name,
+                    models[*id as usize].name,
+                    s.input_shape(),
+                    input.datatype,
+                    input.shape
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn resolve_input(app: &AppConfig, sources: &AppSources) -> anyhow::Result<InputSpec> {
+    if let Some(i) = &app.input {
+        return Ok(i.clone());
+    }
+    match sources.models.first() {
+        Some(ModelSource::Onnx(src)) => {
+            let m = onnx::OnnxModel::load(&src.path, &src.options)?;
+            Ok(InputSpec { name: m.input_name().to_string(), datatype: "FP32".into(), shape: m.input_shape().to_vec() })
+        }
+        _ => anyhow::bail!("app {}: input: required for executor = \"emulated\" (e.g. input = {{ name = \"input\", datatype = \"FP32\", shape = [4] }})", app.name),
+    }
+}

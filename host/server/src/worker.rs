@@ -1,0 +1,258 @@
+//! The worker loop: at every decision point (an arrival, a finished batch, a timer
+//! the policy asked for) ask the policy, validate its answer, and execute it.
+//!
+//! Every request that enters a worker's queue leaves it exactly once: taken into a
+//! batch (and answered when the batch finishes), dropped by the policy, expired by
+//! the host, or rejected at the end of a shutdown that could not drain it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::app::{App, WorkerControl, WorkerStart};
+use sluice_core::clock::Clock as _;
+use sluice_core::decision::Bound;
+use sluice_core::decision::{self, Context, Next};
+use sluice_core::executor::ModelSet;
+use sluice_core::queue::{DropReason, Reply, Request, Served};
+
+/// What the worker does after a decision.
+enum Step {
+    /// Execute a batch.
+    Run { model: u32, batch: Vec<Request>, policy: String, generation: u64 },
+    /// Wait for an arrival or until this instant (µs).
+    Wait(u64),
+    /// Decide again at once (the policy only dropped).
+    Again,
+    /// Wait for an arrival (or until `expire_at`, when the queue is not empty).
+    Idle { expire_at: Option<u64> },
+}
+
+/// Runs one worker until the app drains at shutdown.
+pub async fn run(app: Arc<App>, start: WorkerStart) {
+    let WorkerStart { handle, mut models, mut control } = start;
+    let queue = handle.queue.clone();
+    loop {
+        // Register interest in wake-ups *before* looking at the queue, so a push
+        // between the look and the wait is not missed.
+        let notified = queue.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+
+        while let Ok(msg) = control.try_recv() {
+            match msg {
+                WorkerControl::Install(set, done) => install(&app, &handle, &mut models, set, done),
+            }
+        }
+
+        let draining = app.draining.load(Ordering::Acquire);
+        let (step, expired, dropped) = decide(&app, &handle, &models, draining);
+        for r in expired {
+            answer_dropped(&app, r, DropReason::Expired, "waited past its deadline beyond expire_after_ms", "host");
+        }
+        let (dropped, drop_policy) = dropped;
+        for r in dropped {
+            answer_dropped(&app, r, DropReason::Policy, "dropped by the policy", &drop_policy);
+        }
+        match step {
+            Step::Run { model, batch, policy, generation } => {
+                execute(&app, &handle, &models, model, batch, &policy, generation).await;
+            }
+            Step::Again => {}
+            Step::Wait(until) => {
+                let at = tokio::time::Instant::from_std(app.clock.instant(until));
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = tokio::time::sleep_until(at) => {}
+                    msg = control.recv() => if let Some(WorkerControl::Install(set, done)) = msg {
+                        install(&app, &handle, &mut models, set, done);
+                    },
+                }
+            }
+            Step::Idle { expire_at } => {
+                if draining && queue.is_empty() {
+                    return;
+                }
+                let at = expire_at.map(|t| tokio::time::Instant::from_std(app.clock.instant(t)));
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = async { match at { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
+                    msg = control.recv() => if let Some(WorkerControl::Install(set, done)) = msg {
+                        install(&app, &handle, &mut models, set, done);
+                    },
+                }
+            }
+        }
+    }
+}
+
+fn install(
+    app: &App,
+    handle: &crate::app::WorkerHandle,
+    models: &mut ModelSet,
+    set: ModelSet,
+    done: tokio::sync::oneshot::Sender<()>,
+) {
+    // The new sessions were loaded and warmed before the message was sent; switching
+    // is a move, and the old ones are dropped here, after the switch.
+    let old = std::mem::replace(models, set);
+    *handle.loaded.lock() = models.ids();
+    drop(old);
+    tracing::info!(app = app.name(), worker = handle.index, models = ?models.ids(), "worker models switched");
+    let _ = done.send(());
+}
+
+type Dropped = (Vec<Request>, String);
+
+/// One decision, made under the worker's slot lock (see [`crate::app::Slot`]) and
+/// its queue's lock; the decision itself is [`sluice_core::decision::decide`].
+fn decide(
+    app: &App,
+    handle: &crate::app::WorkerHandle,
+    models: &ModelSet,
+    draining: bool,
+) -> (Step, Vec<Request>, Dropped) {
+    let mut retired = None;
+    let wait_started = Instant::now();
+    let mut slot = handle.slot.lock();
+    if let Some((bound, generation)) = slot.pending.take() {
+        retired = Some(std::mem::replace(&mut slot.current, bound));
+        slot.generation = generation;
+        let waited = wait_started.elapsed();
+        app.counters.swap_max_wait_ns.fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
+    }
+    let unbind = app.unbind_generation.load(Ordering::Acquire);
+    if unbind != 0 && unbind == slot.generation && !matches!(slot.current, Bound::Safe) {
+        slot.current = Bound::Safe;
+    }
+    let generation = slot.generation;
+    let policy_name = slot.current.name().to_string();
+
+    let now = app.clock.now();
+    let loaded = models.ids();
+    let cx = Context {
+        now,
+        worker: handle.index,
+        workers: app.workers.len() as u32,
+        load_qps: app.load.rate(now),
+        loaded: &loaded,
+        models: &app.models,
+        expire_us: app.expire_us,
+        draining,
+    };
+    let mut items = handle.queue.items.lock();
+    let d = sluice_core::decision::decide(&mut slot.current, &mut items, &cx);
+    handle.queue.sync_len(&items);
+    drop(items);
+    drop(slot);
+    if let Some(old) = retired {
+        // Dropping a store takes tens of microseconds: not on the worker's path.
+        tokio::task::spawn_blocking(move || drop(old));
+    }
+    let removed =
+        d.expired.len() + d.dropped.len() + if let Next::Run { batch, .. } = &d.next { batch.len() } else { 0 };
+    app.queued.fetch_sub(removed, Ordering::AcqRel);
+    if let Some(t) = d.decide_time {
+        app.metrics.observe("sluice_policy_decide_seconds", &[("app", app.name())], t.as_secs_f64());
+    }
+    if let Some(fault) = &d.fault {
+        app.record_fault(&policy_name, fault.kind(), generation, &fault.to_string());
+    }
+    let decided_by = if d.by_safe { "safe".to_string() } else { policy_name };
+    let step = match d.next {
+        Next::Run { model, batch } => Step::Run { model, batch, policy: decided_by.clone(), generation },
+        Next::Wait(t) => Step::Wait(t),
+        Next::Again => Step::Again,
+        Next::Idle { expire_at } => Step::Idle { expire_at },
+    };
+    (step, d.expired, (d.dropped, decided_by))
+}
+
+fn answer_dropped(app: &App, r: Request, reason: DropReason, detail: &str, policy: &str) {
+    app.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    app.metrics.request(app.name(), "", &format!("dropped-{}", reason.as_str()));
+    r.answer(Reply::Dropped { reason, detail: detail.to_string(), policy: policy.to_string() });
+}
+
+async fn execute(
+    app: &App,
+    handle: &crate::app::WorkerHandle,
+    models: &ModelSet,
+    model: u32,
+    batch: Vec<Request>,
+    policy: &str,
+    generation: u64,
+) {
+    let size = batch.len();
+    let variant = app.models[model as usize].name.clone();
+    handle.in_flight.store(size, Ordering::Relaxed);
+    let started = app.clock.now();
+    app.metrics.observe("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
+    let (requests, samples): (Vec<_>, Vec<_>) = batch
+        .into_iter()
+        .map(|mut r| {
+            let input = std::mem::replace(
+                &mut r.input,
+                sluice_core::tensor::Tensor {
+                    name: String::new(),
+                    shape: vec![],
+                    data: sluice_core::tensor::TensorData::U8(vec![]),
+                },
+            );
+            (r, input)
+        })
+        .unzip();
+    let result = match models.get(model) {
+        Ok(m) => m.run(model, samples).await,
+        Err(e) => Err(e),
+    };
+    let finished = app.clock.now();
+    handle.in_flight.store(0, Ordering::Relaxed);
+    let outcome = decision::outcome(model, &requests, started, finished, result.is_err());
+    match result {
+        Ok(outputs) => {
+            for (r, outputs) in requests.into_iter().zip(outputs) {
+                let met = decision::met(finished, r.deadline);
+                if !met {
+                    app.counters.late.fetch_add(1, Ordering::Relaxed);
+                }
+                app.counters.served.fetch_add(1, Ordering::Relaxed);
+                app.metrics.request(app.name(), &variant, if met { "served" } else { "late" });
+                let queue_s = (started - r.arrival.min(started)) as f64 / 1e6;
+                let latency_us = finished.saturating_sub(r.arrival);
+                app.metrics.observe("sluice_queue_seconds", &[("app", app.name())], queue_s);
+                app.metrics.observe("sluice_latency_seconds", &[("app", app.name())], latency_us as f64 / 1e6);
+                let served = Served {
+                    variant: variant.clone(),
+                    policy: policy.to_string(),
+                    outputs,
+                    queue_us: started.saturating_sub(r.arrival),
+                    latency_us,
+                    deadline_us: r.deadline - r.arrival,
+                    deadline_met: met,
+                    batch_size: size,
+                    worker: handle.index,
+                };
+                r.answer(Reply::Served(Box::new(served)));
+            }
+        }
+        Err(e) => {
+            tracing::error!(app = app.name(), worker = handle.index, model = %variant, "batch failed: {e}");
+            for r in requests {
+                answer_dropped(app, r, DropReason::ExecutorError, &format!("the executor failed: {e}"), policy);
+            }
+        }
+    }
+    // Feedback goes to the policy that decided, unless a swap replaced it meanwhile.
+    let mut slot = handle.slot.lock();
+    if slot.generation == generation && slot.pending.is_none() {
+        let slot_generation = slot.generation;
+        if let Bound::Wasm(instance) = &mut slot.current {
+            if let Err(fault) = instance.observe(&outcome) {
+                let name = instance.compiled().name.clone();
+                drop(slot);
+                app.record_fault(&name, fault.kind(), slot_generation, &fault.to_string());
+            }
+        }
+    }
+}

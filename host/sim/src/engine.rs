@@ -1,0 +1,395 @@
+//! The event loop: arrivals, batch completions and policy timers in virtual time
+//! (a [`VirtualClock`]), over the host's router ([`pick_worker`]), decision core
+//! ([`decision::decide`]) and policy runtime (the same `.wasm` instances), all
+//! from `sluice_core`.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use sluice_sdk as sdk;
+
+use super::arrivals::{generate, Arrival};
+use super::rng::Rng;
+use super::stats::{Fate, RunResult, Stats, WindowRow};
+use super::{Experiment, LatencyModel, PolicyCache, RunSpec};
+use sluice_core::app_config::AppConfig as SimApp;
+use sluice_core::clock::{Clock as _, VirtualClock};
+use sluice_core::decision::Bound;
+use sluice_core::decision::{self, Context, Next, Queued};
+use sluice_core::profile::{Percentile, Profile};
+use sluice_core::router::{pick_worker, LoadMonitor, RouterMode};
+use sluice_core::runtime::{Binding, Limits, PolicyInstance};
+use sluice_core::workload::ArrivalSpec;
+
+/// A simulated request.
+#[derive(Clone, Copy, Debug)]
+struct SimRequest {
+    id: u64,
+    arrival: u64,
+    deadline: u64,
+}
+
+impl Queued for SimRequest {
+    fn pending(&self) -> sdk::Pending {
+        sdk::Pending { id: self.id, arrival: self.arrival, deadline: self.deadline }
+    }
+}
+
+/// Batch latency: the app's percentile, or a draw from the measured distribution.
+///
+/// Sampling inverts a piecewise-linear CDF through the profile's quantiles at the
+/// batch size: (0.5, p50), (0.95, p95), (0.99, p99), closed by (0, lo) and (1, hi)
+/// with lo = max(p50 − (p95 − p50), p50 / 2) and hi = p99 + (p99 − p95). Profiles
+/// keep three percentiles, not the raw runs, so the ends are an assumption.
+pub struct LatencySampler {
+    model: LatencyModel,
+    /// Per model: dense p50, p95, p99 tables.
+    tables: Vec<[Vec<u64>; 3]>,
+    /// Per model: the table policies see (the app's percentile).
+    policy_tables: Vec<Vec<u64>>,
+}
+
+impl LatencySampler {
+    fn latency(&self, model: usize, size: usize, rng: &mut Rng) -> u64 {
+        let at = |t: &Vec<u64>| t[(size.max(1) - 1).min(t.len().saturating_sub(1))] as f64;
+        match self.model {
+            LatencyModel::Deterministic => at(&self.policy_tables[model]) as u64,
+            LatencyModel::Sampled => {
+                let [p50, p95, p99] =
+                    [at(&self.tables[model][0]), at(&self.tables[model][1]), at(&self.tables[model][2])];
+                let lo = (p50 - (p95 - p50)).max(p50 / 2.0);
+                let hi = p99 + (p99 - p95);
+                let points = [(0.0, lo), (0.5, p50), (0.95, p95), (0.99, p99), (1.0, hi)];
+                let u = rng.uniform();
+                let i = points.windows(2).position(|w| u < w[1].0).unwrap_or(3);
+                let ((q0, v0), (q1, v1)) = (points[i], points[i + 1]);
+                (v0 + (v1 - v0) * (u - q0) / (q1 - q0)).max(0.0) as u64
+            }
+        }
+    }
+}
+
+struct Worker {
+    policy: Bound,
+    loaded: Vec<u32>,
+    busy: usize,
+    /// Invalidates timers armed by earlier decisions.
+    timer_token: u64,
+}
+
+struct AppState {
+    spec: SimApp,
+    arrival_spec: ArrivalSpec,
+    models: Vec<sdk::Model>,
+    latency: LatencySampler,
+    arrivals: Vec<Arrival>,
+    next_arrival: usize,
+    queues: Vec<Vec<SimRequest>>,
+    workers: Vec<Worker>,
+    load: LoadMonitor,
+    slo_us: u64,
+    expire_us: u64,
+    stats: Stats,
+    overloaded: Option<String>,
+}
+
+enum Event {
+    Arrival { app: usize },
+    Done { app: usize, worker: usize, model: u32, batch: Vec<SimRequest>, started: u64 },
+    Timer { app: usize, worker: usize, token: u64 },
+}
+
+/// One run: its apps and the event queue.
+pub struct Simulation {
+    apps: Vec<AppState>,
+    rng: Rng,
+    events: BinaryHeap<Reverse<(u64, u64)>>,
+    /// Virtual time: the time of the event being processed.
+    clock: VirtualClock,
+    payloads: BTreeMap<u64, Event>,
+    seq: u64,
+    duration_us: u64,
+    window_us: u64,
+    max_queue: usize,
+    weakly_hard: Option<[usize; 2]>,
+    run: usize,
+    policy_label: String,
+    seed: u64,
+}
+
+impl Simulation {
+    /// Prepares a run: arrivals drawn, policy instances created and initialised.
+    pub fn new(
+        exp: &Experiment,
+        base: &Path,
+        run: &RunSpec,
+        profiles: &BTreeMap<PathBuf, Profile>,
+        cache: &mut PolicyCache,
+    ) -> Result<Simulation> {
+        let duration_us = (exp.duration_s * 1e6) as u64;
+        let mut rng = Rng::new(run.seed);
+        let mut apps = Vec::new();
+        for spec in &run.apps {
+            let profile = &profiles[&base.join(&spec.profile)];
+            let selected = profile
+                .policy_models(spec.models.as_deref(), spec.latency_percentile, spec.max_batch)
+                .map_err(|e| anyhow::anyhow!("app {}: models: {e}", spec.name))?;
+            let cap = |mut t: Vec<u64>| {
+                if let Some(c) = spec.max_batch {
+                    t.truncate(c as usize);
+                }
+                t
+            };
+            let tables = selected
+                .iter()
+                .map(|(_, m)| [Percentile::P50, Percentile::P95, Percentile::P99].map(|p| cap(m.latency_table(p))))
+                .collect();
+            let models: Vec<sdk::Model> = selected.into_iter().map(|(m, _)| m).collect();
+            let latency = LatencySampler {
+                model: exp.latency,
+                tables,
+                policy_tables: models.iter().map(|m| m.latency.clone()).collect(),
+            };
+            let arrival_spec =
+                spec.arrivals.clone().with_context(|| format!("app {}: arrivals: required", spec.name))?;
+            let arrivals = generate(&arrival_spec, &spec.name, base, duration_us, &mut rng)
+                .with_context(|| format!("app {}", spec.name))?;
+            // `safe` is the host's built-in fallback, run natively (no component).
+            let compiled = match spec.policy.as_str() {
+                "safe" => None,
+                name => Some(cache.get(name).with_context(|| format!("app {}", spec.name))?),
+            };
+            let slo_us = (spec.slo_ms * 1000.0).round() as u64;
+            let params = spec.params_json(base).with_context(|| format!("app {}", spec.name))?;
+            let limits = Limits { call_budget: std::time::Duration::from_millis(50), ..Limits::default() };
+            let all: Vec<u32> = (0..models.len() as u32).collect();
+            let mut workers = Vec::new();
+            // One binding per app and run: its instances share one config and store.
+            let binding = compiled.as_ref().map(|c| {
+                let config = sdk::Config {
+                    app: spec.name.clone(),
+                    slo: slo_us,
+                    workers: spec.workers,
+                    worker: 0,
+                    models: models.clone(),
+                    params: params.clone(),
+                };
+                Binding::new(c.clone(), config, limits)
+            });
+            for w in 0..spec.workers {
+                let policy = match &binding {
+                    Some(b) => Bound::Wasm(Box::new(
+                        PolicyInstance::new(cache.engine(), b, w)
+                            .with_context(|| format!("app {}: worker {w}", spec.name))?,
+                    )),
+                    None => Bound::Safe,
+                };
+                workers.push(Worker { policy, loaded: all.clone(), busy: 0, timer_token: 0 });
+            }
+            let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
+            apps.push(AppState {
+                stats: Stats::new(arrivals.iter().map(|a| a.at).collect()),
+                expire_us: spec.expire_after_ms.map(|e| (e * 1000.0) as u64).unwrap_or(slo_us),
+                load: LoadMonitor::new(spec.load_window_ms * 1000),
+                spec: spec.clone(),
+                arrival_spec,
+                models,
+                latency,
+                arrivals,
+                next_arrival: 0,
+                queues: (0..queues).map(|_| Vec::new()).collect(),
+                workers,
+                slo_us,
+                overloaded: None,
+            });
+        }
+        let mut sim = Simulation {
+            apps,
+            rng,
+            events: BinaryHeap::new(),
+            clock: VirtualClock::default(),
+            payloads: BTreeMap::new(),
+            seq: 0,
+            duration_us,
+            window_us: (exp.window_s * 1e6).max(1.0) as u64,
+            max_queue: exp.max_queue,
+            weakly_hard: exp.weakly_hard,
+            run: run.index,
+            policy_label: run.policy_label.clone(),
+            seed: run.seed,
+        };
+        for a in 0..sim.apps.len() {
+            if let Some(first) = sim.apps[a].arrivals.first() {
+                let at = first.at;
+                sim.schedule(at, Event::Arrival { app: a });
+            }
+        }
+        Ok(sim)
+    }
+
+    fn schedule(&mut self, at: u64, event: Event) {
+        // Ties break by insertion order, which keeps runs deterministic.
+        self.seq += 1;
+        self.events.push(Reverse((at, self.seq)));
+        self.payloads.insert(self.seq, event);
+    }
+
+    /// Runs to completion: every arrival, then every queued request is served,
+    /// dropped or expired (no new arrivals after the duration). Returns, per app, its
+    /// result, time series, and the wall seconds spent inside `decide`.
+    pub fn run(mut self) -> Vec<(RunResult, Vec<WindowRow>, f64)> {
+        while let Some(Reverse((now, seq))) = self.events.pop() {
+            // Every handler reads the time from the clock, as the live worker does.
+            self.clock.set(now);
+            let Some(event) = self.payloads.remove(&seq) else { continue };
+            match event {
+                Event::Arrival { app } => self.arrive(app),
+                Event::Done { app, worker, model, batch, started } => {
+                    self.finish(app, worker, model, batch, started);
+                    self.decide(app, worker);
+                }
+                Event::Timer { app, worker, token } => {
+                    if self.apps[app].workers[worker].timer_token == token && self.apps[app].workers[worker].busy == 0 {
+                        self.decide(app, worker);
+                    }
+                }
+            }
+            if self.apps.iter().any(|a| a.overloaded.is_some()) {
+                break;
+            }
+        }
+        let duration_us = self.duration_us;
+        let window_us = self.window_us;
+        let weakly_hard = self.weakly_hard;
+        self.apps
+            .iter()
+            .map(|a| {
+                let trace = a.arrival_spec.file().map(|f| f.display().to_string());
+                let load = a.arrival_spec.rate_qps();
+                let (r, ts) = a.stats.result(
+                    self.run,
+                    &a.spec.name,
+                    &self.policy_label,
+                    a.spec.workers,
+                    load,
+                    trace,
+                    self.seed,
+                    duration_us,
+                    window_us,
+                    weakly_hard,
+                    a.overloaded.clone(),
+                );
+                (r, ts, a.stats.decide_seconds)
+            })
+            .collect()
+    }
+
+    fn arrive(&mut self, a: usize) {
+        let now = self.clock.now();
+        let app = &mut self.apps[a];
+        let i = app.next_arrival;
+        let arrival = app.arrivals[i];
+        app.next_arrival += 1;
+        app.load.record(now);
+        let request = SimRequest { id: i as u64, arrival: now, deadline: now + arrival.budget.unwrap_or(app.slo_us) };
+        let k = app.workers.len();
+        let target = pick_worker(app.spec.router, i, k, |w| app.queues[w].len() + app.workers[w].busy);
+        app.queues[target].push(request);
+        if app.queues[target].len() > self.max_queue {
+            app.overloaded = Some(format!(
+                "at {:.3} s a worker queue exceeded max_queue = {} (the load exceeds what the workers sustain)",
+                now as f64 / 1e6,
+                self.max_queue
+            ));
+            return;
+        }
+        let next = app.arrivals.get(i + 1).map(|x| x.at);
+        let shared = app.spec.router == RouterMode::Shared;
+        if let Some(next) = next {
+            self.schedule(next, Event::Arrival { app: a });
+        }
+        if shared {
+            // Idle workers pull from the one queue, lowest index first.
+            for w in 0..k {
+                if self.apps[a].workers[w].busy == 0 && !self.apps[a].queues[0].is_empty() {
+                    self.decide(a, w);
+                }
+            }
+        } else if self.apps[a].workers[target].busy == 0 {
+            self.decide(a, target);
+        }
+    }
+
+    fn decide(&mut self, a: usize, w: usize) {
+        // Each drop-only decision removes a request, so this loop ends.
+        while self.decide_once(a, w) {}
+    }
+
+    /// One decision; true when the policy only dropped and must decide again now.
+    fn decide_once(&mut self, a: usize, w: usize) -> bool {
+        let now = self.clock.now();
+        let app = &mut self.apps[a];
+        let q = if app.spec.router == RouterMode::Shared { 0 } else { w };
+        let load_qps = app.load.rate(now);
+        let worker = &mut app.workers[w];
+        let cx = Context {
+            now,
+            worker: w as u32,
+            workers: app.spec.workers,
+            load_qps,
+            loaded: &worker.loaded,
+            models: &app.models,
+            expire_us: app.expire_us,
+            draining: false,
+        };
+        let d = decision::decide(&mut worker.policy, &mut app.queues[q], &cx);
+        if let Some(t) = d.decide_time {
+            app.stats.decide_calls += 1;
+            app.stats.decide_seconds += t.as_secs_f64();
+        }
+        if d.fault.is_some() {
+            app.stats.faults += 1;
+        }
+        for r in d.expired {
+            app.stats.finish(r.id, Fate::Expired, 0.0);
+        }
+        for r in d.dropped {
+            app.stats.finish(r.id, Fate::Dropped, 0.0);
+        }
+        worker.timer_token += 1;
+        let token = worker.timer_token;
+        match d.next {
+            Next::Run { model, batch } => {
+                worker.busy = batch.len();
+                let latency = app.latency.latency(model as usize, batch.len(), &mut self.rng);
+                app.stats.batch(&app.models[model as usize].name, batch.len());
+                self.schedule(now + latency, Event::Done { app: a, worker: w, model, batch, started: now });
+            }
+            Next::Wait(t) => self.schedule(t, Event::Timer { app: a, worker: w, token }),
+            Next::Again => return true,
+            Next::Idle { expire_at: Some(t) } => self.schedule(t, Event::Timer { app: a, worker: w, token }),
+            Next::Idle { expire_at: None } => {}
+        }
+        false
+    }
+
+    fn finish(&mut self, a: usize, w: usize, model: u32, batch: Vec<SimRequest>, started: u64) {
+        let now = self.clock.now();
+        let app = &mut self.apps[a];
+        let accuracy = app.models[model as usize].accuracy;
+        for r in &batch {
+            let fate = if decision::met(now, r.deadline) { Fate::OnTime } else { Fate::Late };
+            app.stats.finish(r.id, fate, accuracy);
+        }
+        let worker = &mut app.workers[w];
+        worker.busy = 0;
+        if let Bound::Wasm(instance) = &mut worker.policy {
+            let outcome = decision::outcome(model, &batch, started, now, false);
+            if instance.observe(&outcome).is_err() {
+                app.stats.faults += 1;
+            }
+        }
+    }
+}

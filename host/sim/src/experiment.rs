@@ -1,0 +1,253 @@
+//! The experiment file: what `sluice sim` runs — apps (the server's [`AppConfig`],
+//! inline or from a server config), their arrivals, the latency model, and a sweep.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _, Result};
+use serde::{Deserialize, Serialize};
+use sluice_core::app_config::AppConfig;
+use sluice_core::workload::ArrivalSpec;
+
+/// An experiment file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    /// `version = 1`.
+    pub version: u32,
+    /// `name = "ramsis-constant"`.
+    pub name: String,
+    /// `seed = 1`: arrivals and sampled latencies (a sweep's `seeds` override it).
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// `duration_s = 30`: simulated time.
+    pub duration_s: f64,
+    /// `builtin_policy_dir = "../../target/policies"`: where policies named without a
+    /// `.wasm` path are found.
+    #[serde(default = "default_builtin")]
+    pub builtin_policy_dir: PathBuf,
+    /// `latency = "deterministic"` (the app's percentile) or `"sampled"` (drawn from
+    /// the profile's measured p50/p95/p99 per batch size).
+    #[serde(default)]
+    pub latency: LatencyModel,
+    /// `max_queue = 100000`: a worker queue longer than this ends the run as overloaded.
+    #[serde(default = "default_max_queue")]
+    pub max_queue: usize,
+    /// `window_s = 1.0`: width of the time-series windows.
+    #[serde(default = "default_window")]
+    pub window_s: f64,
+    /// `weakly_hard = [m, K]`: check that no K consecutive requests have more than m misses.
+    #[serde(default)]
+    pub weakly_hard: Option<[usize; 2]>,
+    /// `config = "../ramsis-image-60.toml"`: simulate the apps of this server config
+    /// (relative to the experiment), before any `[[app]]` of the experiment itself.
+    #[serde(default)]
+    pub config: Option<PathBuf>,
+    /// `[arrivals]`, `image = { kind = "poisson", rate_qps = 400 }`: the load offered
+    /// to an app by name, replacing the app's own `arrivals` (the way to give load to
+    /// the apps of a server config).
+    #[serde(default)]
+    pub arrivals: BTreeMap<String, ArrivalSpec>,
+    /// `[[app]]`: simulated apps, written as in a server config (the same
+    /// [`AppConfig`]; `executor` and the server's limits are not used) with their
+    /// `arrivals`.
+    #[serde(rename = "app", default)]
+    pub apps: Vec<AppConfig>,
+    /// `[sweep]`: the runs, as a cartesian product (one run without it).
+    #[serde(default)]
+    pub sweep: Sweep,
+}
+
+/// The runs of an experiment: every combination of the non-empty lists.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sweep {
+    /// Constant rates replacing every app's arrival rate.
+    #[serde(default)]
+    pub load_qps: Vec<f64>,
+    /// Worker counts replacing every app's.
+    #[serde(default)]
+    pub workers: Vec<u32>,
+    /// Policies (with params) replacing every app's.
+    #[serde(default)]
+    pub policies: Vec<PolicyChoice>,
+    /// Seeds.
+    #[serde(default)]
+    pub seeds: Vec<u64>,
+}
+
+/// A policy and its params.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyChoice {
+    /// Built-in name or `.wasm` path.
+    pub policy: String,
+    /// Params.
+    #[serde(default)]
+    pub params: Option<toml::Table>,
+    /// A JSON file of params, as for an app.
+    #[serde(default)]
+    pub params_file: Option<PathBuf>,
+    /// Label in results (default: the policy name).
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+/// How batch latencies are drawn.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum LatencyModel {
+    /// Always the app's percentile of the profile.
+    #[default]
+    Deterministic,
+    /// Sampled from the profile's measured distribution (see [`engine::LatencySampler`]).
+    Sampled,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+fn default_builtin() -> PathBuf {
+    PathBuf::from("target/policies")
+}
+fn default_max_queue() -> usize {
+    100_000
+}
+fn default_window() -> f64 {
+    1.0
+}
+/// One run of an experiment: the experiment with the sweep's choices applied.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    /// Index in the sweep.
+    pub index: usize,
+    /// The label of the policy choice (for results).
+    pub policy_label: String,
+    /// Seed.
+    pub seed: u64,
+    /// Apps with overrides applied.
+    pub apps: Vec<AppConfig>,
+}
+
+impl Experiment {
+    /// Reads an experiment file; relative paths resolve against its directory.
+    pub fn load(path: &Path) -> Result<(Experiment, PathBuf)> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let e = Experiment::parse(&text, &path.display().to_string(), &base)?;
+        Ok((e, base))
+    }
+
+    /// Parses and checks experiment text; `origin` names it in errors, `base` is the
+    /// directory relative paths (a server config, profiles, traces) start from.
+    pub fn parse(text: &str, origin: &str, base: &Path) -> Result<Experiment> {
+        let mut e: Experiment = toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
+        if e.version != 1 {
+            bail!("{origin}: version: expected 1, got {}", e.version);
+        }
+        if !(e.duration_s.is_finite() && e.duration_s > 0.0) {
+            bail!("{origin}: duration_s: expected a positive number of seconds");
+        }
+        if let Some(config) = &e.config {
+            let mut apps =
+                server_config_apps(&base.join(config)).map_err(|e| anyhow::anyhow!("{origin}: config: {e:#}"))?;
+            apps.append(&mut e.apps);
+            e.apps = apps;
+        }
+        if e.apps.is_empty() {
+            bail!("{origin}: at least one [[app]] (or a server `config`) is required");
+        }
+        for name in e.arrivals.keys() {
+            if !e.apps.iter().any(|a| &a.name == name) {
+                bail!("{origin}: arrivals.{name}: no app of that name");
+            }
+        }
+        for a in &mut e.apps {
+            if let Some(spec) = e.arrivals.get(&a.name) {
+                a.arrivals = Some(spec.clone());
+            }
+            a.validate().map_err(|err| anyhow::anyhow!("{origin}: {err}"))?;
+            if a.arrivals.is_none() {
+                bail!("{origin}: app.{}.arrivals: required in an experiment (or give it in [arrivals])", a.name);
+            }
+        }
+        Ok(e)
+    }
+
+    /// The runs: the cartesian product of the sweep's lists (in the order policies,
+    /// workers, load, seeds), or the experiment as written.
+    pub fn runs(&self) -> Vec<RunSpec> {
+        let policies: Vec<Option<&PolicyChoice>> =
+            if self.sweep.policies.is_empty() { vec![None] } else { self.sweep.policies.iter().map(Some).collect() };
+        let workers: Vec<Option<u32>> = if self.sweep.workers.is_empty() {
+            vec![None]
+        } else {
+            self.sweep.workers.iter().copied().map(Some).collect()
+        };
+        let loads: Vec<Option<f64>> = if self.sweep.load_qps.is_empty() {
+            vec![None]
+        } else {
+            self.sweep.load_qps.iter().copied().map(Some).collect()
+        };
+        let seeds: Vec<u64> = if self.sweep.seeds.is_empty() { vec![self.seed] } else { self.sweep.seeds.clone() };
+        let mut out = Vec::new();
+        for p in &policies {
+            for w in &workers {
+                for l in &loads {
+                    for s in &seeds {
+                        let apps = self
+                            .apps
+                            .iter()
+                            .map(|a| {
+                                let mut a = a.clone();
+                                if let Some(p) = p {
+                                    a.policy = p.policy.clone();
+                                    a.params = p.params.clone();
+                                    a.params_file = p.params_file.clone();
+                                }
+                                if let Some(w) = w {
+                                    a.workers = *w;
+                                }
+                                if let Some(l) = l {
+                                    a.arrivals = a.arrivals.as_ref().map(|s| s.with_rate(*l));
+                                }
+                                a
+                            })
+                            .collect();
+                        let label = p
+                            .map(|p| p.label.clone().unwrap_or_else(|| p.policy.clone()))
+                            .unwrap_or_else(|| self.apps[0].policy.clone());
+                        out.push(RunSpec { index: out.len(), policy_label: label, seed: *s, apps });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The `[[app]]`s of a server config (`sluice serve --config`), read with the same
+/// [`AppConfig`] the server reads them with and their paths resolved against the
+/// config's directory. The rest of the file (listen address, admin token, …) is the
+/// server's business and is not checked here.
+pub fn server_config_apps(path: &Path) -> Result<Vec<AppConfig>> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("{shown}: cannot read"))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{shown}: {e}"))?;
+    // Absolute, so the app's paths stay right whatever directory the experiment is in.
+    let dir = std::path::absolute(path)
+        .with_context(|| format!("{shown}: cannot resolve"))?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let Some(apps) = table.get("app") else { bail!("{shown}: no [[app]]") };
+    let toml::Value::Array(apps) = apps else { bail!("{shown}: app: expected [[app]] tables") };
+    apps.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let mut app: AppConfig = v.clone().try_into().map_err(|e| anyhow::anyhow!("{shown}: app[{i}]: {e}"))?;
+            app.rebase(&dir);
+            Ok(app)
+        })
+        .collect()
+}

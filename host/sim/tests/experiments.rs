@@ -1,0 +1,228 @@
+//! Each checked-in experiment's headline relation, on a shortened run: the files in
+//! `examples/experiments/` are loaded and their `Experiment` struct shortened in code
+//! (duration, sweep), then run with the real policy components.
+//!
+//! Results and the comparison with the papers: `docs/results/README.md`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use sluice_core::profile::{Percentile, Profile};
+use sluice_sim::{run_experiment, stats::RunResult, Experiment};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn load(name: &str) -> (Experiment, PathBuf) {
+    assert!(root().join("target/policies/spread-drop.wasm").exists(), "run `cargo xtask policies` first");
+    Experiment::load(&root().join("examples/experiments").join(name)).unwrap()
+}
+
+fn run(e: &Experiment, base: &Path) -> Vec<RunResult> {
+    let out = run_experiment(e, base, false).unwrap();
+    for r in &out.results {
+        assert!(r.overloaded.is_none(), "run {} overloaded", r.run);
+        assert_eq!(r.faults, 0, "run {} ({}): policy faults", r.run, r.policy);
+    }
+    out.results
+}
+
+/// Mean of `f` per (app, policy, load) over the seeds.
+fn mean(results: &[RunResult], f: impl Fn(&RunResult) -> f64) -> BTreeMap<(String, String, u64), f64> {
+    let mut acc: BTreeMap<(String, String, u64), (f64, f64)> = BTreeMap::new();
+    for r in results {
+        let e = acc.entry((r.app.clone(), r.policy.clone(), r.load_qps.unwrap_or(0.0) as u64)).or_default();
+        e.0 += f(r);
+        e.1 += 1.0;
+    }
+    acc.into_iter().map(|(k, (s, n))| (k, s / n)).collect()
+}
+
+/// Experiment 1 (RAMSIS §7.2) on a shortened run: RAMSIS more accurate than both
+/// baselines at loads they can sustain, with no more violations.
+#[test]
+fn ramsis_is_above_both_baselines_at_constant_load() {
+    let (mut e, base) = load("ramsis-constant.toml");
+    e.duration_s = 10.0;
+    e.sweep.load_qps = vec![800.0, 2000.0, 2800.0];
+    let results = run(&e, &base);
+    let acc = mean(&results, |r| r.accuracy);
+    let viol = mean(&results, |r| r.violation_rate);
+    for load in [800, 2000, 2800] {
+        let at = |m: &BTreeMap<(String, String, u64), f64>, p: &str| m[&("image".to_string(), p.to_string(), load)];
+        for other in ["Jellyfish+", "ModelSwitching"] {
+            assert!(
+                at(&acc, "RAMSIS") > at(&acc, other),
+                "{load} QPS: accuracy RAMSIS {} {other} {}",
+                at(&acc, "RAMSIS"),
+                at(&acc, other)
+            );
+            assert!(
+                at(&viol, "RAMSIS") <= at(&viol, other) + 0.001,
+                "{load} QPS: violations RAMSIS {} {other} {}",
+                at(&viol, "RAMSIS"),
+                at(&viol, other)
+            );
+        }
+    }
+}
+
+/// Experiment 2 (RAMSIS §7.1, Fig. 5) on the first 100 s of the Twitter trace at 80
+/// workers, image and text: RAMSIS the most accurate, with no more violations.
+#[test]
+fn ramsis_is_above_both_baselines_on_the_twitter_trace() {
+    for file in ["ramsis-twitter.toml", "ramsis-twitter-text.toml"] {
+        let (mut e, base) = load(file);
+        e.duration_s = 100.0;
+        e.sweep.workers = vec![80];
+        let results = run(&e, &base);
+        let by = |p: &str| results.iter().find(|r| r.policy == p).unwrap_or_else(|| panic!("{file}: no {p} run"));
+        let ramsis = by("RAMSIS");
+        for other in ["Jellyfish+", "ModelSwitching"] {
+            let o = by(other);
+            assert!(ramsis.accuracy > o.accuracy, "{file}: accuracy RAMSIS {} {other} {}", ramsis.accuracy, o.accuracy);
+            assert!(
+                ramsis.violation_rate <= o.violation_rate + 0.001,
+                "{file}: violations RAMSIS {} {other} {}",
+                ramsis.violation_rate,
+                o.violation_rate
+            );
+        }
+    }
+}
+
+/// B = 8 and P_B (µs) of the spread-drop experiments: shufflenet's p95 at batch 8.
+fn spread_drop_batch() -> (u32, f64) {
+    let p = Profile::load(&root().join("profiles/imagenet-light-cpu.toml")).unwrap();
+    let table = p.model("shufflenet").unwrap().latency_table(Percentile::P95);
+    (8, table[7] as f64)
+}
+
+#[test]
+fn spread_drop_mcd_is_below_early_drop_at_equal_throughput() {
+    let (mut e, base) = load("spread-drop.toml");
+    e.duration_s = 10.0;
+    e.sweep.load_qps = vec![150.0, 300.0, 500.0];
+    e.sweep.seeds = vec![1, 2, 3];
+    let results = run(&e, &base);
+    let mcd = mean(&results, |r| r.max_consecutive_drops as f64);
+    for load in [150, 300, 500] {
+        let at = |p: &str| mcd[&("poisson".to_string(), p.to_string(), load)];
+        let (spread, early, nexus) = (at("spread-drop"), at("early-drop"), at("nexus"));
+        assert!(spread < early && spread < nexus, "{load} req/s: MCD spread {spread} early {early} nexus {nexus}");
+        // The paper's Figure 3: the gap grows with the rate; at least 3× here.
+        assert!(early >= 3.0 * spread, "{load} req/s: MCD spread {spread} early {early}");
+    }
+    // §3.3: the same candidate sets, so the same number served and dropped, run by run.
+    let by = |p: &'static str| results.iter().filter(move |r| r.policy == p);
+    for (s, d) in by("spread-drop").zip(by("early-drop")) {
+        assert_eq!((s.load_qps, s.seed), (d.load_qps, d.seed));
+        assert_eq!(
+            (s.requests, s.on_time, s.dropped),
+            (d.requests, d.on_time, d.dropped),
+            "{:?} seed {}",
+            s.load_qps,
+            s.seed
+        );
+    }
+}
+
+#[test]
+fn theorem_1_rates_keep_the_mcd() {
+    let (mut e, base) = load("spread-drop-theorem1.toml");
+    let (b, p_b) = spread_drop_batch();
+    e.duration_s = 5.0;
+    // Just under each threshold B·(1+M)/P_B, M = 0, 1, 2.
+    let rate = |m: u32| (f64::from(b * (1 + m)) / (p_b / 1e6)).floor();
+    e.sweep.load_qps = (0..3).map(rate).collect();
+    let results = run(&e, &base);
+    for m in 0..3u32 {
+        let r = results.iter().find(|r| r.policy == "spread-drop" && r.load_qps == Some(rate(m))).unwrap();
+        assert!(
+            r.max_consecutive_drops <= u64::from(m),
+            "M = {m}: at {} req/s the MCD is {}",
+            rate(m),
+            r.max_consecutive_drops
+        );
+    }
+    // Early drop has no such bound: at M = 2's rate it drops far more in a row.
+    let r = results.iter().find(|r| r.policy == "early-drop" && r.load_qps == Some(rate(2))).unwrap();
+    assert!(r.max_consecutive_drops > 2 * 2, "early drop MCD {}", r.max_consecutive_drops);
+}
+
+#[test]
+fn theorem_2_rates_keep_the_weakly_hard_constraint() {
+    let (mut e, base) = load("spread-drop-theorem2.toml");
+    let (b, p_b) = spread_drop_batch();
+    let k = 10u32;
+    let count = |m: u32| (b / (k - m)) * k + b % (k - m);
+    let rate = |m: u32| (f64::from(count(m)) / (p_b / 1e6)).floor();
+    e.duration_s = 5.0;
+    e.sweep.load_qps = (1..=5).map(rate).collect();
+    let results = run(&e, &base);
+    let mut checked = 0;
+    for r in &results {
+        // The policy's own (m, K) from its params; the MCD-only variant has none.
+        let Some(m) = e
+            .sweep
+            .policies
+            .iter()
+            .find(|p| p.label.as_deref() == Some(r.policy.as_str()))
+            .and_then(|p| p.params.as_ref()?.get("weakly_hard")?.as_array()?.first()?.as_integer())
+        else {
+            continue;
+        };
+        let m = m as u32;
+        if r.load_qps.unwrap() <= rate(m) {
+            let worst = r.weakly_hard.as_ref().unwrap().worst_misses_in_window;
+            assert!(worst <= m as usize, "({m}, {k}) at {:?} req/s: {worst} misses in {k}", r.load_qps);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "only {checked} runs under their threshold");
+}
+
+/// Proteus §6.4 on a shortened run: what holds in our reproduction.
+#[test]
+fn proteus_batching_beats_clipper_on_bursty_arrivals_and_all_do_well_on_uniform() {
+    let (mut e, base) = load("proteus-batching.toml");
+    e.duration_s = 60.0;
+    e.sweep.seeds = vec![1, 2];
+    let v = mean(&run(&e, &base), |r| r.violation_rate);
+    let at = |app: &str, p: &str| v[&(app.to_string(), p.to_string(), 170)];
+    for p in ["proteus", "clipper-aimd", "clipper-steps", "nexus"] {
+        assert!(at("uniform", p) < 0.001, "uniform: {p} {}", at("uniform", p));
+    }
+    for c in ["clipper-aimd", "clipper-steps"] {
+        assert!(
+            at("gamma-0.05", "proteus") < at("gamma-0.05", c),
+            "gamma: proteus {} {c} {}",
+            at("gamma-0.05", "proteus"),
+            at("gamma-0.05", c)
+        );
+    }
+}
+
+/// The paper's claim, asserted as written: Proteus batching has 2–4× fewer violations
+/// than both Nexus and Clipper on Poisson and Gamma arrivals (the full 300 s, two
+/// seeds). It does not hold in our reproduction: Nexus's early drop has fewer
+/// violations than Proteus batching on both, and Clipper fewer on Poisson; see
+/// docs/results/README.md, "Proteus batching vs Clipper AIMD vs Nexus".
+#[test]
+#[ignore = "does not hold in our reproduction: see docs/results/README.md"]
+fn proteus_batching_has_2x_fewer_violations_than_nexus_and_clipper_on_poisson_and_gamma() {
+    let (mut e, base) = load("proteus-batching.toml");
+    e.sweep.seeds = vec![1, 2];
+    let v = mean(&run(&e, &base), |r| r.violation_rate);
+    let at = |app: &str, p: &str| v[&(app.to_string(), p.to_string(), 170)];
+    let mut failed = Vec::new();
+    for app in ["poisson", "gamma-0.05"] {
+        for p in ["clipper-aimd", "nexus"] {
+            if 2.0 * at(app, "proteus") > at(app, p) {
+                failed.push(format!("{app}: proteus {:.5} vs {p} {:.5}", at(app, "proteus"), at(app, p)));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}

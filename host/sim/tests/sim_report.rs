@@ -1,0 +1,115 @@
+//! `sluice sim report`: a tiny experiment is run, written and rendered; the report
+//! and the plots exist and name their series.
+
+use std::path::{Path, PathBuf};
+
+mod common;
+
+use sluice_sim::{report, run_experiment, stats::write_outputs};
+
+/// Runs `body` (after the common header) and writes its outputs to `dir/out`.
+fn run(dir: &Path, body: &str) -> PathBuf {
+    let (e, base) = common::experiment(dir, body);
+    let out = run_experiment(&e, &base, false).unwrap();
+    let dir = dir.join("out");
+    write_outputs(&dir, &out).unwrap();
+    dir
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn a_load_sweep_renders_line_charts_and_a_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = run(
+        tmp.path(),
+        r#"duration_s = 1
+weakly_hard = [1, 5]
+[[app]]
+name = "img"
+slo_ms = 30
+workers = 2
+profile = "p.toml"
+policy = "fixed"
+params = { model = "m" }
+arrivals = { kind = "poisson", rate_qps = 100 }
+[sweep]
+load_qps = [50, 150, 300]
+seeds = [1, 2]
+policies = [{ policy = "fixed", params = { model = "m" }, label = "fixed-m" }, { policy = "jellyfish", label = "jelly, fish" }]
+"#,
+    );
+    let written = report::render(&out, Some("Tiny sweep")).unwrap();
+    assert!(written.iter().all(|p| p.exists()));
+    for f in ["img-accuracy.svg", "img-violation.svg", "img-mcd.svg", "img-weakly-hard.svg"] {
+        let svg = read(&out.join(f));
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{f}");
+        assert!(svg.contains("fixed-m") && svg.contains("jelly, fish"), "{f} names both series");
+        assert_eq!(svg.matches("<polyline").count(), 2, "{f}: one line per policy");
+        assert!(svg.contains(">300<"), "{f}: the x axis reaches the highest load");
+    }
+    let md = read(&out.join("report.md"));
+    assert!(md.starts_with("# Tiny sweep"));
+    assert!(md.contains("![") && md.contains("(img-violation.svg)"));
+    // Two policies × three loads, two seeds each: six rows.
+    assert_eq!(md.lines().filter(|l| l.starts_with("| img |")).count(), 6, "{md}");
+    assert!(md.contains("| img | jelly, fish | 2 | 300 | 2 |"), "{md}");
+    assert!(md.contains("worst misses in K"));
+}
+
+#[test]
+fn one_load_per_app_renders_grouped_bars_and_traces_a_timeseries() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("rate.txt"), "0 50\n1 200\n").unwrap();
+    let out = run(
+        tmp.path(),
+        r#"duration_s = 2
+window_s = 0.5
+[[app]]
+name = "uniform"
+slo_ms = 30
+workers = 1
+profile = "p.toml"
+policy = "fixed"
+params = { model = "m" }
+arrivals = { kind = "uniform", rate_qps = 120 }
+[[app]]
+name = "gamma"
+slo_ms = 30
+workers = 1
+profile = "p.toml"
+policy = "fixed"
+params = { model = "m" }
+arrivals = { kind = "gamma", rate_qps = 120, shape = 0.05 }
+[[app]]
+name = "trace"
+slo_ms = 30
+workers = 1
+profile = "p.toml"
+policy = "fixed"
+params = { model = "m" }
+arrivals = { kind = "rate-trace", file = "rate.txt" }
+[sweep]
+policies = [{ policy = "fixed", params = { model = "m" }, label = "A" }, { policy = "jellyfish", label = "B" }]
+"#,
+    );
+    report::render(&out, None).unwrap();
+    let bars = read(&out.join("bars-violation.svg"));
+    for label in ["uniform @ 120 req/s", "gamma @ 120 req/s", "trace (rate.txt)", ">A<", ">B<"] {
+        assert!(bars.contains(label), "bars lack {label}");
+    }
+    assert!(out.join("bars-accuracy.svg").exists());
+    let ts = read(&out.join("trace-timeseries.svg"));
+    assert!(ts.contains(">A<") && ts.contains(">B<") && ts.contains("time (s)"));
+    let md = read(&out.join("report.md"));
+    assert!(md.starts_with("# out"), "the title defaults to the directory name");
+    assert_eq!(md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| app")).count(), 6);
+}
+
+#[test]
+fn a_missing_directory_is_an_error() {
+    let e = report::render(Path::new("/nonexistent/sluice-report"), None).unwrap_err();
+    assert!(e.to_string().contains("results.json"), "{e}");
+}
