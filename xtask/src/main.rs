@@ -1,7 +1,8 @@
 //! Developer tasks for sluice, run as `cargo xtask <task>`.
 //!
-//! - `setup`: install what is missing (Wasm target, the project venv with ONNX
-//!   Runtime, the batch-dynamic ImageNet models). Idempotent.
+//! - `setup`: install what is missing (cmake and libclang-dev from Debian for the
+//!   HiGHS build, the Wasm target, the project venv with ONNX Runtime, the
+//!   batch-dynamic ImageNet models). Idempotent.
 //! - `policies`: build the built-in policies and test fixtures into `target/policies/`.
 //! - `test`: setup, policies, fmt, clippy, then every test.
 //! - `demo`: setup, build, start `sluice serve` on the embedded default, send real
@@ -92,7 +93,34 @@ pub(crate) fn venv_python(root: &Path) -> PathBuf {
 /// matplotlib for the photograph in its sample data (the demo's real image tensors).
 const PY_PACKAGES: &[&str] = &["onnxruntime==1.31.1", "onnx", "numpy", "tritonclient[http]", "matplotlib"];
 
+/// Debian packages the build needs: cmake and libclang for the HiGHS C++ build behind
+/// the allocator (good_lp's `highs` feature; DESIGN.md, toolchain facts).
+const DEBIAN_PACKAGES: &[&str] = &["cmake", "libclang-dev"];
+
+fn debian_installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
 fn setup(root: &Path) -> Result<()> {
+    // 0. Debian packages for the HiGHS build, from the Debian archive.
+    let missing: Vec<&str> = DEBIAN_PACKAGES.iter().copied().filter(|p| !debian_installed(p)).collect();
+    if !missing.is_empty() {
+        let root_user = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
+        let apt = |args: &[&str]| {
+            let mut c = if root_user { Command::new("apt-get") } else { Command::new("sudo") };
+            if !root_user {
+                c.arg("apt-get");
+            }
+            c.env("DEBIAN_FRONTEND", "noninteractive").args(args);
+            c
+        };
+        run(&mut apt(&["update", "-qq"]))?;
+        run(apt(&["install", "-y", "-qq"]).args(&missing))?;
+    }
     // 1. The Wasm target for policies (wasm-component-ld ships with the toolchain).
     let installed = Command::new("rustup").args(["target", "list", "--installed"]).output().context("rustup")?;
     if !String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == "wasm32-unknown-unknown") {

@@ -24,6 +24,8 @@ enum Command {
     Sim(commands::sim::SimArgs),
     /// ModelSwitching: build its load → model table by simulation.
     ModelSwitching(commands::model_switching::ModelSwitchingArgs),
+    /// Solve an allocation problem (Proteus, InfAdapter) with the MILP allocator.
+    Allocate(commands::allocate::AllocateArgs),
     /// RAMSIS: generate MDP model-selection policies, convert the artifact's profiles.
     Ramsis(commands::ramsis::RamsisArgs),
     /// Spread-drop guarantees: the maximum sustainable rates of Theorems 1 and 2.
@@ -43,6 +45,7 @@ fn main() -> anyhow::Result<()> {
         Command::Loadgen(args) => commands::loadgen::run(args),
         Command::Sim(args) => commands::sim::run(args),
         Command::ModelSwitching(args) => commands::model_switching::run(args),
+        Command::Allocate(args) => commands::allocate::run(args),
         Command::Ramsis(args) => commands::ramsis::run(args),
         Command::SpreadDrop(args) => commands::spread_drop::run(args),
     }

@@ -20,6 +20,7 @@ pub mod app_config;
 pub mod clock;
 pub mod decision;
 pub mod executor;
+pub mod file_error;
 pub mod profile;
 pub mod queue;
 pub mod registry;

@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use thiserror::Error;
 
 pub use sluice_core::app_config::{AppConfig, ExecutorKind, FailMode, InputSpec};
 pub use sluice_core::router::RouterMode;
@@ -20,36 +19,8 @@ pub use sluice_core::router::RouterMode;
 /// executor, served on 127.0.0.1:8080.
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
 
-/// Why a configuration could not be used.
-#[derive(Debug, Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("{file}: cannot read: {source}")]
-    Read {
-        /// The config file.
-        file: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// TOML syntax, a missing field, a wrong type or an unknown field.
-    #[error("{file}: {message}")]
-    Parse {
-        /// The config file.
-        file: String,
-        /// toml's message, which names the line and the field.
-        message: String,
-    },
-    /// A semantically invalid value.
-    #[error("{file}: {field}: {message}")]
-    Invalid {
-        /// The config file.
-        file: String,
-        /// Dotted path of the offending field (`app.imagenet.workers`).
-        field: String,
-        /// What was expected.
-        message: String,
-    },
-}
+/// Why a configuration could not be used (core's error for the files sluice reads).
+pub type ConfigError = sluice_core::file_error::FileError;
 
 /// The whole server configuration.
 #[derive(Clone, Debug, Deserialize)]

@@ -1,6 +1,7 @@
 //! One file per subcommand: each parses its arguments (clap) and calls the library
 //! that does the work.
 
+pub mod allocate;
 pub mod loadgen;
 pub mod model_switching;
 pub mod profile;

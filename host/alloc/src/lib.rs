@@ -1,0 +1,139 @@
+//! sluice-alloc: the MILP allocator — which model variant each device serves and
+//! how each app's demand is split over them — as functions from a problem to a plan,
+//! over good_lp with the HiGHS backend. No HTTP, no Wasm: the live host and the
+//! simulator call it off their request paths.
+//!
+//! Start here:
+//! - [`proteus::solve`]: Proteus §4 (accuracy scaling: selection, placement, query
+//!   assignment; demand lowered step by step when infeasible) and Loki §4.1's
+//!   hardware scaling first ([`proteus::Objective::HardwareFirst`]).
+//! - [`infadapter::solve`]: InfAdapter §3 (a set of variants with cores, quotas,
+//!   α·accuracy − β·cores − γ·loading under a core budget).
+//! - [`problem::AnyProblem`]: the strict, versioned problem file `sluice allocate`
+//!   reads.
+//! - [`solver`]: one bounded solve (time limit, MIP gap) and its report (status,
+//!   objective, achieved gap, solve time).
+//! - [`Allocator`]: repeated solves that never leave the caller without a plan: a
+//!   solve that fails or finds none falls back to the last feasible plan.
+//!
+//! Design notes and how each formulation differs from its paper and reference code:
+//! `docs/allocator.md`.
+
+pub mod infadapter;
+pub mod ladder;
+pub mod problem;
+pub mod proteus;
+pub mod solver;
+
+use serde::Serialize;
+
+pub use problem::AnyProblem;
+pub use solver::{SolveReport, SolverSettings, Status};
+
+/// A plan of either kind.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AnyPlan {
+    /// Devices and routing shares.
+    Proteus(proteus::Plan),
+    /// Variants with cores and quotas.
+    Infadapter(infadapter::Plan),
+}
+
+/// What one allocation produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct Allocation {
+    /// `optimal`, `time-limit`, `infeasible` (no plan at any demand factor), or
+    /// `fallback` (this solve produced no plan; `plan` is the last feasible one).
+    pub status: String,
+    /// The plan's objective (of the solve that produced it).
+    pub objective: Option<f64>,
+    /// The achieved relative MIP gap.
+    pub gap: Option<f64>,
+    /// Wall seconds of all solves of this allocation (a ladder may solve several times).
+    pub solve_seconds: f64,
+    /// Solves made (the ladder's attempts).
+    pub solves: usize,
+    /// The report of the last solve.
+    pub report: Option<SolveReport>,
+    /// Why there is no new plan (solver error), if so.
+    pub error: Option<String>,
+    /// The plan in force after this allocation (None only before any plan exists).
+    pub plan: Option<AnyPlan>,
+}
+
+/// Solves problems one after another, remembering the last feasible plan so that a
+/// failed or infeasible solve leaves the previous plan in force, never nothing.
+#[derive(Default)]
+pub struct Allocator {
+    last: Option<AnyPlan>,
+}
+
+impl Allocator {
+    /// An allocator whose fallback is `initial` (e.g. the plan the host started with).
+    pub fn with_plan(initial: Option<AnyPlan>) -> Allocator {
+        Allocator { last: initial }
+    }
+
+    /// The plan in force.
+    pub fn current(&self) -> Option<&AnyPlan> {
+        self.last.as_ref()
+    }
+
+    /// Solves `problem`; on success the new plan is in force, otherwise the last one stays.
+    pub fn allocate(&mut self, problem: &AnyProblem) -> Allocation {
+        let solved = match problem {
+            AnyProblem::Proteus(p) => proteus::solve(p).map_err(|e| e.to_string()).map(|o| {
+                let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
+                (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Proteus))
+            }),
+            AnyProblem::InfAdapter(p) => infadapter::solve(p).map_err(|e| e.to_string()).map(|o| {
+                let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
+                (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Infadapter))
+            }),
+        };
+        match solved {
+            Ok((report, solves, solve_seconds, Some(plan))) => {
+                self.last = Some(plan.clone());
+                Allocation {
+                    status: status_name(report.status).into(),
+                    objective: report.objective,
+                    gap: report.gap,
+                    solve_seconds,
+                    solves,
+                    report: Some(report),
+                    error: None,
+                    plan: Some(plan),
+                }
+            }
+            Ok((report, solves, solve_seconds, None)) => Allocation {
+                status: if self.last.is_some() { "fallback".into() } else { "infeasible".into() },
+                objective: None,
+                gap: None,
+                solve_seconds,
+                solves,
+                report: Some(report),
+                error: None,
+                plan: self.last.clone(),
+            },
+            Err(e) => Allocation {
+                status: "fallback".into(),
+                objective: None,
+                gap: None,
+                solve_seconds: 0.0,
+                solves: 0,
+                report: None,
+                error: Some(e),
+                plan: self.last.clone(),
+            },
+        }
+    }
+}
+
+fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::Optimal => "optimal",
+        Status::TimeLimit => "time-limit",
+        Status::Infeasible => "infeasible",
+    }
+}

@@ -1,0 +1,399 @@
+//! Problem files: one allocation instance, strict and versioned, that `sluice
+//! allocate` solves. `kind` says which formulation; every field is documented by
+//! the TOML line that sets it; unknown fields, bad values and missing files are
+//! errors naming the file and the field.
+//!
+//! ```toml
+//! version = 1
+//! kind = "proteus"                  # or "infadapter"
+//! [solver]
+//! time_limit_s = 10
+//! mip_gap = 0.0001
+//! threads = 1
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sluice_core::profile::Profile;
+
+use crate::infadapter::{self, Weights};
+use crate::proteus::{self, Formulation, Ladder, Objective};
+use crate::solver::SolverSettings;
+
+/// The problem file format this build reads.
+pub const VERSION: u32 = 1;
+
+/// A problem file could not be used (core's error for the files sluice reads).
+pub type ProblemError = sluice_core::file_error::FileError;
+
+/// A problem of either kind.
+#[derive(Clone, Debug)]
+pub enum AnyProblem {
+    /// Proteus (and hardware-first).
+    Proteus(proteus::Problem),
+    /// InfAdapter.
+    InfAdapter(infadapter::Problem),
+}
+
+#[derive(Deserialize)]
+struct Head {
+    version: Option<toml::Value>,
+    kind: Option<toml::Value>,
+}
+
+/// `kind = "proteus"`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProteusFile {
+    #[allow(dead_code)]
+    version: u32,
+    #[allow(dead_code)]
+    kind: String,
+    /// `objective = "accuracy"` or `"hardware-first"`.
+    #[serde(default)]
+    objective: Objective,
+    /// `formulation = "aggregated"` or `"per-device"`.
+    #[serde(default)]
+    formulation: Formulation,
+    /// `batch_sizes = [1, 2, 4, 8]`: the batch sizes a variant may run.
+    #[serde(default = "default_batches")]
+    batch_sizes: Vec<u32>,
+    /// `[ladder]`: demand lowering.
+    #[serde(default)]
+    ladder: Ladder,
+    /// `[solver]`.
+    #[serde(default)]
+    solver: SolverSettings,
+    /// `[[device]]`.
+    #[serde(rename = "device")]
+    devices: Vec<DeviceEntry>,
+    /// `[[app]]`.
+    #[serde(rename = "app")]
+    apps: Vec<AppEntry>,
+}
+
+fn default_batches() -> Vec<u32> {
+    vec![1, 2, 4, 8]
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceEntry {
+    /// `type = "cpu"`.
+    #[serde(rename = "type")]
+    kind: String,
+    /// `count = 10`.
+    count: u32,
+    /// `memory_mb = 16384` (optional).
+    #[serde(default)]
+    memory_mb: Option<f64>,
+    /// `profile = "../../profiles/proteus-cpu.toml"`: the variants' latency on it.
+    profile: PathBuf,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppEntry {
+    /// `name = "resnet"`.
+    name: String,
+    /// `slo_ms = 300`.
+    slo_ms: f64,
+    /// `demand_qps = 52.1`.
+    demand_qps: f64,
+    /// `models = ["resnet18_v1", ...]`: its variants.
+    models: Vec<String>,
+    /// `memory_mb = { resnet50_v1 = 98 }` (optional): footprints.
+    #[serde(default)]
+    memory_mb: BTreeMap<String, f64>,
+}
+
+/// `kind = "infadapter"`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InfAdapterFile {
+    #[allow(dead_code)]
+    version: u32,
+    #[allow(dead_code)]
+    kind: String,
+    /// `capacity = "../../profiles/infadapter-resnet-capacity.toml"`.
+    capacity: PathBuf,
+    /// `sla_ms = 750`: the capacity points used.
+    #[serde(default = "default_sla")]
+    sla_ms: f64,
+    /// `fit_cpus = [1, 2, 4, 8, 16]`: the core counts of the fit.
+    #[serde(default = "default_fit_cpus")]
+    fit_cpus: Vec<u32>,
+    /// `models = ["resnet18", ...]` (default: every model of the table).
+    #[serde(default)]
+    models: Option<Vec<String>>,
+    /// `demand_rps = 60`.
+    demand_rps: f64,
+    /// `cores = 20`: the budget B.
+    cores: u32,
+    /// `min_cores = 2`.
+    #[serde(default = "default_min_cores")]
+    min_cores: u32,
+    /// `current = { resnet50 = 8 }`: what runs now.
+    #[serde(default)]
+    current: BTreeMap<String, u32>,
+    /// `capacity_coef = 0.8` (default: the table's).
+    #[serde(default)]
+    capacity_coef: Option<f64>,
+    /// `[weights]`.
+    #[serde(default)]
+    weights: Weights,
+    /// `[ladder]` (default: from 1.0 down).
+    #[serde(default = "infadapter_ladder")]
+    ladder: Ladder,
+    /// `[solver]`.
+    #[serde(default)]
+    solver: SolverSettings,
+}
+
+fn default_sla() -> f64 {
+    750.0
+}
+fn default_fit_cpus() -> Vec<u32> {
+    vec![1, 2, 4, 8, 16]
+}
+fn default_min_cores() -> u32 {
+    2
+}
+fn infadapter_ladder() -> Ladder {
+    Ladder { beta: 1.0, ..Ladder::default() }
+}
+
+/// The capacity table (`profiles/*-capacity.toml`, kind = "capacity").
+#[derive(Deserialize)]
+struct CapacityTable {
+    #[serde(default)]
+    capacity_coef: Option<f64>,
+    point: Vec<CapacityPoint>,
+    model: Vec<CapacityModel>,
+}
+
+#[derive(Deserialize)]
+struct CapacityPoint {
+    model: String,
+    cpus: u32,
+    sla_us: u64,
+    capacity_rps: f64,
+}
+
+#[derive(Deserialize)]
+struct CapacityModel {
+    name: String,
+    accuracy: f64,
+    load_time_s: f64,
+}
+
+impl AnyProblem {
+    /// Reads a problem file; relative paths resolve against its directory.
+    pub fn load(path: &Path) -> Result<AnyProblem, ProblemError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ProblemError::Read { file: file.clone(), source })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        AnyProblem::parse(&text, &file, &base)
+    }
+
+    /// Parses problem text; `file` names it in errors, `base` anchors relative paths.
+    pub fn parse(text: &str, file: &str, base: &Path) -> Result<AnyProblem, ProblemError> {
+        let parse_err = |e| ProblemError::parse(file, e);
+        let invalid = |field: &str, message: &str| ProblemError::invalid(file, field, message);
+        let head: Head = toml::from_str(text).map_err(parse_err)?;
+        match head.version {
+            Some(toml::Value::Integer(v)) if v == VERSION as i64 => {}
+            Some(other) => return Err(invalid("version", &format!("expected {VERSION}, got {other}"))),
+            None => return Err(invalid("version", &format!("required (version = {VERSION})"))),
+        }
+        match head.kind.as_ref().and_then(|k| k.as_str()) {
+            Some("proteus") => {
+                let f: ProteusFile = toml::from_str(text).map_err(parse_err)?;
+                proteus_problem(f, file, base).map(AnyProblem::Proteus)
+            }
+            Some("infadapter") => {
+                let f: InfAdapterFile = toml::from_str(text).map_err(parse_err)?;
+                infadapter_problem(f, file, base).map(AnyProblem::InfAdapter)
+            }
+            Some(other) => Err(invalid("kind", &format!("`{other}`: expected \"proteus\" or \"infadapter\""))),
+            None => Err(invalid("kind", "required: \"proteus\" or \"infadapter\"")),
+        }
+    }
+}
+
+fn positive(v: f64) -> bool {
+    v.is_finite() && v > 0.0
+}
+
+fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::Problem, ProblemError> {
+    let invalid = |field: String, message: &str| ProblemError::invalid(file, field, message);
+    f.solver.validate().map_err(|m| invalid("solver".into(), &m))?;
+    if f.batch_sizes.is_empty() || f.batch_sizes.contains(&0) {
+        return Err(invalid("batch_sizes".into(), "expected batch sizes of at least 1"));
+    }
+    check_ladder(&f.ladder).map_err(|m| invalid("ladder".into(), &m))?;
+    if f.devices.is_empty() {
+        return Err(invalid("device".into(), "at least one [[device]] is required"));
+    }
+    if f.apps.is_empty() {
+        return Err(invalid("app".into(), "at least one [[app]] is required"));
+    }
+    let mut devices = Vec::new();
+    let mut profiles: BTreeMap<PathBuf, Profile> = BTreeMap::new();
+    for d in f.devices {
+        let at = |k: &str| format!("device.{}.{k}", d.kind);
+        if devices.iter().any(|x: &proteus::DeviceType| x.name == d.kind) {
+            return Err(invalid(at("type"), "duplicate device type"));
+        }
+        if let Some(m) = d.memory_mb {
+            if !positive(m) {
+                return Err(invalid(at("memory_mb"), "expected a positive number of MB"));
+            }
+        }
+        let path = base.join(&d.profile);
+        let profile = match profiles.get(&path) {
+            Some(p) => p.clone(),
+            None => {
+                let p = Profile::load(&path).map_err(|e| invalid(at("profile"), &e.to_string()))?;
+                profiles.insert(path, p.clone());
+                p
+            }
+        };
+        devices.push(proteus::DeviceType { name: d.kind, count: d.count, memory_mb: d.memory_mb, profile });
+    }
+    let mut apps: Vec<proteus::App> = Vec::new();
+    for a in f.apps {
+        let at = |k: &str| format!("app.{}.{k}", a.name);
+        if apps.iter().any(|x| x.name == a.name) {
+            return Err(invalid(at("name"), "duplicate app name"));
+        }
+        if !positive(a.slo_ms) {
+            return Err(invalid(at("slo_ms"), "expected a positive number of milliseconds"));
+        }
+        if !(a.demand_qps.is_finite() && a.demand_qps >= 0.0) {
+            return Err(invalid(at("demand_qps"), "expected a non-negative number of requests/s"));
+        }
+        if a.models.is_empty() {
+            return Err(invalid(at("models"), "expected at least one variant"));
+        }
+        for m in &a.models {
+            if !devices.iter().any(|d| d.profile.model(m).is_some()) {
+                return Err(invalid(at("models"), &format!("`{m}` is in no device profile")));
+            }
+        }
+        for (m, mb) in &a.memory_mb {
+            if !a.models.contains(m) {
+                return Err(invalid(at("memory_mb"), &format!("`{m}` is not one of the app's models")));
+            }
+            if !positive(*mb) {
+                return Err(invalid(at("memory_mb"), &format!("{m}: expected a positive number of MB")));
+            }
+        }
+        apps.push(proteus::App {
+            name: a.name,
+            slo_ms: a.slo_ms,
+            demand_qps: a.demand_qps,
+            models: a.models,
+            memory_mb: a.memory_mb,
+        });
+    }
+    Ok(proteus::Problem {
+        devices,
+        apps,
+        batch_sizes: f.batch_sizes,
+        objective: f.objective,
+        formulation: f.formulation,
+        ladder: f.ladder,
+        solver: f.solver,
+    })
+}
+
+fn check_ladder(l: &Ladder) -> Result<(), String> {
+    if !(positive(l.beta) && positive(l.step) && l.min_beta.is_finite() && l.min_beta >= 0.0) {
+        return Err("beta and step must be positive, min_beta non-negative".into());
+    }
+    if l.beta <= l.min_beta {
+        return Err("beta must be above min_beta".into());
+    }
+    Ok(())
+}
+
+fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infadapter::Problem, ProblemError> {
+    let invalid = |field: &str, message: &str| ProblemError::invalid(file, field, message);
+    f.solver.validate().map_err(|m| invalid("solver", &m))?;
+    check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m))?;
+    if !(f.demand_rps.is_finite() && f.demand_rps >= 0.0) {
+        return Err(invalid("demand_rps", "expected a non-negative number of requests/s"));
+    }
+    if f.cores == 0 {
+        return Err(invalid("cores", "expected a budget of at least 1 core"));
+    }
+    if f.min_cores > f.cores {
+        return Err(invalid("min_cores", "exceeds the core budget"));
+    }
+    if !positive(f.sla_ms) {
+        return Err(invalid("sla_ms", "expected a positive number of milliseconds"));
+    }
+    let w = &f.weights;
+    if ![w.accuracy, w.cores, w.loading].iter().all(|x| x.is_finite() && *x >= 0.0) {
+        return Err(invalid("weights", "expected non-negative weights"));
+    }
+    let path = base.join(&f.capacity);
+    let shown = path.display().to_string();
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| invalid("capacity", &format!("{shown}: cannot read: {e}")))?;
+    let table: CapacityTable = toml::from_str(&text).map_err(|e| invalid("capacity", &format!("{shown}: {e}")))?;
+    let coef = f.capacity_coef.or(table.capacity_coef).unwrap_or(1.0);
+    if !positive(coef) {
+        return Err(invalid("capacity_coef", "expected a positive factor"));
+    }
+    let sla_us = (f.sla_ms * 1000.0).round() as u64;
+    let names: Vec<String> = match &f.models {
+        Some(m) if m.is_empty() => return Err(invalid("models", "expected at least one model")),
+        Some(m) => m.clone(),
+        None => table.model.iter().map(|m| m.name.clone()).collect(),
+    };
+    let mut variants = Vec::new();
+    for name in &names {
+        let Some(model) = table.model.iter().find(|m| &m.name == name) else {
+            return Err(invalid("models", &format!("`{name}` is not in {shown}")));
+        };
+        let points: Vec<(f64, f64)> = table
+            .point
+            .iter()
+            .filter(|p| &p.model == name && p.sla_us == sla_us && f.fit_cpus.contains(&p.cpus))
+            .map(|p| (p.cpus as f64, p.capacity_rps))
+            .collect();
+        let Some((slope, intercept)) = infadapter::fit(&points) else {
+            return Err(invalid(
+                "fit_cpus",
+                &format!("{name}: fewer than two capacity points at sla_ms = {} in {shown}", f.sla_ms),
+            ));
+        };
+        variants.push(infadapter::Variant {
+            name: name.clone(),
+            accuracy: model.accuracy,
+            load_time_s: model.load_time_s,
+            slope,
+            intercept,
+        });
+    }
+    for name in f.current.keys() {
+        if !names.contains(name) {
+            return Err(invalid("current", &format!("`{name}` is not one of the models")));
+        }
+    }
+    Ok(infadapter::Problem {
+        variants,
+        demand_rps: f.demand_rps,
+        budget_cores: f.cores,
+        min_cores: f.min_cores,
+        current: f.current,
+        capacity_coef: coef,
+        weights: f.weights,
+        ladder: f.ladder,
+        solver: f.solver,
+    })
+}

@@ -1,0 +1,612 @@
+//! Proteus's resource manager (ASPLOS'24 §4): model selection, placement and query
+//! assignment as one MILP that maximises effective accuracy while serving the
+//! demand, lowering the served demand step by step when it cannot; and Loki's
+//! hardware scaling (HPDC'24 §4.1, step 1) for single-model apps as an alternative
+//! objective.
+//!
+//! Two formulations of the same problem, both exact:
+//! - [`Formulation::PerDevice`] is the paper's: a binary x(d,m) per device and
+//!   variant (Eq. 1: at most one variant per device), a routing share y(d,q) per
+//!   device and app (Eq. 2), and the products x(d,m)·y(d,q) of Eqs. 3 and 7
+//!   linearised exactly with u(d,m) ≤ x(d,m), u(d,m) ≤ y(d,q), u(d,m) ≥ y(d,q) −
+//!   (1 − x(d,m)) (a big-M of 1, the bound of y), never dropped.
+//! - [`Formulation::Aggregated`] (the default) counts devices per (device type,
+//!   variant) instead, n(t,m) ∈ ℕ with Σ_m n(t,m) ≤ count(t), and routes a share
+//!   r(t,m) of app q's demand to them with β·s_q·r(t,m) ≤ P(t,m)·n(t,m). Devices of
+//!   one type are interchangeable, so any per-device plan sums to an aggregated one
+//!   with the same accuracy, and an aggregated plan splits its share evenly over its
+//!   n(t,m) devices into a per-device plan that meets every per-device constraint:
+//!   the optima are equal (tested against each other and against brute force). What
+//!   it removes is the symmetry between identical devices that makes the per-device
+//!   model slow to prove optimal (BENCHMARKS.md §6).
+//!
+//! Capacity P(t,m) follows §4 and the reference (`algorithms/ilp.py`,
+//! `core/simulator.py` of the artifact): the largest allowed batch size whose p50
+//! latency on the device type is below SLO/2 (strictly; the worst case waits one
+//! batch and runs the next) and whose variant fits the device's memory where both
+//! are known, at throughput ⌊b / latency⌋.
+//!
+//! Demand that cannot be served: §4 lowers s_q; the reference steps a factor β
+//! from 1.05 down by 0.05 (0.1 above 1.5) while β > 0.2. Here β ≥ 1 is headroom
+//! (capacity ≥ β × routed demand on every device, as the reference's constraints
+//! work out to) and β < 1 serves β·s_q of every app and reports the rest as shed.
+
+use std::collections::BTreeMap;
+
+use good_lp::{constraint, variable, Expression, Solution as _, Variable};
+use serde::{Deserialize, Serialize};
+use sluice_core::profile::{ModelProfile, Percentile, Profile};
+use thiserror::Error;
+
+pub use crate::ladder::Ladder;
+use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
+
+/// One type of device and how many of them there are.
+#[derive(Clone, Debug)]
+pub struct DeviceType {
+    /// Its name (`cpu`, `ampere`, …), unique in the problem.
+    pub name: String,
+    /// How many devices of this type.
+    pub count: u32,
+    /// Memory of one device, MB (None: unknown, not checked).
+    pub memory_mb: Option<f64>,
+    /// Latency of every variant on this type.
+    pub profile: Profile,
+}
+
+/// One app (Proteus's query type) and the variants that can serve it.
+#[derive(Clone, Debug)]
+pub struct App {
+    /// Its name.
+    pub name: String,
+    /// Latency SLO, ms.
+    pub slo_ms: f64,
+    /// Demand to serve, requests/s.
+    pub demand_qps: f64,
+    /// Its variants, by name in the device profiles.
+    pub models: Vec<String>,
+    /// Memory footprint of a variant, MB, where known.
+    pub memory_mb: BTreeMap<String, f64>,
+}
+
+/// Which objective.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Objective {
+    /// Maximise effective accuracy (Proteus §4).
+    #[default]
+    Accuracy,
+    /// Serve every app with its most accurate variant on the fewest devices; only
+    /// when that is infeasible, maximise accuracy (Loki §4.1, steps 1 and 2).
+    HardwareFirst,
+}
+
+/// Which MILP (see the module documentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Formulation {
+    /// Counts per (device type, variant): exact, symmetry-free.
+    #[default]
+    Aggregated,
+    /// The paper's binaries per device with the linearised products.
+    PerDevice,
+}
+
+/// A Proteus problem: devices, apps, and how to solve.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    /// Device types.
+    pub devices: Vec<DeviceType>,
+    /// Apps.
+    pub apps: Vec<App>,
+    /// Batch sizes a variant may run (the reference's [1, 2, 4, 8]).
+    pub batch_sizes: Vec<u32>,
+    /// Objective.
+    pub objective: Objective,
+    /// Formulation.
+    pub formulation: Formulation,
+    /// Demand lowering.
+    pub ladder: Ladder,
+    /// Solver limits.
+    pub solver: SolverSettings,
+}
+
+/// Why a problem cannot be solved at all.
+#[derive(Debug, Error)]
+pub enum ProteusError {
+    /// An app names a variant no device profile has.
+    #[error("app {app}: model `{model}` is in no device profile")]
+    UnknownModel {
+        /// The app.
+        app: String,
+        /// The variant.
+        model: String,
+    },
+    /// The solver failed (not an infeasible model: that lowers β).
+    #[error(transparent)]
+    Solve(#[from] SolveError),
+}
+
+/// The capacity of one variant on one device type.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Capacity {
+    /// The batch size it runs at.
+    pub batch: u32,
+    /// Its p50 latency at that batch, µs.
+    pub latency_us: u64,
+    /// Requests/s one device sustains: ⌊batch / latency⌋.
+    pub qps: f64,
+}
+
+/// P(t,m): the largest batch in `batch_sizes` (among those measured) whose p50
+/// latency is below half the SLO, and the throughput at it; None when no batch
+/// size qualifies or the variant does not fit the device's memory.
+pub fn capacity(
+    model: &ModelProfile,
+    slo_ms: f64,
+    batch_sizes: &[u32],
+    device_memory_mb: Option<f64>,
+    model_memory_mb: Option<f64>,
+) -> Option<Capacity> {
+    if let (Some(d), Some(m)) = (device_memory_mb, model_memory_mb) {
+        if m > d {
+            return None;
+        }
+    }
+    let half_slo_us = slo_ms * 1000.0 / 2.0;
+    model
+        .batch_sizes
+        .iter()
+        .zip(model.measured_us(Percentile::P50))
+        .filter(|(b, l)| batch_sizes.contains(b) && (**l as f64) < half_slo_us && **l > 0)
+        .max_by_key(|(b, _)| **b)
+        .map(|(&batch, &latency_us)| Capacity {
+            batch,
+            latency_us,
+            qps: (batch as f64 * 1e6 / latency_us as f64).floor(),
+        })
+}
+
+/// Which step produced a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    /// Hardware scaling: the most accurate variants on the fewest devices.
+    Hardware,
+    /// Accuracy scaling: the most accurate mix that serves the (possibly lowered) demand.
+    Accuracy,
+}
+
+/// Variant `model` of app `app` on `devices` devices of type `device_type`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Route {
+    /// The app.
+    pub app: String,
+    /// The variant.
+    pub model: String,
+    /// Its accuracy.
+    pub accuracy: f64,
+    /// The device type.
+    pub device_type: String,
+    /// How many devices of that type host it.
+    pub devices: u32,
+    /// Share of the app's demand routed to them (together).
+    pub share: f64,
+    /// Requests/s routed to them.
+    pub qps: f64,
+    /// Their capacity, requests/s (all of them together).
+    pub capacity_qps: f64,
+    /// The batch size they run at.
+    pub batch: u32,
+}
+
+/// One app in a plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AppPlan {
+    /// The app.
+    pub name: String,
+    /// Its demand, requests/s.
+    pub demand_qps: f64,
+    /// Served (routed) requests/s: min(1, β) × demand.
+    pub served_qps: f64,
+    /// Shed requests/s: demand − served.
+    pub shed_qps: f64,
+    /// Demand-weighted accuracy of what it serves.
+    pub accuracy: f64,
+}
+
+/// One device's assignment.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DevicePlan {
+    /// `cpu-3`: the type and the index within it.
+    pub device: String,
+    /// The type.
+    pub device_type: String,
+    /// The app it serves (None: idle).
+    pub app: Option<String>,
+    /// The variant it hosts (None: idle).
+    pub model: Option<String>,
+    /// Share of the app's demand routed to it.
+    pub share: f64,
+}
+
+/// A plan: what every device hosts and how each app's demand is split.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// Which step produced it.
+    pub step: Step,
+    /// The demand factor it was solved at.
+    pub beta: f64,
+    /// Demand-weighted accuracy over everything served.
+    pub effective_accuracy: f64,
+    /// Devices hosting a variant.
+    pub devices_used: u32,
+    /// Per app.
+    pub apps: Vec<AppPlan>,
+    /// Per (app, variant, device type) with devices.
+    pub routes: Vec<Route>,
+    /// Per device.
+    pub devices: Vec<DevicePlan>,
+}
+
+/// One solve of the ladder.
+#[derive(Clone, Debug, Serialize)]
+pub struct Attempt {
+    /// Which step.
+    pub step: Step,
+    /// The factor.
+    pub beta: f64,
+    /// How it ended.
+    pub status: Status,
+    /// Its wall time, s.
+    pub solve_seconds: f64,
+}
+
+/// What [`solve`] returns.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    /// The report of the solve that produced the plan (of the last attempt when none did).
+    pub report: SolveReport,
+    /// Every solve, in order.
+    pub attempts: Vec<Attempt>,
+    /// The plan (None: infeasible at every β down to the ladder's minimum).
+    pub plan: Option<Plan>,
+}
+
+/// A candidate: variant `m` of app `q` on device type `t`.
+struct Cand {
+    t: usize,
+    q: usize,
+    model: String,
+    accuracy: f64,
+    cap: Capacity,
+}
+
+/// Index of the feasible (type, variant) pairs.
+fn candidates(problem: &Problem) -> Result<Vec<Cand>, ProteusError> {
+    let mut out = Vec::new();
+    for (q, app) in problem.apps.iter().enumerate() {
+        for name in &app.models {
+            let mut known = false;
+            for (t, dev) in problem.devices.iter().enumerate() {
+                let Some(mp) = dev.profile.model(name) else { continue };
+                known = true;
+                let mem = app.memory_mb.get(name).copied();
+                if let Some(cap) = capacity(mp, app.slo_ms, &problem.batch_sizes, dev.memory_mb, mem) {
+                    out.push(Cand { t, q, model: name.clone(), accuracy: mp.accuracy, cap });
+                }
+            }
+            if !known {
+                return Err(ProteusError::UnknownModel { app: app.name.clone(), model: name.clone() });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Solves the problem: the configured objective, then (when hardware scaling is
+/// infeasible, or for the accuracy objective) accuracy scaling down the ladder.
+pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
+    let cands = candidates(problem)?;
+    let mut attempts = Vec::new();
+    if problem.objective == Objective::HardwareFirst {
+        // Loki step 1: only each app's most accurate variant among those that fit
+        // somewhere; minimise the devices used, at the ladder's first factor.
+        let beta = problem.ladder.beta;
+        let best: Vec<Option<f64>> = (0..problem.apps.len())
+            .map(|q| cands.iter().filter(|c| c.q == q).map(|c| c.accuracy).reduce(f64::max))
+            .collect();
+        let keep: Vec<bool> = cands.iter().map(|c| best[c.q].is_some_and(|b| (c.accuracy - b).abs() < 1e-12)).collect();
+        let (report, plan) = solve_at(problem, &cands, &keep, beta, Step::Hardware)?;
+        attempts.push(Attempt {
+            step: Step::Hardware,
+            beta,
+            status: report.status,
+            solve_seconds: report.solve_seconds,
+        });
+        if plan.is_some() {
+            return Ok(Outcome { report, attempts, plan });
+        }
+    }
+    let keep = vec![true; cands.len()];
+    let d = problem.ladder.descend(|beta| solve_at(problem, &cands, &keep, beta, Step::Accuracy))?;
+    attempts.extend(d.tried.into_iter().map(|t| Attempt {
+        step: Step::Accuracy,
+        beta: t.beta,
+        status: t.status,
+        solve_seconds: t.solve_seconds,
+    }));
+    Ok(Outcome { report: d.report, attempts, plan: d.plan })
+}
+
+/// One solve at factor `beta` over the candidates marked in `keep`.
+fn solve_at(
+    problem: &Problem,
+    cands: &[Cand],
+    keep: &[bool],
+    beta: f64,
+    step: Step,
+) -> Result<(SolveReport, Option<Plan>), ProteusError> {
+    let at = At {
+        problem,
+        cands,
+        keep,
+        beta,
+        // Headroom above 1; below it, every app is served at β.
+        headroom: beta.max(1.0),
+        served: problem.apps.iter().map(|a| a.demand_qps * beta.min(1.0)).collect(),
+        total: problem.apps.iter().map(|a| a.demand_qps).sum(),
+        step,
+    };
+    match problem.formulation {
+        Formulation::Aggregated => aggregated(&at),
+        Formulation::PerDevice => per_device(&at),
+    }
+}
+
+/// One solve's inputs.
+struct At<'a> {
+    problem: &'a Problem,
+    cands: &'a [Cand],
+    /// Which candidates may be used.
+    keep: &'a [bool],
+    beta: f64,
+    /// Capacity must exceed routed demand by this factor.
+    headroom: f64,
+    /// Served demand per app.
+    served: Vec<f64>,
+    /// Total demand (the objective's denominator).
+    total: f64,
+    step: Step,
+}
+
+/// Every app's served demand is routed (Eqs. 2 and 6): its shares sum to 1 (to 0
+/// for an app with no demand).
+fn route_all(m: &mut Milp, served: &[f64], shares: impl Fn(usize) -> Expression) {
+    for (q, s) in served.iter().enumerate() {
+        let e = shares(q);
+        let all = if *s > 0.0 { 1.0 } else { 0.0 };
+        m.constrain(constraint!(e == all));
+    }
+}
+
+fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
+    let At { problem, cands, keep, beta, headroom, total, step, .. } = *at;
+    let served = &at.served[..];
+    let mut m = Milp::default();
+    // n(c): devices of the candidate's type hosting its variant; r(c): share of its
+    // app's demand routed to them.
+    let mut n: Vec<Option<Variable>> = Vec::with_capacity(cands.len());
+    let mut r: Vec<Option<Variable>> = Vec::with_capacity(cands.len());
+    for (i, c) in cands.iter().enumerate() {
+        if keep[i] && problem.devices[c.t].count > 0 {
+            n.push(Some(m.add(variable().integer().min(0).max(problem.devices[c.t].count as f64))));
+            r.push(Some(m.add(variable().min(0).max(1))));
+        } else {
+            n.push(None);
+            r.push(None);
+        }
+    }
+    // Σ_m n(t,m) ≤ count(t): a device hosts at most one variant (Eq. 1).
+    for (t, dev) in problem.devices.iter().enumerate() {
+        let e: Expression = cands.iter().zip(&n).filter(|(c, _)| c.t == t).filter_map(|(_, v)| *v).sum();
+        m.constrain(constraint!(e <= dev.count as f64));
+    }
+    route_all(&mut m, served, |q| cands.iter().zip(&r).filter(|(c, _)| c.q == q).filter_map(|(_, v)| *v).sum());
+    // Capacity with headroom (Eqs. 4-5): β·s·r ≤ P·n.
+    for (i, c) in cands.iter().enumerate() {
+        if let (Some(nv), Some(rv)) = (n[i], r[i]) {
+            let s = served[c.q];
+            m.constrain(constraint!(headroom * s * rv <= c.cap.qps * nv));
+        }
+    }
+    let (sense, objective): (Sense, Expression) = match step {
+        Step::Hardware => (Sense::Minimise, n.iter().filter_map(|v| *v).sum()),
+        Step::Accuracy => (
+            Sense::Maximise,
+            cands
+                .iter()
+                .zip(&r)
+                .filter_map(|(c, v)| v.map(|v| (served[c.q] * c.accuracy / total.max(1e-12)) * v))
+                .sum(),
+        ),
+    };
+    let (report, values) = m.solve(sense, objective, &problem.solver)?;
+    let Some(values) = values else { return Ok((report, None)) };
+    let routes: Vec<(usize, u32, f64)> = cands
+        .iter()
+        .enumerate()
+        .filter_map(|(i, _)| {
+            let (nv, rv) = (n[i]?, r[i]?);
+            let devices = values.value(nv).round() as u32;
+            let share = values.value(rv).max(0.0);
+            (devices > 0 || share > 1e-9).then_some((i, devices, share))
+        })
+        .collect();
+    Ok((report, Some(make_plan(problem, cands, &routes, beta, served, step))))
+}
+
+fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
+    let At { problem, cands, keep, beta, headroom, total, step, .. } = *at;
+    let served = &at.served[..];
+    let mut m = Milp::default();
+    // Devices: (type, index within type).
+    let devices: Vec<usize> =
+        problem.devices.iter().enumerate().flat_map(|(t, d)| std::iter::repeat_n(t, d.count as usize)).collect();
+    let apps = problem.apps.len();
+    // y(d,q) ∈ [0,1] for every device and app.
+    let y: Vec<Vec<Variable>> =
+        devices.iter().map(|_| (0..apps).map(|_| m.add(variable().min(0).max(1))).collect()).collect();
+    // x(d,c) binary and u(d,c) = x(d,c)·y(d,q(c)) for the candidates of the device's type.
+    let mut x: Vec<Vec<(usize, Variable, Variable)>> = Vec::with_capacity(devices.len());
+    for &t in &devices {
+        let mut row = Vec::new();
+        for (i, c) in cands.iter().enumerate() {
+            if c.t == t && keep[i] {
+                let xv = m.add(variable().binary());
+                let uv = m.add(variable().min(0).max(1));
+                row.push((i, xv, uv));
+            }
+        }
+        x.push(row);
+    }
+    for (d, row) in x.iter().enumerate() {
+        // Eq. 1: at most one variant per device.
+        let e: Expression = row.iter().map(|(_, xv, _)| *xv).sum();
+        m.constrain(constraint!(e <= 1));
+        for &(i, xv, uv) in row {
+            let yv = y[d][cands[i].q];
+            // u = x·y, exactly: x binary, y ∈ [0,1].
+            m.constrain(constraint!(uv <= xv));
+            m.constrain(constraint!(uv <= yv));
+            m.constrain(constraint!(uv >= yv - 1 + xv));
+        }
+        // Eq. 3: an app's share goes only to a device hosting one of its variants.
+        for (q, yv) in y[d].iter().enumerate() {
+            let e: Expression = row.iter().filter(|(i, _, _)| cands[*i].q == q).map(|(_, _, uv)| *uv).sum();
+            m.constrain(constraint!(e == *yv));
+        }
+        // Eqs. 4-5 with headroom: β·Σ_q s_q·y(d,q) ≤ Σ_m P(d,m)·x(d,m).
+        let load: Expression = y[d].iter().enumerate().map(|(q, yv)| headroom * served[q] * *yv).sum();
+        let cap: Expression = row.iter().map(|&(i, xv, _)| cands[i].cap.qps * xv).sum();
+        m.constrain(constraint!(load <= cap));
+    }
+    route_all(&mut m, served, |q| y.iter().map(|row| row[q]).sum());
+    let (sense, objective): (Sense, Expression) = match step {
+        Step::Hardware => (Sense::Minimise, x.iter().flatten().map(|(_, xv, _)| *xv).sum()),
+        // Eq. 7: Σ_q a_q with a_q = Σ_m A_m Σ_d x(d,m)·y(d,q)·s_q, over total demand.
+        Step::Accuracy => (
+            Sense::Maximise,
+            x.iter()
+                .flatten()
+                .map(|&(i, _, uv)| (served[cands[i].q] * cands[i].accuracy / total.max(1e-12)) * uv)
+                .sum(),
+        ),
+    };
+    let (report, values) = m.solve(sense, objective, &problem.solver)?;
+    let Some(values) = values else { return Ok((report, None)) };
+    // Sum the devices back into routes (the per-device detail is rebuilt evenly).
+    let mut routes: BTreeMap<usize, (u32, f64)> = BTreeMap::new();
+    for (d, row) in x.iter().enumerate() {
+        for &(i, xv, _) in row {
+            if values.is_set(xv) {
+                let e = routes.entry(i).or_default();
+                e.0 += 1;
+                e.1 += values.value(y[d][cands[i].q]).max(0.0);
+            }
+        }
+    }
+    let routes: Vec<(usize, u32, f64)> = routes.into_iter().map(|(i, (n, s))| (i, n, s)).collect();
+    Ok((report, Some(make_plan(problem, cands, &routes, beta, served, step))))
+}
+
+/// Builds the plan from (candidate, devices, share) triples.
+fn make_plan(
+    problem: &Problem,
+    cands: &[Cand],
+    routes: &[(usize, u32, f64)],
+    beta: f64,
+    served: &[f64],
+    step: Step,
+) -> Plan {
+    let mut out_routes = Vec::new();
+    let mut next_free: Vec<u32> = vec![0; problem.devices.len()];
+    let mut devices: Vec<DevicePlan> = problem
+        .devices
+        .iter()
+        .flat_map(|d| {
+            (0..d.count).map(move |k| DevicePlan {
+                device: format!("{}-{k}", d.name),
+                device_type: d.name.clone(),
+                app: None,
+                model: None,
+                share: 0.0,
+            })
+        })
+        .collect();
+    let offsets: Vec<usize> = problem
+        .devices
+        .iter()
+        .scan(0usize, |acc, d| {
+            let o = *acc;
+            *acc += d.count as usize;
+            Some(o)
+        })
+        .collect();
+    for &(i, n, share) in routes {
+        let c = &cands[i];
+        let app = &problem.apps[c.q];
+        out_routes.push(Route {
+            app: app.name.clone(),
+            model: c.model.clone(),
+            accuracy: c.accuracy,
+            device_type: problem.devices[c.t].name.clone(),
+            devices: n,
+            share,
+            qps: share * served[c.q],
+            capacity_qps: c.cap.qps * n as f64,
+            batch: c.cap.batch,
+        });
+        for _ in 0..n {
+            let k = next_free[c.t];
+            next_free[c.t] += 1;
+            let d = &mut devices[offsets[c.t] + k as usize];
+            d.app = Some(app.name.clone());
+            d.model = Some(c.model.clone());
+            d.share = share / n as f64;
+        }
+    }
+    let served_total: f64 = served.iter().sum();
+    let apps: Vec<AppPlan> = problem
+        .apps
+        .iter()
+        .enumerate()
+        .map(|(q, a)| {
+            let acc: f64 = out_routes.iter().filter(|r| r.app == a.name).map(|r| r.share * r.accuracy).sum();
+            AppPlan {
+                name: a.name.clone(),
+                demand_qps: a.demand_qps,
+                served_qps: served[q],
+                shed_qps: a.demand_qps - served[q],
+                accuracy: if served[q] > 0.0 { acc } else { 0.0 },
+            }
+        })
+        .collect();
+    let weighted: f64 = apps.iter().map(|a| a.accuracy * a.served_qps).sum();
+    Plan {
+        step,
+        beta,
+        effective_accuracy: if served_total > 0.0 { weighted / served_total } else { 0.0 },
+        devices_used: out_routes.iter().map(|r| r.devices).sum(),
+        apps,
+        routes: out_routes,
+        devices,
+    }
+}
+
+/// The plan's values for a brute-force check: every app's served accuracy mass
+/// over total demand (the MILP's accuracy objective).
+pub fn accuracy_objective(plan: &Plan) -> f64 {
+    let total: f64 = plan.apps.iter().map(|a| a.demand_qps).sum();
+    plan.apps.iter().map(|a| a.accuracy * a.served_qps).sum::<f64>() / total.max(1e-12)
+}

@@ -1,0 +1,296 @@
+//! One MILP solve, bounded and reported: the model is written with `good_lp`, solved
+//! by HiGHS under a time limit and a relative MIP gap, and the outcome says what the
+//! solver achieved (status, objective, achieved gap, wall time) instead of only a
+//! solution.
+//!
+//! good_lp's HiGHS solution does not expose the achieved gap or the objective, so
+//! the model is handed to the `highs` crate after it is built (`try_into_inner`),
+//! options are set there, and the values are read back by the variables' creation
+//! order, which [`Milp`] records.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::time::Instant;
+
+use good_lp::{
+    highs, Expression, ProblemVariables, Solution, SolutionStatus, SolverModel, Variable, VariableDefinition,
+};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Limits of one solve. Every solve has both: a MILP can take arbitrarily long, and
+/// a plan that arrives after the demand it was made for has changed is worth less
+/// than a slightly suboptimal one on time.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SolverSettings {
+    /// `time_limit_s = 10`: wall-clock limit of one solve; the best plan found by
+    /// then is used (status `time-limit`), and none found is an error.
+    #[serde(default = "default_time_limit")]
+    pub time_limit_s: f64,
+    /// `mip_gap = 0.0001`: HiGHS stops when the relative gap between the best plan
+    /// and the bound is below this (HiGHS's own default).
+    #[serde(default = "default_gap")]
+    pub mip_gap: f64,
+    /// `threads = 1`: HiGHS threads. One by default: the allocator runs beside the
+    /// serving workers and must not take their cores.
+    #[serde(default = "default_threads")]
+    pub threads: u32,
+}
+
+fn default_time_limit() -> f64 {
+    10.0
+}
+fn default_gap() -> f64 {
+    1e-4
+}
+fn default_threads() -> u32 {
+    1
+}
+
+impl Default for SolverSettings {
+    fn default() -> Self {
+        SolverSettings { time_limit_s: default_time_limit(), mip_gap: default_gap(), threads: default_threads() }
+    }
+}
+
+impl SolverSettings {
+    /// Checks the values (a zero time limit or a negative gap is a configuration error).
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.time_limit_s.is_finite() && self.time_limit_s > 0.0) {
+            return Err("time_limit_s: expected a positive number of seconds".into());
+        }
+        if !(self.mip_gap.is_finite() && self.mip_gap >= 0.0) {
+            return Err("mip_gap: expected a non-negative fraction".into());
+        }
+        if self.threads == 0 {
+            return Err("threads: expected at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// How a solve ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Solved to within the MIP gap.
+    Optimal,
+    /// Stopped by the time limit with a feasible plan (its gap says how good).
+    TimeLimit,
+    /// No feasible plan exists.
+    Infeasible,
+}
+
+/// What one solve achieved.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SolveReport {
+    /// How it ended.
+    pub status: Status,
+    /// The objective of the plan (None when infeasible).
+    pub objective: Option<f64>,
+    /// The achieved relative gap between the plan and the solver's bound (0 when
+    /// proven optimal; None when infeasible).
+    pub gap: Option<f64>,
+    /// Wall time of the solve, seconds (model building excluded).
+    pub solve_seconds: f64,
+    /// Variables and constraints of the model.
+    pub variables: usize,
+    /// Constraint rows.
+    pub constraints: usize,
+}
+
+impl SolveReport {
+    /// The report of no solve at all (a ladder with no step).
+    pub fn none() -> SolveReport {
+        SolveReport {
+            status: Status::Infeasible,
+            objective: None,
+            gap: None,
+            solve_seconds: 0.0,
+            variables: 0,
+            constraints: 0,
+        }
+    }
+}
+
+/// The solver could not be run (as opposed to a model that has no solution).
+#[derive(Debug, Error)]
+pub enum SolveError {
+    /// HiGHS refused the model or an option, or failed while solving.
+    #[error("HiGHS: {0}")]
+    Highs(String),
+    /// The time limit passed before any feasible plan was found.
+    #[error("no feasible plan found within the time limit of {0} s")]
+    NoPlanInTime(f64),
+}
+
+/// A MILP under construction: variables (whose creation order is kept, to read
+/// HiGHS's columns back), constraints and the objective.
+pub struct Milp {
+    vars: ProblemVariables,
+    index: HashMap<Variable, usize>,
+    constraints: Vec<good_lp::Constraint>,
+}
+
+impl Default for Milp {
+    fn default() -> Self {
+        Milp { vars: ProblemVariables::new(), index: HashMap::new(), constraints: Vec::new() }
+    }
+}
+
+/// Values of a solved model's variables.
+pub struct Values {
+    columns: Vec<f64>,
+    index: HashMap<Variable, usize>,
+}
+
+impl Solution for Values {
+    fn status(&self) -> SolutionStatus {
+        SolutionStatus::Optimal
+    }
+
+    fn value(&self, variable: Variable) -> f64 {
+        self.columns[self.index[&variable]]
+    }
+}
+
+impl Values {
+    /// A binary variable's value, rounded (HiGHS returns integers within a tolerance).
+    pub fn is_set(&self, v: Variable) -> bool {
+        self.value(v) > 0.5
+    }
+}
+
+/// Whether to maximise or minimise.
+#[derive(Clone, Copy, Debug)]
+pub enum Sense {
+    /// Maximise the objective.
+    Maximise,
+    /// Minimise the objective.
+    Minimise,
+}
+
+impl Milp {
+    /// Adds a variable.
+    pub fn add(&mut self, def: VariableDefinition) -> Variable {
+        let v = self.vars.add(def);
+        self.index.insert(v, self.index.len());
+        v
+    }
+
+    /// Adds a constraint.
+    pub fn constrain(&mut self, c: good_lp::Constraint) {
+        self.constraints.push(c);
+    }
+
+    /// Solves with `settings`: `Ok((report, Some(values)))` with a plan, `Ok((report,
+    /// None))` when the model is infeasible.
+    pub fn solve(
+        self,
+        sense: Sense,
+        objective: Expression,
+        settings: &SolverSettings,
+    ) -> Result<(SolveReport, Option<Values>), SolveError> {
+        let Milp { vars, index, constraints } = self;
+        let variables = index.len();
+        let rows = constraints.len();
+        let mut problem = match sense {
+            Sense::Maximise => vars.maximise(objective),
+            Sense::Minimise => vars.minimise(objective),
+        }
+        .using(highs);
+        for c in constraints {
+            problem.add_constraint(c);
+        }
+        let mut model = problem.try_into_inner().map_err(|e| SolveError::Highs(e.to_string()))?;
+        model.make_quiet();
+        let set = |m: &mut highs::Model, k: &str, v: f64| {
+            m.try_set_option(k, v).map_err(|e| SolveError::Highs(format!("option {k}: {e:?}")))
+        };
+        set(&mut model, "time_limit", settings.time_limit_s)?;
+        set(&mut model, "mip_rel_gap", settings.mip_gap)?;
+        model.set_threads(NonZeroU32::new(settings.threads.max(1)).expect("at least 1"));
+        let started = Instant::now();
+        let solved = model.try_solve().map_err(|e| SolveError::Highs(format!("{e:?}")))?;
+        let solve_seconds = started.elapsed().as_secs_f64();
+        use highs::HighsModelStatus as H;
+        let feasible = solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible;
+        let status = match solved.status() {
+            H::Optimal | H::ObjectiveBound | H::ObjectiveTarget => Status::Optimal,
+            H::Infeasible | H::UnboundedOrInfeasible => Status::Infeasible,
+            H::ReachedTimeLimit
+            | H::ReachedIterationLimit
+            | H::ReachedSolutionLimit
+            | H::ReachedInterrupt
+            | H::ReachedMemoryLimit => {
+                if feasible {
+                    Status::TimeLimit
+                } else {
+                    return Err(SolveError::NoPlanInTime(settings.time_limit_s));
+                }
+            }
+            other => return Err(SolveError::Highs(format!("model status {other:?}"))),
+        };
+        let report = |objective: Option<f64>, gap: Option<f64>| SolveReport {
+            status,
+            objective,
+            gap,
+            solve_seconds,
+            variables,
+            constraints: rows,
+        };
+        if status == Status::Infeasible {
+            return Ok((report(None, None), None));
+        }
+        // A pure LP (no integer columns) reports an infinite MIP gap: it is exact.
+        let gap = solved.mip_gap();
+        let gap = if gap.is_finite() { gap.max(0.0) } else { 0.0 };
+        let columns = solved.get_solution().columns().to_vec();
+        Ok((report(Some(solved.objective_value()), Some(gap)), Some(Values { columns, index })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use good_lp::{constraint, variable};
+
+    #[test]
+    fn a_small_knapsack_is_solved_and_reported() {
+        // max 5a + 4b + 3c, 2a + 3b + c <= 5, binaries: a + c (value 8) beats a + b (9?
+        // no: weight 5, value 9). The optimum is a + b = 9.
+        let mut m = Milp::default();
+        let a = m.add(variable().binary());
+        let b = m.add(variable().binary());
+        let c = m.add(variable().binary());
+        m.constrain(constraint!(2 * a + 3 * b + c <= 5));
+        let objective: Expression = 5 * a + 4 * b + 3 * c;
+        let (report, values) = m.solve(Sense::Maximise, objective.clone(), &SolverSettings::default()).unwrap();
+        let values = values.unwrap();
+        assert_eq!(report.status, Status::Optimal);
+        assert!((report.objective.unwrap() - 9.0).abs() < 1e-6, "{report:?}");
+        assert!((objective.eval_with(&values) - 9.0).abs() < 1e-6);
+        assert!(values.is_set(a) && values.is_set(b) && !values.is_set(c));
+        assert_eq!((report.variables, report.constraints), (3, 1));
+        assert_eq!(report.gap, Some(0.0));
+    }
+
+    #[test]
+    fn infeasible_models_say_so() {
+        let mut m = Milp::default();
+        let a = m.add(variable().binary());
+        m.constrain(constraint!(a >= 2));
+        let (report, values) = m.solve(Sense::Minimise, a.into(), &SolverSettings::default()).unwrap();
+        assert_eq!(report.status, Status::Infeasible);
+        assert!(values.is_none() && report.objective.is_none());
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let bad = SolverSettings { time_limit_s: 0.0, ..SolverSettings::default() };
+        assert!(bad.validate().unwrap_err().contains("time_limit_s"));
+        let bad = SolverSettings { mip_gap: -1.0, ..SolverSettings::default() };
+        assert!(bad.validate().unwrap_err().contains("mip_gap"));
+    }
+}

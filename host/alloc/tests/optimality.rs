@@ -1,0 +1,416 @@
+//! The MILPs against brute-force enumeration on small random instances: the same
+//! optimum, for both Proteus formulations and for InfAdapter; plans that never route
+//! to an unplaced variant and never exceed a device's capacity; infeasible demand
+//! shed down the ladder and reported.
+
+use std::collections::BTreeMap;
+
+use sluice_alloc::infadapter;
+use sluice_alloc::proteus::{self, DeviceType, Formulation, Ladder, Objective, Step};
+use sluice_alloc::SolverSettings;
+use sluice_core::profile::{ModelProfile, Profile};
+
+/// A small deterministic generator (no dependency for a test's dice).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.next()
+    }
+}
+
+fn exact() -> SolverSettings {
+    SolverSettings { time_limit_s: 30.0, mip_gap: 0.0, threads: 1 }
+}
+
+fn model(name: &str, accuracy: f64, base_us: f64, per_item_us: f64) -> ModelProfile {
+    let batch_sizes = vec![1, 2, 4, 8];
+    let lat: Vec<u64> = batch_sizes.iter().map(|&b| (base_us + per_item_us * b as f64).round() as u64).collect();
+    ModelProfile {
+        name: name.into(),
+        accuracy,
+        accuracy_source: "test".into(),
+        file: None,
+        batch_sizes,
+        p50_us: lat.clone(),
+        p95_us: lat.clone(),
+        p99_us: lat,
+        runs: None,
+    }
+}
+
+/// Two device types (a slow and a fast one), `apps` apps with two or three variants.
+fn random_problem(rng: &mut Lcg, apps: usize, per_type: u32) -> proteus::Problem {
+    let mut app_list = Vec::new();
+    let mut slow = Vec::new();
+    let mut fast = Vec::new();
+    for a in 0..apps {
+        let k = 2 + (rng.next() * 2.0) as usize;
+        let mut names = Vec::new();
+        for v in 0..k {
+            let name = format!("a{a}v{v}");
+            let accuracy = 0.6 + 0.1 * v as f64 + rng.range(0.0, 0.05);
+            let base = rng.range(5_000.0, 20_000.0) * (1.0 + v as f64);
+            let per = rng.range(1_000.0, 6_000.0) * (1.0 + v as f64);
+            slow.push(model(&name, accuracy, base * 2.0, per * 2.0));
+            fast.push(model(&name, accuracy, base, per));
+            names.push(name);
+        }
+        app_list.push(proteus::App {
+            name: format!("app{a}"),
+            slo_ms: rng.range(60.0, 200.0),
+            demand_qps: rng.range(20.0, 400.0),
+            models: names,
+            memory_mb: BTreeMap::new(),
+        });
+    }
+    let profile =
+        |name: &str, models| Profile { name: name.into(), device: name.into(), source: "test".into(), models };
+    proteus::Problem {
+        devices: vec![
+            DeviceType { name: "slow".into(), count: per_type, memory_mb: None, profile: profile("slow", slow) },
+            DeviceType { name: "fast".into(), count: per_type, memory_mb: None, profile: profile("fast", fast) },
+        ],
+        apps: app_list,
+        batch_sizes: vec![1, 2, 4, 8],
+        objective: Objective::Accuracy,
+        formulation: Formulation::Aggregated,
+        ladder: Ladder::default(),
+        solver: exact(),
+    }
+}
+
+/// A variant that fits a device type: (device type, app, accuracy, capacity qps).
+type Opt = (usize, usize, f64, f64);
+
+/// Every variant that fits somewhere, per device type.
+fn options(p: &proteus::Problem) -> Vec<Opt> {
+    let mut out = Vec::new();
+    for (q, app) in p.apps.iter().enumerate() {
+        for name in &app.models {
+            for (t, d) in p.devices.iter().enumerate() {
+                let m = d.profile.model(name).unwrap();
+                if let Some(c) = proteus::capacity(m, app.slo_ms, &p.batch_sizes, None, None) {
+                    out.push((t, q, m.accuracy, c.qps));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The best accuracy objective over every placement at factor `beta` (None: none
+/// feasible), or with `fewest`, the fewest devices among feasible placements of the
+/// options allowed by `allowed`.
+fn brute(p: &proteus::Problem, beta: f64, allowed: &dyn Fn(&Opt) -> bool) -> Option<(f64, u32)> {
+    let opts: Vec<Opt> = options(p).into_iter().filter(|o| allowed(o)).collect();
+    let devices: Vec<usize> =
+        p.devices.iter().enumerate().flat_map(|(t, d)| std::iter::repeat_n(t, d.count as usize)).collect();
+    let per_device: Vec<Vec<usize>> =
+        devices.iter().map(|&t| (0..opts.len()).filter(|&o| opts[o].0 == t).collect()).collect();
+    let total: f64 = p.apps.iter().map(|a| a.demand_qps).sum();
+    let headroom = beta.max(1.0);
+    let mut best: Option<(f64, u32)> = None;
+    let mut choice = vec![0usize; devices.len()]; // 0: idle, k: per_device[d][k-1]
+    loop {
+        // Capacity per option.
+        let mut cap = vec![0.0; opts.len()];
+        let mut used = 0;
+        for (d, &c) in choice.iter().enumerate() {
+            if c > 0 {
+                cap[per_device[d][c - 1]] += opts[per_device[d][c - 1]].3;
+                used += 1;
+            }
+        }
+        let mut feasible = true;
+        let mut value = 0.0;
+        for (q, app) in p.apps.iter().enumerate() {
+            let served = app.demand_qps * beta.min(1.0);
+            if served <= 0.0 {
+                continue;
+            }
+            // Greedy by accuracy: exact for the routing LP of a fixed placement.
+            let mut mine: Vec<usize> = (0..opts.len()).filter(|&o| opts[o].1 == q && cap[o] > 0.0).collect();
+            mine.sort_by(|&a, &b| opts[b].2.total_cmp(&opts[a].2));
+            let mut left = 1.0;
+            for o in mine {
+                let r = (cap[o] / (headroom * served)).min(left);
+                value += served * opts[o].2 * r / total;
+                left -= r;
+            }
+            if left > 1e-9 {
+                feasible = false;
+                break;
+            }
+        }
+        if feasible {
+            best = Some(match best {
+                Some((v, n)) => (v.max(value), n.min(used)),
+                None => (value, used),
+            });
+        }
+        // Next placement.
+        let mut d = 0;
+        loop {
+            if d == devices.len() {
+                return best;
+            }
+            choice[d] += 1;
+            if choice[d] <= per_device[d].len() {
+                break;
+            }
+            choice[d] = 0;
+            d += 1;
+        }
+    }
+}
+
+/// Checks a plan's structure: shares sum to one per served app, routes only to
+/// devices that host the variant, capacity with headroom respected.
+fn check_plan(p: &proteus::Problem, plan: &proteus::Plan) {
+    for (q, app) in p.apps.iter().enumerate() {
+        let served = plan.apps[q].served_qps;
+        let share: f64 = plan.routes.iter().filter(|r| r.app == app.name).map(|r| r.share).sum();
+        if served > 0.0 {
+            assert!((share - 1.0).abs() < 1e-6, "app {}: shares sum to {share}", app.name);
+        }
+    }
+    for r in &plan.routes {
+        if r.share > 1e-7 {
+            assert!(r.devices > 0, "traffic routed to an unplaced variant: {r:?}");
+            assert!(r.qps * plan.beta.max(1.0) <= r.capacity_qps + 1e-6, "over capacity: {r:?}");
+        }
+    }
+    for (t, dev) in p.devices.iter().enumerate() {
+        let used: u32 = plan.routes.iter().filter(|r| r.device_type == dev.name).map(|r| r.devices).sum();
+        assert!(used <= p.devices[t].count, "{} devices of {} used", used, dev.name);
+    }
+    for d in &plan.devices {
+        if d.share > 1e-7 {
+            assert!(d.model.is_some(), "device {} receives traffic but hosts nothing", d.device);
+        }
+    }
+}
+
+#[test]
+fn both_formulations_match_brute_force_on_random_instances() {
+    let mut rng = Lcg(7);
+    let mut shed_seen = false;
+    for case in 0..12 {
+        let apps = 1 + case % 3;
+        let mut p = random_problem(&mut rng, apps, 2);
+        let first_feasible = p.ladder.steps().into_iter().find_map(|b| brute(&p, b, &|_| true).map(|v| (b, v.0)));
+        for formulation in [Formulation::Aggregated, Formulation::PerDevice] {
+            p.formulation = formulation;
+            let out = proteus::solve(&p).unwrap();
+            match (&out.plan, first_feasible) {
+                (Some(plan), Some((beta, value))) => {
+                    assert!((plan.beta - beta).abs() < 1e-9, "case {case} {formulation:?}: β {} vs {beta}", plan.beta);
+                    let got = proteus::accuracy_objective(plan);
+                    assert!(
+                        (got - value).abs() < 1e-6,
+                        "case {case} {formulation:?}: objective {got} vs brute {value}"
+                    );
+                    assert!((out.report.objective.unwrap() - value).abs() < 1e-6);
+                    check_plan(&p, plan);
+                    if plan.beta < 1.0 {
+                        shed_seen = true;
+                        assert!(plan.apps.iter().all(|a| a.shed_qps > 0.0));
+                    }
+                }
+                (None, None) => {}
+                (plan, brute) => panic!("case {case} {formulation:?}: milp {:?} vs brute {brute:?}", plan.is_some()),
+            }
+        }
+    }
+    assert!(shed_seen, "no random case needed shedding: the ladder went untested");
+}
+
+#[test]
+fn infeasible_demand_is_shed_and_reported() {
+    let mut rng = Lcg(11);
+    let mut p = random_problem(&mut rng, 2, 1);
+    // Far beyond what two devices can serve at any factor above the ladder's floor
+    // for app 0; app 1 is easy.
+    p.apps[0].demand_qps = 1e6;
+    p.apps[1].demand_qps = 1.0;
+    let out = proteus::solve(&p).unwrap();
+    assert!(out.plan.is_none());
+    assert_eq!(out.attempts.len(), p.ladder.steps().len());
+    assert!(out.attempts.iter().all(|a| a.status == sluice_alloc::Status::Infeasible));
+    // A demand that fits at β = 0.5 is served at 0.5 and the rest shed, per app.
+    let mut p = random_problem(&mut rng, 1, 1);
+    let cap: f64 = options(&p).iter().filter(|o| o.1 == 0).map(|o| o.3).fold(0.0, f64::max);
+    let fast_best = options(&p).iter().filter(|o| o.0 == 1).map(|o| o.3).fold(0.0, f64::max);
+    p.apps[0].demand_qps = (cap + fast_best) * 1.9;
+    let out = proteus::solve(&p).unwrap();
+    let plan = out.plan.expect("feasible after shedding");
+    assert!(plan.beta < 1.0 && plan.beta > 0.2, "{}", plan.beta);
+    let a = &plan.apps[0];
+    assert!((a.served_qps + a.shed_qps - a.demand_qps).abs() < 1e-9);
+    assert!((a.served_qps - a.demand_qps * plan.beta).abs() < 1e-6);
+    check_plan(&p, &plan);
+}
+
+#[test]
+fn hardware_first_uses_the_fewest_devices_with_the_most_accurate_variants() {
+    let mut rng = Lcg(3);
+    let mut tried = 0;
+    for _ in 0..10 {
+        let mut p = random_problem(&mut rng, 2, 2);
+        p.objective = Objective::HardwareFirst;
+        // Light demand, so the most accurate variants can often carry it alone.
+        for a in &mut p.apps {
+            a.demand_qps = rng.range(2.0, 40.0);
+        }
+        let opts = options(&p);
+        let best: Vec<f64> = (0..p.apps.len())
+            .map(|q| opts.iter().filter(|o| o.1 == q).map(|o| o.2).fold(f64::NEG_INFINITY, f64::max))
+            .collect();
+        let top = |o: &Opt| (o.2 - best[o.1]).abs() < 1e-12;
+        let expected = brute(&p, p.ladder.beta, &top);
+        let out = proteus::solve(&p).unwrap();
+        let plan = out.plan.clone();
+        match expected {
+            Some((_, fewest)) => {
+                let plan = plan.unwrap();
+                assert_eq!(plan.step, Step::Hardware);
+                assert_eq!(plan.devices_used, fewest);
+                for r in &plan.routes {
+                    let q = p.apps.iter().position(|a| a.name == r.app).unwrap();
+                    assert!((r.accuracy - best[q]).abs() < 1e-12, "not the most accurate: {r:?}");
+                }
+                check_plan(&p, &plan);
+                tried += 1;
+            }
+            None => {
+                // Step 1 infeasible: accuracy scaling takes over.
+                assert_eq!(out.attempts[0].step, Step::Hardware);
+                if let Some(plan) = plan {
+                    assert_eq!(plan.step, Step::Accuracy);
+                }
+            }
+        }
+    }
+    assert!(tried >= 3, "only {tried} instances were feasible for hardware scaling");
+}
+
+fn infadapter_problem(rng: &mut Lcg, budget: u32) -> infadapter::Problem {
+    let variants = (0..3)
+        .map(|v| infadapter::Variant {
+            name: format!("v{v}"),
+            accuracy: 0.65 + 0.05 * v as f64,
+            load_time_s: 6.0 + v as f64,
+            slope: rng.range(3.0, 25.0) / (1.0 + v as f64),
+            intercept: -(rng.range(0.0, 5.0).floor()),
+        })
+        .collect();
+    infadapter::Problem {
+        variants,
+        demand_rps: rng.range(10.0, 120.0),
+        budget_cores: budget,
+        min_cores: 2,
+        current: BTreeMap::from([("v1".to_string(), 4)]),
+        capacity_coef: 0.8,
+        weights: infadapter::Weights::default(),
+        ladder: Ladder { beta: 1.0, ..Ladder::default() },
+        solver: exact(),
+    }
+}
+
+/// Brute force over every core assignment; quotas greedy by accuracy.
+fn brute_infadapter(p: &infadapter::Problem, beta: f64) -> Option<f64> {
+    let opts: Vec<u32> = std::iter::once(0).chain(p.min_cores..=p.budget_cores).collect();
+    let max_rt = p.variants.iter().map(|v| v.load_time_s).fold(0.0, f64::max);
+    let served = p.demand_rps * beta;
+    let mut best: Option<f64> = None;
+    let k = p.variants.len();
+    let mut idx = vec![0usize; k];
+    loop {
+        let cores: u32 = idx.iter().map(|&i| opts[i]).sum();
+        if cores <= p.budget_cores {
+            let mut order: Vec<usize> = (0..k).collect();
+            order.sort_by(|&a, &b| p.variants[b].accuracy.total_cmp(&p.variants[a].accuracy));
+            let mut left = served;
+            let mut acc = 0.0;
+            for v in order {
+                let th = p.variants[v].throughput(opts[idx[v]], p.capacity_coef);
+                let q = th.min(left);
+                acc += q * p.variants[v].accuracy;
+                left -= q;
+            }
+            if left <= 1e-9 {
+                let loading = (0..k)
+                    .filter(|&v| {
+                        let n = opts[idx[v]];
+                        n > 0 && n != p.current.get(&p.variants[v].name).copied().unwrap_or(0)
+                    })
+                    .map(|v| p.variants[v].load_time_s)
+                    .fold(0.0, f64::max);
+                let w = &p.weights;
+                let value = w.accuracy * acc / p.demand_rps
+                    - w.cores * cores as f64 / p.budget_cores as f64
+                    - w.loading * loading / max_rt;
+                best = Some(best.map_or(value, |b: f64| b.max(value)));
+            }
+        }
+        let mut d = 0;
+        loop {
+            if d == k {
+                return best;
+            }
+            idx[d] += 1;
+            if idx[d] < opts.len() {
+                break;
+            }
+            idx[d] = 0;
+            d += 1;
+        }
+    }
+}
+
+#[test]
+fn infadapter_matches_brute_force_on_random_instances() {
+    let mut rng = Lcg(5);
+    for case in 0..10 {
+        let p = infadapter_problem(&mut rng, 10);
+        let expected = p.ladder.steps().into_iter().find_map(|b| brute_infadapter(&p, b).map(|v| (b, v)));
+        let out = infadapter::solve(&p).unwrap();
+        match (out.plan, expected) {
+            (Some(plan), Some((beta, value))) => {
+                assert!((plan.beta - beta).abs() < 1e-9, "case {case}");
+                assert!((plan.objective - value).abs() < 1e-6, "case {case}: {} vs {value}", plan.objective);
+                assert!(plan.cores <= p.budget_cores);
+                for v in &plan.variants {
+                    assert!(v.quota_rps <= v.capacity_rps + 1e-6, "case {case}: {v:?}");
+                    assert!(v.cores == 0 || v.cores >= p.min_cores);
+                    assert!(v.cores > 0 || v.quota_rps < 1e-9);
+                }
+                let total: f64 = plan.variants.iter().map(|v| v.quota_rps).sum();
+                assert!((total - plan.served_rps).abs() < 1e-6);
+            }
+            (None, None) => {}
+            (plan, e) => panic!("case {case}: milp {:?} vs brute {e:?}", plan.is_some()),
+        }
+    }
+}
+
+#[test]
+fn infadapter_keeps_a_loaded_variant_when_loading_matters() {
+    let mut rng = Lcg(9);
+    let mut p = infadapter_problem(&mut rng, 12);
+    p.weights.loading = 10.0;
+    p.weights.cores = 0.0;
+    p.variants[1].slope = 10.0;
+    p.variants[1].intercept = 0.0;
+    // th(4) = ⌊0.8 · 40⌋ = 32 req/s: v1 alone can serve it.
+    p.demand_rps = 20.0;
+    let plan = infadapter::solve(&p).unwrap().plan.unwrap();
+    // Loading anything costs more than any accuracy gain: v1 stays at its 4 cores.
+    assert_eq!(plan.loading_s, 0.0, "{plan:?}");
+    assert_eq!(plan.variants[1].cores, 4);
+}

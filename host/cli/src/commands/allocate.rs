@@ -1,0 +1,83 @@
+//! `sluice allocate --problem <file> [--json]`: solves one allocation problem
+//! ([`sluice_alloc::AnyProblem`]) and prints the plan; with `--json`, one object with
+//! `status`, `objective`, `gap`, `solve_seconds` and the `plan`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use sluice_alloc::{Allocator, AnyPlan, AnyProblem};
+
+/// `sluice allocate` arguments.
+#[derive(clap::Args, Debug)]
+pub struct AllocateArgs {
+    /// The problem file (TOML; `kind = "proteus"` or `"infadapter"`, see docs/allocator.md).
+    #[arg(long)]
+    pub problem: PathBuf,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `sluice allocate`.
+pub fn run(args: AllocateArgs) -> Result<()> {
+    let problem = AnyProblem::load(&args.problem)?;
+    let allocation = Allocator::default().allocate(&problem);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&allocation)?);
+    } else {
+        println!(
+            "status {}  objective {}  gap {}  solve {:.3} s over {} solve(s)",
+            allocation.status,
+            allocation.objective.map_or("-".into(), |o| format!("{o:.6}")),
+            allocation.gap.map_or("-".into(), |g| format!("{g:.2e}")),
+            allocation.solve_seconds,
+            allocation.solves
+        );
+        match &allocation.plan {
+            Some(AnyPlan::Proteus(p)) => {
+                println!(
+                    "step {:?}, demand factor {:.2}, effective accuracy {:.4}, {} devices used",
+                    p.step, p.beta, p.effective_accuracy, p.devices_used
+                );
+                println!("{:<14} {:>9} {:>9} {:>8} {:>9}", "app", "demand", "served", "shed", "accuracy");
+                for a in &p.apps {
+                    println!(
+                        "{:<14} {:>9.1} {:>9.1} {:>8.1} {:>9.4}",
+                        a.name, a.demand_qps, a.served_qps, a.shed_qps, a.accuracy
+                    );
+                }
+                println!(
+                    "{:<14} {:<24} {:<8} {:>7} {:>6} {:>8} {:>9} {:>5}",
+                    "app", "variant", "device", "devices", "share", "qps", "capacity", "batch"
+                );
+                for r in &p.routes {
+                    println!(
+                        "{:<14} {:<24} {:<8} {:>7} {:>6.3} {:>8.1} {:>9.1} {:>5}",
+                        r.app, r.model, r.device_type, r.devices, r.share, r.qps, r.capacity_qps, r.batch
+                    );
+                }
+            }
+            Some(AnyPlan::Infadapter(p)) => {
+                println!(
+                    "demand factor {:.2}, {} cores, accuracy {:.4}, loading {:.2} s, served {:.1} req/s, shed {:.1}",
+                    p.beta, p.cores, p.accuracy, p.loading_s, p.served_rps, p.shed_rps
+                );
+                println!("{:<12} {:>6} {:>9} {:>9} {:>6}", "variant", "cores", "quota", "capacity", "loads");
+                for v in p.variants.iter().filter(|v| v.cores > 0) {
+                    println!(
+                        "{:<12} {:>6} {:>9.1} {:>9.1} {:>6}",
+                        v.name, v.cores, v.quota_rps, v.capacity_rps, v.loads
+                    );
+                }
+            }
+            None => {}
+        }
+    }
+    if let Some(e) = &allocation.error {
+        bail!("{}: {e}", args.problem.display());
+    }
+    if allocation.plan.is_none() {
+        bail!("{}: no feasible plan at any demand factor", args.problem.display());
+    }
+    Ok(())
+}
