@@ -218,3 +218,60 @@ async fn recorded_arrivals_replay_in_the_simulator() {
     assert_eq!(out.results[0].requests, 50, "every recorded arrival is replayed");
     assert_eq!(out.results[0].on_time, 50);
 }
+
+/// Sends `n` requests one after another on one connection; returns the serving
+/// worker of each.
+async fn workers_of(c: &mut sluice_loadgen::Client, n: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let r = c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        out.push(r.json()["parameters"]["worker"].as_u64().unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_routing_follows_the_weights_and_changes_live() {
+    let server = TestServer::start(&emu_app(
+        "zero",
+        "slo_ms = 100\nworkers = 3\npolicy = \"jellyfish\"\nrouter = \"weighted\"\nweights = [1, 0, 3]",
+    ))
+    .await
+    .unwrap();
+    let mut c = server.client().await;
+    let count = |ws: &[u64], w: u64| ws.iter().filter(|x| **x == w).count();
+    let ws = workers_of(&mut c, 40).await;
+    assert_eq!((count(&ws, 0), count(&ws, 1), count(&ws, 2)), (10, 0, 30), "{ws:?}");
+    let status = app_status(&mut c, "emu").await;
+    assert_eq!(status["weights"], json!([1.0, 0.0, 3.0]));
+    // A new plan's shares apply from the next request on.
+    let r = admin(&mut c, "PUT", "/admin/apps/emu/weights", br#"{"weights": [0, 1, 0]}"#).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(workers_of(&mut c, 10).await, vec![1; 10]);
+    // Bad weights are refused, naming what is wrong, and the old ones stay.
+    let r = admin(&mut c, "PUT", "/admin/apps/emu/weights", br#"{"weights": [1, 1]}"#).await;
+    assert_eq!(r.status, 400);
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("expected 3 weights (one per worker), got 2"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let r = admin(&mut c, "PUT", "/admin/apps/emu/weights", br#"{"weights": [0, 0, 0]}"#).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(workers_of(&mut c, 3).await, vec![1; 3]);
+    server.stop().await.unwrap();
+
+    // Weights belong to the weighted router only.
+    let server =
+        TestServer::start(&emu_app("zero", "slo_ms = 100\nworkers = 2\npolicy = \"jellyfish\"")).await.unwrap();
+    let mut c = server.client().await;
+    let r = admin(&mut c, "PUT", "/admin/apps/emu/weights", br#"{"weights": [1, 1]}"#).await;
+    assert_eq!(r.status, 400);
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("weights apply to router = \\\"weighted\\\""),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    server.stop().await.unwrap();
+}

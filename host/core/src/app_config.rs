@@ -30,9 +30,14 @@ pub struct AppConfig {
     pub slo_ms: f64,
     /// `workers = 2`: number of workers, each with its own policy instance.
     pub workers: u32,
-    /// `router = "round-robin"`: `round-robin`, `shortest-queue` or `shared`.
+    /// `router = "round-robin"`: `round-robin`, `shortest-queue`, `shared` or
+    /// `weighted`.
     #[serde(default)]
     pub router: RouterMode,
+    /// `weights = [2, 1, 1]`: with `router = "weighted"`, each worker's share of the
+    /// arrivals (default: equal); `PUT /admin/apps/{app}/weights` changes them live.
+    #[serde(default)]
+    pub weights: Option<Vec<f64>>,
     /// `executor = "onnx"`: `onnx` or `emulated`. Required by `sluice serve`; the
     /// simulator ignores it (batches take their profiled latency).
     #[serde(default)]
@@ -308,6 +313,12 @@ impl AppConfig {
                 return Err(invalid("expire_after_ms", "expected a non-negative number of milliseconds"));
             }
         }
+        if let Some(w) = &self.weights {
+            if self.router != RouterMode::Weighted {
+                return Err(invalid("weights", "only with router = \"weighted\""));
+            }
+            crate::router::check_weights(w, self.workers as usize).map_err(|e| invalid("weights", &e.to_string()))?;
+        }
         if self.executor == Some(ExecutorKind::Onnx) && self.model_dir.is_none() {
             return Err(invalid("model_dir", "required for executor = \"onnx\""));
         }
@@ -408,5 +419,10 @@ mod tests {
         let e = app("executor = \"onnx\"").validate().unwrap_err();
         assert_eq!(e.field, "app.a.model_dir");
         assert!(app("executor = \"emulated\"").validate().is_ok());
+        let e = app("weights = [1, 1, 1]").validate().unwrap_err();
+        assert_eq!(e.to_string(), "app.a.weights: only with router = \"weighted\"");
+        let e = app("router = \"weighted\"\nweights = [1, 1]").validate().unwrap_err();
+        assert_eq!(e.to_string(), "app.a.weights: expected 3 weights (one per worker), got 2");
+        assert!(app("router = \"weighted\"\nweights = [0, 1, 2]").validate().is_ok());
     }
 }

@@ -11,7 +11,9 @@
 //! - [`runtime`]: the Wasm policy runtime (compile cache, epoch deadlines, memory
 //!   caps, faults, the binding's shared store); [`registry`]: built-in and uploaded
 //!   policies.
-//! - [`router`]: which worker's queue gets a request, and the load estimate.
+//! - [`router`]: which worker's queue gets a request (round-robin, shortest-queue,
+//!   shared, weighted with live weights), and the load estimate policies see.
+//! - [`demand`]: per-second demand and the allocator's forecasters (EWMA, peaks).
 //! - [`profile`]: model latency/accuracy profiles.
 //! - The seams: [`clock::Clock`] (wall or virtual time) and
 //!   [`executor::Executor`] (what runs a batch).
@@ -19,6 +21,7 @@
 pub mod app_config;
 pub mod clock;
 pub mod decision;
+pub mod demand;
 pub mod executor;
 pub mod file_error;
 pub mod profile;

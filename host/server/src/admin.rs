@@ -29,6 +29,12 @@ struct ModelsRequest {
     models: Vec<String>,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightsRequest {
+    weights: Vec<f64>,
+}
+
 fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
     req.uri().query()?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;
@@ -127,6 +133,18 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             })?;
             ok(json!({ "app": app, "worker": w, "loaded": ids }))
         }
+        (&Method::PUT, ["apps", app, "weights"]) => {
+            let a = app_of(state, app)?.clone();
+            let body = read_body(state, req).await?;
+            let m: WeightsRequest = parse_json(&body)?;
+            a.router.set_weights(&m.weights).map_err(|e| ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: format!("app {}: weights: {e}", a.name()),
+                extra: None,
+            })?;
+            tracing::info!(app = a.name(), weights = ?m.weights, "routing weights set");
+            ok(json!({ "app": a.name(), "weights": a.router.weights() }))
+        }
         _ => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!("no admin route for {method} /admin/{}", rest.join("/")),
@@ -178,6 +196,7 @@ fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
         "unbound_reason": b.unbound_reason,
         "fail_mode": a.config.fail_mode,
         "router": a.config.router,
+        "weights": (a.router.mode() == sluice_core::router::RouterMode::Weighted).then(|| a.router.weights()),
         "slo_ms": a.config.slo_ms,
         "load_qps": a.load.rate(a.clock.now()),
         "queue_lengths": a.queue_lengths(),

@@ -21,7 +21,7 @@ use sluice_core::clock::{Clock as _, WallClock};
 use sluice_core::decision::Bound;
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{Reply, Request, WorkQueue};
-use sluice_core::router::{pick_worker, LoadMonitor, RouterMode};
+use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::runtime::{Binding, CompiledPolicy, PolicyEngine, PolicyError, PolicyInstance, SharedStore};
 use sluice_core::tensor::Tensor;
 
@@ -152,7 +152,8 @@ pub struct App {
     pub accepting: AtomicBool,
     /// Set at shutdown: workers serve what is queued, then exit.
     pub draining: AtomicBool,
-    rr: AtomicUsize,
+    /// Which worker gets the next request.
+    pub router: Router,
     next_id: Arc<AtomicU64>,
     engine: Arc<PolicyEngine>,
     /// Where accepted arrivals are logged (`sluice serve --record-arrivals`).
@@ -246,6 +247,13 @@ impl App {
             unbound_reason: None,
             shared: binding.as_ref().map(|b| b.shared.clone()),
         };
+        let router = Router::equal(config.router, workers.len());
+        if let Some(w) = &config.weights {
+            // AppConfig::validate has checked them against the router and the workers.
+            if let Err(e) = router.set_weights(w) {
+                tracing::warn!(app = %config.name, "weights ignored: {e}");
+            }
+        }
         let app = Arc::new(App {
             load: LoadMonitor::new(config.load_window_ms * 1000),
             config,
@@ -263,7 +271,7 @@ impl App {
             queued: AtomicUsize::new(0),
             accepting: AtomicBool::new(true),
             draining: AtomicBool::new(false),
-            rr: AtomicUsize::new(0),
+            router,
             next_id,
             engine,
             recorder: std::sync::OnceLock::new(),
@@ -302,11 +310,7 @@ impl App {
             reply: tx,
         };
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-        let rr = match self.config.router {
-            RouterMode::RoundRobin => self.rr.fetch_add(1, Ordering::Relaxed),
-            _ => 0,
-        };
-        let worker = pick_worker(self.config.router, rr, self.workers.len(), |i| {
+        let worker = self.router.pick(|i| {
             let w = &self.workers[i];
             w.queue.len() + w.in_flight.load(Ordering::Relaxed)
         });

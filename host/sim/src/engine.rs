@@ -1,5 +1,5 @@
 //! The event loop: arrivals, batch completions and policy timers in virtual time
-//! (a [`VirtualClock`]), over the host's router ([`pick_worker`]), decision core
+//! (a [`VirtualClock`]), over the host's [`Router`], decision core
 //! ([`decision::decide`]) and policy runtime (the same `.wasm` instances), all
 //! from `sluice_core`.
 
@@ -19,7 +19,7 @@ use sluice_core::clock::{Clock as _, VirtualClock};
 use sluice_core::decision::Bound;
 use sluice_core::decision::{self, Context, Next, Queued};
 use sluice_core::profile::{Percentile, Profile};
-use sluice_core::router::{pick_worker, LoadMonitor, RouterMode};
+use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
 use sluice_core::workload::ArrivalSpec;
 
@@ -89,6 +89,7 @@ struct AppState {
     queues: Vec<Vec<SimRequest>>,
     workers: Vec<Worker>,
     load: LoadMonitor,
+    router: Router,
     slo_us: u64,
     expire_us: u64,
     stats: Stats,
@@ -193,6 +194,8 @@ impl Simulation {
                 stats: Stats::new(arrivals.iter().map(|a| a.at).collect()),
                 expire_us: spec.expire_after_ms.map(|e| (e * 1000.0) as u64).unwrap_or(slo_us),
                 load: LoadMonitor::new(spec.load_window_ms * 1000),
+                router: Router::new(spec.router, spec.workers as usize, spec.weights.as_deref())
+                    .with_context(|| format!("app {}: weights", spec.name))?,
                 spec: spec.clone(),
                 arrival_spec,
                 models,
@@ -295,7 +298,7 @@ impl Simulation {
         app.load.record(now);
         let request = SimRequest { id: i as u64, arrival: now, deadline: now + arrival.budget.unwrap_or(app.slo_us) };
         let k = app.workers.len();
-        let target = pick_worker(app.spec.router, i, k, |w| app.queues[w].len() + app.workers[w].busy);
+        let target = app.router.pick(|w| app.queues[w].len() + app.workers[w].busy);
         app.queues[target].push(request);
         if app.queues[target].len() > self.max_queue {
             app.overloaded = Some(format!(

@@ -82,6 +82,9 @@ fn arrivals_are_required_and_must_name_an_app() {
         APP.replace("workers = 2", "workers = 0")
     ));
     assert_eq!(e, "e.toml: app.a.workers: expected 1 to 4096 workers");
+    let weighted = APP.replace("router = \"shortest-queue\"", "router = \"weighted\"\nweights = [1]");
+    let e = parse(&format!("[[app]]\n{weighted}arrivals = {{ kind = \"poisson\", rate_qps = 1 }}\n"));
+    assert_eq!(e, "e.toml: app.a.weights: expected 2 weights (one per worker), got 1");
     let e = parse("config = \"missing.toml\"\n");
     assert!(e.contains("missing.toml: cannot read"), "{e}");
 }
