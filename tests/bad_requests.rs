@@ -52,6 +52,20 @@ async fn bad_requests_get_clear_client_errors() {
             "invalid JSON body",
         ),
         (
+            "beyond the FP32 range",
+            tensor("x", "FP32", json!([1, 4]), json!([1, 2, 1e39, 4])).to_string(),
+            400,
+            "input `x`: element 2: 1e39 is outside the FP32 range",
+        ),
+        (
+            "unknown requested output",
+            json!({ "inputs": [{ "name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4] }],
+                    "outputs": [{ "name": "prob" }] })
+            .to_string(),
+            400,
+            "unknown output `prob`; every variant answers with `output`",
+        ),
+        (
             "unknown input",
             tensor("y", "FP32", json!([1, 4]), json!([1, 2, 3, 4])).to_string(),
             400,
@@ -112,9 +126,24 @@ async fn bad_requests_get_clear_client_errors() {
         .await
         .unwrap();
     assert_eq!(r.status, 401);
-    // Unknown routes and methods.
+    // Unknown routes are 404; a known route with another method is 405 with the
+    // method it takes in `Allow`, unless it names an unknown app.
     assert_eq!(c.get("/nope").await.unwrap().status, 404);
-    assert_eq!(c.get(infer).await.unwrap().status, 405);
+    assert_eq!(c.get("/v2/models/emu/nope").await.unwrap().status, 404);
+    assert_eq!(c.request("POST", "/v2/models/nope/ready", &[], b"").await.unwrap().status, 404);
+    assert_eq!(c.get("/v2/models/nope/infer").await.unwrap().status, 404);
+    let r = c.get(infer).await.unwrap();
+    assert_eq!((r.status, r.header("allow")), (405, Some("POST")));
+    let r = c.request("DELETE", "/v2/health/live", &[], b"").await.unwrap();
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET")));
+    // The OIP `outputs` (naming the one output) and `parameters` are accepted, on
+    // both endpoints.
+    let mut full = small_infer(3);
+    full["outputs"] = json!([{ "name": "output", "parameters": { "binary_data": false } }]);
+    full["parameters"] = json!({ "priority": 1 });
+    assert_eq!(c.post_json(infer, &full).await.unwrap().status, 200);
+    full["app"] = json!("emu");
+    assert_eq!(c.post_json("/infer", &full).await.unwrap().status, 200);
 
     // Nothing was disturbed: good requests are served, and no bad one was accepted.
     let mut c2 = server.client().await;
@@ -126,7 +155,7 @@ async fn bad_requests_get_clear_client_errors() {
     s["app"] = json!("emu");
     assert_eq!(c2.post_json("/infer", &s).await.unwrap().status, 200);
     let status = app_status(&mut c2, "emu").await;
-    assert_eq!(status["counters"]["accepted"], json!(7), "bad requests never enter a queue");
+    assert_eq!(status["counters"]["accepted"], json!(9), "bad requests never enter a queue");
     assert_eq!(status["policy"], json!("jellyfish"));
     server.stop().await.unwrap();
 }

@@ -34,9 +34,16 @@ pub struct HttpResponse {
     pub status: u16,
     /// Body bytes.
     pub body: Vec<u8>,
+    /// Header lines, names lower-cased, in order.
+    pub headers: Vec<(String, String)>,
 }
 
 impl HttpResponse {
+    /// The first header named `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
     /// The body as JSON (`Null` when it is not JSON).
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
@@ -74,6 +81,7 @@ impl Client {
         }
         let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).context("bad status line")?;
         let mut len = 0usize;
+        let mut headers = Vec::new();
         loop {
             line.clear();
             self.stream.read_line(&mut line).await?;
@@ -85,11 +93,12 @@ impl Client {
                 if k.eq_ignore_ascii_case("content-length") {
                     len = v.trim().parse().context("bad content-length")?;
                 }
+                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
             }
         }
         let mut body = vec![0; len];
         self.stream.read_exact(&mut body).await?;
-        Ok(HttpResponse { status, body })
+        Ok(HttpResponse { status, body, headers })
     }
 
     /// `GET path`.

@@ -52,6 +52,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                 status: StatusCode::BAD_REQUEST,
                 message: "missing ?name=<policy name>".into(),
                 extra: None,
+                allow: None,
             })?;
             let body = read_body(state, req).await?;
             let registry = state.registry.clone();
@@ -63,6 +64,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                     status: StatusCode::INTERNAL_SERVER_ERROR,
                     message: e.to_string(),
                     extra: None,
+                    allow: None,
                 })?
                 .map_err(registry_error)?;
             tracing::info!(policy = name, digest = compiled.digest, "policy uploaded");
@@ -90,6 +92,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                         status: StatusCode::BAD_REQUEST,
                         message: format!("params must be a JSON object, got {other}"),
                         extra: None,
+                        allow: None,
                     })
                 }
             };
@@ -102,6 +105,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                     status: StatusCode::INTERNAL_SERVER_ERROR,
                     message: e.to_string(),
                     extra: None,
+                    allow: None,
                 })?
                 .map_err(registry_error)?;
             // Compiled now, or found in the cache: what this swap actually paid.
@@ -111,7 +115,12 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                     PolicyError::Init { .. } => StatusCode::UNPROCESSABLE_ENTITY,
                     _ => StatusCode::BAD_REQUEST,
                 };
-                ApiError { status, message: format!("swap refused, {} keeps its policy: {e}", a.name()), extra: None }
+                ApiError {
+                    status,
+                    message: format!("swap refused, {} keeps its policy: {e}", a.name()),
+                    extra: None,
+                    allow: None,
+                }
             })?;
             report.compile_ms = compile_ms;
             tracing::info!(app = a.name(), policy = report.policy, generation = report.generation, "policy swapped");
@@ -122,6 +131,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                 status: StatusCode::BAD_REQUEST,
                 message: format!("worker index `{w}` is not a number"),
                 extra: None,
+                allow: None,
             })?;
             let app = app.to_string();
             let body = read_body(state, req).await?;
@@ -130,6 +140,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                 status: StatusCode::BAD_REQUEST,
                 message: e,
                 extra: None,
+                allow: None,
             })?;
             ok(json!({ "app": app, "worker": w, "loaded": ids }))
         }
@@ -141,6 +152,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                 status: StatusCode::BAD_REQUEST,
                 message: format!("app {}: weights: {e}", a.name()),
                 extra: None,
+                allow: None,
             })?;
             tracing::info!(app = a.name(), weights = ?m.weights, "routing weights set");
             ok(json!({ "app": a.name(), "weights": a.router.weights() }))
@@ -149,6 +161,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             status: StatusCode::NOT_FOUND,
             message: format!("no admin route for {method} /admin/{}", rest.join("/")),
             extra: None,
+            allow: None,
         }),
     }
 }

@@ -28,11 +28,13 @@ pub struct ApiError {
     pub message: String,
     /// Extra fields merged into the body.
     pub extra: Option<Value>,
+    /// The `Allow` header of a 405: the method the route takes.
+    pub allow: Option<&'static str>,
 }
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), extra: None }
+        ApiError { status, message: message.into(), extra: None, allow: None }
     }
     pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
@@ -46,12 +48,22 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal server error (see the server log)")
     }
 
+    /// Adds the `Allow` header (for a 405).
+    pub(crate) fn with_allow(mut self, method: &'static str) -> ApiError {
+        self.allow = Some(method);
+        self
+    }
+
     pub(crate) fn into_response(self) -> Response<Body> {
         let mut body = json!({ "error": self.message });
         if let (Some(Value::Object(extra)), Value::Object(map)) = (self.extra, &mut body) {
             map.extend(extra);
         }
-        json_response(self.status, &body)
+        let mut r = json_response(self.status, &body);
+        if let Some(allow) = self.allow {
+            r.headers_mut().insert(hyper::header::ALLOW, hyper::header::HeaderValue::from_static(allow));
+        }
+        r
     }
 }
 

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use crate::api::{app_of, json_response, ok, parse_json, read_body, ApiError, Body};
 use crate::app::{AdmitError, App};
 use crate::state::State;
+use sluice_core::executor::OUTPUT_NAME;
 use sluice_core::queue::{DropReason, Reply};
 use sluice_core::tensor::{DataType, Tensor, TensorData};
 
@@ -59,7 +60,16 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             let body = read_body(state, req).await?;
             let request: SimpleInferRequest = parse_json(&body)?;
             let app = app_of(state, &request.app)?.clone();
-            infer(&app, InferRequest { id: request.id, inputs: request.inputs }).await
+            infer(
+                &app,
+                InferRequest {
+                    id: request.id,
+                    inputs: request.inputs,
+                    outputs: request.outputs,
+                    parameters: request.parameters,
+                },
+            )
+            .await
         }
         (&Method::GET, ["metrics"]) => {
             let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())));
@@ -73,10 +83,34 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             authorize(state, &req)?;
             crate::admin::route(state, req, &segments[1..]).await
         }
-        (_, ["v2", ..]) | (_, ["infer"]) | (_, ["metrics"]) => {
-            Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{method} not allowed on {path}")))
-        }
-        _ => Err(ApiError::not_found(format!("no route for {method} {path}"))),
+        (_, route) => match allowed(route) {
+            // A known route with another method: 405 naming the one it takes, unless
+            // it names an app that does not exist (then 404, as for every method).
+            Some(allow) => {
+                if let ["v2", "models", app, ..] = route {
+                    app_of(state, app)?;
+                }
+                Err(ApiError::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    format!("{method} not allowed on {path}; use {allow}"),
+                )
+                .with_allow(allow))
+            }
+            None => Err(ApiError::not_found(format!("no route for {method} {path}"))),
+        },
+    }
+}
+
+/// The method a known route takes (None: no such route).
+fn allowed(route: &[&str]) -> Option<&'static str> {
+    match route {
+        ["v2"]
+        | ["v2", "health", "live" | "ready"]
+        | ["v2", "models", _]
+        | ["v2", "models", _, "ready"]
+        | ["metrics"] => Some("GET"),
+        ["v2", "models", _, "infer"] | ["infer"] => Some("POST"),
+        _ => None,
     }
 }
 
@@ -119,6 +153,23 @@ struct InferRequest {
     #[serde(default)]
     id: Option<String>,
     inputs: Vec<InputTensor>,
+    /// Requested outputs: every app answers with one, [`OUTPUT_NAME`]; another
+    /// name is refused. Their `parameters` (e.g. `binary_data`) are not honoured:
+    /// outputs are JSON.
+    #[serde(default)]
+    outputs: Option<Vec<RequestedOutput>>,
+    /// Request parameters (accepted, not used).
+    #[serde(default)]
+    #[allow(dead_code)]
+    parameters: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct RequestedOutput {
+    name: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    parameters: Option<Value>,
 }
 
 /// The simple `/infer` request: the OIP body plus the app name.
@@ -129,6 +180,10 @@ struct SimpleInferRequest {
     #[serde(default)]
     id: Option<String>,
     inputs: Vec<InputTensor>,
+    #[serde(default)]
+    outputs: Option<Vec<RequestedOutput>>,
+    #[serde(default)]
+    parameters: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -248,7 +303,14 @@ fn convert(datatype: DataType, values: Vec<f64>) -> Result<TensorData, String> {
         }
     };
     Ok(match datatype {
-        DataType::F32 => TensorData::F32(values.into_iter().map(|v| v as f32).collect()),
+        // JSON numbers parse as f64; one beyond the FP32 range would become ±inf (and
+        // an output of `null`s, which is not valid JSON tensor data): refuse it.
+        DataType::F32 => {
+            if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !(v.abs() <= f32::MAX as f64)) {
+                return Err(format!("element {i}: {v:e} is outside the FP32 range"));
+            }
+            TensorData::F32(values.into_iter().map(|v| v as f32).collect())
+        }
         DataType::F64 => TensorData::F64(values),
         DataType::I32 => TensorData::I32(
             values
@@ -281,6 +343,15 @@ fn tensor_json(t: &Tensor) -> Value {
 }
 
 async fn infer(app: &Arc<App>, request: InferRequest) -> Result<Response<Body>, ApiError> {
+    for o in request.outputs.iter().flatten() {
+        if o.name != OUTPUT_NAME {
+            return Err(ApiError::bad_request(format!(
+                "app {}: unknown output `{}`; every variant answers with `{OUTPUT_NAME}`",
+                app.name(),
+                o.name
+            )));
+        }
+    }
     let tensor = to_tensor(app, request.inputs)?;
     let rx = app.submit(tensor).map_err(|e| match e {
         AdmitError::QueueFull { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
@@ -310,6 +381,7 @@ async fn infer(app: &Arc<App>, request: InferRequest) -> Result<Response<Body>, 
             status: StatusCode::GATEWAY_TIMEOUT,
             message: format!("app {}: request dropped ({}): {detail}", app.name(), reason.as_str()),
             extra: Some(json!({ "dropped": true, "reason": reason.as_str(), "policy": policy, "id": request.id })),
+            allow: None,
         }),
         Reply::Rejected { message } => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)),
     }
@@ -326,7 +398,7 @@ fn model_metadata(app: &Arc<App>) -> Result<Response<Body>, ApiError> {
             _ => "emulated",
         }),
         "inputs": [{ "name": app.input.name, "datatype": app.input.datatype, "shape": shape }],
-        "outputs": [{ "name": sluice_core::executor::OUTPUT_NAME, "datatype": "FP32", "shape": [-1, -1] }],
+        "outputs": [{ "name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, -1] }],
         "parameters": {
             "slo_ms": app.config.slo_ms,
             "workers": app.workers.len(),
