@@ -306,7 +306,7 @@ fn convert(datatype: DataType, values: Vec<f64>) -> Result<TensorData, String> {
         // JSON numbers parse as f64; one beyond the FP32 range would become ±inf (and
         // an output of `null`s, which is not valid JSON tensor data): refuse it.
         DataType::F32 => {
-            if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !(v.abs() <= f32::MAX as f64)) {
+            if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite() || v.abs() > f32::MAX as f64) {
                 return Err(format!("element {i}: {v:e} is outside the FP32 range"));
             }
             TensorData::F32(values.into_iter().map(|v| v as f32).collect())
