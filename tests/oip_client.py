@@ -2,7 +2,8 @@
 
 Usage: oip_client.py HOST:PORT APP INPUT_NAME
 Checks liveness, readiness, model readiness and metadata, runs an inference with
-JSON tensors and prints one JSON line with what it saw.
+JSON tensors, then with the client's defaults (binary tensors both ways), and prints
+one JSON line with what it saw.
 """
 import json
 import sys
@@ -27,6 +28,14 @@ def main():
     result = client.infer(app, [inp], outputs=[out], request_id="oip-1")
     arr = result.as_numpy("output")
     response = result.get_response()
+    # The client's defaults: binary input data, and binary outputs (no outputs
+    # named: the client sets binary_data_output; a named output: binary_data=True).
+    inp = httpclient.InferInput(input_name, list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    default_none = client.infer(app, [inp], request_id="oip-2").as_numpy("output")
+    default_named = client.infer(app, [inp], outputs=[httpclient.InferRequestedOutput("output")]).as_numpy("output")
+    assert default_none.dtype == np.float32 and default_named.dtype == np.float32
+    assert np.array_equal(default_none, arr) and np.array_equal(default_named, arr), (default_none, arr)
     print(json.dumps({
         "shape": list(arr.shape),
         "sum": float(arr[0, 1]),
@@ -34,6 +43,7 @@ def main():
         "model_version": response["model_version"],
         "id": response.get("id"),
         "versions": meta["versions"],
+        "binary_sum": float(default_none[0, 1]),
     }))
 
 

@@ -95,6 +95,54 @@ impl TensorData {
         self.len() == 0
     }
 
+    /// Bytes per element.
+    pub fn width(datatype: DataType) -> usize {
+        match datatype {
+            DataType::F32 | DataType::I32 => 4,
+            DataType::F64 | DataType::I64 => 8,
+            DataType::U8 => 1,
+        }
+    }
+
+    /// The elements as little-endian bytes (the binary tensor data extension's layout).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        each_variant!(self, v => v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    /// Elements from little-endian bytes; the length must be a whole number of
+    /// elements of `datatype`.
+    pub fn from_le_bytes(datatype: DataType, bytes: &[u8]) -> Result<TensorData, String> {
+        let width = TensorData::width(datatype);
+        if !bytes.len().is_multiple_of(width) {
+            return Err(format!("{} bytes is not a whole number of {} elements", bytes.len(), datatype.oip_name()));
+        }
+        let chunks = bytes.chunks_exact(width);
+        Ok(match datatype {
+            DataType::F32 => {
+                TensorData::F32(chunks.map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+            }
+            DataType::F64 => {
+                TensorData::F64(chunks.map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+            }
+            DataType::I32 => {
+                TensorData::I32(chunks.map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+            }
+            DataType::I64 => {
+                TensorData::I64(chunks.map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+            }
+            DataType::U8 => TensorData::U8(bytes.to_vec()),
+        })
+    }
+
+    /// The index of the first NaN or infinite element (floating-point types only).
+    pub fn first_non_finite(&self) -> Option<usize> {
+        match self {
+            TensorData::F32(v) => v.iter().position(|x| !x.is_finite()),
+            TensorData::F64(v) => v.iter().position(|x| !x.is_finite()),
+            _ => None,
+        }
+    }
+
     fn empty_like(&self, capacity: usize) -> TensorData {
         match self {
             TensorData::F32(_) => TensorData::F32(Vec::with_capacity(capacity)),
@@ -255,5 +303,25 @@ mod tests {
     fn batch_split_refuses_uneven() -> bool {
         let t = Tensor::new("y", vec![3, 1], TensorData::U8(vec![1, 2, 3])).unwrap();
         t.split(2).is_err()
+    }
+
+    #[test]
+    fn little_endian_bytes_round_trip() {
+        for data in [
+            TensorData::F32(vec![1.5, -2.0, f32::MAX]),
+            TensorData::F64(vec![0.25, 1e300]),
+            TensorData::I32(vec![-7, 1 << 30]),
+            TensorData::I64(vec![i64::MIN, 42]),
+            TensorData::U8(vec![0, 255, 7]),
+        ] {
+            let bytes = data.to_le_bytes();
+            assert_eq!(bytes.len(), data.len() * TensorData::width(data.datatype()));
+            assert_eq!(TensorData::from_le_bytes(data.datatype(), &bytes).unwrap(), data);
+        }
+        assert_eq!(TensorData::F32(vec![1.0]).to_le_bytes(), 1.0f32.to_le_bytes().to_vec());
+        let e = TensorData::from_le_bytes(DataType::F32, &[0, 0, 0]).unwrap_err();
+        assert_eq!(e, "3 bytes is not a whole number of FP32 elements");
+        assert_eq!(TensorData::F32(vec![1.0, f32::NAN]).first_non_finite(), Some(1));
+        assert_eq!(TensorData::I32(vec![1]).first_non_finite(), None);
     }
 }

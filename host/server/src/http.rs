@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use crate::api::{app_of, json_response, ok, parse_json, read_body, ApiError, Body};
 use crate::app::{AdmitError, App};
+use crate::binary;
 use crate::state::State;
 use sluice_core::executor::OUTPUT_NAME;
 use sluice_core::queue::{DropReason, Reply};
@@ -51,14 +52,15 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         }
         (&Method::POST, ["v2", "models", app, "infer"]) => {
             let app = app_of(state, app)?.clone();
-            reject_binary_extension(&req)?;
-            let body = read_body(state, req).await?;
-            let request: InferRequest = parse_json(&body)?;
-            infer(&app, request).await
+            let json_len = binary::header_length(&req)?;
+            let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
+            let request: InferRequest = parse_json(&json)?;
+            infer(&app, request, data).await
         }
         (&Method::POST, ["infer"]) => {
-            let body = read_body(state, req).await?;
-            let request: SimpleInferRequest = parse_json(&body)?;
+            let json_len = binary::header_length(&req)?;
+            let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
+            let request: SimpleInferRequest = parse_json(&json)?;
             let app = app_of(state, &request.app)?.clone();
             infer(
                 &app,
@@ -68,6 +70,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                     outputs: request.outputs,
                     parameters: request.parameters,
                 },
+                data,
             )
             .await
         }
@@ -138,15 +141,6 @@ fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), ApiError> {
     }
 }
 
-fn reject_binary_extension(req: &Request<Incoming>) -> Result<(), ApiError> {
-    if req.headers().contains_key("inference-header-content-length") {
-        return Err(ApiError::bad_request(
-            "the binary tensor data extension is not supported; send tensors as JSON (tritonclient: binary_data=False)",
-        ));
-    }
-    Ok(())
-}
-
 /// An Open Inference Protocol inference request.
 #[derive(Deserialize)]
 struct InferRequest {
@@ -154,13 +148,12 @@ struct InferRequest {
     id: Option<String>,
     inputs: Vec<InputTensor>,
     /// Requested outputs: every app answers with one, [`OUTPUT_NAME`]; another
-    /// name is refused. Their `parameters` (e.g. `binary_data`) are not honoured:
-    /// outputs are JSON.
+    /// name is refused. `parameters.binary_data` asks for it in binary.
     #[serde(default)]
     outputs: Option<Vec<RequestedOutput>>,
-    /// Request parameters (accepted, not used).
+    /// Request parameters: `binary_data_output` is honoured; others are accepted
+    /// and not used.
     #[serde(default)]
-    #[allow(dead_code)]
     parameters: Option<Value>,
 }
 
@@ -168,7 +161,6 @@ struct InferRequest {
 struct RequestedOutput {
     name: String,
     #[serde(default)]
-    #[allow(dead_code)]
     parameters: Option<Value>,
 }
 
@@ -191,9 +183,10 @@ struct InputTensor {
     name: String,
     shape: Vec<usize>,
     datatype: String,
-    data: FlatNumbers,
+    /// JSON data; absent when `parameters.binary_data_size` puts it after the JSON.
     #[serde(default)]
-    #[allow(dead_code)]
+    data: Option<FlatNumbers>,
+    #[serde(default)]
     parameters: Option<Value>,
 }
 
@@ -246,7 +239,7 @@ impl<'de> Deserialize<'de> for FlatNumbers {
 }
 
 /// Checks a request's tensor against the app's input and converts it.
-fn to_tensor(app: &App, inputs: Vec<InputTensor>) -> Result<Tensor, ApiError> {
+fn to_tensor(app: &App, inputs: Vec<InputTensor>, binary: Bytes) -> Result<Tensor, ApiError> {
     let spec = &app.input;
     let bad = |m: String| ApiError::bad_request(format!("app {}: {m}", app.name()));
     let mut inputs = inputs;
@@ -254,6 +247,9 @@ fn to_tensor(app: &App, inputs: Vec<InputTensor>) -> Result<Tensor, ApiError> {
         return Err(bad(format!("expected exactly 1 input tensor (`{}`), got {}", spec.name, inputs.len())));
     }
     let input = inputs.pop().expect("one input");
+    if !binary.is_empty() && input.parameters.as_ref().and_then(|p| p.get("binary_data_size")).is_none() {
+        return Err(bad(format!("{} bytes of binary data but no input has binary_data_size", binary.len())));
+    }
     if input.name != spec.name {
         return Err(bad(format!("unknown input `{}`; expected `{}`", input.name, spec.name)));
     }
@@ -282,15 +278,43 @@ fn to_tensor(app: &App, inputs: Vec<InputTensor>) -> Result<Tensor, ApiError> {
         )));
     }
     let n: usize = shape.iter().product();
-    if input.data.0.len() != n {
-        return Err(bad(format!(
-            "input `{}`: shape {:?} needs {n} elements, data has {}",
-            input.name,
-            input.shape,
-            input.data.0.len()
-        )));
-    }
-    let data = convert(datatype, input.data.0).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
+    let size = binary::data_size(input.parameters.as_ref()).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
+    let data = match (input.data, size) {
+        (Some(_), Some(_)) => {
+            return Err(bad(format!("input `{}`: both `data` and binary_data_size given", input.name)));
+        }
+        (None, None) => return Err(bad(format!("input `{}`: no `data` (nor binary_data_size)", input.name))),
+        (Some(FlatNumbers(values)), None) => {
+            if values.len() != n {
+                return Err(bad(format!(
+                    "input `{}`: shape {:?} needs {n} elements, data has {}",
+                    input.name,
+                    input.shape,
+                    values.len()
+                )));
+            }
+            convert(datatype, values).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?
+        }
+        (None, Some(size)) => {
+            // One input per request, so its bytes are all the binary data there is.
+            let want = n * TensorData::width(datatype);
+            if size != want || binary.len() != size {
+                return Err(bad(format!(
+                    "input `{}`: shape {:?} of {} needs {want} bytes; binary_data_size is {size} and the body carries {}",
+                    input.name,
+                    input.shape,
+                    datatype.oip_name(),
+                    binary.len()
+                )));
+            }
+            let data = TensorData::from_le_bytes(datatype, &binary)
+                .map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
+            if let Some(i) = data.first_non_finite() {
+                return Err(bad(format!("input `{}`: element {i} is not a finite number", input.name)));
+            }
+            data
+        }
+    };
     Ok(Tensor { name: input.name, shape, data })
 }
 
@@ -342,7 +366,7 @@ fn tensor_json(t: &Tensor) -> Value {
     json!({ "name": t.name, "datatype": t.datatype().oip_name(), "shape": t.shape, "data": data })
 }
 
-async fn infer(app: &Arc<App>, request: InferRequest) -> Result<Response<Body>, ApiError> {
+async fn infer(app: &Arc<App>, request: InferRequest, binary_data: Bytes) -> Result<Response<Body>, ApiError> {
     for o in request.outputs.iter().flatten() {
         if o.name != OUTPUT_NAME {
             return Err(ApiError::bad_request(format!(
@@ -352,7 +376,18 @@ async fn infer(app: &Arc<App>, request: InferRequest) -> Result<Response<Body>, 
             )));
         }
     }
-    let tensor = to_tensor(app, request.inputs)?;
+    // Binary outputs: every output when the request says `binary_data_output`, or
+    // the requested ones that say `binary_data`.
+    let all_binary = binary::flag(request.parameters.as_ref(), "binary_data_output");
+    let binary_out = |name: &str| {
+        all_binary
+            || request
+                .outputs
+                .iter()
+                .flatten()
+                .any(|o| o.name == name && binary::flag(o.parameters.as_ref(), "binary_data"))
+    };
+    let tensor = to_tensor(app, request.inputs, binary_data)?;
     let rx = app.submit(tensor).map_err(|e| match e {
         AdmitError::QueueFull { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
         AdmitError::ShuttingDown(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
@@ -360,11 +395,32 @@ async fn infer(app: &Arc<App>, request: InferRequest) -> Result<Response<Body>, 
     // The worker always answers; a closed channel would be a host bug.
     let reply = rx.await.map_err(|_| ApiError::internal("a worker dropped a request without answering"))?;
     match reply {
-        Reply::Served(s) => ok(json!({
+        Reply::Served(s) => {
+            let mut tail = Vec::new();
+            let mut outputs = Vec::new();
+            for t in &s.outputs {
+                // JSON has no NaN or infinity: such an output is a model fault, not a 200.
+                if let Some(i) = t.data.first_non_finite() {
+                    return Err(ApiError::internal(format!(
+                        "app {}: variant {} produced a non-finite output (element {i})",
+                        app.name(),
+                        s.variant
+                    )));
+                }
+                if binary_out(&t.name) {
+                    let bytes = t.data.to_le_bytes();
+                    outputs.push(json!({ "name": t.name, "datatype": t.datatype().oip_name(), "shape": t.shape,
+                                         "parameters": { "binary_data_size": bytes.len() } }));
+                    tail.extend(bytes);
+                } else {
+                    outputs.push(tensor_json(t));
+                }
+            }
+            let body = json!({
             "model_name": app.name(),
             "model_version": s.variant,
             "id": request.id,
-            "outputs": s.outputs.iter().map(tensor_json).collect::<Vec<_>>(),
+            "outputs": outputs,
             "parameters": {
                 "variant": s.variant,
                 "policy": s.policy,
@@ -375,7 +431,19 @@ async fn infer(app: &Arc<App>, request: InferRequest) -> Result<Response<Body>, 
                 "deadline_us": s.deadline_us,
                 "deadline_met": s.deadline_met,
             }
-        })),
+            });
+            if tail.is_empty() {
+                return ok(body);
+            }
+            let mut bytes = body.to_string().into_bytes();
+            let json_len = bytes.len();
+            bytes.extend(tail);
+            let mut r = Response::new(Full::new(Bytes::from(bytes)));
+            let h = r.headers_mut();
+            h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/octet-stream"));
+            h.insert(binary::HEADER, hyper::header::HeaderValue::from(json_len));
+            Ok(r)
+        }
         Reply::Dropped { reason: DropReason::ExecutorError, detail, .. } => Err(ApiError::internal(detail)),
         Reply::Dropped { reason, detail, policy } => Err(ApiError {
             status: StatusCode::GATEWAY_TIMEOUT,

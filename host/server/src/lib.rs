@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod api;
 pub mod app;
+pub mod binary;
 pub mod config;
 pub mod executor;
 pub mod http;

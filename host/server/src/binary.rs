@@ -1,0 +1,56 @@
+//! The binary tensor data extension of the HTTP/REST protocol, as Triton defines it
+//! and `tritonclient.http` uses it by default: a body is a JSON header of
+//! `Inference-Header-Content-Length` bytes followed by the raw little-endian data of
+//! every input whose `parameters` give `binary_data_size`, in input order. Outputs
+//! come back the same way when the request asks for it (`binary_data: true` on a
+//! requested output, or `binary_data_output: true` on the request, which tritonclient
+//! sends when it names no outputs).
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::Request;
+use serde_json::Value;
+
+use crate::api::ApiError;
+
+/// The header that marks a binary body and gives the JSON header's length.
+pub const HEADER: &str = "inference-header-content-length";
+
+/// The JSON header's length, when the request uses the extension.
+pub fn header_length(req: &Request<Incoming>) -> Result<Option<usize>, ApiError> {
+    let Some(v) = req.headers().get(HEADER) else { return Ok(None) };
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .map(Some)
+        .ok_or_else(|| ApiError::bad_request(format!("{HEADER}: expected a byte count, got {v:?}")))
+}
+
+/// Splits a body into its JSON header and the binary data after it.
+pub fn split(body: Bytes, json_len: Option<usize>) -> Result<(Bytes, Bytes), ApiError> {
+    match json_len {
+        None => Ok((body, Bytes::new())),
+        Some(n) if n <= body.len() => {
+            let mut json = body;
+            let binary = json.split_off(n);
+            Ok((json, binary))
+        }
+        Some(n) => Err(ApiError::bad_request(format!("{HEADER} is {n} but the body has only {} bytes", body.len()))),
+    }
+}
+
+/// `parameters.binary_data_size` of an input: how many of the binary bytes are its.
+pub fn data_size(parameters: Option<&Value>) -> Result<Option<usize>, String> {
+    match parameters.and_then(|p| p.get("binary_data_size")) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| format!("binary_data_size: expected a byte count, got {v}")),
+    }
+}
+
+/// Whether `parameters` ask for `key: true`.
+pub fn flag(parameters: Option<&Value>, key: &str) -> bool {
+    parameters.and_then(|p| p.get(key)).and_then(Value::as_bool).unwrap_or(false)
+}
