@@ -390,13 +390,35 @@ pub struct Binding {
     pub limits: Limits,
     /// The store the instances share, with a budget of `limits.memory_bytes`.
     pub shared: Arc<SharedStore>,
+    /// Per worker, the `models` its instance sees in place of `config.models`: when
+    /// workers run on different device types, each sees its own device's latency
+    /// of every variant (None: every worker sees `config.models`).
+    pub worker_models: Option<Arc<Vec<Vec<sdk::Model>>>>,
 }
 
 impl Binding {
     /// A binding with an empty shared store.
     pub fn new(compiled: Arc<CompiledPolicy>, config: sdk::Config, limits: Limits) -> Arc<Binding> {
+        Binding::per_worker(compiled, config, limits, None)
+    }
+
+    /// A binding whose workers each see their own model tables (`worker_models[w]`).
+    pub fn per_worker(
+        compiled: Arc<CompiledPolicy>,
+        config: sdk::Config,
+        limits: Limits,
+        worker_models: Option<Arc<Vec<Vec<sdk::Model>>>>,
+    ) -> Arc<Binding> {
         let shared = SharedStore::new(limits.memory_bytes);
-        Arc::new(Binding { compiled, config, limits, shared })
+        Arc::new(Binding { compiled, config, limits, shared, worker_models })
+    }
+
+    /// The models worker `w`'s instance sees.
+    pub fn models_of(&self, worker: u32) -> &[sdk::Model] {
+        match &self.worker_models {
+            Some(m) => m.get(worker as usize).map_or(&self.config.models[..], |v| &v[..]),
+            None => &self.config.models,
+        }
     }
 }
 
@@ -462,7 +484,7 @@ impl PolicyInstance {
         // `status` is optional: components of the plain `policy` world lack it.
         let status = instance.get_typed_func::<(), (String,)>(&mut store, "status").ok();
         // A transient copy: the record is lowered into the instance's memory.
-        match bindings.call_init(&mut store, &to_wit_config(&binding.config, worker)) {
+        match bindings.call_init(&mut store, &to_wit_config(&binding.config, binding.models_of(worker), worker)) {
             Ok(Ok(())) => Ok((store, bindings, status)),
             Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
             Err(e) => {
@@ -555,13 +577,13 @@ fn to_wit_model(m: &sdk::Model) -> wit::Model {
     wit::Model { id: m.id, name: m.name.clone(), accuracy: m.accuracy, latency: m.latency.clone() }
 }
 
-fn to_wit_config(c: &sdk::Config, worker: u32) -> wit::Config {
+fn to_wit_config(c: &sdk::Config, models: &[sdk::Model], worker: u32) -> wit::Config {
     wit::Config {
         app: c.app.clone(),
         slo: c.slo,
         workers: c.workers,
         worker,
-        models: c.models.iter().map(to_wit_model).collect(),
+        models: models.iter().map(to_wit_model).collect(),
         params: c.params.clone(),
     }
 }

@@ -144,6 +144,15 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             })?;
             ok(json!({ "app": app, "worker": w, "loaded": ids }))
         }
+        (&Method::GET, ["allocation"]) => match &*state.allocation.lock() {
+            Some(a) => ok(a.to_json()),
+            None => Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: "no allocator: the config has no [[device]]".into(),
+                extra: None,
+                allow: None,
+            }),
+        },
         (&Method::PUT, ["apps", app, "weights"]) => {
             let a = app_of(state, app)?.clone();
             let body = read_body(state, req).await?;

@@ -124,6 +124,9 @@ pub struct App {
     pub config: AppConfig,
     /// Every variant of the app, as policies see them (`id` = index).
     pub models: Vec<sdk::Model>,
+    /// Per worker, the variants with the latency of the worker's device type (apps
+    /// on `[[device]]`s); None: every worker sees `models`.
+    pub device_models: Option<Arc<Vec<Vec<sdk::Model>>>>,
     /// The input a request must carry.
     pub input: InputSpec,
     /// SLO in µs.
@@ -202,6 +205,7 @@ impl App {
     pub fn new(
         config: AppConfig,
         models: Vec<sdk::Model>,
+        device_models: Option<Arc<Vec<Vec<sdk::Model>>>>,
         input: InputSpec,
         params: String,
         worker_models: Vec<ModelSet>,
@@ -217,8 +221,14 @@ impl App {
         let shared = Arc::new(WorkQueue::default());
         let mut workers = Vec::new();
         let mut starts = Vec::new();
-        let binding =
-            compiled.as_ref().map(|c| Binding::new(c.clone(), config.policy_config(&models, &params), config.limits()));
+        let binding = compiled.as_ref().map(|c| {
+            Binding::per_worker(
+                c.clone(),
+                config.policy_config(&models, &params),
+                config.limits(),
+                device_models.clone(),
+            )
+        });
         for (w, loaded) in (0..k).zip(worker_models) {
             let current = match &binding {
                 Some(b) => Bound::Wasm(Box::new(PolicyInstance::new(&engine, b, w)?)),
@@ -258,6 +268,7 @@ impl App {
             load: LoadMonitor::new(config.load_window_ms * 1000),
             config,
             models,
+            device_models,
             input,
             slo_us,
             expire_us,
@@ -277,6 +288,14 @@ impl App {
             recorder: std::sync::OnceLock::new(),
         });
         Ok((app, starts))
+    }
+
+    /// The variants as worker `w` sees them (its device's latencies).
+    pub fn models_of(&self, w: u32) -> &[sdk::Model] {
+        match &self.device_models {
+            Some(m) => m.get(w as usize).map_or(&self.models[..], |v| &v[..]),
+            None => &self.models,
+        }
     }
 
     /// The app's name.
@@ -350,7 +369,12 @@ impl App {
         let p = params.clone();
         let instances = tokio::task::spawn_blocking(move || -> Result<Vec<PolicyInstance>, PolicyError> {
             // A swap is a new binding: its instances share a fresh store.
-            let binding = Binding::new(c, this.config.policy_config(&this.models, &p), this.config.limits());
+            let binding = Binding::per_worker(
+                c,
+                this.config.policy_config(&this.models, &p),
+                this.config.limits(),
+                this.device_models.clone(),
+            );
             (0..this.workers.len() as u32).map(|w| PolicyInstance::new(&this.engine, &binding, w)).collect()
         })
         .await

@@ -52,6 +52,73 @@ pub struct Config {
     /// `[[app]]`: the served applications.
     #[serde(rename = "app")]
     pub apps: Vec<AppConfig>,
+    /// `[[device]]`: devices the MILP allocator places the apps' variants on (see
+    /// [`DeviceConfig`]); with them, every app has one worker per device and routes
+    /// by the plan's shares.
+    #[serde(rename = "device", default)]
+    pub devices: Vec<DeviceConfig>,
+    /// `[allocator]`: how plans are made (defaults without the table).
+    #[serde(default)]
+    pub allocator: AllocatorConfig,
+}
+
+/// A group of identical devices.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// `type = "cpu"`: the device type, unique in the config.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `count = 2`: devices of this type.
+    pub count: u32,
+    /// `profile = "profiles/proteus-cpu.toml"`: each variant's latency on this type;
+    /// the emulated executor runs it, and the workers' policies see it.
+    pub profile: PathBuf,
+    /// `memory_mb = 16384`: memory of one device (optional).
+    #[serde(default)]
+    pub memory_mb: Option<f64>,
+}
+
+/// `[allocator]`: the MILP allocator's settings (docs/allocator.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocatorConfig {
+    /// `objective = "accuracy"` or `"hardware-first"`.
+    #[serde(default)]
+    pub objective: sluice_alloc::proteus::Objective,
+    /// `formulation = "aggregated"` or `"per-device"`.
+    #[serde(default)]
+    pub formulation: sluice_alloc::proteus::Formulation,
+    /// `batch_sizes = [1, 2, 4, 8]`: batch sizes a capacity is computed for.
+    #[serde(default = "default_batch_sizes")]
+    pub batch_sizes: Vec<u32>,
+    /// `demand_qps = { imagenet = 100 }`: the demand the first plan is made for, per
+    /// app (default 1 request/s: every app gets a device).
+    #[serde(default)]
+    pub demand_qps: BTreeMap<String, f64>,
+    /// `[allocator.ladder]`: demand lowering when a plan is infeasible.
+    #[serde(default)]
+    pub ladder: sluice_alloc::ladder::Ladder,
+    /// `[allocator.solver]`: time limit, MIP gap, threads.
+    #[serde(default)]
+    pub solver: sluice_alloc::SolverSettings,
+}
+
+fn default_batch_sizes() -> Vec<u32> {
+    vec![1, 2, 4, 8]
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        AllocatorConfig {
+            objective: Default::default(),
+            formulation: Default::default(),
+            batch_sizes: default_batch_sizes(),
+            demand_qps: BTreeMap::new(),
+            ladder: Default::default(),
+            solver: Default::default(),
+        }
+    }
 }
 
 fn default_listen() -> SocketAddr {
@@ -100,6 +167,9 @@ impl Config {
         for app in &mut config.apps {
             app.rebase(base);
         }
+        for d in &mut config.devices {
+            rebase(&mut d.profile);
+        }
         config.validate(file)?;
         Ok(config)
     }
@@ -121,6 +191,54 @@ impl Config {
             }
             if app.executor.is_none() {
                 return Err(invalid(format!("app.{}.executor", app.name), "required: \"onnx\" or \"emulated\""));
+            }
+        }
+        self.validate_devices(file)
+    }
+
+    fn validate_devices(&self, file: &str) -> Result<(), ConfigError> {
+        let invalid = |field: String, message: &str| ConfigError::invalid(file, field, message);
+        let a = &self.allocator;
+        a.solver.validate().map_err(|m| invalid("allocator.solver".into(), &m))?;
+        for name in a.demand_qps.keys() {
+            if !self.apps.iter().any(|x| &x.name == name) {
+                return Err(invalid(format!("allocator.demand_qps.{name}"), "no app of that name"));
+            }
+        }
+        if a.demand_qps.values().any(|d| !(d.is_finite() && *d >= 0.0)) {
+            return Err(invalid("allocator.demand_qps".into(), "expected non-negative requests/s"));
+        }
+        if a.batch_sizes.is_empty() || a.batch_sizes.contains(&0) {
+            return Err(invalid("allocator.batch_sizes".into(), "expected batch sizes of at least 1"));
+        }
+        if self.devices.is_empty() {
+            return Ok(());
+        }
+        let mut types = BTreeMap::new();
+        for d in &self.devices {
+            if types.insert(d.kind.clone(), ()).is_some() {
+                return Err(invalid(format!("device.{}.type", d.kind), "duplicate device type"));
+            }
+            if d.count == 0 {
+                return Err(invalid(format!("device.{}.count", d.kind), "expected at least 1 device"));
+            }
+            if d.memory_mb.is_some_and(|m| !(m.is_finite() && m > 0.0)) {
+                return Err(invalid(format!("device.{}.memory_mb", d.kind), "expected a positive number of MB"));
+            }
+        }
+        let total: u32 = self.devices.iter().map(|d| d.count).sum();
+        for app in &self.apps {
+            if app.workers != total {
+                return Err(invalid(
+                    format!("app.{}.workers", app.name),
+                    &format!("with [[device]], one worker per device: expected {total}"),
+                ));
+            }
+            if app.router != RouterMode::Weighted {
+                return Err(invalid(
+                    format!("app.{}.router", app.name),
+                    "with [[device]], requests follow the allocator's shares: router = \"weighted\"",
+                ));
             }
         }
         Ok(())

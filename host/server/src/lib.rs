@@ -14,6 +14,7 @@
 //!   `sluice_core::executor::Executor`; [`profiling`]: `sluice profile`.
 
 pub mod admin;
+pub mod allocation;
 pub mod api;
 pub mod app;
 pub mod binary;

@@ -39,6 +39,8 @@ pub struct State {
     /// Per-app model sources, to load models on workers at run time.
     pub sources: HashMap<String, AppSources>,
     workers: parking_lot::Mutex<JoinSet<()>>,
+    /// The allocator's state, with `[[device]]`s (`GET /admin/allocation`).
+    pub allocation: parking_lot::Mutex<Option<crate::allocation::Allocation>>,
 }
 
 /// How an app's models are (re)loaded.
@@ -95,21 +97,27 @@ impl State {
         let mut apps = BTreeMap::new();
         let mut sources = HashMap::new();
         let mut starts: Vec<(Arc<App>, Vec<WorkerStart>)> = Vec::new();
-        for app_config in &config.apps {
-            let (models, source) = resolve_models(app_config)?;
+        let resolved: Vec<(Vec<sdk::Model>, AppSources)> =
+            config.apps.iter().map(resolve_models).collect::<anyhow::Result<_>>()?;
+        // With [[device]]s, the allocator's first plan says which variant each worker
+        // (device) loads and how each app's requests are shared out.
+        let devices = crate::allocation::Devices::load(&config)?;
+        let allocator = crate::allocation::Allocation::start(&config, &devices, &resolved).await?;
+        for (i, app_config) in config.apps.iter().enumerate() {
+            let (models, source) = resolved[i].clone();
             let input = resolve_input(app_config, &source)?;
             let k = app_config.workers as usize;
-            let src = source.clone();
+            // Per worker: which model ids to load, from which source.
+            let plan: Vec<Vec<(u32, ModelSource)>> = (0..k)
+                .map(|w| match &allocator {
+                    Some(a) => a.initial_models(app_config, &models, &source, w),
+                    None => source.models.iter().enumerate().map(|(id, s)| (id as u32, s.clone())).collect(),
+                })
+                .collect();
             let worker_models =
                 tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<BTreeMap<u32, LoadedModel>>> {
-                    (0..k)
-                        .map(|_| {
-                            src.models
-                                .iter()
-                                .enumerate()
-                                .map(|(id, s)| Ok((id as u32, s.load()?)))
-                                .collect::<anyhow::Result<BTreeMap<_, _>>>()
-                        })
+                    plan.into_iter()
+                        .map(|ms| ms.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect::<anyhow::Result<_>>())
                         .collect()
                 })
                 .await??;
@@ -120,9 +128,11 @@ impl State {
             // Paths in the config were resolved against its directory when it was read.
             let params =
                 app_config.params_json(std::path::Path::new("")).with_context(|| format!("app {}", app_config.name))?;
+            let device_models = devices.as_ref().map(|d| Arc::new(d.models_per_worker(app_config, &models)));
             let (app, ws) = App::new(
                 app_config.clone(),
                 models,
+                device_models,
                 input,
                 params,
                 worker_models.into_iter().map(model_set).collect(),
@@ -133,6 +143,11 @@ impl State {
                 next_id.clone(),
             )
             .with_context(|| format!("app {}", app_config.name))?;
+            if let Some(a) = &allocator {
+                app.router
+                    .set_weights(&a.weights(app_config))
+                    .map_err(|e| anyhow::anyhow!("app {}: the allocator's first plan: {e}", app_config.name))?;
+            }
             apps.insert(app_config.name.clone(), app.clone());
             sources.insert(app_config.name.clone(), source);
             starts.push((app, ws));
@@ -153,6 +168,7 @@ impl State {
             config,
             sources,
             workers: parking_lot::Mutex::new(set),
+            allocation: parking_lot::Mutex::new(allocator),
         }))
     }
 
@@ -264,8 +280,7 @@ fn check_inputs(
     input: &InputSpec,
     loaded: &[BTreeMap<u32, LoadedModel>],
 ) -> anyhow::Result<()> {
-    let Some(first) = loaded.first() else { return Ok(()) };
-    for (id, m) in first {
+    for (id, m) in loaded.iter().flatten() {
         if let LoadedModel::Onnx(session) = m {
             let s = session.lock();
             let datatype = s.input_datatype().oip_name();

@@ -136,7 +136,7 @@ fn decide(
         workers: app.workers.len() as u32,
         load_qps: app.load.rate(now),
         loaded: &loaded,
-        models: &app.models,
+        models: app.models_of(handle.index),
         expire_us: app.expire_us,
         draining,
     };

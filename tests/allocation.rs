@@ -1,0 +1,98 @@
+//! Apps on `[[device]]`s: the MILP allocator's first plan decides which variant each
+//! device serves and the routing shares, and the live server follows it — every
+//! request is served on a device the plan gave its app, by the planned variant.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+use sluice_e2e::*;
+
+fn config() -> String {
+    let app = |name: &str| {
+        format!(
+            "[[app]]\nname = \"{name}\"\nexecutor = \"emulated\"\nprofile = \"{{dir}}/emulated.toml\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nslo_ms = 100\nworkers = 4\nrouter = \"weighted\"\npolicy = \"jellyfish\"\n"
+        )
+    };
+    format!(
+        "[[device]]\ntype = \"cpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[[device]]\ntype = \"gpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[allocator]\ndemand_qps = {{ a = 300, b = 20 }}\n\n{}\n{}",
+        app("a"),
+        app("b")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_plan_places_variants_and_routes_by_its_shares() {
+    let server = TestServer::start(&config()).await.unwrap();
+    let mut c = server.client().await;
+    let alloc = admin(&mut c, "GET", "/admin/allocation", b"").await;
+    assert_eq!(alloc.status, 200, "{}", String::from_utf8_lossy(&alloc.body));
+    let alloc = alloc.json();
+    assert_eq!(alloc["allocation"]["status"], json!("optimal"), "{alloc}");
+    assert_eq!(alloc["demand_qps"], json!({ "a": 300.0, "b": 20.0 }));
+    let devices = alloc["allocation"]["plan"]["devices"].as_array().unwrap().clone();
+    assert_eq!(devices.len(), 4);
+    // Per device: the app and variant the plan gave it.
+    let placed: Vec<(Option<String>, Option<String>)> =
+        devices.iter().map(|d| (d["app"].as_str().map(String::from), d["model"].as_str().map(String::from))).collect();
+    for app in ["a", "b"] {
+        let status = app_status(&mut c, app).await;
+        let weights: Vec<f64> = status["weights"].as_array().unwrap().iter().map(|w| w.as_f64().unwrap()).collect();
+        assert!(weights.iter().sum::<f64>() > 0.99, "{app}: {weights:?}");
+        for (w, share) in weights.iter().enumerate() {
+            let here = placed[w].0.as_deref() == Some(app);
+            assert_eq!(*share > 0.0, here, "{app} worker {w}: share {share}, device serves {:?}", placed[w]);
+            let loaded = &status["workers"][w]["loaded"];
+            if here {
+                assert_eq!(loaded.as_array().unwrap().len(), 1, "{app} worker {w} loads its planned variant: {loaded}");
+            } else {
+                assert_eq!(loaded, &json!([]), "{app} worker {w} loads nothing: {loaded}");
+            }
+        }
+        // Every request is served on a device of this app, by the planned variant.
+        let mut by_worker: BTreeMap<u64, usize> = BTreeMap::new();
+        for i in 0..20 {
+            let r = c.post_json(&format!("/v2/models/{app}/infer"), &small_infer(i)).await.unwrap();
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            let p: Value = r.json()["parameters"].clone();
+            let w = p["worker"].as_u64().unwrap();
+            assert_eq!(
+                placed[w as usize].0.as_deref(),
+                Some(app),
+                "{app}: served on worker {w}, a device of {:?}",
+                placed[w as usize]
+            );
+            assert_eq!(p["variant"].as_str(), placed[w as usize].1.as_deref());
+            *by_worker.entry(w).or_default() += 1;
+        }
+        assert!(!by_worker.is_empty());
+    }
+    // Both apps got devices; no device serves two.
+    assert!(placed.iter().any(|p| p.0.as_deref() == Some("a")) && placed.iter().any(|p| p.0.as_deref() == Some("b")));
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_configs_are_checked() {
+    let bad = config().replace(
+        "workers = 4\nrouter = \"weighted\"\npolicy = \"jellyfish\"\n",
+        "workers = 3\nrouter = \"weighted\"\npolicy = \"jellyfish\"\n",
+    );
+    let e = TestServer::start(&bad).await.err().expect("refused").to_string();
+    assert!(e.contains("app.a.workers: with [[device]], one worker per device: expected 4"), "{e}");
+    let bad = config().replacen("router = \"weighted\"\n", "", 1);
+    let e = TestServer::start(&bad).await.err().expect("refused").to_string();
+    assert!(e.contains("app.a.router: with [[device]], requests follow the allocator's shares"), "{e}");
+    let bad = config().replace("demand_qps = { a = 300, b = 20 }", "demand_qps = { a = 300, c = 20 }");
+    let e = TestServer::start(&bad).await.err().expect("refused").to_string();
+    assert!(e.contains("allocator.demand_qps.c: no app of that name"), "{e}");
+    // Demand no plan can serve, even lowered to the ladder's floor.
+    let bad = config().replace("demand_qps = { a = 300, b = 20 }", "demand_qps = { a = 3000000, b = 20 }");
+    let e = TestServer::start(&bad).await.err().expect("refused").to_string();
+    assert!(e.contains("allocator: no feasible plan"), "{e}");
+    // Without devices there is no allocator.
+    let server =
+        TestServer::start(&emu_app("zero", "slo_ms = 100\nworkers = 1\npolicy = \"jellyfish\"")).await.unwrap();
+    let mut c = server.client().await;
+    assert_eq!(admin(&mut c, "GET", "/admin/allocation", b"").await.status, 404);
+    server.stop().await.unwrap();
+}
