@@ -96,3 +96,99 @@ async fn device_configs_are_checked() {
     assert_eq!(admin(&mut c, "GET", "/admin/allocation", b"").await.status, 404);
     server.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demand_shift_replans_under_load_without_losing_a_request() {
+    // Hardware scaling first: the fewest devices, so a plan's device counts follow
+    // the demand (a's 2000 req/s need 3 devices of `large` at 727 req/s each).
+    let text = config().replace(
+        "demand_qps = { a = 300, b = 20 }",
+        "objective = \"hardware-first\"\ndemand_qps = { a = 2000, b = 20 }\nperiod_s = 0.5\nthreshold = 0.5",
+    );
+    let server = TestServer::start(&text).await.unwrap();
+    let mut c = server.client().await;
+    let first = admin(&mut c, "GET", "/admin/allocation", b"").await.json();
+    // The startup plan (the loop may already have re-planned: a's forecast starts at
+    // its floor).
+    let start = &first["history"][0];
+    assert_eq!(start["reason"], json!("startup"), "{first}");
+    let a_before = start["devices"].as_array().unwrap().iter().filter(|d| d[0] == json!("a")).count();
+    assert_eq!(a_before, 3, "{first}");
+    // Load on b only, from 8 clients for 3 s: b's forecast rises far past the 20 req/s
+    // it was planned for, a's falls to the floor; the loop re-plans while they run.
+    let addr = server.addr;
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..8u64 {
+        tasks.spawn(async move {
+            let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            let mut statuses = Vec::new();
+            let mut i = 0;
+            while std::time::Instant::now() < end {
+                let r = c.post_json("/v2/models/b/infer", &small_infer(t * 100_000 + i)).await.unwrap();
+                statuses.push((r.status, String::from_utf8_lossy(&r.body).to_string()));
+                i += 1;
+            }
+            statuses
+        });
+    }
+    let mut sent = 0;
+    while let Some(r) = tasks.join_next().await {
+        for (status, body) in r.unwrap() {
+            assert_eq!(status, 200, "a request failed during re-planning: {body}");
+            sent += 1;
+        }
+    }
+    assert!(sent > 100, "only {sent} requests sent");
+    let after = admin(&mut c, "GET", "/admin/allocation", b"").await.json();
+    let history = after["history"].as_array().unwrap().clone();
+    assert!(history.len() >= 2, "no re-plan happened: {after}");
+    // a's demand fell to its floor: its devices were handed back (drained, unloaded);
+    // b's forecast rose with its load.
+    let a_least = history
+        .iter()
+        .map(|h| h["devices"].as_array().unwrap().iter().filter(|d| d[0] == json!("a")).count())
+        .min()
+        .unwrap();
+    assert_eq!(a_least, 1, "a kept {a_before} devices: {history:?}");
+    assert!(
+        history.iter().any(|h| h["demand_qps"]["b"].as_f64().unwrap() > 20.0),
+        "b's forecast never rose: {history:?}"
+    );
+    assert!(
+        history.iter().all(|h| h["devices"].as_array().unwrap().iter().any(|d| d[0] == json!("a"))),
+        "a keeps a device at its floor demand: {history:?}"
+    );
+    // The live weights and loaded models follow the plan in force (re-plans go on
+    // as b's forecast decays: check until the two agree).
+    let consistent = |view: &Value, statuses: &[(String, Value)]| {
+        statuses.iter().all(|(app, status)| {
+            view["allocation"]["plan"]["devices"].as_array().unwrap().iter().enumerate().all(|(w, d)| {
+                let here = d["app"] == json!(app);
+                let share = status["weights"][w].as_f64().unwrap_or(-1.0);
+                let loaded = status["workers"][w]["loaded"].as_array().map_or(0, |l| l.len());
+                (share > 0.0) == here && (!here || loaded == 1)
+            })
+        })
+    };
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let view = admin(&mut c, "GET", "/admin/allocation", b"").await.json();
+        let statuses =
+            vec![("a".to_string(), app_status(&mut c, "a").await), ("b".to_string(), app_status(&mut c, "b").await)];
+        let again = admin(&mut c, "GET", "/admin/allocation", b"").await.json();
+        if view == again && consistent(&view, &statuses) {
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "weights never matched the plan: {view} {statuses:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // An admin re-plan answers with the view after it.
+    let r = admin(&mut c, "POST", "/admin/allocation/solve", b"").await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.json()["allocation"]["status"].is_string());
+    // Exactly once: every accepted request was served.
+    let status = app_status(&mut c, "b").await;
+    assert_eq!(status["counters"]["accepted"], status["counters"]["served"], "{status}");
+    server.stop().await.unwrap();
+}

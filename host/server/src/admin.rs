@@ -144,8 +144,12 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             })?;
             ok(json!({ "app": app, "worker": w, "loaded": ids }))
         }
-        (&Method::GET, ["allocation"]) => match &*state.allocation.lock() {
-            Some(a) => ok(a.to_json()),
+        (&Method::POST, ["allocation", "solve"]) => crate::allocation::replan(state, "admin")
+            .await
+            .map(ok)
+            .map_err(|e| ApiError { status: StatusCode::CONFLICT, message: e, extra: None, allow: None })?,
+        (&Method::GET, ["allocation"]) => match &*state.allocation_view.lock() {
+            Some(v) => ok(v.clone()),
             None => Err(ApiError {
                 status: StatusCode::NOT_FOUND,
                 message: "no allocator: the config has no [[device]]".into(),

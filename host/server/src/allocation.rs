@@ -8,9 +8,12 @@
 //! none and load nothing. Each worker sees its own device's latencies (the emulated
 //! executor runs them; its policy instance is initialised with them).
 //!
-//! Today the plan is made once, at startup, for `[allocator] demand_qps`; re-planning
-//! while serving (demand monitor, periodic and threshold re-solves, make-before-break
-//! application) is the next step (docs/allocator.md, "What is left").
+//! The first plan is made at startup for `[allocator] demand_qps`. While serving,
+//! [`control_loop`] re-plans from each app's forecast demand every `period_s`, and
+//! early when a forecast moves past `threshold`, off the request path; [`replan`]
+//! applies a new plan make before break: the new variants are loaded and warmed on
+//! their workers first, then every app's weights switch at once, then the workers
+//! that lost their app drain their queues and unload.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,8 +24,14 @@ use sluice_alloc::{proteus, Allocator, AnyPlan, AnyProblem};
 use sluice_core::profile::Profile;
 use sluice_sdk as sdk;
 
-use crate::config::{AppConfig, Config, DeviceConfig, ExecutorKind};
-use crate::state::{AppSources, ModelSource};
+use std::sync::atomic::Ordering;
+
+use sluice_core::clock::Clock as _;
+use sluice_core::demand::{Ewma, Forecaster, PeakAhead};
+
+use crate::config::{AppConfig, Config, DeviceConfig, ExecutorKind, ForecasterKind};
+use crate::executor::{model_set, LoadedModel};
+use crate::state::{AppSources, ModelSource, State};
 
 /// The devices of the config, with their profiles.
 pub struct Devices {
@@ -122,14 +131,22 @@ pub struct Allocation {
     demand: BTreeMap<String, f64>,
     /// Per-worker variant tables, per app (what the emulated executor runs).
     tables: BTreeMap<String, Vec<Vec<sdk::Model>>>,
+    devices: Devices,
+    config: Config,
+    resolved: Vec<(Vec<sdk::Model>, AppSources)>,
+    /// Summaries of the last plans, newest last.
+    history: std::collections::VecDeque<Value>,
 }
+
+/// How many plan summaries `GET /admin/allocation` keeps.
+const HISTORY: usize = 20;
 
 impl Allocation {
     /// Makes the first plan (None without devices). A config whose demand has no
     /// feasible plan, or that the solver fails on, does not start.
     pub async fn start(
         config: &Config,
-        devices: &Option<Devices>,
+        devices: Option<Devices>,
         resolved: &[(Vec<sdk::Model>, AppSources)],
     ) -> anyhow::Result<Option<Allocation>> {
         let Some(devices) = devices else { return Ok(None) };
@@ -158,7 +175,17 @@ impl Allocation {
             .zip(resolved)
             .map(|(app, (models, _))| (app.name.clone(), devices.models_per_worker(app, models)))
             .collect();
-        let a = Allocation { allocator, last, demand, tables };
+        let mut a = Allocation {
+            allocator,
+            last,
+            demand,
+            tables,
+            devices,
+            config: config.clone(),
+            resolved: resolved.to_vec(),
+            history: Default::default(),
+        };
+        a.remember("startup");
         if let Some(plan) = a.plan() {
             tracing::info!(
                 status = a.last.status,
@@ -179,22 +206,22 @@ impl Allocation {
         }
     }
 
-    /// What worker `w` of `app` loads under the plan: the variant its device serves
-    /// for this app, or nothing.
-    pub fn initial_models(
-        &self,
-        app: &AppConfig,
-        models: &[sdk::Model],
-        source: &AppSources,
-        w: usize,
-    ) -> Vec<(u32, ModelSource)> {
+    /// What worker `w` of `app` loads under the plan in force: the variant its
+    /// device serves for this app, or nothing.
+    pub fn initial_models(&self, app: &AppConfig, w: usize) -> Vec<(u32, ModelSource)> {
         let Some(d) = self.plan().and_then(|p| p.devices.get(w)) else { return Vec::new() };
         if d.app.as_deref() != Some(app.name.as_str()) {
             return Vec::new();
         }
-        let Some(id) = d.model.as_ref().and_then(|m| models.iter().position(|x| &x.name == m)) else {
-            return Vec::new();
-        };
+        self.models_for(app, w, d.model.as_deref())
+    }
+
+    /// How worker `w` of `app` loads `model` (none: nothing): on the emulated
+    /// executor, with the latency of the worker's device.
+    fn models_for(&self, app: &AppConfig, w: usize, model: Option<&str>) -> Vec<(u32, ModelSource)> {
+        let Some(i) = self.config.apps.iter().position(|a| a.name == app.name) else { return Vec::new() };
+        let (models, source) = &self.resolved[i];
+        let Some(id) = model.and_then(|m| models.iter().position(|x| x.name == m)) else { return Vec::new() };
         let src = match source.executor {
             // The emulated executor runs the device's latency, not the app profile's.
             ExecutorKind::Emulated => ModelSource::Emulated(Arc::new(self.tables[&app.name][w][id].latency.clone())),
@@ -215,8 +242,175 @@ impl Allocation {
             .collect()
     }
 
+    /// The per-worker device tables of every app.
+    pub fn device_models(&self, app: &str) -> Option<Arc<Vec<Vec<sdk::Model>>>> {
+        self.tables.get(app).map(|t| Arc::new(t.clone()))
+    }
+
+    fn remember(&mut self, reason: &str) {
+        let plan = self.plan();
+        self.history.push_back(json!({
+            "reason": reason,
+            "status": self.last.status,
+            "demand_qps": self.demand,
+            "solve_seconds": self.last.solve_seconds,
+            "effective_accuracy": plan.map(|p| p.effective_accuracy),
+            "beta": plan.map(|p| p.beta),
+            "devices": plan.map(|p| p.devices.iter().map(|d| json!([d.app, d.model])).collect::<Vec<_>>()),
+        }));
+        while self.history.len() > HISTORY {
+            self.history.pop_front();
+        }
+    }
+
     /// `GET /admin/allocation`.
     pub fn to_json(&self) -> Value {
-        json!({ "demand_qps": self.demand, "allocation": self.last })
+        json!({ "demand_qps": self.demand, "allocation": self.last, "history": self.history })
+    }
+}
+
+/// The forecast demand of every app (at least `min_demand_qps`).
+fn forecast(state: &State, config: &Config) -> BTreeMap<String, f64> {
+    let a = &config.allocator;
+    let f: Box<dyn Forecaster> = match a.forecaster {
+        ForecasterKind::Ewma => Box::new(Ewma::default()),
+        ForecasterKind::PeakAhead => Box::new(PeakAhead::default()),
+    };
+    state
+        .apps
+        .values()
+        .map(|app| {
+            let counts = app.demand.per_second(app.clock.now());
+            (app.name().to_string(), f.forecast(&counts).max(a.min_demand_qps))
+        })
+        .collect()
+}
+
+/// Re-plans now for the forecast demand and applies the plan if it changed what a
+/// device serves or the shares. Returns `GET /admin/allocation`'s view after it.
+pub async fn replan(state: &Arc<State>, reason: &str) -> Result<Value, String> {
+    let mut guard = state.allocation.lock().await;
+    let a = guard.as_mut().ok_or("no allocator: the config has no [[device]]")?;
+    let demand = forecast(state, &a.config);
+    let problem = AnyProblem::Proteus(a.devices.problem(&a.config, &a.resolved, &demand));
+    let mut allocator = std::mem::take(&mut a.allocator);
+    let (allocator, result) = tokio::task::spawn_blocking(move || {
+        let r = allocator.allocate(&problem);
+        (allocator, r)
+    })
+    .await
+    .map_err(|e| format!("allocator task: {e}"))?;
+    a.allocator = allocator;
+    state.metrics.observe("sluice_allocator_solve_seconds", &[("status", &result.status)], result.solve_seconds);
+    let old = match &a.last.plan {
+        Some(AnyPlan::Proteus(p)) => Some(p.clone()),
+        _ => None,
+    };
+    let new = match &result.plan {
+        Some(AnyPlan::Proteus(p)) => Some(p.clone()),
+        _ => None,
+    };
+    let fresh = matches!(result.status.as_str(), "optimal" | "time-limit");
+    a.last = result;
+    if let (true, Some(old), Some(new)) = (fresh, old, new) {
+        a.demand = demand;
+        apply(state, a, &old, &new).await?;
+        a.remember(reason);
+    } else {
+        tracing::warn!(status = a.last.status, error = ?a.last.error, "allocator: no new plan; the last one stays");
+    }
+    let view = a.to_json();
+    *state.allocation_view.lock() = Some(view.clone());
+    Ok(view)
+}
+
+/// Applies `new` over `old`, make before break.
+async fn apply(state: &Arc<State>, a: &Allocation, old: &proteus::Plan, new: &proteus::Plan) -> Result<(), String> {
+    let key = |d: &proteus::DevicePlan| (d.app.clone(), d.model.clone());
+    // 1. Make: every device whose (app, variant) changes loads the new variant on the
+    //    new app's worker (loaded and warmed off the worker; its weight is still 0
+    //    there, or it already serves that app and switches between two decisions).
+    for (w, (o, n)) in old.devices.iter().zip(&new.devices).enumerate() {
+        let Some(app_name) = &n.app else { continue };
+        if key(o) == key(n) {
+            continue;
+        }
+        let app = state.apps.get(app_name).ok_or_else(|| format!("plan names unknown app {app_name}"))?;
+        let sources = a.models_for(&app.config, w, n.model.as_deref());
+        let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<BTreeMap<u32, LoadedModel>> {
+            sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("{e:#}"))?;
+        app.set_worker_models(w, model_set(loaded)).await?;
+    }
+    // 2. Switch: every app's shares at once.
+    for (name, app) in &state.apps {
+        let weights: Vec<f64> =
+            new.devices.iter().map(|d| if d.app.as_deref() == Some(name.as_str()) { d.share } else { 0.0 }).collect();
+        app.router.set_weights(&weights).map_err(|e| format!("app {name}: {e}"))?;
+    }
+    // 3. Break: a worker whose device went to another app (or idle) receives nothing
+    //    now; once its queue is empty it unloads. A batch in flight finishes first (a
+    //    worker installs models only between decisions).
+    for (w, (o, n)) in old.devices.iter().zip(&new.devices).enumerate() {
+        let Some(app_name) = &o.app else { continue };
+        if o.app == n.app {
+            continue;
+        }
+        let Some(app) = state.apps.get(app_name) else { continue };
+        let worker = &app.workers[w];
+        let bound =
+            std::time::Duration::from_micros(2 * app.slo_us + app.expire_us) + std::time::Duration::from_secs(1);
+        let end = tokio::time::Instant::now() + bound;
+        while (!worker.queue.is_empty() || worker.in_flight.load(Ordering::Acquire) > 0)
+            && tokio::time::Instant::now() < end
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        app.set_worker_models(w, sluice_core::executor::ModelSet::default()).await?;
+    }
+    tracing::info!(
+        effective_accuracy = new.effective_accuracy,
+        beta = new.beta,
+        devices_used = new.devices_used,
+        "allocator: plan applied"
+    );
+    Ok(())
+}
+
+/// Re-plans every `period_s`, and early when an app's forecast moves more than
+/// `threshold` from the demand of the plan in force; ends when the server drains.
+pub async fn control_loop(state: std::sync::Weak<State>) {
+    let mut last = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(state) = state.upgrade() else { return };
+        if state.apps.values().any(|a| a.draining.load(Ordering::Acquire)) {
+            return;
+        }
+        let Some((period, threshold, used, config)) = state.allocation.try_lock().ok().and_then(|g| {
+            g.as_ref().map(|a| {
+                (a.config.allocator.period_s, a.config.allocator.threshold, a.demand.clone(), a.config.clone())
+            })
+        }) else {
+            continue;
+        };
+        let due = last.elapsed().as_secs_f64() >= period;
+        let now = forecast(&state, &config);
+        let shifted = now.iter().any(|(app, f)| {
+            let u = used.get(app).copied().unwrap_or(1.0);
+            (f - u).abs() > threshold * u.max(1.0)
+        });
+        if due || shifted {
+            last = tokio::time::Instant::now();
+            let reason = if shifted { "demand shift" } else { "period" };
+            if let Err(e) = replan(&state, reason).await {
+                tracing::error!("allocator: re-plan failed, the last plan stays: {e}");
+            }
+        }
     }
 }

@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use sluice_core::app_config::{AppConfig, FailMode, InputSpec};
 use sluice_core::clock::{Clock as _, WallClock};
 use sluice_core::decision::Bound;
+use sluice_core::demand::DemandMonitor;
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{Reply, Request, WorkQueue};
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
@@ -137,6 +138,8 @@ pub struct App {
     pub workers: Vec<Arc<WorkerHandle>>,
     /// Arrival-rate estimate.
     pub load: LoadMonitor,
+    /// Arrivals per second for the allocator's forecasts (fed only on devices).
+    pub demand: DemandMonitor,
     /// Counters.
     pub counters: AppCounters,
     /// Metrics registry.
@@ -266,6 +269,8 @@ impl App {
         }
         let app = Arc::new(App {
             load: LoadMonitor::new(config.load_window_ms * 1000),
+            // An hour of seconds: enough for any forecaster's window.
+            demand: DemandMonitor::new(3600),
             config,
             models,
             device_models,
@@ -317,6 +322,9 @@ impl App {
         }
         let now = self.clock.now();
         self.load.record(now);
+        if self.device_models.is_some() {
+            self.demand.record(now);
+        }
         if let Some(log) = self.recorder.get() {
             log.record(self.name(), now);
         }

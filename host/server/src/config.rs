@@ -96,6 +96,22 @@ pub struct AllocatorConfig {
     /// app (default 1 request/s: every app gets a device).
     #[serde(default)]
     pub demand_qps: BTreeMap<String, f64>,
+    /// `period_s = 10`: re-plan this often while serving (Loki's and Proteus's
+    /// artifacts: every 10 s).
+    #[serde(default = "default_period")]
+    pub period_s: f64,
+    /// `threshold = 0.2`: re-plan early when an app's forecast moves this far
+    /// (relative) from the demand of the plan in force.
+    #[serde(default = "default_threshold")]
+    pub threshold: f64,
+    /// `forecaster = "ewma"` (Proteus: EWMA over the last 20 s) or `"peak-ahead"`
+    /// (InfAdapter: the last minute's peak + 10 %).
+    #[serde(default)]
+    pub forecaster: ForecasterKind,
+    /// `min_demand_qps = 1`: each app is planned for at least this much, so it keeps
+    /// a device when idle.
+    #[serde(default = "default_min_demand")]
+    pub min_demand_qps: f64,
     /// `[allocator.ladder]`: demand lowering when a plan is infeasible.
     #[serde(default)]
     pub ladder: sluice_alloc::ladder::Ladder,
@@ -107,6 +123,26 @@ pub struct AllocatorConfig {
 fn default_batch_sizes() -> Vec<u32> {
     vec![1, 2, 4, 8]
 }
+fn default_period() -> f64 {
+    10.0
+}
+fn default_threshold() -> f64 {
+    0.2
+}
+fn default_min_demand() -> f64 {
+    1.0
+}
+
+/// How demand is forecast for a re-plan (`sluice_core::demand`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForecasterKind {
+    /// Proteus's EWMA (com 1.6) over the last 20 one-second counts.
+    #[default]
+    Ewma,
+    /// InfAdapter's: the last minute's peak second, + 10 %.
+    PeakAhead,
+}
 
 impl Default for AllocatorConfig {
     fn default() -> Self {
@@ -115,6 +151,10 @@ impl Default for AllocatorConfig {
             formulation: Default::default(),
             batch_sizes: default_batch_sizes(),
             demand_qps: BTreeMap::new(),
+            period_s: default_period(),
+            threshold: default_threshold(),
+            forecaster: ForecasterKind::default(),
+            min_demand_qps: default_min_demand(),
             ladder: Default::default(),
             solver: Default::default(),
         }
@@ -207,6 +247,13 @@ impl Config {
         }
         if a.demand_qps.values().any(|d| !(d.is_finite() && *d >= 0.0)) {
             return Err(invalid("allocator.demand_qps".into(), "expected non-negative requests/s"));
+        }
+        if !(a.period_s.is_finite() && a.period_s >= 0.1) {
+            return Err(invalid("allocator.period_s".into(), "expected at least 0.1 s"));
+        }
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(a.threshold) || !positive(a.min_demand_qps) {
+            return Err(invalid("allocator.threshold".into(), "threshold and min_demand_qps must be positive"));
         }
         if a.batch_sizes.is_empty() || a.batch_sizes.contains(&0) {
             return Err(invalid("allocator.batch_sizes".into(), "expected batch sizes of at least 1"));

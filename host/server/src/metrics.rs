@@ -44,6 +44,11 @@ const HISTOGRAMS: &[(&str, &str, &[f64])] = &[
     ("sluice_latency_seconds", "End-to-end latency from arrival to response.", LATENCY_BUCKETS),
     ("sluice_batch_size", "Requests per executed batch.", BATCH_BUCKETS),
     ("sluice_policy_decide_seconds", "Time of one policy decide call.", DECIDE_BUCKETS),
+    (
+        "sluice_allocator_solve_seconds",
+        "Wall time of one allocation (every solve down the demand ladder), by outcome.",
+        LATENCY_BUCKETS,
+    ),
 ];
 
 impl Metrics {

@@ -39,8 +39,12 @@ pub struct State {
     /// Per-app model sources, to load models on workers at run time.
     pub sources: HashMap<String, AppSources>,
     workers: parking_lot::Mutex<JoinSet<()>>,
-    /// The allocator's state, with `[[device]]`s (`GET /admin/allocation`).
-    pub allocation: parking_lot::Mutex<Option<crate::allocation::Allocation>>,
+    /// The allocator, with `[[device]]`s; locked for the whole of a re-plan, so
+    /// re-plans never overlap.
+    pub allocation: tokio::sync::Mutex<Option<crate::allocation::Allocation>>,
+    /// What `GET /admin/allocation` shows, updated after every plan (so the admin
+    /// API never waits on a re-plan).
+    pub allocation_view: parking_lot::Mutex<Option<serde_json::Value>>,
 }
 
 /// How an app's models are (re)loaded.
@@ -102,7 +106,7 @@ impl State {
         // With [[device]]s, the allocator's first plan says which variant each worker
         // (device) loads and how each app's requests are shared out.
         let devices = crate::allocation::Devices::load(&config)?;
-        let allocator = crate::allocation::Allocation::start(&config, &devices, &resolved).await?;
+        let allocator = crate::allocation::Allocation::start(&config, devices, &resolved).await?;
         for (i, app_config) in config.apps.iter().enumerate() {
             let (models, source) = resolved[i].clone();
             let input = resolve_input(app_config, &source)?;
@@ -110,7 +114,7 @@ impl State {
             // Per worker: which model ids to load, from which source.
             let plan: Vec<Vec<(u32, ModelSource)>> = (0..k)
                 .map(|w| match &allocator {
-                    Some(a) => a.initial_models(app_config, &models, &source, w),
+                    Some(a) => a.initial_models(app_config, w),
                     None => source.models.iter().enumerate().map(|(id, s)| (id as u32, s.clone())).collect(),
                 })
                 .collect();
@@ -128,7 +132,7 @@ impl State {
             // Paths in the config were resolved against its directory when it was read.
             let params =
                 app_config.params_json(std::path::Path::new("")).with_context(|| format!("app {}", app_config.name))?;
-            let device_models = devices.as_ref().map(|d| Arc::new(d.models_per_worker(app_config, &models)));
+            let device_models = allocator.as_ref().and_then(|a| a.device_models(&app_config.name));
             let (app, ws) = App::new(
                 app_config.clone(),
                 models,
@@ -160,7 +164,9 @@ impl State {
         }
         let admin_token =
             std::env::var("SLUICE_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(config.admin_token.clone());
-        Ok(Arc::new(State {
+        let view = allocator.as_ref().map(|a| a.to_json());
+        let with_devices = allocator.is_some();
+        let state = Arc::new(State {
             apps,
             registry,
             metrics,
@@ -168,8 +174,13 @@ impl State {
             config,
             sources,
             workers: parking_lot::Mutex::new(set),
-            allocation: parking_lot::Mutex::new(allocator),
-        }))
+            allocation: tokio::sync::Mutex::new(allocator),
+            allocation_view: parking_lot::Mutex::new(view),
+        });
+        if with_devices {
+            tokio::spawn(crate::allocation::control_loop(Arc::downgrade(&state)));
+        }
+        Ok(state)
     }
 
     /// Loads `names` for worker `w` of `app` off the worker, then has the worker switch.
