@@ -183,10 +183,16 @@ async fn a_demand_shift_replans_under_load_without_losing_a_request() {
         assert!(std::time::Instant::now() < end, "weights never matched the plan: {view} {statuses:?}");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    // An admin re-plan answers with the view after it.
+    // An admin re-plan answers with the view after it; it may name the demand.
     let r = admin(&mut c, "POST", "/admin/allocation/solve", b"").await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert!(r.json()["allocation"]["status"].is_string());
+    let r = admin(&mut c, "POST", "/admin/allocation/solve", br#"{"demand_qps": {"a": 1500}}"#).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["demand_qps"]["a"], json!(1500.0));
+    let r = admin(&mut c, "POST", "/admin/allocation/solve", br#"{"demand_qps": {"zz": 1}}"#).await;
+    assert_eq!(r.status, 400);
+    assert!(String::from_utf8_lossy(&r.body).contains("demand_qps.zz: no app of that name"));
     // Exactly once: every accepted request was served.
     let status = app_status(&mut c, "b").await;
     assert_eq!(status["counters"]["accepted"], status["counters"]["served"], "{status}");

@@ -31,6 +31,13 @@ struct ModelsRequest {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct SolveRequest {
+    /// Demand per app to plan for instead of the forecast.
+    demand_qps: std::collections::BTreeMap<String, f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct WeightsRequest {
     weights: Vec<f64>,
 }
@@ -144,10 +151,21 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             })?;
             ok(json!({ "app": app, "worker": w, "loaded": ids }))
         }
-        (&Method::POST, ["allocation", "solve"]) => crate::allocation::replan(state, "admin")
-            .await
-            .map(ok)
-            .map_err(|e| ApiError { status: StatusCode::CONFLICT, message: e, extra: None, allow: None })?,
+        (&Method::POST, ["allocation", "solve"]) => {
+            let body = read_body(state, req).await?;
+            let demand = if body.iter().all(u8::is_ascii_whitespace) {
+                None
+            } else {
+                Some(parse_json::<SolveRequest>(&body)?.demand_qps)
+            };
+            crate::allocation::replan(state, "admin", demand).await.map(ok).map_err(|e| ApiError {
+                // A bad demand is the client's; no allocator or a failed application is a conflict.
+                status: if e.starts_with("demand_qps.") { StatusCode::BAD_REQUEST } else { StatusCode::CONFLICT },
+                message: e,
+                extra: None,
+                allow: None,
+            })?
+        }
         (&Method::GET, ["allocation"]) => match &*state.allocation_view.lock() {
             Some(v) => ok(v.clone()),
             None => Err(ApiError {

@@ -286,12 +286,23 @@ fn forecast(state: &State, config: &Config) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// Re-plans now for the forecast demand and applies the plan if it changed what a
-/// device serves or the shares. Returns `GET /admin/allocation`'s view after it.
-pub async fn replan(state: &Arc<State>, reason: &str) -> Result<Value, String> {
+/// Re-plans now — for `demand` when given (per app, requests/s; apps it leaves out
+/// get their forecast), else for the forecast demand — and applies the plan. Returns
+/// `GET /admin/allocation`'s view after it.
+pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<String, f64>>) -> Result<Value, String> {
     let mut guard = state.allocation.lock().await;
     let a = guard.as_mut().ok_or("no allocator: the config has no [[device]]")?;
-    let demand = forecast(state, &a.config);
+    let mut forecast = forecast(state, &a.config);
+    for (app, d) in demand.unwrap_or_default() {
+        if !forecast.contains_key(&app) {
+            return Err(format!("demand_qps.{app}: no app of that name"));
+        }
+        if !(d.is_finite() && d >= 0.0) {
+            return Err(format!("demand_qps.{app}: expected non-negative requests/s"));
+        }
+        forecast.insert(app, d.max(a.config.allocator.min_demand_qps));
+    }
+    let demand = forecast;
     let problem = AnyProblem::Proteus(a.devices.problem(&a.config, &a.resolved, &demand));
     let mut allocator = std::mem::take(&mut a.allocator);
     let (allocator, result) = tokio::task::spawn_blocking(move || {
@@ -408,7 +419,7 @@ pub async fn control_loop(state: std::sync::Weak<State>) {
         if due || shifted {
             last = tokio::time::Instant::now();
             let reason = if shifted { "demand shift" } else { "period" };
-            if let Err(e) = replan(&state, reason).await {
+            if let Err(e) = replan(&state, reason, None).await {
                 tracing::error!("allocator: re-plan failed, the last plan stays: {e}");
             }
         }
