@@ -66,6 +66,10 @@ async fn the_first_plan_places_variants_and_routes_by_its_shares() {
         }
         assert!(!by_worker.is_empty());
     }
+    // The allocator owns the workers' models on devices.
+    let r = admin(&mut c, "PUT", "/admin/apps/a/workers/0/models", br#"{"models": ["small"]}"#).await;
+    assert_eq!(r.status, 400);
+    assert!(String::from_utf8_lossy(&r.body).contains("the allocator decides its workers' models"));
     // Both apps got devices; no device serves two.
     assert!(placed.iter().any(|p| p.0.as_deref() == Some("a")) && placed.iter().any(|p| p.0.as_deref() == Some("b")));
     server.stop().await.unwrap();

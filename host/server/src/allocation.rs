@@ -322,12 +322,18 @@ pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<St
         _ => None,
     };
     let fresh = matches!(result.status.as_str(), "optimal" | "time-limit");
-    a.last = result;
     if let (true, Some(old), Some(new)) = (fresh, old, new) {
+        if let Err(e) = apply(state, a, &old, &new).await {
+            // The old weights are still in force: so is the old plan, for the view and
+            // as the allocator's fallback.
+            a.allocator = Allocator::with_plan(Some(AnyPlan::Proteus(old)));
+            return Err(format!("the new plan could not be applied, the last one stays: {e}"));
+        }
+        a.last = result;
         a.demand = demand;
-        apply(state, a, &old, &new).await?;
         a.remember(reason);
     } else {
+        a.last = result;
         tracing::warn!(status = a.last.status, error = ?a.last.error, "allocator: no new plan; the last one stays");
     }
     let view = a.to_json();

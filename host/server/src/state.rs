@@ -193,6 +193,11 @@ impl State {
         if names.is_empty() {
             return Err("a worker needs at least one model".into());
         }
+        if a.device_models.is_some() {
+            return Err(format!(
+                "app {app} runs on [[device]]s: the allocator decides its workers' models (POST /admin/allocation/solve)"
+            ));
+        }
         let mut ids = Vec::new();
         for n in names {
             let id = a.models.iter().position(|m| &m.name == n).ok_or_else(|| {
