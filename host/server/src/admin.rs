@@ -55,24 +55,15 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
     match (&method, rest) {
         (&Method::GET, ["policies"]) => ok(json!({ "policies": state.registry.list() })),
         (&Method::POST, ["policies"]) => {
-            let name = query_param(&req, "name").ok_or_else(|| ApiError {
-                status: StatusCode::BAD_REQUEST,
-                message: "missing ?name=<policy name>".into(),
-                extra: None,
-                allow: None,
-            })?;
+            let name = query_param(&req, "name")
+                .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing ?name=<policy name>"))?;
             let body = read_body(state, req).await?;
             let registry = state.registry.clone();
             let n = name.clone();
             // Compilation takes tens of milliseconds: keep it off the async threads.
             let compiled = tokio::task::spawn_blocking(move || registry.upload(&n, &body))
                 .await
-                .map_err(|e| ApiError {
-                    status: StatusCode::INTERNAL_SERVER_ERROR,
-                    message: e.to_string(),
-                    extra: None,
-                    allow: None,
-                })?
+                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
                 .map_err(registry_error)?;
             tracing::info!(policy = name, digest = compiled.digest, "policy uploaded");
             Ok(with_status(
@@ -95,12 +86,10 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                 None => "{}".to_string(),
                 Some(v @ Value::Object(_)) => v.to_string(),
                 Some(other) => {
-                    return Err(ApiError {
-                        status: StatusCode::BAD_REQUEST,
-                        message: format!("params must be a JSON object, got {other}"),
-                        extra: None,
-                        allow: None,
-                    })
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("params must be a JSON object, got {other}"),
+                    ))
                 }
             };
             let registry = state.registry.clone();
@@ -108,12 +97,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             let lookup = std::time::Instant::now();
             let compiled = tokio::task::spawn_blocking(move || registry.get(&name))
                 .await
-                .map_err(|e| ApiError {
-                    status: StatusCode::INTERNAL_SERVER_ERROR,
-                    message: e.to_string(),
-                    extra: None,
-                    allow: None,
-                })?
+                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
                 .map_err(registry_error)?;
             // Compiled now, or found in the cache: what this swap actually paid.
             let compile_ms = lookup.elapsed().as_secs_f64() * 1e3;
@@ -134,21 +118,16 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             ok(serde_json::to_value(report).unwrap_or(Value::Null))
         }
         (&Method::PUT, ["apps", app, "workers", w, "models"]) => {
-            let w: usize = w.parse().map_err(|_| ApiError {
-                status: StatusCode::BAD_REQUEST,
-                message: format!("worker index `{w}` is not a number"),
-                extra: None,
-                allow: None,
-            })?;
+            let w: usize = w
+                .parse()
+                .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("worker index `{w}` is not a number")))?;
             let app = app.to_string();
             let body = read_body(state, req).await?;
             let m: ModelsRequest = parse_json(&body)?;
-            let ids = state.set_worker_models(&app, w, &m.models).await.map_err(|e| ApiError {
-                status: StatusCode::BAD_REQUEST,
-                message: e,
-                extra: None,
-                allow: None,
-            })?;
+            let ids = state
+                .set_worker_models(&app, w, &m.models)
+                .await
+                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
             ok(json!({ "app": app, "worker": w, "loaded": ids }))
         }
         (&Method::POST, ["allocation", "solve"]) => {
@@ -168,32 +147,21 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
         }
         (&Method::GET, ["allocation"]) => match &*state.allocation_view.lock() {
             Some(v) => ok(v.clone()),
-            None => Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                message: "no allocator: the config has no [[device]]".into(),
-                extra: None,
-                allow: None,
-            }),
+            None => Err(ApiError::new(StatusCode::NOT_FOUND, "no allocator: the config has no [[device]]")),
         },
         (&Method::PUT, ["apps", app, "weights"]) => {
             let a = app_of(state, app)?.clone();
             let body = read_body(state, req).await?;
             let m: WeightsRequest = parse_json(&body)?;
-            a.router.set_weights(&m.weights).map_err(|e| ApiError {
-                status: StatusCode::BAD_REQUEST,
-                message: format!("app {}: weights: {e}", a.name()),
-                extra: None,
-                allow: None,
-            })?;
+            a.router
+                .set_weights(&m.weights)
+                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("app {}: weights: {e}", a.name())))?;
             tracing::info!(app = a.name(), weights = ?m.weights, "routing weights set");
             ok(json!({ "app": a.name(), "weights": a.router.weights() }))
         }
-        _ => Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!("no admin route for {method} /admin/{}", rest.join("/")),
-            extra: None,
-            allow: None,
-        }),
+        _ => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, format!("no admin route for {method} /admin/{}", rest.join("/"))))
+        }
     }
 }
 
