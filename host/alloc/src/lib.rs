@@ -19,6 +19,7 @@
 //! Design notes and how each formulation differs from its paper and reference code:
 //! `docs/allocator.md`.
 
+pub mod config;
 pub mod infadapter;
 pub mod ladder;
 pub mod problem;

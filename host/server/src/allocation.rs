@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use serde_json::{json, Value};
+use sluice_alloc::config::DevicePool;
 use sluice_alloc::{proteus, Allocator, AnyPlan, AnyProblem};
-use sluice_core::profile::Profile;
 use sluice_sdk as sdk;
 
 use std::sync::atomic::Ordering;
@@ -29,99 +29,32 @@ use std::sync::atomic::Ordering;
 use sluice_core::clock::Clock as _;
 use sluice_core::demand::{Ewma, Forecaster, PeakAhead};
 
-use crate::config::{AppConfig, Config, DeviceConfig, ExecutorKind, ForecasterKind};
+use crate::config::{AppConfig, Config, ExecutorKind, ForecasterKind};
 use crate::executor::{model_set, LoadedModel};
 use crate::state::{AppSources, ModelSource, State};
 
-/// The devices of the config, with their profiles.
-pub struct Devices {
-    types: Vec<(DeviceConfig, Profile)>,
-    /// The device type (index into `types`) of each worker.
-    of_worker: Vec<usize>,
+/// The devices of the config (`sluice_alloc::config::DevicePool`).
+pub type Devices = DevicePool;
+
+/// Loads the config's devices (None without `[[device]]`).
+pub fn load_devices(config: &Config) -> anyhow::Result<Option<Devices>> {
+    DevicePool::load(&config.devices).map_err(|e| anyhow::anyhow!(e))
 }
 
-impl Devices {
-    /// Loads the device profiles (None: the config has no `[[device]]`).
-    pub fn load(config: &Config) -> anyhow::Result<Option<Devices>> {
-        if config.devices.is_empty() {
-            return Ok(None);
-        }
-        let mut types = Vec::new();
-        let mut of_worker = Vec::new();
-        for (t, d) in config.devices.iter().enumerate() {
-            let profile = Profile::load(&d.profile).with_context(|| format!("device {}", d.kind))?;
-            types.push((d.clone(), profile));
-            of_worker.extend(std::iter::repeat_n(t, d.count as usize));
-        }
-        Ok(Some(Devices { types, of_worker }))
-    }
-
-    /// The app's variants as each worker sees them: the latency table of its device
-    /// type (at the app's percentile, capped at its max batch); a variant its device
-    /// has no profile for keeps the app's table (the plan never places it there).
-    pub fn models_per_worker(&self, app: &AppConfig, models: &[sdk::Model]) -> Vec<Vec<sdk::Model>> {
-        self.of_worker
-            .iter()
-            .map(|&t| {
-                let profile = &self.types[t].1;
-                models
-                    .iter()
-                    .map(|m| {
-                        let mut m = m.clone();
-                        if let Some(mp) = profile.model(&m.name) {
-                            let mut table = mp.latency_table(app.latency_percentile);
-                            if let Some(cap) = app.max_batch {
-                                table.truncate(cap as usize);
-                            }
-                            if !table.is_empty() {
-                                m.latency = table;
-                            }
-                        }
-                        m
-                    })
-                    .collect()
-            })
-            .collect()
-    }
-
-    /// The allocation problem for `demand` (requests/s per app).
-    fn problem(
-        &self,
-        config: &Config,
-        resolved: &[(Vec<sdk::Model>, AppSources)],
-        demand: &BTreeMap<String, f64>,
-    ) -> proteus::Problem {
-        let a = &config.allocator;
-        proteus::Problem {
-            devices: self
-                .types
-                .iter()
-                .map(|(d, p)| proteus::DeviceType {
-                    name: d.kind.clone(),
-                    count: d.count,
-                    memory_mb: d.memory_mb,
-                    profile: p.clone(),
-                })
-                .collect(),
-            apps: config
-                .apps
-                .iter()
-                .zip(resolved)
-                .map(|(app, (models, _))| proteus::App {
-                    name: app.name.clone(),
-                    slo_ms: app.slo_ms,
-                    demand_qps: demand.get(&app.name).copied().unwrap_or(1.0),
-                    models: models.iter().map(|m| m.name.clone()).collect(),
-                    memory_mb: BTreeMap::new(),
-                })
-                .collect(),
-            batch_sizes: a.batch_sizes.clone(),
-            objective: a.objective,
-            formulation: a.formulation,
-            ladder: a.ladder.clone(),
-            solver: a.solver.clone(),
-        }
-    }
+/// The allocation problem for `demand` over `config`'s apps.
+fn problem(
+    devices: &Devices,
+    config: &Config,
+    resolved: &[(Vec<sdk::Model>, AppSources)],
+    demand: &BTreeMap<String, f64>,
+) -> proteus::Problem {
+    let apps: Vec<(&AppConfig, Vec<String>)> = config
+        .apps
+        .iter()
+        .zip(resolved)
+        .map(|(app, (models, _))| (app, models.iter().map(|m| m.name.clone()).collect()))
+        .collect();
+    devices.problem(&config.allocator, &apps, demand)
 }
 
 /// The allocator's state in the host: its last allocation and the demand it used.
@@ -155,7 +88,7 @@ impl Allocation {
             .iter()
             .map(|a| (a.name.clone(), config.allocator.demand_qps.get(&a.name).copied().unwrap_or(1.0)))
             .collect();
-        let problem = AnyProblem::Proteus(devices.problem(config, resolved, &demand));
+        let problem = AnyProblem::Proteus(problem(&devices, config, resolved, &demand));
         let (allocator, last) = tokio::task::spawn_blocking(move || {
             let mut allocator = Allocator::default();
             let last = allocator.allocate(&problem);
@@ -303,7 +236,7 @@ pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<St
         forecast.insert(app, d.max(a.config.allocator.min_demand_qps));
     }
     let demand = forecast;
-    let problem = AnyProblem::Proteus(a.devices.problem(&a.config, &a.resolved, &demand));
+    let problem = AnyProblem::Proteus(problem(&a.devices, &a.config, &a.resolved, &demand));
     let mut allocator = std::mem::take(&mut a.allocator);
     let (allocator, result) = tokio::task::spawn_blocking(move || {
         let r = allocator.allocate(&problem);

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use sluice_alloc::config::{AllocatorConfig, DeviceConfig, ForecasterKind};
 pub use sluice_core::app_config::{AppConfig, ExecutorKind, FailMode, InputSpec};
 pub use sluice_core::router::RouterMode;
 
@@ -60,105 +61,6 @@ pub struct Config {
     /// `[allocator]`: how plans are made (defaults without the table).
     #[serde(default)]
     pub allocator: AllocatorConfig,
-}
-
-/// A group of identical devices.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeviceConfig {
-    /// `type = "cpu"`: the device type, unique in the config.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// `count = 2`: devices of this type.
-    pub count: u32,
-    /// `profile = "profiles/proteus-cpu.toml"`: each variant's latency on this type;
-    /// the emulated executor runs it, and the workers' policies see it.
-    pub profile: PathBuf,
-    /// `memory_mb = 16384`: memory of one device (optional).
-    #[serde(default)]
-    pub memory_mb: Option<f64>,
-}
-
-/// `[allocator]`: the MILP allocator's settings (docs/allocator.md).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AllocatorConfig {
-    /// `objective = "accuracy"` or `"hardware-first"`.
-    #[serde(default)]
-    pub objective: sluice_alloc::proteus::Objective,
-    /// `formulation = "aggregated"` or `"per-device"`.
-    #[serde(default)]
-    pub formulation: sluice_alloc::proteus::Formulation,
-    /// `batch_sizes = [1, 2, 4, 8]`: batch sizes a capacity is computed for.
-    #[serde(default = "default_batch_sizes")]
-    pub batch_sizes: Vec<u32>,
-    /// `demand_qps = { imagenet = 100 }`: the demand the first plan is made for, per
-    /// app (default 1 request/s: every app gets a device).
-    #[serde(default)]
-    pub demand_qps: BTreeMap<String, f64>,
-    /// `period_s = 10`: re-plan this often while serving (Loki's and Proteus's
-    /// artifacts: every 10 s).
-    #[serde(default = "default_period")]
-    pub period_s: f64,
-    /// `threshold = 0.2`: re-plan early when an app's forecast moves this far
-    /// (relative) from the demand of the plan in force.
-    #[serde(default = "default_threshold")]
-    pub threshold: f64,
-    /// `forecaster = "ewma"` (Proteus: EWMA over the last 20 s) or `"peak-ahead"`
-    /// (InfAdapter: the last minute's peak + 10 %).
-    #[serde(default)]
-    pub forecaster: ForecasterKind,
-    /// `min_demand_qps = 1`: each app is planned for at least this much, so it keeps
-    /// a device when idle.
-    #[serde(default = "default_min_demand")]
-    pub min_demand_qps: f64,
-    /// `[allocator.ladder]`: demand lowering when a plan is infeasible.
-    #[serde(default)]
-    pub ladder: sluice_alloc::ladder::Ladder,
-    /// `[allocator.solver]`: time limit, MIP gap, threads.
-    #[serde(default)]
-    pub solver: sluice_alloc::SolverSettings,
-}
-
-fn default_batch_sizes() -> Vec<u32> {
-    vec![1, 2, 4, 8]
-}
-fn default_period() -> f64 {
-    10.0
-}
-fn default_threshold() -> f64 {
-    0.2
-}
-fn default_min_demand() -> f64 {
-    1.0
-}
-
-/// How demand is forecast for a re-plan (`sluice_core::demand`).
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum ForecasterKind {
-    /// Proteus's EWMA (com 1.6) over the last 20 one-second counts.
-    #[default]
-    Ewma,
-    /// InfAdapter's: the last minute's peak second, + 10 %.
-    PeakAhead,
-}
-
-impl Default for AllocatorConfig {
-    fn default() -> Self {
-        AllocatorConfig {
-            objective: Default::default(),
-            formulation: Default::default(),
-            batch_sizes: default_batch_sizes(),
-            demand_qps: BTreeMap::new(),
-            period_s: default_period(),
-            threshold: default_threshold(),
-            forecaster: ForecasterKind::default(),
-            min_demand_qps: default_min_demand(),
-            ladder: Default::default(),
-            solver: Default::default(),
-        }
-    }
 }
 
 fn default_listen() -> SocketAddr {
@@ -237,58 +139,8 @@ impl Config {
     }
 
     fn validate_devices(&self, file: &str) -> Result<(), ConfigError> {
-        let invalid = |field: String, message: &str| ConfigError::invalid(file, field, message);
-        let a = &self.allocator;
-        a.solver.validate().map_err(|m| invalid("allocator.solver".into(), &m))?;
-        for name in a.demand_qps.keys() {
-            if !self.apps.iter().any(|x| &x.name == name) {
-                return Err(invalid(format!("allocator.demand_qps.{name}"), "no app of that name"));
-            }
-        }
-        if a.demand_qps.values().any(|d| !(d.is_finite() && *d >= 0.0)) {
-            return Err(invalid("allocator.demand_qps".into(), "expected non-negative requests/s"));
-        }
-        if !(a.period_s.is_finite() && a.period_s >= 0.1) {
-            return Err(invalid("allocator.period_s".into(), "expected at least 0.1 s"));
-        }
-        let positive = |x: f64| x.is_finite() && x > 0.0;
-        if !positive(a.threshold) || !positive(a.min_demand_qps) {
-            return Err(invalid("allocator.threshold".into(), "threshold and min_demand_qps must be positive"));
-        }
-        if a.batch_sizes.is_empty() || a.batch_sizes.contains(&0) {
-            return Err(invalid("allocator.batch_sizes".into(), "expected batch sizes of at least 1"));
-        }
-        if self.devices.is_empty() {
-            return Ok(());
-        }
-        let mut types = BTreeMap::new();
-        for d in &self.devices {
-            if types.insert(d.kind.clone(), ()).is_some() {
-                return Err(invalid(format!("device.{}.type", d.kind), "duplicate device type"));
-            }
-            if d.count == 0 {
-                return Err(invalid(format!("device.{}.count", d.kind), "expected at least 1 device"));
-            }
-            if d.memory_mb.is_some_and(|m| !(m.is_finite() && m > 0.0)) {
-                return Err(invalid(format!("device.{}.memory_mb", d.kind), "expected a positive number of MB"));
-            }
-        }
-        let total: u32 = self.devices.iter().map(|d| d.count).sum();
-        for app in &self.apps {
-            if app.workers != total {
-                return Err(invalid(
-                    format!("app.{}.workers", app.name),
-                    &format!("with [[device]], one worker per device: expected {total}"),
-                ));
-            }
-            if app.router != RouterMode::Weighted {
-                return Err(invalid(
-                    format!("app.{}.router", app.name),
-                    "with [[device]], requests follow the allocator's shares: router = \"weighted\"",
-                ));
-            }
-        }
-        Ok(())
+        sluice_alloc::config::validate(&self.apps, &self.devices, &self.allocator)
+            .map_err(|e| ConfigError::invalid(file, e.field, e.message))
     }
 }
 

@@ -105,7 +105,7 @@ impl State {
             config.apps.iter().map(resolve_models).collect::<anyhow::Result<_>>()?;
         // With [[device]]s, the allocator's first plan says which variant each worker
         // (device) loads and how each app's requests are shared out.
-        let devices = crate::allocation::Devices::load(&config)?;
+        let devices = crate::allocation::load_devices(&config)?;
         let allocator = crate::allocation::Allocation::start(&config, devices, &resolved).await?;
         for (i, app_config) in config.apps.iter().enumerate() {
             let (models, source) = resolved[i].clone();

@@ -1,0 +1,276 @@
+//! The allocator's part of a config — `[[device]]` groups and `[allocator]` — shared
+//! by the server config and the simulator's experiments, and the device pool both
+//! build plans over: which device type each worker runs on, the latency every
+//! worker sees, and the allocation problem for a demand.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use sluice_core::app_config::{AppConfig, InvalidField};
+use sluice_core::profile::Profile;
+use sluice_core::router::RouterMode;
+use sluice_sdk as sdk;
+
+use crate::proteus;
+
+/// A group of identical devices.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// `type = "cpu"`: the device type, unique in the config.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `count = 2`: devices of this type.
+    pub count: u32,
+    /// `profile = "profiles/proteus-cpu.toml"`: each variant's latency on this type;
+    /// the emulated executor runs it, and the workers' policies see it.
+    pub profile: PathBuf,
+    /// `memory_mb = 16384`: memory of one device (optional).
+    #[serde(default)]
+    pub memory_mb: Option<f64>,
+}
+
+/// `[allocator]`: the MILP allocator's settings (docs/allocator.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocatorConfig {
+    /// `objective = "accuracy"` or `"hardware-first"`.
+    #[serde(default)]
+    pub objective: crate::proteus::Objective,
+    /// `formulation = "aggregated"` or `"per-device"`.
+    #[serde(default)]
+    pub formulation: crate::proteus::Formulation,
+    /// `batch_sizes = [1, 2, 4, 8]`: batch sizes a capacity is computed for.
+    #[serde(default = "default_batch_sizes")]
+    pub batch_sizes: Vec<u32>,
+    /// `demand_qps = { imagenet = 100 }`: the demand the first plan is made for, per
+    /// app (default 1 request/s: every app gets a device).
+    #[serde(default)]
+    pub demand_qps: BTreeMap<String, f64>,
+    /// `period_s = 10`: re-plan this often while serving (Loki's and Proteus's
+    /// artifacts: every 10 s).
+    #[serde(default = "default_period")]
+    pub period_s: f64,
+    /// `threshold = 0.2`: re-plan early when an app's forecast moves this far
+    /// (relative) from the demand of the plan in force.
+    #[serde(default = "default_threshold")]
+    pub threshold: f64,
+    /// `forecaster = "ewma"` (Proteus: EWMA over the last 20 s) or `"peak-ahead"`
+    /// (InfAdapter: the last minute's peak + 10 %).
+    #[serde(default)]
+    pub forecaster: ForecasterKind,
+    /// `min_demand_qps = 1`: each app is planned for at least this much, so it keeps
+    /// a device when idle.
+    #[serde(default = "default_min_demand")]
+    pub min_demand_qps: f64,
+    /// `[allocator.ladder]`: demand lowering when a plan is infeasible.
+    #[serde(default)]
+    pub ladder: crate::ladder::Ladder,
+    /// `[allocator.solver]`: time limit, MIP gap, threads.
+    #[serde(default)]
+    pub solver: crate::SolverSettings,
+}
+
+fn default_batch_sizes() -> Vec<u32> {
+    vec![1, 2, 4, 8]
+}
+fn default_period() -> f64 {
+    10.0
+}
+fn default_threshold() -> f64 {
+    0.2
+}
+fn default_min_demand() -> f64 {
+    1.0
+}
+
+/// How demand is forecast for a re-plan (`sluice_core::demand`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForecasterKind {
+    /// Proteus's EWMA (com 1.6) over the last 20 one-second counts.
+    #[default]
+    Ewma,
+    /// InfAdapter's: the last minute's peak second, + 10 %.
+    PeakAhead,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        AllocatorConfig {
+            objective: Default::default(),
+            formulation: Default::default(),
+            batch_sizes: default_batch_sizes(),
+            demand_qps: BTreeMap::new(),
+            period_s: default_period(),
+            threshold: default_threshold(),
+            forecaster: ForecasterKind::default(),
+            min_demand_qps: default_min_demand(),
+            ladder: Default::default(),
+            solver: Default::default(),
+        }
+    }
+}
+
+/// Checks `[[device]]`s and `[allocator]` against the apps (the server config and an
+/// experiment both call it): device types unique and non-empty, every app with one
+/// worker per device and the weighted router, the allocator's settings in range.
+pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &AllocatorConfig) -> Result<(), InvalidField> {
+    let invalid = |field: String, message: &str| InvalidField { field, message: message.to_string() };
+    let a = allocator;
+    a.solver.validate().map_err(|m| invalid("allocator.solver".into(), &m))?;
+    for name in a.demand_qps.keys() {
+        if !apps.iter().any(|x| &x.name == name) {
+            return Err(invalid(format!("allocator.demand_qps.{name}"), "no app of that name"));
+        }
+    }
+    if a.demand_qps.values().any(|d| !(d.is_finite() && *d >= 0.0)) {
+        return Err(invalid("allocator.demand_qps".into(), "expected non-negative requests/s"));
+    }
+    if !(a.period_s.is_finite() && a.period_s >= 0.1) {
+        return Err(invalid("allocator.period_s".into(), "expected at least 0.1 s"));
+    }
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(a.threshold) || !positive(a.min_demand_qps) {
+        return Err(invalid("allocator.threshold".into(), "threshold and min_demand_qps must be positive"));
+    }
+    if a.batch_sizes.is_empty() || a.batch_sizes.contains(&0) {
+        return Err(invalid("allocator.batch_sizes".into(), "expected batch sizes of at least 1"));
+    }
+    if devices.is_empty() {
+        return Ok(());
+    }
+    let mut types = BTreeMap::new();
+    for d in devices {
+        if types.insert(d.kind.clone(), ()).is_some() {
+            return Err(invalid(format!("device.{}.type", d.kind), "duplicate device type"));
+        }
+        if d.count == 0 {
+            return Err(invalid(format!("device.{}.count", d.kind), "expected at least 1 device"));
+        }
+        if d.memory_mb.is_some_and(|m| !(m.is_finite() && m > 0.0)) {
+            return Err(invalid(format!("device.{}.memory_mb", d.kind), "expected a positive number of MB"));
+        }
+    }
+    let total: u32 = devices.iter().map(|d| d.count).sum();
+    for app in apps {
+        if app.workers != total {
+            return Err(invalid(
+                format!("app.{}.workers", app.name),
+                &format!("with [[device]], one worker per device: expected {total}"),
+            ));
+        }
+        if app.router != RouterMode::Weighted {
+            return Err(invalid(
+                format!("app.{}.router", app.name),
+                "with [[device]], requests follow the allocator's shares: router = \"weighted\"",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The devices of a config, with their profiles: worker w of every app runs on
+/// device w.
+pub struct DevicePool {
+    types: Vec<(DeviceConfig, Profile)>,
+    /// The device type (index into `types`) of each worker.
+    of_worker: Vec<usize>,
+}
+
+impl DevicePool {
+    /// Loads the device profiles (None without devices).
+    pub fn load(devices: &[DeviceConfig]) -> Result<Option<DevicePool>, String> {
+        if devices.is_empty() {
+            return Ok(None);
+        }
+        let mut types = Vec::new();
+        let mut of_worker = Vec::new();
+        for (t, d) in devices.iter().enumerate() {
+            let profile = Profile::load(&d.profile).map_err(|e| format!("device {}: {e}", d.kind))?;
+            types.push((d.clone(), profile));
+            of_worker.extend(std::iter::repeat_n(t, d.count as usize));
+        }
+        Ok(Some(DevicePool { types, of_worker }))
+    }
+
+    /// Devices (= workers per app).
+    pub fn len(&self) -> usize {
+        self.of_worker.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.of_worker.is_empty()
+    }
+
+    /// The profile of worker `w`'s device type.
+    pub fn profile_of(&self, w: usize) -> &Profile {
+        &self.types[self.of_worker[w]].1
+    }
+
+    /// The app's variants as each worker sees them: the latency table of its device
+    /// type (at the app's percentile, capped at its max batch); a variant its device
+    /// has no profile for keeps the app's table (a plan never places it there).
+    pub fn models_per_worker(&self, app: &AppConfig, models: &[sdk::Model]) -> Vec<Vec<sdk::Model>> {
+        (0..self.len())
+            .map(|w| {
+                let profile = self.profile_of(w);
+                models
+                    .iter()
+                    .map(|m| {
+                        let mut m = m.clone();
+                        if let Some(mp) = profile.model(&m.name) {
+                            let mut table = mp.latency_table(app.latency_percentile);
+                            if let Some(cap) = app.max_batch {
+                                table.truncate(cap as usize);
+                            }
+                            if !table.is_empty() {
+                                m.latency = table;
+                            }
+                        }
+                        m
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Proteus's problem for `demand` (requests/s per app, default 1): the apps with
+    /// their variants (by name), over these devices.
+    pub fn problem(
+        &self,
+        allocator: &AllocatorConfig,
+        apps: &[(&AppConfig, Vec<String>)],
+        demand: &BTreeMap<String, f64>,
+    ) -> proteus::Problem {
+        proteus::Problem {
+            devices: self
+                .types
+                .iter()
+                .map(|(d, p)| proteus::DeviceType {
+                    name: d.kind.clone(),
+                    count: d.count,
+                    memory_mb: d.memory_mb,
+                    profile: p.clone(),
+                })
+                .collect(),
+            apps: apps
+                .iter()
+                .map(|(app, models)| proteus::App {
+                    name: app.name.clone(),
+                    slo_ms: app.slo_ms,
+                    demand_qps: demand.get(&app.name).copied().unwrap_or(1.0),
+                    models: models.clone(),
+                    memory_mb: BTreeMap::new(),
+                })
+                .collect(),
+            batch_sizes: allocator.batch_sizes.clone(),
+            objective: allocator.objective,
+            formulation: allocator.formulation,
+            ladder: allocator.ladder.clone(),
+            solver: allocator.solver.clone(),
+        }
+    }
+}
