@@ -14,10 +14,13 @@ use super::arrivals::{generate, Arrival};
 use super::rng::Rng;
 use super::stats::{Fate, RunResult, Stats, WindowRow};
 use super::{Experiment, LatencyModel, PolicyCache, RunSpec};
+use sluice_alloc::config::{AllocatorConfig, DevicePool, ForecasterKind};
+use sluice_alloc::{proteus, Allocator, AnyPlan, AnyProblem};
 use sluice_core::app_config::AppConfig as SimApp;
 use sluice_core::clock::{Clock as _, VirtualClock};
 use sluice_core::decision::Bound;
 use sluice_core::decision::{self, Context, Next, Queued};
+use sluice_core::demand::{DemandMonitor, Ewma, Forecaster, PeakAhead};
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
@@ -83,7 +86,12 @@ struct AppState {
     spec: SimApp,
     arrival_spec: ArrivalSpec,
     models: Vec<sdk::Model>,
-    latency: LatencySampler,
+    /// Per worker on `[[device]]`s: the variants with the device's latency.
+    device_models: Option<Vec<Vec<sdk::Model>>>,
+    /// One sampler, or one per worker on `[[device]]`s.
+    latency: Vec<LatencySampler>,
+    /// Arrivals per second, for the allocator's forecasts.
+    demand: DemandMonitor,
     arrivals: Vec<Arrival>,
     next_arrival: usize,
     queues: Vec<Vec<SimRequest>>,
@@ -97,13 +105,29 @@ struct AppState {
 }
 
 enum Event {
-    Arrival { app: usize },
-    Done { app: usize, worker: usize, model: u32, batch: Vec<SimRequest>, started: u64 },
-    Timer { app: usize, worker: usize, token: u64 },
+    Arrival {
+        app: usize,
+    },
+    /// The allocator looks at the demand (every second of virtual time).
+    AllocTick,
+    Done {
+        app: usize,
+        worker: usize,
+        model: u32,
+        batch: Vec<SimRequest>,
+        started: u64,
+    },
+    Timer {
+        app: usize,
+        worker: usize,
+        token: u64,
+    },
 }
 
 /// One run: its apps and the event queue.
 pub struct Simulation {
+    /// The allocator, for runs on `[[device]]`s.
+    alloc: Option<AllocState>,
     apps: Vec<AppState>,
     rng: Rng,
     events: BinaryHeap<Reverse<(u64, u64)>>,
@@ -132,6 +156,7 @@ impl Simulation {
         let duration_us = (exp.duration_s * 1e6) as u64;
         let mut rng = Rng::new(run.seed);
         let mut apps = Vec::new();
+        let pool = DevicePool::load(&exp.devices).map_err(|e| anyhow::anyhow!(e))?;
         for spec in &run.apps {
             let profile = &profiles[&base.join(&spec.profile)];
             let selected = profile
@@ -143,15 +168,34 @@ impl Simulation {
                 }
                 t
             };
-            let tables = selected
+            let tables: Vec<[Vec<u64>; 3]> = selected
                 .iter()
                 .map(|(_, m)| [Percentile::P50, Percentile::P95, Percentile::P99].map(|p| cap(m.latency_table(p))))
                 .collect();
             let models: Vec<sdk::Model> = selected.into_iter().map(|(m, _)| m).collect();
-            let latency = LatencySampler {
-                model: exp.latency,
-                tables,
-                policy_tables: models.iter().map(|m| m.latency.clone()).collect(),
+            let device_models = pool.as_ref().map(|p| p.models_per_worker(spec, &models));
+            let latency = match (&pool, &device_models) {
+                // On devices, each worker runs its device type's latencies.
+                (Some(p), Some(dm)) => (0..p.len())
+                    .map(|w| LatencySampler {
+                        model: exp.latency,
+                        tables: models
+                            .iter()
+                            .enumerate()
+                            .map(|(i, m)| match p.profile_of(w).model(&m.name) {
+                                Some(mp) => [Percentile::P50, Percentile::P95, Percentile::P99]
+                                    .map(|q| cap(mp.latency_table(q))),
+                                None => tables_of(&tables, i),
+                            })
+                            .collect(),
+                        policy_tables: dm[w].iter().map(|m| m.latency.clone()).collect(),
+                    })
+                    .collect(),
+                _ => vec![LatencySampler {
+                    model: exp.latency,
+                    tables,
+                    policy_tables: models.iter().map(|m| m.latency.clone()).collect(),
+                }],
             };
             let arrival_spec =
                 spec.arrivals.clone().with_context(|| format!("app {}: arrivals: required", spec.name))?;
@@ -177,7 +221,7 @@ impl Simulation {
                     models: models.clone(),
                     params: params.clone(),
                 };
-                Binding::new(c.clone(), config, limits)
+                Binding::per_worker(c.clone(), config, limits, device_models.clone().map(std::sync::Arc::new))
             });
             for w in 0..spec.workers {
                 let policy = match &binding {
@@ -187,7 +231,9 @@ impl Simulation {
                     )),
                     None => Bound::Safe,
                 };
-                workers.push(Worker { policy, loaded: all.clone(), busy: 0, timer_token: 0 });
+                // On devices a worker loads what the allocator's plan puts on it.
+                let loaded = if pool.is_some() { Vec::new() } else { all.clone() };
+                workers.push(Worker { policy, loaded, busy: 0, timer_token: 0 });
             }
             let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
             apps.push(AppState {
@@ -199,7 +245,9 @@ impl Simulation {
                 spec: spec.clone(),
                 arrival_spec,
                 models,
+                device_models,
                 latency,
+                demand: DemandMonitor::new(3600),
                 arrivals,
                 next_arrival: 0,
                 queues: (0..queues).map(|_| Vec::new()).collect(),
@@ -208,7 +256,12 @@ impl Simulation {
                 overloaded: None,
             });
         }
+        let alloc = match pool {
+            Some(pool) => Some(AllocState::start(pool, exp, &apps)?),
+            None => None,
+        };
         let mut sim = Simulation {
+            alloc,
             apps,
             rng,
             events: BinaryHeap::new(),
@@ -223,6 +276,14 @@ impl Simulation {
             policy_label: run.policy_label.clone(),
             seed: run.seed,
         };
+        if let Some(alloc) = sim.alloc.take() {
+            let plan = alloc.plan().cloned();
+            if let Some(plan) = plan {
+                sim.apply(&plan);
+            }
+            sim.alloc = Some(alloc);
+            sim.schedule(TICK_US, Event::AllocTick);
+        }
         for a in 0..sim.apps.len() {
             if let Some(first) = sim.apps[a].arrivals.first() {
                 let at = first.at;
@@ -252,6 +313,12 @@ impl Simulation {
                 Event::Done { app, worker, model, batch, started } => {
                     self.finish(app, worker, model, batch, started);
                     self.decide(app, worker);
+                }
+                Event::AllocTick => {
+                    self.alloc_tick(now);
+                    if now + TICK_US < self.duration_us {
+                        self.schedule(now + TICK_US, Event::AllocTick);
+                    }
                 }
                 Event::Timer { app, worker, token } => {
                     if self.apps[app].workers[worker].timer_token == token && self.apps[app].workers[worker].busy == 0 {
@@ -284,6 +351,8 @@ impl Simulation {
                     weakly_hard,
                     a.overloaded.clone(),
                 );
+                let mut r = r;
+                r.replans = self.alloc.as_ref().map(|al| al.replans);
                 (r, ts, a.stats.decide_seconds)
             })
             .collect()
@@ -296,6 +365,9 @@ impl Simulation {
         let arrival = app.arrivals[i];
         app.next_arrival += 1;
         app.load.record(now);
+        if self.alloc.is_some() {
+            app.demand.record(now);
+        }
         let request = SimRequest { id: i as u64, arrival: now, deadline: now + arrival.budget.unwrap_or(app.slo_us) };
         let k = app.workers.len();
         let target = app.router.pick(|w| app.queues[w].len() + app.workers[w].busy);
@@ -343,7 +415,7 @@ impl Simulation {
             workers: app.spec.workers,
             load_qps,
             loaded: &worker.loaded,
-            models: &app.models,
+            models: app.device_models.as_ref().map_or(&app.models[..], |d| &d[w][..]),
             expire_us: app.expire_us,
             draining: false,
         };
@@ -366,7 +438,8 @@ impl Simulation {
         match d.next {
             Next::Run { model, batch } => {
                 worker.busy = batch.len();
-                let latency = app.latency.latency(model as usize, batch.len(), &mut self.rng);
+                let sampler = &app.latency[w.min(app.latency.len() - 1)];
+                let latency = sampler.latency(model as usize, batch.len(), &mut self.rng);
                 app.stats.batch(&app.models[model as usize].name, batch.len());
                 self.schedule(now + latency, Event::Done { app: a, worker: w, model, batch, started: now });
             }
@@ -394,5 +467,138 @@ impl Simulation {
                 app.stats.faults += 1;
             }
         }
+    }
+}
+
+/// The allocator looks at the demand this often (virtual µs).
+const TICK_US: u64 = 1_000_000;
+
+fn tables_of(tables: &[[Vec<u64>; 3]], i: usize) -> [Vec<u64>; 3] {
+    tables[i].clone()
+}
+
+/// The MILP allocator in virtual time: the same problem, solver and forecasters as
+/// the live host's (`sluice_server::allocation`), re-planning from the simulated
+/// demand. Applying a plan takes no virtual time (loading is instant here); workers
+/// that lose their app drain their queues before they unload, as live.
+struct AllocState {
+    pool: DevicePool,
+    allocator: Allocator,
+    config: AllocatorConfig,
+    /// (app, its variants by name), in app order.
+    apps: Vec<(SimApp, Vec<String>)>,
+    demand_used: BTreeMap<String, f64>,
+    last_solve: u64,
+    replans: usize,
+}
+
+impl AllocState {
+    fn start(pool: DevicePool, exp: &Experiment, apps: &[AppState]) -> Result<AllocState> {
+        let apps: Vec<(SimApp, Vec<String>)> =
+            apps.iter().map(|a| (a.spec.clone(), a.models.iter().map(|m| m.name.clone()).collect())).collect();
+        let demand: BTreeMap<String, f64> = apps
+            .iter()
+            .map(|(a, _)| (a.name.clone(), exp.allocator.demand_qps.get(&a.name).copied().unwrap_or(1.0)))
+            .collect();
+        let mut s = AllocState {
+            pool,
+            allocator: Allocator::default(),
+            config: exp.allocator.clone(),
+            apps,
+            demand_used: BTreeMap::new(),
+            last_solve: 0,
+            replans: 0,
+        };
+        if s.solve(&demand).is_none() {
+            anyhow::bail!("allocator: no feasible plan for the demand {demand:?} on these devices");
+        }
+        s.replans = 0;
+        Ok(s)
+    }
+
+    fn plan(&self) -> Option<&proteus::Plan> {
+        match self.allocator.current() {
+            Some(AnyPlan::Proteus(p)) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Solves for `demand`; the new plan when there is one.
+    fn solve(&mut self, demand: &BTreeMap<String, f64>) -> Option<proteus::Plan> {
+        let apps: Vec<(&SimApp, Vec<String>)> = self.apps.iter().map(|(a, m)| (a, m.clone())).collect();
+        let problem = AnyProblem::Proteus(self.pool.problem(&self.config, &apps, demand));
+        let a = self.allocator.allocate(&problem);
+        if !matches!(a.status.as_str(), "optimal" | "time-limit") {
+            return None;
+        }
+        self.demand_used = demand.clone();
+        self.replans += 1;
+        match a.plan {
+            Some(AnyPlan::Proteus(p)) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+impl Simulation {
+    /// Loads each planned variant on its worker and sets every app's weights.
+    fn apply(&mut self, plan: &proteus::Plan) {
+        for app in &mut self.apps {
+            let mut weights = vec![0.0; app.workers.len()];
+            for (w, d) in plan.devices.iter().enumerate().take(app.workers.len()) {
+                if d.app.as_deref() == Some(app.spec.name.as_str()) {
+                    weights[w] = d.share;
+                    if let Some(id) = d.model.as_ref().and_then(|m| app.models.iter().position(|x| &x.name == m)) {
+                        app.workers[w].loaded = vec![id as u32];
+                    }
+                }
+            }
+            if weights.iter().sum::<f64>() > 0.0 {
+                let _ = app.router.set_weights(&weights);
+            }
+        }
+        self.retire();
+    }
+
+    /// Workers that get no share and have drained unload.
+    fn retire(&mut self) {
+        for app in &mut self.apps {
+            let weights = app.router.weights();
+            for (w, worker) in app.workers.iter_mut().enumerate() {
+                if weights.get(w).copied().unwrap_or(0.0) == 0.0
+                    && worker.busy == 0
+                    && app.queues.get(w).is_some_and(|q| q.is_empty())
+                {
+                    worker.loaded.clear();
+                }
+            }
+        }
+    }
+
+    /// Every second: forecast, and re-plan when the period is over or a forecast moved.
+    fn alloc_tick(&mut self, now: u64) {
+        let Some(mut alloc) = self.alloc.take() else { return };
+        let f: Box<dyn Forecaster> = match alloc.config.forecaster {
+            ForecasterKind::Ewma => Box::new(Ewma::default()),
+            ForecasterKind::PeakAhead => Box::new(PeakAhead::default()),
+        };
+        let demand: BTreeMap<String, f64> = self
+            .apps
+            .iter()
+            .map(|a| (a.spec.name.clone(), f.forecast(&a.demand.per_second(now)).max(alloc.config.min_demand_qps)))
+            .collect();
+        let due = now.saturating_sub(alloc.last_solve) as f64 >= alloc.config.period_s * 1e6;
+        let shifted = demand.iter().any(|(app, d)| {
+            let u = alloc.demand_used.get(app).copied().unwrap_or(1.0);
+            (d - u).abs() > alloc.config.threshold * u.max(1.0)
+        });
+        if due || shifted {
+            alloc.last_solve = now;
+            if let Some(plan) = alloc.solve(&demand) {
+                self.apply(&plan);
+            }
+        }
+        self.retire();
+        self.alloc = Some(alloc);
     }
 }

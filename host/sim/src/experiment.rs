@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
+use sluice_alloc::config::{AllocatorConfig, DeviceConfig};
 use sluice_core::app_config::AppConfig;
 use sluice_core::workload::ArrivalSpec;
 
@@ -53,6 +54,13 @@ pub struct Experiment {
     /// `arrivals`.
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
+    /// `[[device]]`: devices the MILP allocator places the apps' variants on, as in a
+    /// server config; with them, the run re-plans from the simulated demand.
+    #[serde(rename = "device", default)]
+    pub devices: Vec<DeviceConfig>,
+    /// `[allocator]`: as in a server config.
+    #[serde(default)]
+    pub allocator: AllocatorConfig,
     /// `[sweep]`: the runs, as a cartesian product (one run without it).
     #[serde(default)]
     pub sweep: Sweep,
@@ -162,6 +170,11 @@ impl Experiment {
                 bail!("{origin}: arrivals.{name}: no app of that name");
             }
         }
+        for d in &mut e.devices {
+            d.profile = base.join(&d.profile);
+        }
+        sluice_alloc::config::validate(&e.apps, &e.devices, &e.allocator)
+            .map_err(|err| anyhow::anyhow!("{origin}: {err}"))?;
         for a in &mut e.apps {
             if let Some(spec) = e.arrivals.get(&a.name) {
                 a.arrivals = Some(spec.clone());

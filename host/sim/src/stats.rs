@@ -143,6 +143,7 @@ impl Stats {
             faults: self.faults,
             decide_calls: self.decide_calls,
             overloaded,
+            replans: None,
         };
         let mut windows: BTreeMap<u64, WindowRow> = BTreeMap::new();
         for (i, f) in self.fates.iter().enumerate() {
@@ -242,6 +243,9 @@ pub struct RunResult {
     pub decide_calls: u64,
     /// Why the run stopped early, if it overloaded.
     pub overloaded: Option<String>,
+    /// Re-plans the allocator made during the run (runs on `[[device]]`s only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replans: Option<usize>,
 }
 
 /// One time-series row.
