@@ -70,6 +70,31 @@ pub struct AllocatorConfig {
     /// `[allocator.solver]`: time limit, MIP gap, threads.
     #[serde(default)]
     pub solver: crate::SolverSettings,
+    /// `method = "milp"` (Proteus's MILP, the default) or `"infaas-accuracy"` (the
+    /// greedy autoscaler of Proteus's INFaaS-Accuracy baseline).
+    #[serde(default)]
+    pub method: crate::planner::Method,
+    /// `replan = "periodic"` (the default) or `"never"`: the first plan stays (Clipper).
+    #[serde(default)]
+    pub replan: crate::planner::Replan,
+    /// `placement = "dynamic"` (the default) or `"fixed"`: after the first plan every
+    /// device keeps its app, re-plans choose variants and routing only (Sommelier).
+    #[serde(default)]
+    pub placement: crate::planner::Placement,
+    /// `variants = "all"` (the default), `"most-accurate"` or `"least-accurate"`.
+    #[serde(default)]
+    pub variants: crate::proteus::Variants,
+    /// `routing = "plan"` (the default: the plan's shares) or `"uniform"`: evenly over
+    /// an app's devices (Proteus without query assignment).
+    #[serde(default)]
+    pub routing: crate::planner::Routing,
+    /// `spare = "idle"` (the default) or `"replicate"`: what a plan's idle devices do
+    /// (`planner::Spare`).
+    #[serde(default)]
+    pub spare: crate::planner::Spare,
+    /// `[allocator.infaas]`: the greedy autoscaler's thresholds.
+    #[serde(default)]
+    pub infaas: crate::infaas::Settings,
 }
 
 fn default_batch_sizes() -> Vec<u32> {
@@ -109,6 +134,13 @@ impl Default for AllocatorConfig {
             min_demand_qps: default_min_demand(),
             ladder: Default::default(),
             solver: Default::default(),
+            method: Default::default(),
+            replan: Default::default(),
+            placement: Default::default(),
+            variants: Default::default(),
+            routing: Default::default(),
+            spare: Default::default(),
+            infaas: Default::default(),
         }
     }
 }
@@ -120,6 +152,13 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
     let invalid = |field: String, message: &str| InvalidField { field, message: message.to_string() };
     let a = allocator;
     a.solver.validate().map_err(|m| invalid("allocator.solver".into(), &m))?;
+    a.infaas.validate().map_err(|m| invalid("allocator.infaas".into(), &m))?;
+    if a.method == crate::planner::Method::InfaasAccuracy && a.placement == crate::planner::Placement::Fixed {
+        return Err(invalid(
+            "allocator.placement".into(),
+            "method = \"infaas-accuracy\" moves devices itself: placement must be \"dynamic\"",
+        ));
+    }
     for name in a.demand_qps.keys() {
         if !apps.iter().any(|x| &x.name == name) {
             return Err(invalid(format!("allocator.demand_qps.{name}"), "no app of that name"));
@@ -271,6 +310,8 @@ impl DevicePool {
             formulation: allocator.formulation,
             ladder: allocator.ladder.clone(),
             solver: allocator.solver.clone(),
+            variants: allocator.variants,
+            pinned: None,
         }
     }
 }

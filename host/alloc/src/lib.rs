@@ -13,6 +13,10 @@
 //!   reads.
 //! - [`solver`]: one bounded solve (time limit, MIP gap) and its report (status,
 //!   objective, achieved gap, solve time).
+//! - [`planner::Planner`]: what a config's `[allocator]` runs — the MILP, or a
+//!   baseline of Proteus's evaluation around it (a static plan, fixed placement,
+//!   restricted variants, uniform routing, [`infaas`]'s greedy autoscaler) — for the
+//!   live host and the simulator alike.
 //! - [`Allocator`]: repeated solves that never leave the caller without a plan: a
 //!   solve that fails or finds none falls back to the last feasible plan.
 //!
@@ -20,8 +24,10 @@
 //! `docs/allocator.md`.
 
 pub mod config;
+pub mod infaas;
 pub mod infadapter;
 pub mod ladder;
+pub mod planner;
 pub mod problem;
 pub mod proteus;
 pub mod solver;
@@ -79,6 +85,36 @@ impl Allocator {
     /// The plan in force.
     pub fn current(&self) -> Option<&AnyPlan> {
         self.last.as_ref()
+    }
+
+    /// Puts `plan` in force as it is (a heuristic's plan, or a solved plan that a
+    /// baseline changed), reporting `status` and the seconds it took.
+    pub fn adopt(&mut self, plan: AnyPlan, status: &str, seconds: f64) -> Allocation {
+        self.last = Some(plan.clone());
+        Allocation {
+            status: status.into(),
+            objective: None,
+            gap: None,
+            solve_seconds: seconds,
+            solves: 0,
+            report: None,
+            error: None,
+            plan: Some(plan),
+        }
+    }
+
+    /// Keeps the last plan and reports `error` (a heuristic that failed).
+    pub fn fail(&self, error: String) -> Allocation {
+        Allocation {
+            status: if self.last.is_some() { "fallback".into() } else { "infeasible".into() },
+            objective: None,
+            gap: None,
+            solve_seconds: 0.0,
+            solves: 0,
+            report: None,
+            error: Some(error),
+            plan: self.last.clone(),
+        }
     }
 
     /// Solves `problem`; on success the new plan is in force, otherwise the last one stays.

@@ -66,6 +66,9 @@ struct ProteusFile {
     /// `[solver]`.
     #[serde(default)]
     solver: SolverSettings,
+    /// `variants = "all"`, `"most-accurate"` or `"least-accurate"`.
+    #[serde(default)]
+    variants: proteus::Variants,
     /// `[[device]]`.
     #[serde(rename = "device")]
     devices: Vec<DeviceEntry>,
@@ -307,6 +310,8 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
         formulation: f.formulation,
         ladder: f.ladder,
         solver: f.solver,
+        variants: f.variants,
+        pinned: None,
     })
 }
 

@@ -92,6 +92,20 @@ pub enum Formulation {
     PerDevice,
 }
 
+/// Which variants of each app a plan may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Variants {
+    /// Any (model selection, §4).
+    #[default]
+    All,
+    /// Only the app's most accurate variant among those that fit some device type
+    /// (Clipper-HA, §6.1.1; Proteus without model selection, §6.5).
+    MostAccurate,
+    /// Only the least accurate one (Clipper-HT, §6.1.1).
+    LeastAccurate,
+}
+
 /// A Proteus problem: devices, apps, and how to solve.
 #[derive(Clone, Debug)]
 pub struct Problem {
@@ -109,6 +123,12 @@ pub struct Problem {
     pub ladder: Ladder,
     /// Solver limits.
     pub solver: SolverSettings,
+    /// Which variants a plan may use.
+    pub variants: Variants,
+    /// Fixed placement (Sommelier, §6.1.1; Proteus without model placement, §6.5):
+    /// `pinned[t][q]` devices of type t serve app q, exactly — the solver still picks
+    /// their variants and the routing, but no device changes app. None: free.
+    pub pinned: Option<Vec<Vec<u32>>>,
 }
 
 /// Why a problem cannot be solved at all.
@@ -175,6 +195,8 @@ pub enum Step {
     Hardware,
     /// Accuracy scaling: the most accurate mix that serves the (possibly lowered) demand.
     Accuracy,
+    /// A baseline's heuristic (INFaaS-Accuracy's greedy autoscaler), no MILP.
+    Heuristic,
 }
 
 /// Variant `model` of app `app` on `devices` devices of type `device_type`.
@@ -249,6 +271,77 @@ pub struct Plan {
     pub devices: Vec<DevicePlan>,
 }
 
+impl Plan {
+    /// The placement as pins for [`Problem::pinned`]: how many devices of each type
+    /// (in `problem`'s order) serve each app.
+    pub fn pins(&self, problem: &Problem) -> Vec<Vec<u32>> {
+        let mut pins = vec![vec![0u32; problem.apps.len()]; problem.devices.len()];
+        for d in &self.devices {
+            let t = problem.devices.iter().position(|x| x.name == d.device_type);
+            let q = d.app.as_ref().and_then(|a| problem.apps.iter().position(|x| &x.name == a));
+            if let (Some(t), Some(q)) = (t, q) {
+                pins[t][q] += 1;
+            }
+        }
+        pins
+    }
+
+    /// Gives every idle device a copy of a variant its type already hosts — the one
+    /// whose devices carry the most load for their capacity — and splits that
+    /// route's share over one more device: the same accuracy with more headroom. The
+    /// reference does the like (every device hosts a variant; idle ones are upgraded
+    /// to their family's most accurate); Eq. 1 itself allows idle devices.
+    pub fn replicate_into_idle(&mut self) {
+        for i in 0..self.devices.len() {
+            if self.devices[i].app.is_some() {
+                continue;
+            }
+            let t = self.devices[i].device_type.clone();
+            let best = self
+                .routes
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.device_type == t && r.devices > 0 && r.capacity_qps > 0.0)
+                .max_by(|(_, a), (_, b)| (a.qps / a.capacity_qps).total_cmp(&(b.qps / b.capacity_qps)))
+                .map(|(k, _)| k);
+            let Some(k) = best else { continue };
+            let r = &mut self.routes[k];
+            r.capacity_qps += r.capacity_qps / r.devices as f64;
+            r.devices += 1;
+            let (app, model, share) = (r.app.clone(), r.model.clone(), r.share / r.devices as f64);
+            self.devices[i].app = Some(app.clone());
+            self.devices[i].model = Some(model.clone());
+            for d in &mut self.devices {
+                if d.device_type == t && d.app.as_ref() == Some(&app) && d.model.as_ref() == Some(&model) {
+                    d.share = share;
+                }
+            }
+            self.devices_used += 1;
+        }
+    }
+
+    /// Routes every app's demand evenly over the devices that host its variants,
+    /// whatever their capacity (Proteus without query assignment, §6.5).
+    pub fn route_uniformly(&mut self) {
+        for app in &self.apps {
+            let k = self.devices.iter().filter(|d| d.app.as_ref() == Some(&app.name)).count();
+            for d in self.devices.iter_mut().filter(|d| d.app.as_ref() == Some(&app.name)) {
+                d.share = 1.0 / k as f64;
+            }
+            for r in self.routes.iter_mut().filter(|r| r.app == app.name) {
+                r.share = r.devices as f64 / k as f64;
+                r.qps = r.share * app.served_qps;
+            }
+        }
+        for app in &mut self.apps {
+            app.accuracy = self.routes.iter().filter(|r| r.app == app.name).map(|r| r.share * r.accuracy).sum();
+        }
+        let served: f64 = self.apps.iter().map(|a| a.served_qps).sum();
+        let weighted: f64 = self.apps.iter().map(|a| a.accuracy * a.served_qps).sum();
+        self.effective_accuracy = if served > 0.0 { weighted / served } else { 0.0 };
+    }
+}
+
 /// One solve of the ladder.
 #[derive(Clone, Debug, Serialize)]
 pub struct Attempt {
@@ -273,17 +366,17 @@ pub struct Outcome {
     pub plan: Option<Plan>,
 }
 
-/// A candidate: variant `m` of app `q` on device type `t`.
-struct Cand {
-    t: usize,
-    q: usize,
-    model: String,
-    accuracy: f64,
-    cap: Capacity,
+/// A candidate: variant `model` of app `q` on device type `t`.
+pub(crate) struct Cand {
+    pub(crate) t: usize,
+    pub(crate) q: usize,
+    pub(crate) model: String,
+    pub(crate) accuracy: f64,
+    pub(crate) cap: Capacity,
 }
 
 /// Index of the feasible (type, variant) pairs.
-fn candidates(problem: &Problem) -> Result<Vec<Cand>, ProteusError> {
+pub(crate) fn candidates(problem: &Problem) -> Result<Vec<Cand>, ProteusError> {
     let mut out = Vec::new();
     for (q, app) in problem.apps.iter().enumerate() {
         for name in &app.models {
@@ -308,6 +401,7 @@ fn candidates(problem: &Problem) -> Result<Vec<Cand>, ProteusError> {
 /// infeasible, or for the accuracy objective) accuracy scaling down the ladder.
 pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
     let cands = candidates(problem)?;
+    let allowed = allowed_variants(problem, &cands);
     let mut attempts = Vec::new();
     if problem.objective == Objective::HardwareFirst {
         // Loki step 1: only each app's most accurate variant among those that fit
@@ -316,7 +410,11 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
         let best: Vec<Option<f64>> = (0..problem.apps.len())
             .map(|q| cands.iter().filter(|c| c.q == q).map(|c| c.accuracy).reduce(f64::max))
             .collect();
-        let keep: Vec<bool> = cands.iter().map(|c| best[c.q].is_some_and(|b| (c.accuracy - b).abs() < 1e-12)).collect();
+        let keep: Vec<bool> = cands
+            .iter()
+            .zip(&allowed)
+            .map(|(c, ok)| *ok && best[c.q].is_some_and(|b| (c.accuracy - b).abs() < 1e-12))
+            .collect();
         let (report, plan) = solve_at(problem, &cands, &keep, beta, Step::Hardware)?;
         attempts.push(Attempt {
             step: Step::Hardware,
@@ -328,8 +426,7 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
             return Ok(Outcome { report, attempts, plan });
         }
     }
-    let keep = vec![true; cands.len()];
-    let d = problem.ladder.descend(|beta| solve_at(problem, &cands, &keep, beta, Step::Accuracy))?;
+    let d = problem.ladder.descend(|beta| solve_at(problem, &cands, &allowed, beta, Step::Accuracy))?;
     attempts.extend(d.tried.into_iter().map(|t| Attempt {
         step: Step::Accuracy,
         beta: t.beta,
@@ -337,6 +434,21 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
         solve_seconds: t.solve_seconds,
     }));
     Ok(Outcome { report: d.report, attempts, plan: d.plan })
+}
+
+/// Which candidates [`Problem::variants`] allows: all, or per app only those of its
+/// most (least) accurate variant among the ones that fit some device type.
+pub(crate) fn allowed_variants(problem: &Problem, cands: &[Cand]) -> Vec<bool> {
+    let pick = |q: usize| {
+        let accs = cands.iter().filter(|c| c.q == q).map(|c| c.accuracy);
+        match problem.variants {
+            Variants::All => None,
+            Variants::MostAccurate => accs.reduce(f64::max),
+            Variants::LeastAccurate => accs.reduce(f64::min),
+        }
+    };
+    let picked: Vec<Option<f64>> = (0..problem.apps.len()).map(pick).collect();
+    cands.iter().map(|c| picked[c.q].is_none_or(|a| (c.accuracy - a).abs() < 1e-12)).collect()
 }
 
 /// One solve at factor `beta` over the candidates marked in `keep`.
@@ -412,6 +524,16 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
         let e: Expression = cands.iter().zip(&n).filter(|(c, _)| c.t == t).filter_map(|(_, v)| *v).sum();
         m.constrain(constraint!(e <= dev.count as f64));
     }
+    // Fixed placement: exactly pinned[t][q] devices of type t serve app q.
+    if let Some(pins) = &problem.pinned {
+        for (t, row) in pins.iter().enumerate() {
+            for (q, &k) in row.iter().enumerate() {
+                let e: Expression =
+                    cands.iter().zip(&n).filter(|(c, _)| c.t == t && c.q == q).filter_map(|(_, v)| *v).sum();
+                m.constrain(constraint!(e == k as f64));
+            }
+        }
+    }
     route_all(&mut m, served, |q| cands.iter().zip(&r).filter(|(c, _)| c.q == q).filter_map(|(_, v)| *v).sum());
     // Capacity with headroom (Eqs. 4-5): β·s·r ≤ P·n.
     for (i, c) in cands.iter().enumerate() {
@@ -422,7 +544,7 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
     }
     let (sense, objective): (Sense, Expression) = match step {
         Step::Hardware => (Sense::Minimise, n.iter().filter_map(|v| *v).sum()),
-        Step::Accuracy => (
+        Step::Accuracy | Step::Heuristic => (
             Sense::Maximise,
             cands
                 .iter()
@@ -459,10 +581,33 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
         devices.iter().map(|_| (0..apps).map(|_| m.add(variable().min(0).max(1))).collect()).collect();
     // x(d,c) binary and u(d,c) = x(d,c)·y(d,q(c)) for the candidates of the device's type.
     let mut x: Vec<Vec<(usize, Variable, Variable)>> = Vec::with_capacity(devices.len());
-    for &t in &devices {
+    // Fixed placement: the first pinned[t][0] devices of type t serve app 0, the
+    // next pinned[t][1] app 1, and so on; the rest stay idle (the reference's
+    // `add_spec_acc_constraints` forbids the other families' variants the same way).
+    let pinned_app: Vec<Option<Option<usize>>> = devices
+        .iter()
+        .enumerate()
+        .map(|(d, &t)| {
+            let pins = problem.pinned.as_ref()?;
+            let k = d - devices.iter().position(|&x| x == t).unwrap_or(0);
+            let mut start = 0usize;
+            for (q, &n) in pins.get(t).map(|r| &r[..]).unwrap_or(&[]).iter().enumerate() {
+                if k < start + n as usize {
+                    return Some(Some(q));
+                }
+                start += n as usize;
+            }
+            Some(None)
+        })
+        .collect();
+    for (d, &t) in devices.iter().enumerate() {
         let mut row = Vec::new();
         for (i, c) in cands.iter().enumerate() {
-            if c.t == t && keep[i] {
+            let pinned_ok = match pinned_app[d] {
+                None => true,
+                Some(app) => app == Some(c.q),
+            };
+            if c.t == t && keep[i] && pinned_ok {
                 let xv = m.add(variable().binary());
                 let uv = m.add(variable().min(0).max(1));
                 row.push((i, xv, uv));
@@ -471,9 +616,13 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
         x.push(row);
     }
     for (d, row) in x.iter().enumerate() {
-        // Eq. 1: at most one variant per device.
+        // Eq. 1: at most one variant per device (exactly one on a pinned device).
         let e: Expression = row.iter().map(|(_, xv, _)| *xv).sum();
-        m.constrain(constraint!(e <= 1));
+        if matches!(pinned_app[d], Some(Some(_))) {
+            m.constrain(constraint!(e == 1));
+        } else {
+            m.constrain(constraint!(e <= 1));
+        }
         for &(i, xv, uv) in row {
             let yv = y[d][cands[i].q];
             // u = x·y, exactly: x binary, y ∈ [0,1].
@@ -495,7 +644,7 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
     let (sense, objective): (Sense, Expression) = match step {
         Step::Hardware => (Sense::Minimise, x.iter().flatten().map(|(_, xv, _)| *xv).sum()),
         // Eq. 7: Σ_q a_q with a_q = Σ_m A_m Σ_d x(d,m)·y(d,q)·s_q, over total demand.
-        Step::Accuracy => (
+        Step::Accuracy | Step::Heuristic => (
             Sense::Maximise,
             x.iter()
                 .flatten()
@@ -521,7 +670,7 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
 }
 
 /// Builds the plan from (candidate, devices, share) triples.
-fn make_plan(
+pub(crate) fn make_plan(
     problem: &Problem,
     cands: &[Cand],
     routes: &[(usize, u32, f64)],

@@ -81,6 +81,8 @@ fn random_problem(rng: &mut Lcg, apps: usize, per_type: u32) -> proteus::Problem
         formulation: Formulation::Aggregated,
         ladder: Ladder::default(),
         solver: exact(),
+        variants: proteus::Variants::All,
+        pinned: None,
     }
 }
 

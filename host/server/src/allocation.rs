@@ -21,7 +21,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde_json::{json, Value};
 use sluice_alloc::config::DevicePool;
-use sluice_alloc::{proteus, Allocator, AnyPlan, AnyProblem};
+use sluice_alloc::planner::Planner;
+use sluice_alloc::{proteus, AnyPlan};
 use sluice_sdk as sdk;
 
 use std::sync::atomic::Ordering;
@@ -59,7 +60,7 @@ fn problem(
 
 /// The allocator's state in the host: its last allocation and the demand it used.
 pub struct Allocation {
-    allocator: Allocator,
+    planner: Planner,
     last: sluice_alloc::Allocation,
     demand: BTreeMap<String, f64>,
     /// Per-worker variant tables, per app (what the emulated executor runs).
@@ -88,11 +89,11 @@ impl Allocation {
             .iter()
             .map(|a| (a.name.clone(), config.allocator.demand_qps.get(&a.name).copied().unwrap_or(1.0)))
             .collect();
-        let problem = AnyProblem::Proteus(problem(&devices, config, resolved, &demand));
-        let (allocator, last) = tokio::task::spawn_blocking(move || {
-            let mut allocator = Allocator::default();
-            let last = allocator.allocate(&problem);
-            (allocator, last)
+        let problem = problem(&devices, config, resolved, &demand);
+        let mut planner = Planner::new(&config.allocator);
+        let (planner, last) = tokio::task::spawn_blocking(move || {
+            let last = planner.plan(problem);
+            (planner, last)
         })
         .await
         .context("allocator task")?;
@@ -109,7 +110,7 @@ impl Allocation {
             .map(|(app, (models, _))| (app.name.clone(), devices.models_per_worker(app, models)))
             .collect();
         let mut a = Allocation {
-            allocator,
+            planner,
             last,
             demand,
             tables,
@@ -133,10 +134,7 @@ impl Allocation {
 
     /// The plan in force.
     pub fn plan(&self) -> Option<&proteus::Plan> {
-        match self.allocator.current() {
-            Some(AnyPlan::Proteus(p)) => Some(p),
-            _ => None,
-        }
+        self.planner.current()
     }
 
     /// What worker `w` of `app` loads under the plan in force: the variant its
@@ -236,15 +234,15 @@ pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<St
         forecast.insert(app, d.max(a.config.allocator.min_demand_qps));
     }
     let demand = forecast;
-    let problem = AnyProblem::Proteus(problem(&a.devices, &a.config, &a.resolved, &demand));
-    let mut allocator = std::mem::take(&mut a.allocator);
-    let (allocator, result) = tokio::task::spawn_blocking(move || {
-        let r = allocator.allocate(&problem);
-        (allocator, r)
+    let problem = problem(&a.devices, &a.config, &a.resolved, &demand);
+    let mut planner = std::mem::replace(&mut a.planner, Planner::new(&a.config.allocator));
+    let (planner, result) = tokio::task::spawn_blocking(move || {
+        let r = planner.plan(problem);
+        (planner, r)
     })
     .await
     .map_err(|e| format!("allocator task: {e}"))?;
-    a.allocator = allocator;
+    a.planner = planner;
     state.metrics.observe("sluice_allocator_solve_seconds", &[("status", &result.status)], result.solve_seconds);
     let old = match &a.last.plan {
         Some(AnyPlan::Proteus(p)) => Some(p.clone()),
@@ -254,12 +252,12 @@ pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<St
         Some(AnyPlan::Proteus(p)) => Some(p.clone()),
         _ => None,
     };
-    let fresh = matches!(result.status.as_str(), "optimal" | "time-limit");
+    let fresh = matches!(result.status.as_str(), "optimal" | "time-limit" | "heuristic");
     if let (true, Some(old), Some(new)) = (fresh, old, new) {
         if let Err(e) = apply(state, a, &old, &new).await {
             // The old weights are still in force: so is the old plan, for the view and
             // as the allocator's fallback.
-            a.allocator = Allocator::with_plan(Some(AnyPlan::Proteus(old)));
+            a.planner.restore(old);
             return Err(format!("the new plan could not be applied, the last one stays: {e}"));
         }
         a.last = result;
@@ -343,7 +341,7 @@ pub async fn control_loop(state: std::sync::Weak<State>) {
             return;
         }
         let Some((period, threshold, used, config)) = state.allocation.try_lock().ok().and_then(|g| {
-            g.as_ref().map(|a| {
+            g.as_ref().filter(|a| a.planner.replans()).map(|a| {
                 (a.config.allocator.period_s, a.config.allocator.threshold, a.demand.clone(), a.config.clone())
             })
         }) else {

@@ -15,7 +15,8 @@ use super::rng::Rng;
 use super::stats::{Fate, RunResult, Stats, WindowRow};
 use super::{Experiment, LatencyModel, PolicyCache, RunSpec};
 use sluice_alloc::config::{AllocatorConfig, DevicePool, ForecasterKind};
-use sluice_alloc::{proteus, Allocator, AnyPlan, AnyProblem};
+use sluice_alloc::planner::Planner;
+use sluice_alloc::proteus;
 use sluice_core::app_config::AppConfig as SimApp;
 use sluice_core::clock::{Clock as _, VirtualClock};
 use sluice_core::decision::Bound;
@@ -257,7 +258,7 @@ impl Simulation {
             });
         }
         let alloc = match pool {
-            Some(pool) => Some(AllocState::start(pool, exp, &apps)?),
+            Some(pool) => Some(AllocState::start(pool, &run.allocator, &apps)?),
             None => None,
         };
         let mut sim = Simulation {
@@ -483,7 +484,7 @@ fn tables_of(tables: &[[Vec<u64>; 3]], i: usize) -> [Vec<u64>; 3] {
 /// that lose their app drain their queues before they unload, as live.
 struct AllocState {
     pool: DevicePool,
-    allocator: Allocator,
+    planner: Planner,
     config: AllocatorConfig,
     /// (app, its variants by name), in app order.
     apps: Vec<(SimApp, Vec<String>)>,
@@ -493,17 +494,17 @@ struct AllocState {
 }
 
 impl AllocState {
-    fn start(pool: DevicePool, exp: &Experiment, apps: &[AppState]) -> Result<AllocState> {
+    fn start(pool: DevicePool, config: &AllocatorConfig, apps: &[AppState]) -> Result<AllocState> {
         let apps: Vec<(SimApp, Vec<String>)> =
             apps.iter().map(|a| (a.spec.clone(), a.models.iter().map(|m| m.name.clone()).collect())).collect();
         let demand: BTreeMap<String, f64> = apps
             .iter()
-            .map(|(a, _)| (a.name.clone(), exp.allocator.demand_qps.get(&a.name).copied().unwrap_or(1.0)))
+            .map(|(a, _)| (a.name.clone(), config.demand_qps.get(&a.name).copied().unwrap_or(1.0)))
             .collect();
         let mut s = AllocState {
             pool,
-            allocator: Allocator::default(),
-            config: exp.allocator.clone(),
+            planner: Planner::new(config),
+            config: config.clone(),
             apps,
             demand_used: BTreeMap::new(),
             last_solve: 0,
@@ -517,26 +518,19 @@ impl AllocState {
     }
 
     fn plan(&self) -> Option<&proteus::Plan> {
-        match self.allocator.current() {
-            Some(AnyPlan::Proteus(p)) => Some(p),
-            _ => None,
-        }
+        self.planner.current()
     }
 
     /// Solves for `demand`; the new plan when there is one.
     fn solve(&mut self, demand: &BTreeMap<String, f64>) -> Option<proteus::Plan> {
         let apps: Vec<(&SimApp, Vec<String>)> = self.apps.iter().map(|(a, m)| (a, m.clone())).collect();
-        let problem = AnyProblem::Proteus(self.pool.problem(&self.config, &apps, demand));
-        let a = self.allocator.allocate(&problem);
-        if !matches!(a.status.as_str(), "optimal" | "time-limit") {
+        let a = self.planner.plan(self.pool.problem(&self.config, &apps, demand));
+        if !matches!(a.status.as_str(), "optimal" | "time-limit" | "heuristic") {
             return None;
         }
         self.demand_used = demand.clone();
         self.replans += 1;
-        match a.plan {
-            Some(AnyPlan::Proteus(p)) => Some(p),
-            _ => None,
-        }
+        self.planner.current().cloned()
     }
 }
 
@@ -592,7 +586,7 @@ impl Simulation {
             let u = alloc.demand_used.get(app).copied().unwrap_or(1.0);
             (d - u).abs() > alloc.config.threshold * u.max(1.0)
         });
-        if due || shifted {
+        if (due || shifted) && alloc.planner.replans() {
             alloc.last_solve = now;
             if let Some(plan) = alloc.solve(&demand) {
                 self.apply(&plan);

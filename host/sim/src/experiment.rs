@@ -64,6 +64,9 @@ pub struct Experiment {
     /// `[sweep]`: the runs, as a cartesian product (one run without it).
     #[serde(default)]
     pub sweep: Sweep,
+    /// The `[allocator]` of each of the sweep's systems (filled by [`Experiment::parse`]).
+    #[serde(skip)]
+    pub system_allocators: Vec<AllocatorConfig>,
 }
 
 /// The runs of an experiment: every combination of the non-empty lists.
@@ -82,6 +85,32 @@ pub struct Sweep {
     /// Seeds.
     #[serde(default)]
     pub seeds: Vec<u64>,
+    /// `[[sweep.systems]]`: whole serving systems to compare (Proteus and its
+    /// baselines): each its allocator settings, and optionally the apps' policy and
+    /// maximum batch.
+    #[serde(default)]
+    pub systems: Vec<SystemChoice>,
+}
+
+/// One system of a comparison.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SystemChoice {
+    /// `label = "Clipper-HA"`: its name in results.
+    pub label: String,
+    /// `allocator = { replan = "never", variants = "most-accurate" }`: keys that
+    /// replace the experiment's `[allocator]` ones for this system.
+    #[serde(default)]
+    pub allocator: toml::Table,
+    /// `policy = "clipper-aimd"`: every app's policy (default: the app's own).
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// `params = {...}`: the policy's params.
+    #[serde(default)]
+    pub params: Option<toml::Table>,
+    /// `max_batch = 1`: every app's maximum batch (default: the app's own).
+    #[serde(default)]
+    pub max_batch: Option<u32>,
 }
 
 /// A policy and its params.
@@ -135,6 +164,8 @@ pub struct RunSpec {
     pub seed: u64,
     /// Apps with overrides applied.
     pub apps: Vec<AppConfig>,
+    /// The allocator's settings for this run.
+    pub allocator: AllocatorConfig,
 }
 
 impl Experiment {
@@ -175,6 +206,7 @@ impl Experiment {
         }
         sluice_alloc::config::validate(&e.apps, &e.devices, &e.allocator)
             .map_err(|err| anyhow::anyhow!("{origin}: {err}"))?;
+        e.system_allocators = system_allocators(text, &e).map_err(|err| anyhow::anyhow!("{origin}: {err}"))?;
         for a in &mut e.apps {
             if let Some(spec) = e.arrivals.get(&a.name) {
                 a.arrivals = Some(spec.clone());
@@ -203,40 +235,96 @@ impl Experiment {
             self.sweep.load_qps.iter().copied().map(Some).collect()
         };
         let seeds: Vec<u64> = if self.sweep.seeds.is_empty() { vec![self.seed] } else { self.sweep.seeds.clone() };
+        let systems: Vec<Option<usize>> =
+            if self.sweep.systems.is_empty() { vec![None] } else { (0..self.sweep.systems.len()).map(Some).collect() };
         let mut out = Vec::new();
-        for p in &policies {
-            for w in &workers {
-                for l in &loads {
-                    for s in &seeds {
-                        let apps = self
-                            .apps
-                            .iter()
-                            .map(|a| {
-                                let mut a = a.clone();
-                                if let Some(p) = p {
-                                    a.policy = p.policy.clone();
-                                    a.params = p.params.clone();
-                                    a.params_file = p.params_file.clone();
-                                }
-                                if let Some(w) = w {
-                                    a.workers = *w;
-                                }
-                                if let Some(l) = l {
-                                    a.arrivals = a.arrivals.as_ref().map(|s| s.with_rate(*l));
-                                }
-                                a
-                            })
-                            .collect();
-                        let label = p
-                            .map(|p| p.label.clone().unwrap_or_else(|| p.policy.clone()))
-                            .unwrap_or_else(|| self.apps[0].policy.clone());
-                        out.push(RunSpec { index: out.len(), policy_label: label, seed: *s, apps });
+        for sys in &systems {
+            for p in &policies {
+                for w in &workers {
+                    for l in &loads {
+                        for s in &seeds {
+                            let apps = self
+                                .apps
+                                .iter()
+                                .map(|a| {
+                                    let mut a = a.clone();
+                                    if let Some(p) = p {
+                                        a.policy = p.policy.clone();
+                                        a.params = p.params.clone();
+                                        a.params_file = p.params_file.clone();
+                                    }
+                                    if let Some(w) = w {
+                                        a.workers = *w;
+                                    }
+                                    if let Some(l) = l {
+                                        a.arrivals = a.arrivals.as_ref().map(|s| s.with_rate(*l));
+                                    }
+                                    if let Some(sys) = sys.map(|i| &self.sweep.systems[i]) {
+                                        if let Some(policy) = &sys.policy {
+                                            a.policy = policy.clone();
+                                            a.params = sys.params.clone();
+                                            a.params_file = None;
+                                        }
+                                        if sys.max_batch.is_some() {
+                                            a.max_batch = sys.max_batch;
+                                        }
+                                    }
+                                    a
+                                })
+                                .collect();
+                            let label = match sys {
+                                Some(i) => self.sweep.systems[*i].label.clone(),
+                                None => p
+                                    .map(|p| p.label.clone().unwrap_or_else(|| p.policy.clone()))
+                                    .unwrap_or_else(|| self.apps[0].policy.clone()),
+                            };
+                            let allocator = match sys {
+                                Some(i) => self.system_allocators[*i].clone(),
+                                None => self.allocator.clone(),
+                            };
+                            out.push(RunSpec { index: out.len(), policy_label: label, seed: *s, apps, allocator });
+                        }
                     }
                 }
             }
         }
         out
     }
+}
+
+/// Each system's `[allocator]`: the experiment's table with the system's keys
+/// replacing its own, read (and checked) as any `[allocator]` is.
+fn system_allocators(text: &str, e: &Experiment) -> Result<Vec<AllocatorConfig>> {
+    if e.sweep.systems.is_empty() {
+        return Ok(Vec::new());
+    }
+    let table: toml::Table = toml::from_str(text)?;
+    let base = match table.get("allocator") {
+        Some(toml::Value::Table(t)) => t.clone(),
+        _ => toml::Table::new(),
+    };
+    e.sweep
+        .systems
+        .iter()
+        .map(|sys| {
+            let mut merged = base.clone();
+            for (k, v) in &sys.allocator {
+                merged.insert(k.clone(), v.clone());
+            }
+            let a: AllocatorConfig = toml::Value::Table(merged)
+                .try_into()
+                .map_err(|err| anyhow::anyhow!("sweep.systems.{}.allocator: {err}", sys.label))?;
+            let mut apps = e.apps.clone();
+            for app in &mut apps {
+                if sys.max_batch.is_some() {
+                    app.max_batch = sys.max_batch;
+                }
+            }
+            sluice_alloc::config::validate(&apps, &e.devices, &a)
+                .map_err(|err| anyhow::anyhow!("sweep.systems.{}: {err}", sys.label))?;
+            Ok(a)
+        })
+        .collect()
 }
 
 /// The `[[app]]`s of a server config (`sluice serve --config`), read with the same

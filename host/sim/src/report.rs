@@ -293,6 +293,54 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
         }
     }
 
+    // Whole systems (several policies or systems, several apps on traces): the
+    // figures of Proteus's Fig. 4 summed over the apps.
+    let systems = if unique(traced.iter().map(|g| g.app.clone())).len() > 1
+        && unique(traced.iter().map(|g| series_label(g))).len() > 1
+        && ts_path.exists()
+    {
+        Some(system_figures(&traced, &read_timeseries(&ts_path)?, &series_label))
+    } else {
+        None
+    };
+    if let Some(systems) = &systems {
+        let window = systems.first().and_then(|s| s.windows.get(1).map(|w| w.0)).unwrap_or(1.0).max(1e-9);
+        for (name, y_label, f) in [
+            (
+                "throughput",
+                "on-time throughput (requests/s)",
+                &(|w: &SysWindow| w.on_time / window) as &dyn Fn(&SysWindow) -> f64,
+            ),
+            ("accuracy", "effective accuracy", &|w: &SysWindow| w.accuracy),
+            ("violation", "SLO-violation ratio", &|w: &SysWindow| w.violation),
+        ] {
+            let mut series: Vec<Series> = systems
+                .iter()
+                .map(|s| Series {
+                    label: s.label.clone(),
+                    points: s.windows.iter().map(|(t, w)| (*t, f(w))).filter(|p| p.1.is_finite()).collect(),
+                })
+                .collect();
+            if name == "throughput" {
+                if let Some(first) = systems.first() {
+                    series.insert(
+                        0,
+                        Series {
+                            label: "demand".into(),
+                            points: first.windows.iter().map(|(t, w)| (*t, w.arrivals / window)).collect(),
+                        },
+                    );
+                }
+            }
+            let chart_title = format!("{title}: {y_label} over time (all apps)");
+            write_svg(
+                format!("systems-{name}.svg"),
+                chart_title.clone(),
+                line_chart(&chart_title, "time (s)", y_label, &series),
+            )?;
+        }
+    }
+
     // report.md
     let mut md = String::new();
     let _ = writeln!(md, "# {title}\n");
@@ -303,6 +351,28 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
          {seeds} seed(s) per row; MCD = maximum consecutive drops (mean and max over seeds).\n",
         rows.len()
     );
+    if let Some(systems) = &systems {
+        let _ = writeln!(
+            md,
+            "Whole systems, over all apps: effective accuracy of what was served, the largest \
+             accuracy drop below 1 in any window, SLO-violation ratio (late + dropped over \
+             arrivals), on-time throughput.\n\n| system | effective accuracy | max accuracy drop | \
+             violation ratio | on-time throughput (req/s) |\n|---|---|---|---|---|"
+        );
+        for s in systems {
+            let _ = writeln!(
+                md,
+                "| {} | {:.4} | {:.2} % (at {} s) | {:.4} | {:.1} |",
+                s.label,
+                s.accuracy,
+                100.0 * s.max_drop.0,
+                fmt_num(s.max_drop.1),
+                s.violation,
+                s.throughput
+            );
+        }
+        md.push('\n');
+    }
     for (file, caption) in &plots {
         let _ = writeln!(md, "![{caption}]({file})\n");
     }
@@ -351,12 +421,87 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
     Ok(written)
 }
 
+/// One window of a whole system.
+#[derive(Default)]
+struct SysWindow {
+    arrivals: f64,
+    on_time: f64,
+    served: f64,
+    accuracy: f64,
+    violation: f64,
+}
+
+/// A whole system's figures.
+struct SystemFigures {
+    label: String,
+    /// (window start s, window), in time order.
+    windows: Vec<(f64, SysWindow)>,
+    accuracy: f64,
+    /// (largest drop below 1 of a window's accuracy, its start).
+    max_drop: (f64, f64),
+    violation: f64,
+    throughput: f64,
+}
+
+/// Sums every app's windows per system (the first seed's runs).
+fn system_figures(traced: &[&Group], ts: &[Window], label_of: &dyn Fn(&Group) -> String) -> Vec<SystemFigures> {
+    let labels = unique(traced.iter().map(|g| label_of(g)));
+    labels
+        .into_iter()
+        .map(|label| {
+            let runs: Vec<u64> =
+                traced.iter().filter(|g| label_of(g) == label).filter_map(|g| g.rows.first().map(|r| r.run)).collect();
+            let mut acc: BTreeMap<u64, SysWindow> = BTreeMap::new();
+            for w in ts.iter().filter(|w| runs.contains(&w.run)) {
+                let e = acc.entry((w.start * 1000.0).round() as u64).or_default();
+                e.arrivals += w.arrivals;
+                e.on_time += w.on_time;
+                let served = w.on_time + w.late;
+                if served > 0.0 && w.accuracy.is_finite() {
+                    e.accuracy += w.accuracy * served;
+                    e.served += served;
+                }
+            }
+            let (mut arrivals, mut on_time, mut served, mut mass) = (0.0, 0.0, 0.0, 0.0);
+            let mut max_drop = (0.0, 0.0);
+            let windows: Vec<(f64, SysWindow)> = acc
+                .into_iter()
+                .map(|(t, mut w)| {
+                    arrivals += w.arrivals;
+                    on_time += w.on_time;
+                    served += w.served;
+                    mass += w.accuracy;
+                    w.accuracy = if w.served > 0.0 { w.accuracy / w.served } else { f64::NAN };
+                    w.violation = if w.arrivals > 0.0 { 1.0 - w.on_time / w.arrivals } else { f64::NAN };
+                    let start = t as f64 / 1000.0;
+                    if w.accuracy.is_finite() && 1.0 - w.accuracy > max_drop.0 {
+                        max_drop = (1.0 - w.accuracy, start);
+                    }
+                    (start, w)
+                })
+                .collect();
+            let span =
+                windows.last().map(|w| w.0).unwrap_or(0.0) + windows.get(1).map(|w| w.0 - windows[0].0).unwrap_or(1.0);
+            SystemFigures {
+                label,
+                windows,
+                accuracy: if served > 0.0 { mass / served } else { f64::NAN },
+                max_drop,
+                violation: if arrivals > 0.0 { 1.0 - on_time / arrivals } else { f64::NAN },
+                throughput: on_time / span.max(1e-9),
+            }
+        })
+        .collect()
+}
+
 struct Window {
     run: u64,
     app: String,
     start: f64,
     arrivals: f64,
     on_time: f64,
+    late: f64,
+    accuracy: f64,
 }
 
 /// timeseries.csv: `run,app,policy,window_start_s,arrivals,on_time,late,dropped,accuracy`.
@@ -378,6 +523,8 @@ fn read_timeseries(path: &Path) -> Result<Vec<Window>> {
             start: f(n - 6)?,
             arrivals: f(n - 5)?,
             on_time: f(n - 4)?,
+            late: f(n - 3)?,
+            accuracy: f(n - 1)?,
         });
     }
     Ok(out)

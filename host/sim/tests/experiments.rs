@@ -226,3 +226,67 @@ fn proteus_batching_has_2x_fewer_violations_than_nexus_and_clipper_on_poisson_an
     }
     assert!(failed.is_empty(), "{failed:#?}");
 }
+
+/// Whole-system figures per system label: (violation ratio, effective accuracy).
+fn systems(results: &[RunResult]) -> BTreeMap<String, (f64, f64)> {
+    let mut acc: BTreeMap<String, (f64, f64, f64, f64)> = BTreeMap::new();
+    for r in results {
+        let e = acc.entry(r.policy.clone()).or_default();
+        e.0 += r.requests as f64;
+        e.1 += r.on_time as f64;
+        e.2 += r.served as f64;
+        e.3 += r.accuracy * r.served as f64;
+    }
+    acc.into_iter().map(|(k, (n, on_time, served, mass))| (k, (1.0 - on_time / n, mass / served))).collect()
+}
+
+/// Proteus end to end (§6.2) through the first peak (90 s): Proteus has the fewest
+/// violations of the five systems and, among those that scale accuracy, the highest
+/// effective accuracy; Clipper-HT serves the least accurate mix and Clipper-HA misses
+/// the most.
+#[test]
+fn proteus_has_the_fewest_violations_and_the_best_accuracy_among_scaling_systems() {
+    let (mut e, base) = load("proteus-e2e.toml");
+    e.duration_s = 120.0;
+    let s = systems(&run(&e, &base));
+    assert_eq!(s.len(), 5, "{s:?}");
+    let (v, a) = s["Proteus"];
+    for (name, (v2, a2)) in &s {
+        if name != "Proteus" {
+            assert!(v < *v2, "{name}: violations {v2} vs Proteus {v}");
+        }
+        if name == "Sommelier" || name == "INFaaS-Accuracy" || name == "Clipper-HT" {
+            assert!(a > *a2, "{name}: accuracy {a2} vs Proteus {a}");
+        }
+    }
+    let worst_accuracy = s.values().map(|x| x.1).fold(f64::INFINITY, f64::min);
+    assert_eq!(worst_accuracy, s["Clipper-HT"].1);
+    let most_violations = s.values().map(|x| x.0).fold(0.0, f64::max);
+    assert_eq!(most_violations, s["Clipper-HA"].0);
+}
+
+/// The ablation (§6.5): without any one of its parts Proteus misses more.
+#[test]
+fn proteus_misses_more_without_any_of_its_parts() {
+    let (mut e, base) = load("proteus-ablation.toml");
+    e.duration_s = 120.0;
+    let s = systems(&run(&e, &base));
+    let v = s["Proteus"].0;
+    for name in ["w/o MP", "w/o MS", "w/o AB", "w/o QA"] {
+        assert!(s[name].0 > v, "{name}: {:?} vs Proteus {v}", s[name]);
+    }
+    // Without model selection nothing below the most accurate variant is served.
+    assert!(s["w/o MS"].1 >= s["Proteus"].1 - 1e-9);
+}
+
+/// Burst responsiveness (§6.3): the static plan and the fixed placement cannot follow
+/// the bursts; Proteus can.
+#[test]
+fn proteus_follows_bursts_that_static_and_fixed_placements_cannot() {
+    let (mut e, base) = load("proteus-burst.toml");
+    e.duration_s = 100.0;
+    let s = systems(&run(&e, &base));
+    let v = s["Proteus"].0;
+    assert!(s["Clipper-HA"].0 > 5.0 * v, "{s:?}");
+    assert!(s["Sommelier"].0 > 5.0 * v, "{s:?}");
+}

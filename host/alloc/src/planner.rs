@@ -1,0 +1,191 @@
+//! What a config's `[allocator]` runs: Proteus's MILP, or one of the baselines and
+//! ablations of Proteus's evaluation (ASPLOS'24 §6.1.1, §6.5) built around the same
+//! problem — so the live host and the simulator plan the same way for every one of
+//! them.
+//!
+//! | system | method | replan | placement | variants | routing |
+//! |---|---|---|---|---|---|
+//! | Proteus | milp | periodic | dynamic | all | plan |
+//! | Clipper-HA / -HT | milp | never | — | most- / least-accurate | plan |
+//! | Sommelier (= Proteus w/o model placement) | milp | periodic | fixed | all | plan |
+//! | Proteus w/o model selection | milp | periodic | dynamic | most-accurate | plan |
+//! | Proteus w/o query assignment | milp | periodic | dynamic | all | uniform |
+//! | INFaaS-Accuracy | infaas-accuracy | periodic | dynamic | all | (by capacity) |
+//!
+//! Proteus without adaptive batching is a config of the apps and the allocator's
+//! batch sizes (`max_batch = 1`, `batch_sizes = [1]`), not a planner setting.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::AllocatorConfig;
+use crate::proteus::{self, Plan};
+use crate::{infaas, Allocation, Allocator, AnyPlan, AnyProblem};
+
+/// How plans are made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// Proteus's MILP (`proteus::solve`).
+    #[default]
+    Milp,
+    /// INFaaS-Accuracy's greedy autoscaler (`infaas::step`).
+    InfaasAccuracy,
+}
+
+/// Whether the plan follows demand.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Replan {
+    /// Every `period_s`, and early on a demand shift.
+    #[default]
+    Periodic,
+    /// Never: the first plan (for `demand_qps`) stays — a static deployment.
+    Never,
+}
+
+/// Whether re-plans may move devices between apps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Any device may serve any app.
+    #[default]
+    Dynamic,
+    /// Every device keeps the app the first plan gave it.
+    Fixed,
+}
+
+/// What a plan's idle devices do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Spare {
+    /// Stay idle (Eq. 1 allows it; hardware scaling wants it).
+    #[default]
+    Idle,
+    /// Host a copy of the most loaded variant of their type, for headroom
+    /// (`Plan::replicate_into_idle`; the reference leaves no device idle).
+    Replicate,
+}
+
+/// How an app's requests are split over its devices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Routing {
+    /// By the plan's shares (query assignment, §4).
+    #[default]
+    Plan,
+    /// Evenly over the devices hosting the app's variants.
+    Uniform,
+}
+
+/// Makes plans the way a config says, remembering the plan in force (the fallback
+/// when a solve fails) and, for a fixed placement, the first plan's placement.
+pub struct Planner {
+    allocator: Allocator,
+    config: AllocatorConfig,
+    pins: Option<Vec<Vec<u32>>>,
+}
+
+impl Planner {
+    /// A planner with no plan yet.
+    pub fn new(config: &AllocatorConfig) -> Planner {
+        Planner { allocator: Allocator::default(), config: config.clone(), pins: None }
+    }
+
+    /// Whether the control loop re-plans at all (not for a static plan).
+    pub fn replans(&self) -> bool {
+        self.config.replan == Replan::Periodic
+    }
+
+    /// The plan in force.
+    pub fn current(&self) -> Option<&Plan> {
+        match self.allocator.current() {
+            Some(AnyPlan::Proteus(p)) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Puts `plan` back in force (a new plan that could not be applied).
+    pub fn restore(&mut self, plan: Plan) {
+        self.allocator = Allocator::with_plan(Some(AnyPlan::Proteus(plan)));
+    }
+
+    /// Plans for `problem` (its demand, devices and apps; the config's variants,
+    /// pins and method apply). A plan that cannot be made leaves the last in force.
+    pub fn plan(&mut self, mut problem: proteus::Problem) -> Allocation {
+        problem.variants = self.config.variants;
+        let mut allocation = match self.config.method {
+            Method::Milp => {
+                if self.config.placement == Placement::Fixed {
+                    problem.pinned = self.pins.clone();
+                }
+                self.allocator.allocate(&AnyProblem::Proteus(problem.clone()))
+            }
+            Method::InfaasAccuracy => {
+                let started = Instant::now();
+                match infaas::step(&problem, self.current(), &self.config.infaas) {
+                    Ok(plan) => {
+                        let secs = started.elapsed().as_secs_f64();
+                        self.allocator.adopt(AnyPlan::Proteus(plan), "heuristic", secs)
+                    }
+                    Err(e) => self.allocator.fail(e.to_string()),
+                }
+            }
+        };
+        let fresh =
+            allocation.error.is_none() && matches!(allocation.status.as_str(), "optimal" | "time-limit" | "heuristic");
+        if let (true, Some(AnyPlan::Proteus(plan))) = (fresh, allocation.plan.as_mut()) {
+            let replicate = self.config.spare == Spare::Replicate && self.config.method == Method::Milp;
+            if replicate || self.config.routing == Routing::Uniform {
+                if replicate {
+                    plan.replicate_into_idle();
+                }
+                if self.config.routing == Routing::Uniform {
+                    plan.route_uniformly();
+                }
+                let (status, secs) = (allocation.status.clone(), allocation.solve_seconds);
+                let adopted = self.allocator.adopt(AnyPlan::Proteus(plan.clone()), &status, secs);
+                allocation.plan = adopted.plan;
+            }
+            if self.config.placement == Placement::Fixed && self.pins.is_none() {
+                if let Some(AnyPlan::Proteus(plan)) = &allocation.plan {
+                    self.pins = Some(fixed_placement(plan, &problem));
+                }
+            }
+        }
+        allocation
+    }
+}
+
+/// The placement a fixed-placement planner keeps: the first plan's, with every device
+/// it left idle given to an app (the reference makes every device host a variant):
+/// one at a time, to the app whose routes on that device type are the most loaded
+/// for their capacity, so the fixed cluster has room where demand was.
+fn fixed_placement(plan: &Plan, problem: &proteus::Problem) -> Vec<Vec<u32>> {
+    let mut pins = plan.pins(problem);
+    for (t, dev) in problem.devices.iter().enumerate() {
+        // (qps routed, capacity, capacity of one device) per app on this type.
+        let mut load: Vec<(f64, f64, f64)> = problem
+            .apps
+            .iter()
+            .map(|a| {
+                let rs = plan.routes.iter().filter(|r| r.app == a.name && r.device_type == dev.name);
+                let (qps, cap, n) =
+                    rs.fold((0.0, 0.0, 0u32), |acc, r| (acc.0 + r.qps, acc.1 + r.capacity_qps, acc.2 + r.devices));
+                (qps, cap, if n > 0 { cap / n as f64 } else { 0.0 })
+            })
+            .collect();
+        let mut idle = dev.count.saturating_sub(pins[t].iter().sum());
+        while idle > 0 {
+            let best = (0..load.len())
+                .filter(|&q| load[q].2 > 0.0)
+                .max_by(|&a, &b| (load[a].0 / load[a].1).total_cmp(&(load[b].0 / load[b].1)).then(b.cmp(&a)));
+            let Some(q) = best else { break };
+            pins[t][q] += 1;
+            load[q].1 += load[q].2;
+            idle -= 1;
+        }
+    }
+    pins
+}
