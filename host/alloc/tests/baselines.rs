@@ -2,6 +2,8 @@
 //! `infaas`): restricted variants, fixed placement, uniform routing, a static plan,
 //! and INFaaS-Accuracy's greedy autoscaler.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use sluice_alloc::config::AllocatorConfig;
@@ -14,19 +16,7 @@ use sluice_core::profile::{ModelProfile, Profile};
 /// A variant whose batch b takes `per_item_us`·b: capacity ≈ 1e6 / per_item_us at
 /// the largest batch under SLO/2.
 fn model(name: &str, accuracy: f64, per_item_us: u64) -> ModelProfile {
-    let batch_sizes = vec![1, 2, 4, 8];
-    let lat: Vec<u64> = batch_sizes.iter().map(|&b| per_item_us * b as u64).collect();
-    ModelProfile {
-        name: name.into(),
-        accuracy,
-        accuracy_source: "test".into(),
-        file: None,
-        batch_sizes,
-        p50_us: lat.clone(),
-        p95_us: lat.clone(),
-        p99_us: lat,
-        runs: None,
-    }
+    common::model(name, accuracy, [1, 2, 4, 8].iter().map(|b| per_item_us * b).collect())
 }
 
 /// Two apps with a fast inaccurate and a slow accurate variant each, on 3 slow and 3

@@ -3,6 +3,8 @@
 //! to an unplaced variant and never exceed a device's capacity; infeasible demand
 //! shed down the ladder and reported.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use sluice_alloc::infadapter;
@@ -28,19 +30,8 @@ fn exact() -> SolverSettings {
 }
 
 fn model(name: &str, accuracy: f64, base_us: f64, per_item_us: f64) -> ModelProfile {
-    let batch_sizes = vec![1, 2, 4, 8];
-    let lat: Vec<u64> = batch_sizes.iter().map(|&b| (base_us + per_item_us * b as f64).round() as u64).collect();
-    ModelProfile {
-        name: name.into(),
-        accuracy,
-        accuracy_source: "test".into(),
-        file: None,
-        batch_sizes,
-        p50_us: lat.clone(),
-        p95_us: lat.clone(),
-        p99_us: lat,
-        runs: None,
-    }
+    let lat = [1u32, 2, 4, 8].iter().map(|&b| (base_us + per_item_us * b as f64).round() as u64).collect();
+    common::model(name, accuracy, lat)
 }
 
 /// Two device types (a slow and a fast one), `apps` apps with two or three variants.
