@@ -104,6 +104,18 @@ impl Scaler<'_> {
         self.cands.iter().enumerate().filter(move |(k, c)| self.allowed[*k] && c.q == q)
     }
 
+    /// The in-place moves open to app q: (device, its candidate, another candidate
+    /// of q on the device's type), in device then candidate order.
+    fn moves<'s>(&'s self, q: usize, assign: &'s [Option<usize>]) -> impl Iterator<Item = (usize, usize, usize)> + 's {
+        assign
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, a)| a.filter(|&k| self.cands[k].q == q).map(|k| (i, k)))
+            .flat_map(move |(i, k)| {
+                self.of_app(q).filter(move |(_, c)| c.t == self.types[i]).map(move |(k2, _)| (i, k, k2))
+            })
+    }
+
     fn capacity(&self, q: usize, assign: &[Option<usize>]) -> f64 {
         assign.iter().flatten().filter(|&&k| self.cands[k].q == q).map(|&k| self.cands[k].cap.qps).sum()
     }
@@ -124,27 +136,17 @@ impl Scaler<'_> {
                     continue;
                 }
                 let mut best_move: Option<(usize, usize, f64, f64)> = None; // (device, cand, loss, gain)
-                for (i, a) in assign.iter().enumerate() {
-                    let Some(k) = *a else { continue };
-                    if self.cands[k].q != q {
+                for (i, k, k2) in self.moves(q, assign) {
+                    let gain = self.cands[k2].cap.qps - self.cands[k].cap.qps;
+                    if gain <= 0.0 {
                         continue;
                     }
-                    for (k2, c2) in self.of_app(q) {
-                        let gain = c2.cap.qps - self.cands[k].cap.qps;
-                        if c2.t != self.types[i] || gain <= 0.0 {
-                            continue;
-                        }
-                        let loss = self.cands[k].accuracy - c2.accuracy;
-                        // Closing the gap beats not closing it; then the smaller loss;
-                        // then the larger gain.
-                        let key = (gain < gap, loss, -gain);
-                        let better = match best_move {
-                            None => true,
-                            Some((_, _, l, g)) => key < (g < gap, l, -g),
-                        };
-                        if better {
-                            best_move = Some((i, k2, loss, gain));
-                        }
+                    let loss = self.cands[k].accuracy - self.cands[k2].accuracy;
+                    // Closing the gap beats not closing it; then the smaller loss; then
+                    // the larger gain.
+                    let key = (gain < gap, loss, -gain);
+                    if best_move.is_none_or(|(_, _, l, g)| key < (g < gap, l, -g)) {
+                        best_move = Some((i, k2, loss, gain));
                     }
                 }
                 match best_move {
@@ -199,20 +201,13 @@ impl Scaler<'_> {
             let cap = self.capacity(q, assign);
             // The largest accuracy gain that keeps capacity ample.
             let mut upgrade: Option<(usize, usize, f64)> = None;
-            for (i, a) in assign.iter().enumerate() {
-                let Some(k) = *a else { continue };
-                if self.cands[k].q != q {
-                    continue;
-                }
-                for (k2, c2) in self.of_app(q) {
-                    let gain = c2.accuracy - self.cands[k].accuracy;
-                    if c2.t == self.types[i]
-                        && gain > 1e-12
-                        && ample(cap - self.cands[k].cap.qps + c2.cap.qps)
-                        && upgrade.is_none_or(|(_, _, g)| gain > g)
-                    {
-                        upgrade = Some((i, k2, gain));
-                    }
+            for (i, k, k2) in self.moves(q, assign) {
+                let gain = self.cands[k2].accuracy - self.cands[k].accuracy;
+                if gain > 1e-12
+                    && ample(cap - self.cands[k].cap.qps + self.cands[k2].cap.qps)
+                    && upgrade.is_none_or(|(_, _, g)| gain > g)
+                {
+                    upgrade = Some((i, k2, gain));
                 }
             }
             if let Some((i, k2, _)) = upgrade {

@@ -69,6 +69,14 @@ pub struct Allocation {
     pub plan: Option<AnyPlan>,
 }
 
+impl Allocation {
+    /// Whether this allocation made a new plan (solved, within the time limit, or by
+    /// a heuristic) rather than keeping the last one.
+    pub fn is_new_plan(&self) -> bool {
+        self.error.is_none() && matches!(self.status.as_str(), "optimal" | "time-limit" | "heuristic")
+    }
+}
+
 /// Solves problems one after another, remembering the last feasible plan so that a
 /// failed or infeasible solve leaves the previous plan in force, never nothing.
 #[derive(Default)]
@@ -103,10 +111,10 @@ impl Allocator {
         }
     }
 
-    /// Keeps the last plan and reports `error` (a heuristic that failed).
+    /// Keeps the last plan and reports `error` (a solver or heuristic that failed).
     pub fn fail(&self, error: String) -> Allocation {
         Allocation {
-            status: if self.last.is_some() { "fallback".into() } else { "infeasible".into() },
+            status: "fallback".into(),
             objective: None,
             gap: None,
             solve_seconds: 0.0,
@@ -153,16 +161,7 @@ impl Allocator {
                 error: None,
                 plan: self.last.clone(),
             },
-            Err(e) => Allocation {
-                status: "fallback".into(),
-                objective: None,
-                gap: None,
-                solve_seconds: 0.0,
-                solves: 0,
-                report: None,
-                error: Some(e),
-                plan: self.last.clone(),
-            },
+            Err(e) => self.fail(e),
         }
     }
 }

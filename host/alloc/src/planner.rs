@@ -133,9 +133,7 @@ impl Planner {
                 }
             }
         };
-        let fresh =
-            allocation.error.is_none() && matches!(allocation.status.as_str(), "optimal" | "time-limit" | "heuristic");
-        if let (true, Some(AnyPlan::Proteus(plan))) = (fresh, allocation.plan.as_mut()) {
+        if let (true, Some(AnyPlan::Proteus(plan))) = (allocation.is_new_plan(), allocation.plan.as_mut()) {
             let replicate = self.config.spare == Spare::Replicate && self.config.method == Method::Milp;
             if replicate || self.config.routing == Routing::Uniform {
                 if replicate {

@@ -333,8 +333,15 @@ impl Plan {
                 r.qps = r.share * app.served_qps;
             }
         }
+        self.summarise_accuracy();
+    }
+
+    /// Every app's accuracy from its routes' shares (0 when it serves nothing) and
+    /// the demand-weighted effective accuracy over what is served.
+    fn summarise_accuracy(&mut self) {
         for app in &mut self.apps {
-            app.accuracy = self.routes.iter().filter(|r| r.app == app.name).map(|r| r.share * r.accuracy).sum();
+            let acc: f64 = self.routes.iter().filter(|r| r.app == app.name).map(|r| r.share * r.accuracy).sum();
+            app.accuracy = if app.served_qps > 0.0 { acc } else { 0.0 };
         }
         let served: f64 = self.apps.iter().map(|a| a.served_qps).sum();
         let weighted: f64 = self.apps.iter().map(|a| a.accuracy * a.served_qps).sum();
@@ -725,32 +732,29 @@ pub(crate) fn make_plan(
             d.share = share / n as f64;
         }
     }
-    let served_total: f64 = served.iter().sum();
     let apps: Vec<AppPlan> = problem
         .apps
         .iter()
         .enumerate()
-        .map(|(q, a)| {
-            let acc: f64 = out_routes.iter().filter(|r| r.app == a.name).map(|r| r.share * r.accuracy).sum();
-            AppPlan {
-                name: a.name.clone(),
-                demand_qps: a.demand_qps,
-                served_qps: served[q],
-                shed_qps: a.demand_qps - served[q],
-                accuracy: if served[q] > 0.0 { acc } else { 0.0 },
-            }
+        .map(|(q, a)| AppPlan {
+            name: a.name.clone(),
+            demand_qps: a.demand_qps,
+            served_qps: served[q],
+            shed_qps: a.demand_qps - served[q],
+            accuracy: 0.0,
         })
         .collect();
-    let weighted: f64 = apps.iter().map(|a| a.accuracy * a.served_qps).sum();
-    Plan {
+    let mut plan = Plan {
         step,
         beta,
-        effective_accuracy: if served_total > 0.0 { weighted / served_total } else { 0.0 },
+        effective_accuracy: 0.0,
         devices_used: out_routes.iter().map(|r| r.devices).sum(),
         apps,
         routes: out_routes,
         devices,
-    }
+    };
+    plan.summarise_accuracy();
+    plan
 }
 
 /// The plan's values for a brute-force check: every app's served accuracy mass

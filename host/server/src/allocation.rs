@@ -252,8 +252,7 @@ pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<St
         Some(AnyPlan::Proteus(p)) => Some(p.clone()),
         _ => None,
     };
-    let fresh = matches!(result.status.as_str(), "optimal" | "time-limit" | "heuristic");
-    if let (true, Some(old), Some(new)) = (fresh, old, new) {
+    if let (true, Some(old), Some(new)) = (result.is_new_plan(), old, new) {
         if let Err(e) = apply(state, a, &old, &new).await {
             // The old weights are still in force: so is the old plan, for the view and
             // as the allocator's fallback.

@@ -525,7 +525,7 @@ impl AllocState {
     fn solve(&mut self, demand: &BTreeMap<String, f64>) -> Option<proteus::Plan> {
         let apps: Vec<(&SimApp, Vec<String>)> = self.apps.iter().map(|(a, m)| (a, m.clone())).collect();
         let a = self.planner.plan(self.pool.problem(&self.config, &apps, demand));
-        if !matches!(a.status.as_str(), "optimal" | "time-limit" | "heuristic") {
+        if !a.is_new_plan() {
             return None;
         }
         self.demand_used = demand.clone();

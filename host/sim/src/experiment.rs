@@ -113,6 +113,20 @@ pub struct SystemChoice {
     pub max_batch: Option<u32>,
 }
 
+impl SystemChoice {
+    /// Sets this system's policy and maximum batch on an app, where it gives them.
+    fn apply_to(&self, app: &mut AppConfig) {
+        if let Some(policy) = &self.policy {
+            app.policy = policy.clone();
+            app.params = self.params.clone();
+            app.params_file = None;
+        }
+        if self.max_batch.is_some() {
+            app.max_batch = self.max_batch;
+        }
+    }
+}
+
 /// A policy and its params.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -260,14 +274,7 @@ impl Experiment {
                                         a.arrivals = a.arrivals.as_ref().map(|s| s.with_rate(*l));
                                     }
                                     if let Some(sys) = sys.map(|i| &self.sweep.systems[i]) {
-                                        if let Some(policy) = &sys.policy {
-                                            a.policy = policy.clone();
-                                            a.params = sys.params.clone();
-                                            a.params_file = None;
-                                        }
-                                        if sys.max_batch.is_some() {
-                                            a.max_batch = sys.max_batch;
-                                        }
+                                        sys.apply_to(&mut a);
                                     }
                                     a
                                 })
@@ -315,11 +322,7 @@ fn system_allocators(text: &str, e: &Experiment) -> Result<Vec<AllocatorConfig>>
                 .try_into()
                 .map_err(|err| anyhow::anyhow!("sweep.systems.{}.allocator: {err}", sys.label))?;
             let mut apps = e.apps.clone();
-            for app in &mut apps {
-                if sys.max_batch.is_some() {
-                    app.max_batch = sys.max_batch;
-                }
-            }
+            apps.iter_mut().for_each(|app| sys.apply_to(app));
             sluice_alloc::config::validate(&apps, &e.devices, &a)
                 .map_err(|err| anyhow::anyhow!("sweep.systems.{}: {err}", sys.label))?;
             Ok(a)
