@@ -159,6 +159,12 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
             "method = \"infaas-accuracy\" moves devices itself: placement must be \"dynamic\"",
         ));
     }
+    if a.method == crate::planner::Method::InfaasAccuracy && a.spare == crate::planner::Spare::Replicate {
+        return Err(invalid(
+            "allocator.spare".into(),
+            "method = \"infaas-accuracy\" releases devices itself: spare must be \"idle\"",
+        ));
+    }
     for name in a.demand_qps.keys() {
         if !apps.iter().any(|x| &x.name == name) {
             return Err(invalid(format!("allocator.demand_qps.{name}"), "no app of that name"));

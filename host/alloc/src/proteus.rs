@@ -414,8 +414,11 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
         // Loki step 1: only each app's most accurate variant among those that fit
         // somewhere; minimise the devices used, at the ladder's first factor.
         let beta = problem.ladder.beta;
+        // Among the variants the problem allows.
         let best: Vec<Option<f64>> = (0..problem.apps.len())
-            .map(|q| cands.iter().filter(|c| c.q == q).map(|c| c.accuracy).reduce(f64::max))
+            .map(|q| {
+                cands.iter().zip(&allowed).filter(|(c, ok)| **ok && c.q == q).map(|(c, _)| c.accuracy).reduce(f64::max)
+            })
             .collect();
         let keep: Vec<bool> = cands
             .iter()

@@ -250,3 +250,25 @@ fn the_planner_runs_infaas_as_a_heuristic() {
     assert!(a.error.is_none());
     assert!(p.current().is_some());
 }
+
+#[test]
+fn hardware_first_within_a_restriction_uses_the_allowed_variants() {
+    // Least accurate only: hardware scaling places the small variants, not nothing.
+    let mut p = problem(40.0, 40.0);
+    p.objective = Objective::HardwareFirst;
+    p.variants = Variants::LeastAccurate;
+    let out = proteus::solve(&p).unwrap();
+    let plan = out.plan.expect("feasible");
+    assert_eq!(plan.step, proteus::Step::Hardware, "{:?}", out.attempts);
+    assert!(models(&plan).iter().all(|m| m.ends_with("-small")), "{:?}", models(&plan));
+}
+
+#[test]
+fn infaas_with_replicated_spares_is_refused() {
+    let c = config(|c| {
+        c.method = Method::InfaasAccuracy;
+        c.spare = sluice_alloc::planner::Spare::Replicate;
+    });
+    let err = sluice_alloc::config::validate(&[], &[], &c).unwrap_err();
+    assert_eq!(err.field, "allocator.spare");
+}
