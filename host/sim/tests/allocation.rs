@@ -77,3 +77,27 @@ fn device_experiments_are_checked() {
     let e = Experiment::parse(&bad, "e.toml", dir.path()).map(|_| ()).unwrap_err().to_string();
     assert_eq!(e, "e.toml: app.a.workers: with [[device]], one worker per device: expected 4");
 }
+
+#[test]
+fn a_sweep_systems_allocator_keys_are_checked_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    experiment(dir.path());
+    let text = std::fs::read_to_string(dir.path().join("e.toml")).unwrap();
+    let with = |system: &str| format!("{text}\n[[sweep.systems]]\n{system}\n");
+    let err =
+        |system: &str| Experiment::parse(&with(system), "e.toml", dir.path()).map(|_| ()).unwrap_err().to_string();
+    let e = err("label = \"X\"\nallocator = { replan = \"sometimes\" }");
+    assert!(e.starts_with("e.toml: sweep.systems.X.allocator: unknown variant `sometimes`"), "{e}");
+    let e = err("label = \"Y\"\nallocator = { period = 3 }");
+    assert!(e.starts_with("e.toml: sweep.systems.Y.allocator: unknown field `period`"), "{e}");
+    let e = err("label = \"Z\"\nmax_batch = 1\nallocator = { method = \"infaas-accuracy\", placement = \"fixed\" }");
+    assert!(e.starts_with("e.toml: sweep.systems.Z: allocator.placement"), "{e}");
+    // A good one runs under its label, with its keys over [allocator]'s.
+    let e = Experiment::parse(&with("label = \"static\"\nallocator = { replan = \"never\" }"), "e.toml", dir.path())
+        .unwrap();
+    let runs = e.runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].policy_label, "static");
+    assert_eq!(runs[0].allocator.replan, sluice_alloc::planner::Replan::Never);
+    assert_eq!(runs[0].allocator.objective, e.allocator.objective);
+}
