@@ -202,3 +202,43 @@ async fn a_demand_shift_replans_under_load_without_losing_a_request() {
     assert_eq!(status["counters"]["accepted"], status["counters"]["served"], "{status}");
     server.stop().await.unwrap();
 }
+
+/// InfAdapter on the live host: 20 core devices, the ILP's plan from the measured
+/// capacity table; each core worker loads the variant the plan put on it, and
+/// requests go only to cores with a share, served by their variant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infadapter_plans_cores_and_the_server_follows() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = root.display();
+    let config = format!(
+        "[[device]]\ntype = \"core\"\ncount = 20\nprofile = \"{root}/profiles/infadapter-resnet-cpu1.toml\"\n\n\
+         [allocator]\nmethod = \"infadapter\"\nforecaster = \"peak-ahead\"\nperiod_s = 30\ndemand_qps = {{ image = 48 }}\n\n\
+         [allocator.cores]\ncapacity = \"{root}/profiles/infadapter-resnet-capacity.toml\"\n\n\
+         [[app]]\nname = \"image\"\nexecutor = \"emulated\"\nprofile = \"{root}/profiles/infadapter-resnet-cpu1.toml\"\n\
+         input = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nslo_ms = 750\nworkers = 20\nmax_batch = 1\n\
+         router = \"weighted\"\npolicy = \"fixed\"\nparams = {{ allocated = true }}\n"
+    );
+    let server = TestServer::start(&config).await.unwrap();
+    let mut c = server.client().await;
+    let alloc = admin(&mut c, "GET", "/admin/allocation", b"").await.json();
+    assert_eq!(alloc["allocation"]["status"], json!("optimal"), "{alloc}");
+    let devices = alloc["allocation"]["plan"]["devices"].as_array().unwrap().clone();
+    let planned: Vec<Option<String>> = devices.iter().map(|d| d["model"].as_str().map(String::from)).collect();
+    let used = planned.iter().filter(|m| m.is_some()).count();
+    assert!((2..=20).contains(&used), "{alloc}");
+    // Each core of an n-core replica runs at n / saturation(n).
+    assert!(devices.iter().filter(|d| d["model"].is_string()).all(|d| d["service_us"].as_u64().is_some()), "{alloc}");
+    let status = app_status(&mut c, "image").await;
+    for (w, m) in planned.iter().enumerate() {
+        let loaded = status["workers"][w]["loaded"].as_array().unwrap().len();
+        assert_eq!(loaded, usize::from(m.is_some()), "core {w}: planned {m:?}, loaded {loaded}");
+    }
+    for i in 0..12 {
+        let r = c.post_json("/v2/models/image/infer", &small_infer(i)).await.unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let p: Value = r.json()["parameters"].clone();
+        let w = p["worker"].as_u64().unwrap() as usize;
+        assert_eq!(p["variant"].as_str(), planned[w].as_deref(), "served on core {w}");
+    }
+    server.stop().await.unwrap();
+}

@@ -4,10 +4,11 @@
 //! worker sees, and the allocation problem for a demand.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use sluice_core::app_config::{AppConfig, InvalidField};
+use sluice_core::demand::{DecayingPercentile, Ewma, Forecaster, PeakAhead};
 use sluice_core::profile::Profile;
 use sluice_core::router::RouterMode;
 use sluice_sdk as sdk;
@@ -95,6 +96,10 @@ pub struct AllocatorConfig {
     /// `[allocator.infaas]`: the greedy autoscaler's thresholds.
     #[serde(default)]
     pub infaas: crate::infaas::Settings,
+    /// `[allocator.cores]`: the core-scaling methods' capacity table and settings
+    /// (`method = "infadapter" | "model-switching-plus" | "vpa"`).
+    #[serde(default)]
+    pub cores: crate::cores::CoreSettings,
 }
 
 fn default_batch_sizes() -> Vec<u32> {
@@ -119,6 +124,30 @@ pub enum ForecasterKind {
     Ewma,
     /// InfAdapter's: the last minute's peak second, + 10 %.
     PeakAhead,
+    /// The Vertical Pod Autoscaler recommender's: the 90th percentile of every second
+    /// seen, weights halving every 24 h.
+    VpaPercentile,
+}
+
+impl AllocatorConfig {
+    /// The forecaster `forecaster` names.
+    pub fn forecaster(&self) -> Box<dyn Forecaster> {
+        match self.forecaster {
+            ForecasterKind::Ewma => Box::new(Ewma::default()),
+            ForecasterKind::PeakAhead => Box::new(PeakAhead::default()),
+            ForecasterKind::VpaPercentile => Box::new(DecayingPercentile::default()),
+        }
+    }
+
+    /// Resolves the relative paths in it (the capacity table) against `base`, the
+    /// directory of the file it was read from.
+    pub fn rebase(&mut self, base: &Path) {
+        if let Some(p) = self.cores.capacity.as_mut() {
+            if p.is_relative() && !base.as_os_str().is_empty() {
+                *p = base.join(&*p);
+            }
+        }
+    }
 }
 
 impl Default for AllocatorConfig {
@@ -141,6 +170,7 @@ impl Default for AllocatorConfig {
             routing: Default::default(),
             spare: Default::default(),
             infaas: Default::default(),
+            cores: Default::default(),
         }
     }
 }
@@ -153,17 +183,21 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
     let a = allocator;
     a.solver.validate().map_err(|m| invalid("allocator.solver".into(), &m))?;
     a.infaas.validate().map_err(|m| invalid("allocator.infaas".into(), &m))?;
-    if a.method == crate::planner::Method::InfaasAccuracy && a.placement == crate::planner::Placement::Fixed {
+    let heuristic = a.method != crate::planner::Method::Milp;
+    if heuristic && a.placement == crate::planner::Placement::Fixed {
         return Err(invalid(
             "allocator.placement".into(),
-            "method = \"infaas-accuracy\" moves devices itself: placement must be \"dynamic\"",
+            &format!("method = \"{}\" moves devices itself: placement must be \"dynamic\"", a.method.name()),
         ));
     }
-    if a.method == crate::planner::Method::InfaasAccuracy && a.spare == crate::planner::Spare::Replicate {
+    if heuristic && a.spare == crate::planner::Spare::Replicate {
         return Err(invalid(
             "allocator.spare".into(),
-            "method = \"infaas-accuracy\" releases devices itself: spare must be \"idle\"",
+            &format!("method = \"{}\" releases devices itself: spare must be \"idle\"", a.method.name()),
         ));
+    }
+    if a.method.is_cores() {
+        validate_cores(apps, devices, a)?;
     }
     for name in a.demand_qps.keys() {
         if !apps.iter().any(|x| &x.name == name) {
@@ -211,6 +245,38 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
                 format!("app.{}.router", app.name),
                 "with [[device]], requests follow the allocator's shares: router = \"weighted\"",
             ));
+        }
+    }
+    Ok(())
+}
+
+/// The core methods plan one app on one device type of cores, from a capacity table
+/// that has the app's variants (and the VPA's one variant).
+fn validate_cores(apps: &[AppConfig], devices: &[DeviceConfig], a: &AllocatorConfig) -> Result<(), InvalidField> {
+    let invalid = |field: &str, message: String| InvalidField { field: field.to_string(), message };
+    a.cores.validate().map_err(|m| invalid("allocator.cores", m))?;
+    if devices.len() != 1 || apps.len() != 1 {
+        return Err(invalid(
+            "allocator.method",
+            "the core methods plan one [[app]] on one [[device]] group (its cores)".into(),
+        ));
+    }
+    let model = crate::cores::CoreModel::load(&a.cores).map_err(|m| invalid("allocator.cores.capacity", m))?;
+    if let Some(models) = &apps[0].models {
+        if !models.iter().any(|m| model.has(m)) {
+            return Err(invalid(
+                "allocator.cores.capacity",
+                format!("none of app {}'s models is in the capacity table", apps[0].name),
+            ));
+        }
+    }
+    if a.method == crate::planner::Method::Vpa {
+        match &a.cores.variant {
+            None => return Err(invalid("allocator.cores.variant", "required by method = \"vpa\"".into())),
+            Some(v) if !model.has(v) => {
+                return Err(invalid("allocator.cores.variant", format!("`{v}` is not in the capacity table")))
+            }
+            Some(_) => {}
         }
     }
     Ok(())

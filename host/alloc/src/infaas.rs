@@ -273,10 +273,18 @@ impl Scaler<'_> {
                             app: Some(self.problem.apps[c.q].name.clone()),
                             model: Some(c.model.clone()),
                             share: c.cap.qps / caps[c.q].max(1e-12),
+                            service_us: None,
                         }
                     }
                     None => {
-                        DevicePlan { device: name, device_type: dev.name.clone(), app: None, model: None, share: 0.0 }
+                        DevicePlan {
+                        device: name,
+                        device_type: dev.name.clone(),
+                        app: None,
+                        model: None,
+                        share: 0.0,
+                        service_us: None,
+                    }
                     }
                 }
             })

@@ -94,8 +94,14 @@ pub struct Problem {
     /// The load to serve (λ), requests/s: InfAdapter's forecast of the next
     /// minute's peak, plus its 10 % margin.
     pub demand_rps: f64,
-    /// The core budget B.
+    /// The core budget B (cores are costed as a fraction of it).
     pub budget_cores: u32,
+    /// Cores a plan may use, at most, when fewer than B (the reference caps them at
+    /// what the most accurate variant alone needs for λ; `cores::plan`).
+    pub usable_cores: Option<u32>,
+    /// One variant only (Model-Switching+, InfAdapter §5: the same objective over
+    /// single-variant plans).
+    pub single: bool,
     /// Cores of a variant in use, at least (the reference's 2).
     pub min_cores: u32,
     /// Cores each variant has now (absent: not loaded).
@@ -198,7 +204,13 @@ fn solve_at(problem: &Problem, beta: f64) -> Result<(SolveReport, Option<Plan>),
         }
         m.constrain(constraint!(lc >= variant.load_time_s - variant.load_time_s * unchanged));
     }
-    m.constrain(constraint!(cores.clone() <= problem.budget_cores as f64));
+    let usable = problem.usable_cores.unwrap_or(problem.budget_cores).min(problem.budget_cores);
+    m.constrain(constraint!(cores.clone() <= usable as f64));
+    if problem.single {
+        // At most one variant off its 0-core option.
+        let used: Expression = y.iter().map(|yv| 1.0 - yv[0]).sum();
+        m.constrain(constraint!(used <= 1.0));
+    }
     let total: Expression = quota.iter().copied().sum();
     m.constrain(constraint!(total == served));
     let w = &problem.weights;

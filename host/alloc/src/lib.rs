@@ -17,6 +17,8 @@
 //!   baseline of Proteus's evaluation around it (a static plan, fixed placement,
 //!   restricted variants, uniform routing, [`infaas`]'s greedy autoscaler) — for the
 //!   live host and the simulator alike.
+//! - [`cores`]: InfAdapter's world — variants on CPU cores from a capacity table,
+//!   planned by its ILP, by Model-Switching+ or by a VPA-like rule (§5's systems).
 //! - [`Allocator`]: repeated solves that never leave the caller without a plan: a
 //!   solve that fails or finds none falls back to the last feasible plan.
 //!
@@ -24,6 +26,7 @@
 //! `docs/allocator.md`.
 
 pub mod config;
+pub mod cores;
 pub mod infaas;
 pub mod infadapter;
 pub mod ladder;
@@ -111,6 +114,48 @@ impl Allocator {
         }
     }
 
+    /// Keeps the last plan without solving, reporting `status` (a planner that chose
+    /// not to re-plan now).
+    pub fn keep(&self, status: &str) -> Allocation {
+        Allocation { status: status.into(), error: None, ..self.fail(String::new()) }
+    }
+
+    /// Records a solve's result: its plan in force when there is one, otherwise the
+    /// last plan kept (`fallback`, or `infeasible` when there is none).
+    pub fn solved(
+        &mut self,
+        report: SolveReport,
+        solves: usize,
+        solve_seconds: f64,
+        plan: Option<AnyPlan>,
+    ) -> Allocation {
+        match plan {
+            Some(plan) => {
+                self.last = Some(plan.clone());
+                Allocation {
+                    status: status_name(report.status).into(),
+                    objective: report.objective,
+                    gap: report.gap,
+                    solve_seconds,
+                    solves,
+                    report: Some(report),
+                    error: None,
+                    plan: Some(plan),
+                }
+            }
+            None => Allocation {
+                status: if self.last.is_some() { "fallback".into() } else { "infeasible".into() },
+                objective: None,
+                gap: None,
+                solve_seconds,
+                solves,
+                report: Some(report),
+                error: None,
+                plan: self.last.clone(),
+            },
+        }
+    }
+
     /// Keeps the last plan and reports `error` (a solver or heuristic that failed).
     pub fn fail(&self, error: String) -> Allocation {
         Allocation {
@@ -138,29 +183,7 @@ impl Allocator {
             }),
         };
         match solved {
-            Ok((report, solves, solve_seconds, Some(plan))) => {
-                self.last = Some(plan.clone());
-                Allocation {
-                    status: status_name(report.status).into(),
-                    objective: report.objective,
-                    gap: report.gap,
-                    solve_seconds,
-                    solves,
-                    report: Some(report),
-                    error: None,
-                    plan: Some(plan),
-                }
-            }
-            Ok((report, solves, solve_seconds, None)) => Allocation {
-                status: if self.last.is_some() { "fallback".into() } else { "infeasible".into() },
-                objective: None,
-                gap: None,
-                solve_seconds,
-                solves,
-                report: Some(report),
-                error: None,
-                plan: self.last.clone(),
-            },
+            Ok((report, solves, solve_seconds, plan)) => self.solved(report, solves, solve_seconds, plan),
             Err(e) => self.fail(e),
         }
     }

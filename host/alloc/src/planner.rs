@@ -20,6 +20,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AllocatorConfig;
+use crate::cores::{self, CoreMethod, CoreModel};
 use crate::proteus::{self, Plan};
 use crate::{infaas, Allocation, Allocator, AnyPlan, AnyProblem};
 
@@ -32,6 +33,30 @@ pub enum Method {
     Milp,
     /// INFaaS-Accuracy's greedy autoscaler (`infaas::step`).
     InfaasAccuracy,
+    /// InfAdapter's ILP on CPU cores (`cores::plan`).
+    Infadapter,
+    /// Model-Switching+: InfAdapter's ILP with one variant.
+    ModelSwitchingPlus,
+    /// A VPA-like autoscaler: one variant, cores sized to the load.
+    Vpa,
+}
+
+impl Method {
+    /// Whether it plans CPU cores from a capacity table (`cores`).
+    pub fn is_cores(self) -> bool {
+        matches!(self, Method::Infadapter | Method::ModelSwitchingPlus | Method::Vpa)
+    }
+
+    /// Its name in a config.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Milp => "milp",
+            Method::InfaasAccuracy => "infaas-accuracy",
+            Method::Infadapter => "infadapter",
+            Method::ModelSwitchingPlus => "model-switching-plus",
+            Method::Vpa => "vpa",
+        }
+    }
 }
 
 /// Whether the plan follows demand.
@@ -85,12 +110,16 @@ pub struct Planner {
     allocator: Allocator,
     config: AllocatorConfig,
     pins: Option<Vec<Vec<u32>>>,
+    /// The core methods' capacity table, loaded at the first plan.
+    cores: Option<CoreModel>,
+    /// Decisions skipped in a row while the forecast stayed within the plan's load.
+    stable: u32,
 }
 
 impl Planner {
     /// A planner with no plan yet.
     pub fn new(config: &AllocatorConfig) -> Planner {
-        Planner { allocator: Allocator::default(), config: config.clone(), pins: None }
+        Planner { allocator: Allocator::default(), config: config.clone(), pins: None, cores: None, stable: 0 }
     }
 
     /// Whether the control loop re-plans at all (not for a static plan).
@@ -115,6 +144,9 @@ impl Planner {
     /// pins and method apply). A plan that cannot be made leaves the last in force.
     pub fn plan(&mut self, mut problem: proteus::Problem) -> Allocation {
         problem.variants = self.config.variants;
+        if self.config.method.is_cores() {
+            return self.plan_cores(&problem);
+        }
         let mut allocation = match self.config.method {
             Method::Milp => {
                 if self.config.placement == Placement::Fixed {
@@ -122,6 +154,7 @@ impl Planner {
                 }
                 self.allocator.allocate(&AnyProblem::Proteus(problem.clone()))
             }
+            Method::Infadapter | Method::ModelSwitchingPlus | Method::Vpa => unreachable!("planned above"),
             Method::InfaasAccuracy => {
                 let started = Instant::now();
                 match infaas::step(&problem, self.current(), &self.config.infaas) {
@@ -153,6 +186,50 @@ impl Planner {
             }
         }
         allocation
+    }
+}
+
+impl Planner {
+    /// InfAdapter, Model-Switching+ or the VPA-like rule on the core devices. The
+    /// ILP methods keep the plan in force for up to `stabilization` decisions while
+    /// the forecast stays at or below the load it was made for (the reference's
+    /// stabilisation, which delays scaling down).
+    fn plan_cores(&mut self, problem: &proteus::Problem) -> Allocation {
+        let settings = &self.config.cores;
+        if self.cores.is_none() {
+            match CoreModel::load(settings) {
+                Ok(m) => self.cores = Some(m),
+                Err(e) => return self.allocator.fail(e),
+            }
+        }
+        let model = self.cores.as_ref().expect("loaded above");
+        let method = match self.config.method {
+            Method::Infadapter => CoreMethod::InfAdapter,
+            Method::ModelSwitchingPlus => CoreMethod::ModelSwitchingPlus,
+            _ => CoreMethod::Vpa,
+        };
+        let current = self.current().cloned();
+        if let (Some(plan), false) = (&current, method == CoreMethod::Vpa) {
+            let planned: f64 = plan.apps.iter().map(|a| a.demand_qps).sum();
+            let wanted: f64 = problem.apps.iter().map(|a| a.demand_qps).sum();
+            if wanted <= planned && self.stable < settings.stabilization {
+                self.stable += 1;
+                return self.allocator.keep("stabilized");
+            }
+        }
+        self.stable = 0;
+        let started = Instant::now();
+        match cores::plan(method, problem, settings, model, current.as_ref()) {
+            Ok((Some(outcome), plan)) => {
+                let secs = outcome.attempts.iter().map(|a| a.solve_seconds).sum();
+                self.allocator.solved(outcome.report, outcome.attempts.len(), secs, plan.map(AnyPlan::Proteus))
+            }
+            Ok((None, Some(plan))) => {
+                self.allocator.adopt(AnyPlan::Proteus(plan), "heuristic", started.elapsed().as_secs_f64())
+            }
+            Ok((None, None)) => self.allocator.fail("no plan".into()),
+            Err(e) => self.allocator.fail(e),
+        }
     }
 }
 

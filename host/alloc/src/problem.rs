@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sluice_core::profile::Profile;
 
+use crate::cores::CapacityTable;
 use crate::infadapter::{self, Weights};
 use crate::proteus::{self, Formulation, Ladder, Objective};
 use crate::solver::SolverSettings;
@@ -166,30 +167,6 @@ fn default_min_cores() -> u32 {
 }
 fn infadapter_ladder() -> Ladder {
     Ladder { beta: 1.0, ..Ladder::default() }
-}
-
-/// The capacity table (`profiles/*-capacity.toml`, kind = "capacity").
-#[derive(Deserialize)]
-struct CapacityTable {
-    #[serde(default)]
-    capacity_coef: Option<f64>,
-    point: Vec<CapacityPoint>,
-    model: Vec<CapacityModel>,
-}
-
-#[derive(Deserialize)]
-struct CapacityPoint {
-    model: String,
-    cpus: u32,
-    sla_us: u64,
-    capacity_rps: f64,
-}
-
-#[derive(Deserialize)]
-struct CapacityModel {
-    name: String,
-    accuracy: f64,
-    load_time_s: f64,
 }
 
 impl AnyProblem {
@@ -346,45 +323,15 @@ fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infa
         return Err(invalid("weights", "expected non-negative weights"));
     }
     let path = base.join(&f.capacity);
-    let shown = path.display().to_string();
-    let text =
-        std::fs::read_to_string(&path).map_err(|e| invalid("capacity", &format!("{shown}: cannot read: {e}")))?;
-    let table: CapacityTable = toml::from_str(&text).map_err(|e| invalid("capacity", &format!("{shown}: {e}")))?;
+    let table = CapacityTable::load(&path).map_err(|e| invalid("capacity", &e))?;
     let coef = f.capacity_coef.or(table.capacity_coef).unwrap_or(1.0);
     if !positive(coef) {
         return Err(invalid("capacity_coef", "expected a positive factor"));
     }
-    let sla_us = (f.sla_ms * 1000.0).round() as u64;
-    let names: Vec<String> = match &f.models {
-        Some(m) if m.is_empty() => return Err(invalid("models", "expected at least one model")),
-        Some(m) => m.clone(),
-        None => table.model.iter().map(|m| m.name.clone()).collect(),
-    };
-    let mut variants = Vec::new();
-    for name in &names {
-        let Some(model) = table.model.iter().find(|m| &m.name == name) else {
-            return Err(invalid("models", &format!("`{name}` is not in {shown}")));
-        };
-        let points: Vec<(f64, f64)> = table
-            .point
-            .iter()
-            .filter(|p| &p.model == name && p.sla_us == sla_us && f.fit_cpus.contains(&p.cpus))
-            .map(|p| (p.cpus as f64, p.capacity_rps))
-            .collect();
-        let Some((slope, intercept)) = infadapter::fit(&points) else {
-            return Err(invalid(
-                "fit_cpus",
-                &format!("{name}: fewer than two capacity points at sla_ms = {} in {shown}", f.sla_ms),
-            ));
-        };
-        variants.push(infadapter::Variant {
-            name: name.clone(),
-            accuracy: model.accuracy,
-            load_time_s: model.load_time_s,
-            slope,
-            intercept,
-        });
-    }
+    let variants = table
+        .variants(f.models.as_deref(), f.sla_ms, &f.fit_cpus)
+        .map_err(|(field, m)| invalid(field, &format!("{m} ({})", path.display())))?;
+    let names: Vec<String> = variants.iter().map(|v| v.name.clone()).collect();
     for name in f.current.keys() {
         if !names.contains(name) {
             return Err(invalid("current", &format!("`{name}` is not one of the models")));
@@ -394,6 +341,8 @@ fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infa
         variants,
         demand_rps: f.demand_rps,
         budget_cores: f.cores,
+        usable_cores: None,
+        single: false,
         min_cores: f.min_cores,
         current: f.current,
         capacity_coef: coef,

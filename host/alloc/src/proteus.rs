@@ -250,6 +250,11 @@ pub struct DevicePlan {
     pub model: Option<String>,
     /// Share of the app's demand routed to it.
     pub share: f64,
+    /// Per-request time of this device under the plan where it is not its
+    /// profile's: a core of an n-core replica runs at n / saturation(n)
+    /// (`cores::CapacityTable::service_us`). The simulator runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_us: Option<u64>,
 }
 
 /// A plan: what every device hosts and how each app's demand is split.
@@ -700,6 +705,7 @@ pub(crate) fn make_plan(
                 app: None,
                 model: None,
                 share: 0.0,
+                service_us: None,
             })
         })
         .collect();

@@ -306,6 +306,8 @@ fn infadapter_problem(rng: &mut Lcg, budget: u32) -> infadapter::Problem {
         variants,
         demand_rps: rng.range(10.0, 120.0),
         budget_cores: budget,
+        usable_cores: None,
+        single: false,
         min_cores: 2,
         current: BTreeMap::from([("v1".to_string(), 4)]),
         capacity_coef: 0.8,

@@ -131,5 +131,8 @@ fn bad_problem_files_name_file_and_field() {
         "problem.toml: current: `x` is not one of the models"
     );
     let e = error(&format!("{infadapter}models = [\"q\"]\n"));
-    assert!(e.starts_with("problem.toml: models: `q` is not in ") && e.ends_with("cap-capacity.toml"), "{e}");
+    assert!(
+        e.starts_with("problem.toml: models: `q` is not in the capacity table (") && e.ends_with("cap-capacity.toml)"),
+        "{e}"
+    );
 }

@@ -12,6 +12,9 @@
 //!   the next minute's peak by 10 %; without the trained LSTM, the last minute's peak
 //!   is the forecast, documented in docs/allocator.md).
 //! - [`WindowPeak`]: the highest per-second count over a window, no margin.
+//! - [`DecayingPercentile`]: the Kubernetes Vertical Pod Autoscaler's recommender —
+//!   a percentile of every sample seen, older ones weighing less (half-life 24 h),
+//!   for InfAdapter's VPA baseline.
 
 use std::collections::VecDeque;
 
@@ -150,6 +153,45 @@ impl Forecaster for PeakAhead {
     }
 }
 
+/// A percentile of the per-second counts, each weighted 2^(−age / half-life), as
+/// the Vertical Pod Autoscaler's recommender reads its decaying usage histogram
+/// (target = the 90th percentile, half-life 24 h: `pkg/recommender/logic` of
+/// kubernetes/autoscaler). Its safety margin is the planner's, not the forecast's.
+#[derive(Clone, Debug)]
+pub struct DecayingPercentile {
+    /// The percentile, in (0, 1] (VPA's target: 0.9).
+    pub percentile: f64,
+    /// Seconds for a sample's weight to halve (VPA: 86,400).
+    pub half_life_s: f64,
+}
+
+impl Default for DecayingPercentile {
+    fn default() -> Self {
+        DecayingPercentile { percentile: 0.9, half_life_s: 86_400.0 }
+    }
+}
+
+impl Forecaster for DecayingPercentile {
+    fn forecast(&self, per_second: &[f64]) -> f64 {
+        let n = per_second.len();
+        let mut weighted: Vec<(f64, f64)> = per_second
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, (-((n - 1 - i) as f64) / self.half_life_s.max(1e-9)).exp2()))
+            .collect();
+        weighted.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let total: f64 = weighted.iter().map(|w| w.1).sum();
+        let mut seen = 0.0;
+        for (x, w) in &weighted {
+            seen += w;
+            if seen >= self.percentile * total {
+                return *x;
+            }
+        }
+        weighted.last().map_or(0.0, |w| w.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +206,19 @@ mod tests {
         assert_eq!(m.per_second(3_500_000), vec![3.0, 1.0, 0.0]);
         // A long silence keeps only `history` zeros.
         assert_eq!(m.per_second(100_000_000), vec![0.0; 5]);
+    }
+
+    #[test]
+    fn decaying_percentile_weighs_recent_seconds_more() {
+        // Ten seconds: nine at 10, the last at 100. Equal weights: p90 is 10 (the
+        // ninth of ten samples); a half-life of 1 s gives the last sample half the
+        // total weight, so p90 is 100.
+        let counts: Vec<f64> = std::iter::repeat_n(10.0, 9).chain([100.0]).collect();
+        let flat = DecayingPercentile { percentile: 0.9, half_life_s: 1e12 };
+        assert_eq!(flat.forecast(&counts), 10.0);
+        let fast = DecayingPercentile { percentile: 0.9, half_life_s: 1.0 };
+        assert_eq!(fast.forecast(&counts), 100.0);
+        assert_eq!(DecayingPercentile::default().forecast(&[]), 0.0);
     }
 
     #[test]

@@ -28,9 +28,8 @@ use sluice_sdk as sdk;
 use std::sync::atomic::Ordering;
 
 use sluice_core::clock::Clock as _;
-use sluice_core::demand::{Ewma, Forecaster, PeakAhead};
 
-use crate::config::{AppConfig, Config, ExecutorKind, ForecasterKind};
+use crate::config::{AppConfig, Config, ExecutorKind};
 use crate::executor::{model_set, LoadedModel};
 use crate::state::{AppSources, ModelSource, State};
 
@@ -203,10 +202,7 @@ impl Allocation {
 /// The forecast demand of every app (at least `min_demand_qps`).
 fn forecast(state: &State, config: &Config) -> BTreeMap<String, f64> {
     let a = &config.allocator;
-    let f: Box<dyn Forecaster> = match a.forecaster {
-        ForecasterKind::Ewma => Box::new(Ewma::default()),
-        ForecasterKind::PeakAhead => Box::new(PeakAhead::default()),
-    };
+    let f = a.forecaster();
     state
         .apps
         .values()

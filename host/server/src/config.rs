@@ -112,6 +112,7 @@ impl Config {
         for d in &mut config.devices {
             rebase(&mut d.profile);
         }
+        config.allocator.rebase(base);
         config.validate(file)?;
         Ok(config)
     }

@@ -14,14 +14,14 @@ use super::arrivals::{generate, Arrival};
 use super::rng::Rng;
 use super::stats::{Fate, RunResult, Stats, WindowRow};
 use super::{Experiment, LatencyModel, PolicyCache, RunSpec};
-use sluice_alloc::config::{AllocatorConfig, DevicePool, ForecasterKind};
+use sluice_alloc::config::{AllocatorConfig, DevicePool};
 use sluice_alloc::planner::Planner;
 use sluice_alloc::proteus;
 use sluice_core::app_config::AppConfig as SimApp;
 use sluice_core::clock::{Clock as _, VirtualClock};
 use sluice_core::decision::Bound;
 use sluice_core::decision::{self, Context, Next, Queued};
-use sluice_core::demand::{DemandMonitor, Ewma, Forecaster, PeakAhead};
+use sluice_core::demand::DemandMonitor;
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
@@ -354,6 +354,8 @@ impl Simulation {
                 );
                 let mut r = r;
                 r.replans = self.alloc.as_ref().map(|al| al.replans);
+                let best = a.models.iter().map(|m| m.accuracy).fold(0.0, f64::max);
+                r.accuracy_loss = r.served_accuracy.map(|s| best - s);
                 (r, ts, a.stats.decide_seconds)
             })
             .collect()
@@ -459,6 +461,7 @@ impl Simulation {
         for r in &batch {
             let fate = if decision::met(now, r.deadline) { Fate::OnTime } else { Fate::Late };
             app.stats.finish(r.id, fate, accuracy);
+            app.stats.latency(r.id, now - r.arrival);
         }
         let worker = &mut app.workers[w];
         worker.busy = 0;
@@ -537,6 +540,7 @@ impl AllocState {
 impl Simulation {
     /// Loads each planned variant on its worker and sets every app's weights.
     fn apply(&mut self, plan: &proteus::Plan) {
+        let now = self.clock.now();
         for app in &mut self.apps {
             let mut weights = vec![0.0; app.workers.len()];
             for (w, d) in plan.devices.iter().enumerate().take(app.workers.len()) {
@@ -544,9 +548,21 @@ impl Simulation {
                     weights[w] = d.share;
                     if let Some(id) = d.model.as_ref().and_then(|m| app.models.iter().position(|x| &x.name == m)) {
                         app.workers[w].loaded = vec![id as u32];
+                        if let Some(us) = d.service_us {
+                            // A core of a replica: every batch size at the replica's time.
+                            let last = app.latency.len() - 1;
+                            let sampler = &mut app.latency[w.min(last)];
+                            sampler.tables[id] = std::array::from_fn(|_| vec![us]);
+                            sampler.policy_tables[id] = vec![us];
+                            if let Some(dm) = app.device_models.as_mut() {
+                                dm[w][id].latency = vec![us];
+                            }
+                        }
                     }
                 }
             }
+            let used = plan.devices.iter().filter(|d| d.app.as_deref() == Some(app.spec.name.as_str())).count();
+            app.stats.devices_in_use(now, used as u32);
             if weights.iter().sum::<f64>() > 0.0 {
                 let _ = app.router.set_weights(&weights);
             }
@@ -572,10 +588,7 @@ impl Simulation {
     /// Every second: forecast, and re-plan when the period is over or a forecast moved.
     fn alloc_tick(&mut self, now: u64) {
         let Some(mut alloc) = self.alloc.take() else { return };
-        let f: Box<dyn Forecaster> = match alloc.config.forecaster {
-            ForecasterKind::Ewma => Box::new(Ewma::default()),
-            ForecasterKind::PeakAhead => Box::new(PeakAhead::default()),
-        };
+        let f = alloc.config.forecaster();
         let demand: BTreeMap<String, f64> = self
             .apps
             .iter()

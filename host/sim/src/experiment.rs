@@ -218,9 +218,10 @@ impl Experiment {
         for d in &mut e.devices {
             d.profile = base.join(&d.profile);
         }
+        e.allocator.rebase(base);
         sluice_alloc::config::validate(&e.apps, &e.devices, &e.allocator)
             .map_err(|err| anyhow::anyhow!("{origin}: {err}"))?;
-        e.system_allocators = system_allocators(text, &e).map_err(|err| anyhow::anyhow!("{origin}: {err}"))?;
+        e.system_allocators = system_allocators(text, &e, base).map_err(|err| anyhow::anyhow!("{origin}: {err}"))?;
         for a in &mut e.apps {
             if let Some(spec) = e.arrivals.get(&a.name) {
                 a.arrivals = Some(spec.clone());
@@ -301,7 +302,7 @@ impl Experiment {
 
 /// Each system's `[allocator]`: the experiment's table with the system's keys
 /// replacing its own, read (and checked) as any `[allocator]` is.
-fn system_allocators(text: &str, e: &Experiment) -> Result<Vec<AllocatorConfig>> {
+fn system_allocators(text: &str, e: &Experiment, base_dir: &Path) -> Result<Vec<AllocatorConfig>> {
     if e.sweep.systems.is_empty() {
         return Ok(Vec::new());
     }
@@ -316,11 +317,21 @@ fn system_allocators(text: &str, e: &Experiment) -> Result<Vec<AllocatorConfig>>
         .map(|sys| {
             let mut merged = base.clone();
             for (k, v) in &sys.allocator {
-                merged.insert(k.clone(), v.clone());
+                // A sub-table (`cores = { variant = "resnet18" }`) is merged key by
+                // key over the experiment's, so a system names only what differs.
+                match (merged.get_mut(k), v) {
+                    (Some(toml::Value::Table(mine)), toml::Value::Table(theirs)) => {
+                        mine.extend(theirs.iter().map(|(k, v)| (k.clone(), v.clone())))
+                    }
+                    _ => {
+                        merged.insert(k.clone(), v.clone());
+                    }
+                }
             }
-            let a: AllocatorConfig = toml::Value::Table(merged)
+            let mut a: AllocatorConfig = toml::Value::Table(merged)
                 .try_into()
                 .map_err(|err| anyhow::anyhow!("sweep.systems.{}.allocator: {err}", sys.label))?;
+            a.rebase(base_dir);
             let mut apps = e.apps.clone();
             apps.iter_mut().for_each(|app| sys.apply_to(app));
             sluice_alloc::config::validate(&apps, &e.devices, &a)

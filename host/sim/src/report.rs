@@ -7,7 +7,10 @@
 //!   requests vs load, one line per policy (RAMSIS Fig. 6, spread-drop Figs. 3–5);
 //! - otherwise: grouped bars of the violation rate and accuracy, one group per app
 //!   (an arrival pattern, Proteus Fig. 6);
-//! - trace runs: the violation rate per time window from `timeseries.csv`.
+//! - trace runs: the violation rate per time window from `timeseries.csv`;
+//! - runs of one app on `[[device]]`s (`devices.csv`): devices in use and p99
+//!   latency per window, and a table of accuracy loss, violations, p99 and devices
+//!   used (InfAdapter Fig. 5 and 6).
 //!
 //! The SVG code is two generic functions: [`line_chart`] and [`bar_chart`].
 
@@ -55,6 +58,8 @@ struct Row {
     max_misses: f64,
     weakly_hard: Option<(u64, f64)>,
     overloaded: bool,
+    /// Runs on `[[device]]`s: (mean devices, p99 ms, served accuracy, accuracy loss).
+    devices: Option<(f64, f64, f64, f64)>,
 }
 
 impl Row {
@@ -80,6 +85,10 @@ impl Row {
                 (k, w.get("worst_misses_in_window").and_then(Value::as_f64).unwrap_or(f64::NAN))
             }),
             overloaded: v.get("overloaded").is_some_and(|o| !o.is_null()),
+            devices: num("mean_devices").ok().map(|d| {
+                let opt = |k: &str| num(k).unwrap_or(f64::NAN);
+                (d, opt("p99_latency_ms"), opt("served_accuracy"), opt("accuracy_loss"))
+            }),
         })
     }
 
@@ -293,6 +302,38 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
         }
     }
 
+    // Runs on [[device]]s: what each used and its tail over time (devices.csv).
+    let dev_path = dir.join("devices.csv");
+    // One app only: with several (Proteus's nine), the whole-system figures below
+    // say more than a line per app and system would.
+    let mut on_devices: Vec<&Group> = groups.iter().filter(|g| g.rows.iter().all(|r| r.devices.is_some())).collect();
+    if unique(on_devices.iter().map(|g| g.app.clone())).len() > 1 {
+        on_devices.clear();
+    }
+    if !on_devices.is_empty() && dev_path.exists() {
+        let dev = read_devices(&dev_path)?;
+        for (name, y_label, col) in
+            [("devices", "devices in use (cores)", 0usize), ("p99", "p99 latency of served requests (ms)", 1)]
+        {
+            let series: Vec<Series> = on_devices
+                .iter()
+                .map(|g| {
+                    let run = g.rows[0].run;
+                    Series {
+                        label: format!("{} ({})", series_label(g), g.app),
+                        points: dev
+                            .iter()
+                            .filter(|d| d.0 == run && d.1 == g.app)
+                            .map(|d| (d.2, if col == 0 { d.3 } else { d.4 }))
+                            .collect(),
+                    }
+                })
+                .collect();
+            let chart_title = format!("{title}: {y_label} per window (first seed)");
+            write_svg(format!("devices-{name}.svg"), chart_title.clone(), line_chart(&chart_title, "time (s)", y_label, &series))?;
+        }
+    }
+
     // Whole systems (several policies or systems, several apps on traces): the
     // figures of Proteus's Fig. 4 summed over the apps.
     let systems = if unique(traced.iter().map(|g| g.app.clone())).len() > 1
@@ -369,6 +410,36 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
                 fmt_num(s.max_drop.1),
                 s.violation,
                 s.throughput
+            );
+        }
+        md.push('\n');
+    }
+    if !on_devices.is_empty() {
+        let _ = writeln!(
+            md,
+            "Runs on devices: mean accuracy of everything served (late included), its loss \
+             against the app's most accurate variant, the share of requests not served on \
+             time, p99 latency of the served ones, devices in use (time-weighted mean).\n\n\
+             | app | system | served accuracy | accuracy loss | violation rate | p99 (ms) | devices |\n\
+             |---|---|---|---|---|---|---|"
+        );
+        for g in &on_devices {
+            let d = |k: usize| {
+                g.mean(|r| {
+                    let v = r.devices.unwrap_or_default();
+                    [v.0, v.1, v.2, v.3][k]
+                })
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.4} | {:.2} % | {:.4} | {:.0} | {:.1} |",
+                g.app,
+                series_label(g),
+                d(2),
+                100.0 * d(3),
+                g.mean(|r| r.violation_rate),
+                d(1),
+                d(0)
             );
         }
         md.push('\n');
@@ -502,6 +573,23 @@ struct Window {
     on_time: f64,
     late: f64,
     accuracy: f64,
+}
+
+/// devices.csv: `run,app,window_start_s,devices,p99_ms` rows as
+/// (run, app, window start, devices, p99 ms).
+fn read_devices(path: &Path) -> Result<Vec<(u64, String, f64, f64, f64)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        let cols: Vec<&str> = line.split(',').collect();
+        let bad = || anyhow::anyhow!("{}:{}: malformed row", path.display(), i + 1);
+        if cols.len() != 5 {
+            return Err(bad());
+        }
+        let f = |j: usize| cols[j].parse::<f64>().map_err(|_| bad());
+        out.push((cols[0].parse().map_err(|_| bad())?, cols[1].to_string(), f(2)?, f(3)?, f(4)?));
+    }
+    Ok(out)
 }
 
 /// timeseries.csv: `run,app,policy,window_start_s,arrivals,on_time,late,dropped,accuracy`.

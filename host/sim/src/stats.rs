@@ -39,6 +39,11 @@ pub struct Stats {
     accuracy: Vec<f64>,
     batch_sizes: BTreeMap<usize, u64>,
     model_mix: BTreeMap<String, u64>,
+    /// Per request: arrival to completion, µs (served ones).
+    latency_us: Vec<u64>,
+    /// (time µs, devices hosting the app's variants from then on), for runs on
+    /// `[[device]]`s.
+    devices: Vec<(u64, u32)>,
     /// Policy faults answered by the safe decision.
     pub faults: u64,
     /// `decide` calls.
@@ -55,6 +60,8 @@ impl Stats {
             fates: vec![Fate::Pending; n],
             arrivals,
             accuracy: vec![0.0; n],
+            latency_us: vec![0; n],
+            devices: Vec::new(),
             batch_sizes: BTreeMap::new(),
             model_mix: BTreeMap::new(),
             faults: 0,
@@ -67,6 +74,33 @@ impl Stats {
     pub fn finish(&mut self, id: u64, fate: Fate, accuracy: f64) {
         self.fates[id as usize] = fate;
         self.accuracy[id as usize] = accuracy;
+    }
+
+    /// Request `id` was served `us` after it arrived.
+    pub fn latency(&mut self, id: u64, us: u64) {
+        self.latency_us[id as usize] = us;
+    }
+
+    /// From `now` on, `n` devices host the app's variants.
+    pub fn devices_in_use(&mut self, now: u64, n: u32) {
+        self.devices.push((now, n));
+    }
+
+    /// The time-weighted mean of devices in use over [from, to) µs (None without a
+    /// device log).
+    fn mean_devices(&self, from: u64, to: u64) -> Option<f64> {
+        if self.devices.is_empty() || to <= from {
+            return None;
+        }
+        let mut area = 0.0;
+        for (k, &(t, n)) in self.devices.iter().enumerate() {
+            let end = self.devices.get(k + 1).map_or(u64::MAX, |x| x.0);
+            let (a, b) = (t.max(from), end.min(to));
+            if b > a {
+                area += n as f64 * (b - a) as f64;
+            }
+        }
+        Some(area / (to - from) as f64)
     }
 
     /// A batch of `size` ran on `model`.
@@ -144,6 +178,16 @@ impl Stats {
             decide_calls: self.decide_calls,
             overloaded,
             replans: None,
+            p99_latency_ms: (!self.devices.is_empty()).then(|| {
+                p99_ms(self.fates.iter().zip(&self.latency_us).filter(|(f, _)| served(**f)).map(|(_, l)| *l))
+            }),
+            mean_devices: self.mean_devices(0, duration_us),
+            served_accuracy: (!self.devices.is_empty() && on_time + late > 0).then(|| {
+                let mass: f64 =
+                    self.fates.iter().zip(&self.accuracy).filter(|(f, _)| served(**f)).map(|(_, a)| a).sum();
+                mass / (on_time + late) as f64
+            }),
+            accuracy_loss: None,
         };
         let mut windows: BTreeMap<u64, WindowRow> = BTreeMap::new();
         for (i, f) in self.fates.iter().enumerate() {
@@ -170,11 +214,36 @@ impl Stats {
             .into_values()
             .map(|mut r| {
                 r.accuracy = if r.on_time > 0 { r.accuracy / r.on_time as f64 } else { 0.0 };
+                if !self.devices.is_empty() {
+                    let from = (r.window_start_s * 1e6).round() as u64;
+                    let to = from + window_us.max(1);
+                    r.devices = self.mean_devices(from, to);
+                    r.p99_ms = Some(p99_ms(
+                        (0..self.fates.len())
+                            .filter(|&i| self.arrivals[i] >= from && self.arrivals[i] < to && served(self.fates[i]))
+                            .map(|i| self.latency_us[i]),
+                    ));
+                }
                 r
             })
             .collect();
         (result, rows)
     }
+}
+
+fn served(f: Fate) -> bool {
+    matches!(f, Fate::OnTime | Fate::Late)
+}
+
+/// The 99th percentile (nearest rank) of latencies in µs, in ms; 0 with none.
+fn p99_ms(latencies: impl Iterator<Item = u64>) -> f64 {
+    let mut l: Vec<u64> = latencies.collect();
+    if l.is_empty() {
+        return 0.0;
+    }
+    l.sort_unstable();
+    let rank = ((0.99 * l.len() as f64).ceil() as usize).clamp(1, l.len());
+    l[rank - 1] as f64 / 1000.0
 }
 
 /// (m, K) weakly-hard check.
@@ -246,6 +315,21 @@ pub struct RunResult {
     /// Re-plans the allocator made during the run (runs on `[[device]]`s only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replans: Option<usize>,
+    /// p99 latency of the served requests, ms (runs on `[[device]]`s only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_latency_ms: Option<f64>,
+    /// Devices hosting the app's variants, time-weighted mean over the run (runs on
+    /// `[[device]]`s only: InfAdapter's cost, in cores).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_devices: Option<f64>,
+    /// Mean accuracy of every served request, late ones included (runs on
+    /// `[[device]]`s only: the accuracy a plan delivers, as InfAdapter counts it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_accuracy: Option<f64>,
+    /// The app's most accurate variant's accuracy minus `served_accuracy`
+    /// (InfAdapter's accuracy loss).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accuracy_loss: Option<f64>,
 }
 
 /// One time-series row.
@@ -269,6 +353,10 @@ pub struct WindowRow {
     pub dropped: u64,
     /// Mean accuracy of the on-time ones.
     pub accuracy: f64,
+    /// Runs on `[[device]]`s: p99 latency of the served ones, ms (`devices.csv`).
+    pub p99_ms: Option<f64>,
+    /// Runs on `[[device]]`s: devices hosting the app's variants, time-weighted.
+    pub devices: Option<f64>,
 }
 
 /// Wall-clock figures of one (run, app): `summary.json`.
@@ -302,7 +390,8 @@ pub struct Timing {
     pub simulated_requests_per_second: f64,
 }
 
-/// Writes results.json, results.csv, timeseries.csv (deterministic) and summary.json.
+/// Writes results.json, results.csv, timeseries.csv, devices.csv (runs on
+/// `[[device]]`s; all deterministic) and summary.json.
 pub fn write_outputs(dir: &Path, out: &super::ExperimentOutput) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let write = |name: &str, text: String| {
@@ -347,5 +436,22 @@ pub fn write_outputs(dir: &Path, out: &super::ExperimentOutput) -> Result<()> {
             w.run, w.app, w.policy, w.window_start_s, w.arrivals, w.on_time, w.late, w.dropped, w.accuracy
         );
     }
-    write("timeseries.csv", ts)
+    write("timeseries.csv", ts)?;
+    if out.timeseries.iter().any(|w| w.devices.is_some()) {
+        // Runs on [[device]]s: what they used and their tail, per window.
+        let mut dev = String::from("run,app,window_start_s,devices,p99_ms\n");
+        for w in out.timeseries.iter().filter(|w| w.devices.is_some()) {
+            let _ = writeln!(
+                dev,
+                "{},{},{:.3},{:.3},{:.3}",
+                w.run,
+                w.app,
+                w.window_start_s,
+                w.devices.unwrap_or(0.0),
+                w.p99_ms.unwrap_or(0.0)
+            );
+        }
+        write("devices.csv", dev)?;
+    }
+    Ok(())
 }

@@ -6,32 +6,41 @@
 //! ([`helpers::largest_feasible_batch`]); nothing is dropped. When the named
 //! model is not loaded on this worker (the allocator moved it) the worker falls
 //! back to [`helpers::safe_decision`] and logs one warning per such episode.
+//!
+//! With `{"allocated": true}` instead of a model, each worker serves with the
+//! variant the allocator loaded on it (the most accurate one loaded), first come
+//! first served, nothing dropped: a worker as TF Serving runs one, for allocators
+//! that choose variants per device (InfAdapter's experiment, docs/allocator.md).
 
 use serde::Deserialize;
 use sluice_sdk::{helpers, log, Config, Decision, Level, Policy, View};
 
-/// The policy's parameters: `{"model": "<variant name>"}`.
+/// The policy's parameters: `{"model": "<variant name>"}` or `{"allocated": true}`.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Params {
     /// The variant that serves every batch, by its name in the app's models.
-    /// Required.
+    /// Required unless `allocated`.
     pub model: Option<String>,
+    /// Serve with whatever the allocator loaded on this worker instead of one
+    /// named variant.
+    pub allocated: bool,
 }
 
 /// Always the configured model; batch sized to meet the head's deadline.
 #[derive(Debug)]
 pub struct Fixed {
     config: Config,
-    model: u32,
+    /// None: the loaded variant (`allocated`).
+    model: Option<u32>,
     /// Set while the model is not loaded here and the fallback was announced;
     /// cleared when it is loaded again, so each episode warns once.
     warned: bool,
 }
 
 impl Fixed {
-    /// The id of the model this policy serves with.
-    pub fn model(&self) -> u32 {
+    /// The id of the model this policy serves with (None: the loaded one).
+    pub fn model(&self) -> Option<u32> {
         self.model
     }
 }
@@ -39,6 +48,12 @@ impl Fixed {
 impl Policy for Fixed {
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("fixed: {e}"))?;
+        if params.allocated {
+            if let Some(name) = params.model {
+                return Err(format!("fixed: give `model` (`{name}`) or `allocated`, not both"));
+            }
+            return Ok(Fixed { config, model: None, warned: false });
+        }
         let Some(name) = params.model else {
             return Err(format!("fixed: missing param `model` (one of: {})", config.model_names()));
         };
@@ -48,27 +63,39 @@ impl Policy for Fixed {
         if model.max_batch() == 0 {
             return Err(format!("fixed: model `{name}` has an empty latency profile"));
         }
-        let model = model.id;
+        let model = Some(model.id);
         Ok(Fixed { config, model, warned: false })
     }
 
     fn decide(&mut self, view: &View) -> Decision {
-        if !helpers::is_loaded(&view.loaded, self.model) {
+        let Some(id) = self.model else {
+            let best = self
+                .config
+                .models
+                .iter()
+                .filter(|m| helpers::is_loaded(&view.loaded, m.id) && m.max_batch() > 0)
+                .max_by(|a, b| a.accuracy.total_cmp(&b.accuracy));
+            return match (best, view.queue.is_empty()) {
+                (Some(m), false) => Decision::serve_head(m.id, helpers::largest_feasible_batch(m, view)),
+                _ => Decision::Idle,
+            };
+        };
+        if !helpers::is_loaded(&view.loaded, id) {
             if !self.warned {
                 self.warned = true;
                 log(
                     Level::Warn,
                     &format!(
                         "fixed: model `{}` is not loaded on worker {}; using the safe decision",
-                        self.config.models[self.model as usize].name, view.worker
+                        self.config.models[id as usize].name, view.worker
                     ),
                 );
             }
             return helpers::safe_decision(&self.config.models, view);
         }
         self.warned = false;
-        let model = &self.config.models[self.model as usize];
-        Decision::serve_head(self.model, helpers::largest_feasible_batch(model, view))
+        let model = &self.config.models[id as usize];
+        Decision::serve_head(id, helpers::largest_feasible_batch(model, view))
     }
 }
 
@@ -113,7 +140,7 @@ mod tests {
     #[test]
     fn always_the_named_model_with_the_largest_feasible_batch() {
         let mut h = harness(r#"{"model":"resnet152"}"#);
-        assert_eq!(h.policy().model(), 1);
+        assert_eq!(h.policy().model(), Some(1));
         // Budget 100 ms: b = 4 (100 ms) fits exactly.
         let v = h.view(0, 100.0, queue(0, 6));
         assert_eq!(h.decide(&v), Decision::serve(1, vec![0, 1, 2, 3]));
@@ -125,6 +152,29 @@ mod tests {
         assert_eq!(h.decide(&v), Decision::serve(1, vec![0, 1, 2, 3]));
         let v = h.view(0, 100.0, vec![]);
         assert_eq!(h.decide(&v), Decision::Idle);
+    }
+
+    #[test]
+    fn allocated_serves_the_loaded_variant_first_come_first_served() {
+        let err = Harness::<Fixed>::new(config(SLO, models(), r#"{"allocated":true,"model":"resnet18"}"#)).unwrap_err();
+        assert!(err.contains("not both"), "{err}");
+        let mut h = harness(r#"{"allocated":true}"#);
+        assert_eq!(h.policy().model(), None);
+        h.set_loaded(vec![1]);
+        let v = h.view(0, 100.0, queue(0, 6));
+        assert_eq!(h.decide(&v), Decision::serve(1, vec![0, 1, 2, 3]));
+        // The allocator moved the worker to resnet18: it follows, warning nothing.
+        let _ = take_logs();
+        h.set_loaded(vec![0]);
+        let v = h.view(0, 100.0, queue(0, 1));
+        assert_eq!(h.decide(&v), Decision::serve(0, vec![0]));
+        assert!(take_logs().is_empty());
+        // Nothing loaded or nothing queued: idle; a hopeless head is still served.
+        h.set_loaded(vec![]);
+        assert_eq!(h.decide(&h.view(0, 100.0, queue(0, 3))), Decision::Idle);
+        h.set_loaded(vec![0]);
+        assert_eq!(h.decide(&h.view(0, 100.0, vec![])), Decision::Idle);
+        assert_eq!(h.decide(&h.view(500_000, 100.0, queue(0, 1))), Decision::serve(0, vec![0]));
     }
 
     #[test]

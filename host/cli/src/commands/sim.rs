@@ -63,7 +63,8 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
     if let Some(dir) = &args.out {
         sluice_sim::stats::write_outputs(dir, &out)?;
-        println!("wrote {}/{{results.json,results.csv,timeseries.csv,summary.json}}", dir.display());
+        let devices = if out.timeseries.iter().any(|w| w.devices.is_some()) { ",devices.csv" } else { "" };
+        println!("wrote {}/{{results.json,results.csv,timeseries.csv{devices},summary.json}}", dir.display());
     }
     Ok(())
 }
