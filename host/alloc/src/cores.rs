@@ -361,9 +361,8 @@ fn to_devices(
     table: &CapacityTable,
 ) -> proteus::Plan {
     let n = dev.count as usize;
-    let before: Vec<Option<String>> = (0..n)
-        .map(|i| current.and_then(|p| p.devices.get(i)).and_then(|d| d.model.clone()))
-        .collect();
+    let before: Vec<Option<String>> =
+        (0..n).map(|i| current.and_then(|p| p.devices.get(i)).and_then(|d| d.model.clone())).collect();
     let mut host: Vec<Option<usize>> = vec![None; n];
     let mut want: Vec<usize> = variants.iter().map(|v| v.1 as usize).collect();
     // A variant keeps the cores it is on; then cores idle before are taken, then

@@ -276,16 +276,14 @@ impl Scaler<'_> {
                             service_us: None,
                         }
                     }
-                    None => {
-                        DevicePlan {
+                    None => DevicePlan {
                         device: name,
                         device_type: dev.name.clone(),
                         app: None,
                         model: None,
                         share: 0.0,
                         service_us: None,
-                    }
-                    }
+                    },
                 }
             })
             .collect();

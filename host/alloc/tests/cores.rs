@@ -213,10 +213,13 @@ fn core_methods_refuse_configs_they_cannot_plan() {
     assert!(e.message.contains("nope.toml") && e.message.contains("cannot read"), "{e:?}");
     let e = err(std::slice::from_ref(&app), &config(&|c| c.method = Method::Vpa));
     assert_eq!(e.field, "allocator.cores.variant");
-    let e = err(std::slice::from_ref(&app), &config(&|c| {
-        c.method = Method::Vpa;
-        c.cores.variant = Some("vgg".into());
-    }));
+    let e = err(
+        std::slice::from_ref(&app),
+        &config(&|c| {
+            c.method = Method::Vpa;
+            c.cores.variant = Some("vgg".into());
+        }),
+    );
     assert!(e.message.contains("`vgg`"), "{e:?}");
     let e = err(std::slice::from_ref(&app), &config(&|c| c.spare = sluice_alloc::planner::Spare::Replicate));
     assert_eq!(e.field, "allocator.spare");

@@ -330,7 +330,11 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
                 })
                 .collect();
             let chart_title = format!("{title}: {y_label} per window (first seed)");
-            write_svg(format!("devices-{name}.svg"), chart_title.clone(), line_chart(&chart_title, "time (s)", y_label, &series))?;
+            write_svg(
+                format!("devices-{name}.svg"),
+                chart_title.clone(),
+                line_chart(&chart_title, "time (s)", y_label, &series),
+            )?;
         }
     }
 

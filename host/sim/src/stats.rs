@@ -178,9 +178,8 @@ impl Stats {
             decide_calls: self.decide_calls,
             overloaded,
             replans: None,
-            p99_latency_ms: (!self.devices.is_empty()).then(|| {
-                p99_ms(self.fates.iter().zip(&self.latency_us).filter(|(f, _)| served(**f)).map(|(_, l)| *l))
-            }),
+            p99_latency_ms: (!self.devices.is_empty())
+                .then(|| p99_ms(self.fates.iter().zip(&self.latency_us).filter(|(f, _)| served(**f)).map(|(_, l)| *l))),
             mean_devices: self.mean_devices(0, duration_us),
             served_accuracy: (!self.devices.is_empty() && on_time + late > 0).then(|| {
                 let mass: f64 =

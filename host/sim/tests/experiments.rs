@@ -303,7 +303,12 @@ fn infadapter_misses_less_than_vpa_and_loses_less_accuracy_than_ms_plus() {
     let (ia, ms) = (by("InfAdapter"), by("MS+"));
     let loss = |r: &RunResult| r.accuracy_loss.expect("runs on devices report accuracy loss");
     for vpa in ["VPA-18", "VPA-50", "VPA-152"] {
-        assert!(by(vpa).violation_rate > 3.0 * ia.violation_rate, "{vpa}: {} vs {}", by(vpa).violation_rate, ia.violation_rate);
+        assert!(
+            by(vpa).violation_rate > 3.0 * ia.violation_rate,
+            "{vpa}: {} vs {}",
+            by(vpa).violation_rate,
+            ia.violation_rate
+        );
     }
     assert!(loss(ia) < loss(ms), "accuracy loss: InfAdapter {} MS+ {}", loss(ia), loss(ms));
     assert!((ia.violation_rate - ms.violation_rate).abs() < 0.02, "{} vs {}", ia.violation_rate, ms.violation_rate);
