@@ -376,11 +376,11 @@ fn to_devices(
         }
     }
     for idle_first in [true, false] {
-        for k in 0..variants.len() {
+        for (k, left) in want.iter_mut().enumerate() {
             for i in 0..n {
-                if want[k] > 0 && host[i].is_none() && (!idle_first || before[i].is_none()) {
+                if *left > 0 && host[i].is_none() && (!idle_first || before[i].is_none()) {
                     host[i] = Some(k);
-                    want[k] -= 1;
+                    *left -= 1;
                 }
             }
         }

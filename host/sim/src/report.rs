@@ -323,8 +323,8 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
                         label: format!("{} ({})", series_label(g), g.app),
                         points: dev
                             .iter()
-                            .filter(|d| d.0 == run && d.1 == g.app)
-                            .map(|d| (d.2, if col == 0 { d.3 } else { d.4 }))
+                            .filter(|d| d.run == run && d.app == g.app)
+                            .map(|d| (d.start, if col == 0 { d.devices } else { d.p99_ms }))
                             .collect(),
                     }
                 })
@@ -579,9 +579,17 @@ struct Window {
     accuracy: f64,
 }
 
-/// devices.csv: `run,app,window_start_s,devices,p99_ms` rows as
-/// (run, app, window start, devices, p99 ms).
-fn read_devices(path: &Path) -> Result<Vec<(u64, String, f64, f64, f64)>> {
+/// One row of devices.csv.
+struct DeviceWindow {
+    run: u64,
+    app: String,
+    start: f64,
+    devices: f64,
+    p99_ms: f64,
+}
+
+/// devices.csv: `run,app,window_start_s,devices,p99_ms`.
+fn read_devices(path: &Path) -> Result<Vec<DeviceWindow>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().skip(1) {
@@ -591,7 +599,13 @@ fn read_devices(path: &Path) -> Result<Vec<(u64, String, f64, f64, f64)>> {
             return Err(bad());
         }
         let f = |j: usize| cols[j].parse::<f64>().map_err(|_| bad());
-        out.push((cols[0].parse().map_err(|_| bad())?, cols[1].to_string(), f(2)?, f(3)?, f(4)?));
+        out.push(DeviceWindow {
+            run: cols[0].parse().map_err(|_| bad())?,
+            app: cols[1].to_string(),
+            start: f(2)?,
+            devices: f(3)?,
+            p99_ms: f(4)?,
+        });
     }
     Ok(out)
 }
