@@ -143,19 +143,25 @@ impl Allocation {
         if d.app.as_deref() != Some(app.name.as_str()) {
             return Vec::new();
         }
-        self.models_for(app, w, d.model.as_deref())
+        self.models_for(app, w, d)
     }
 
-    /// How worker `w` of `app` loads `model` (none: nothing): on the emulated
-    /// executor, with the latency of the worker's device.
-    fn models_for(&self, app: &AppConfig, w: usize, model: Option<&str>) -> Vec<(u32, ModelSource)> {
+    /// How worker `w` of `app` loads the variant the plan puts on device `d` (none:
+    /// nothing): on the emulated executor, with the latency of the worker's device,
+    /// or the plan's time for it (`service_us`: a core of an n-core replica).
+    fn models_for(&self, app: &AppConfig, w: usize, d: &proteus::DevicePlan) -> Vec<(u32, ModelSource)> {
         let Some(i) = self.config.apps.iter().position(|a| a.name == app.name) else { return Vec::new() };
         let (models, source) = &self.resolved[i];
-        let Some(id) = model.and_then(|m| models.iter().position(|x| x.name == m)) else { return Vec::new() };
-        let src = match source.executor {
+        let Some(id) = d.model.as_deref().and_then(|m| models.iter().position(|x| x.name == m)) else {
+            return Vec::new();
+        };
+        let src = match (source.executor, d.service_us) {
+            (ExecutorKind::Emulated, Some(us)) => ModelSource::Emulated(Arc::new(vec![us])),
             // The emulated executor runs the device's latency, not the app profile's.
-            ExecutorKind::Emulated => ModelSource::Emulated(Arc::new(self.tables[&app.name][w][id].latency.clone())),
-            ExecutorKind::Onnx => source.models[id].clone(),
+            (ExecutorKind::Emulated, None) => {
+                ModelSource::Emulated(Arc::new(self.tables[&app.name][w][id].latency.clone()))
+            }
+            (ExecutorKind::Onnx, _) => source.models[id].clone(),
         };
         vec![(id as u32, src)]
     }
@@ -269,7 +275,8 @@ pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<St
 
 /// Applies `new` over `old`, make before break.
 async fn apply(state: &Arc<State>, a: &Allocation, old: &proteus::Plan, new: &proteus::Plan) -> Result<(), String> {
-    let key = |d: &proteus::DevicePlan| (d.app.clone(), d.model.clone());
+    // A core whose replica is resized keeps its variant but changes its time.
+    let key = |d: &proteus::DevicePlan| (d.app.clone(), d.model.clone(), d.service_us);
     // 1. Make: every device whose (app, variant) changes loads the new variant on the
     //    new app's worker (loaded and warmed off the worker; its weight is still 0
     //    there, or it already serves that app and switches between two decisions).
@@ -279,7 +286,7 @@ async fn apply(state: &Arc<State>, a: &Allocation, old: &proteus::Plan, new: &pr
             continue;
         }
         let app = state.apps.get(app_name).ok_or_else(|| format!("plan names unknown app {app_name}"))?;
-        let sources = a.models_for(&app.config, w, n.model.as_deref());
+        let sources = a.models_for(&app.config, w, n);
         let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<BTreeMap<u32, LoadedModel>> {
             sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
         })
