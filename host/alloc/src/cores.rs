@@ -163,13 +163,14 @@ pub struct CoreSettings {
     pub vpa_margin: f64,
 }
 
-fn default_sla() -> f64 {
+// The reference's values; problem files (`problem.rs`) default to them too.
+pub(crate) fn default_sla() -> f64 {
     750.0
 }
-fn default_fit_cpus() -> Vec<u32> {
+pub(crate) fn default_fit_cpus() -> Vec<u32> {
     vec![1, 2, 4, 8, 16]
 }
-fn default_min_cores() -> u32 {
+pub(crate) fn default_min_cores() -> u32 {
     2
 }
 fn default_stabilization() -> u32 {
@@ -301,7 +302,7 @@ pub fn plan(
                 usable_cores: Some(enough),
                 single: method == CoreMethod::ModelSwitchingPlus,
                 min_cores: settings.min_cores,
-                current: loaded.clone(),
+                current: loaded,
                 capacity_coef: model.capacity_coef,
                 weights: settings.weights.clone(),
                 ladder: problem.ladder.clone(),

@@ -124,10 +124,10 @@ struct InfAdapterFile {
     /// `capacity = "../../profiles/infadapter-resnet-capacity.toml"`.
     capacity: PathBuf,
     /// `sla_ms = 750`: the capacity points used.
-    #[serde(default = "default_sla")]
+    #[serde(default = "crate::cores::default_sla")]
     sla_ms: f64,
     /// `fit_cpus = [1, 2, 4, 8, 16]`: the core counts of the fit.
-    #[serde(default = "default_fit_cpus")]
+    #[serde(default = "crate::cores::default_fit_cpus")]
     fit_cpus: Vec<u32>,
     /// `models = ["resnet18", ...]` (default: every model of the table).
     #[serde(default)]
@@ -137,7 +137,7 @@ struct InfAdapterFile {
     /// `cores = 20`: the budget B.
     cores: u32,
     /// `min_cores = 2`.
-    #[serde(default = "default_min_cores")]
+    #[serde(default = "crate::cores::default_min_cores")]
     min_cores: u32,
     /// `current = { resnet50 = 8 }`: what runs now.
     #[serde(default)]
@@ -156,15 +156,6 @@ struct InfAdapterFile {
     solver: SolverSettings,
 }
 
-fn default_sla() -> f64 {
-    750.0
-}
-fn default_fit_cpus() -> Vec<u32> {
-    vec![1, 2, 4, 8, 16]
-}
-fn default_min_cores() -> u32 {
-    2
-}
 fn infadapter_ladder() -> Ladder {
     Ladder { beta: 1.0, ..Ladder::default() }
 }

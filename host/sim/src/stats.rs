@@ -189,8 +189,13 @@ impl Stats {
             accuracy_loss: None,
         };
         let mut windows: BTreeMap<u64, WindowRow> = BTreeMap::new();
+        // Runs on [[device]]s: the served requests' latencies per window, in the same pass.
+        let mut latencies: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for (i, f) in self.fates.iter().enumerate() {
             let w = self.arrivals[i] / window_us.max(1);
+            if !self.devices.is_empty() && served(*f) {
+                latencies.entry(w).or_default().push(self.latency_us[i]);
+            }
             let row = windows.entry(w).or_insert_with(|| WindowRow {
                 run,
                 app: app.to_string(),
@@ -210,18 +215,13 @@ impl Stats {
             }
         }
         let rows = windows
-            .into_values()
-            .map(|mut r| {
+            .into_iter()
+            .map(|(w, mut r)| {
                 r.accuracy = if r.on_time > 0 { r.accuracy / r.on_time as f64 } else { 0.0 };
                 if !self.devices.is_empty() {
-                    let from = (r.window_start_s * 1e6).round() as u64;
-                    let to = from + window_us.max(1);
-                    r.devices = self.mean_devices(from, to);
-                    r.p99_ms = Some(p99_ms(
-                        (0..self.fates.len())
-                            .filter(|&i| self.arrivals[i] >= from && self.arrivals[i] < to && served(self.fates[i]))
-                            .map(|i| self.latency_us[i]),
-                    ));
+                    let from = w * window_us.max(1);
+                    r.devices = self.mean_devices(from, from + window_us.max(1));
+                    r.p99_ms = Some(p99_ms(latencies.remove(&w).unwrap_or_default().into_iter()));
                 }
                 r
             })
