@@ -17,6 +17,9 @@
 //!   baseline of Proteus's evaluation around it (a static plan, fixed placement,
 //!   restricted variants, uniform routing, [`infaas`]'s greedy autoscaler) — for the
 //!   live host and the simulator alike.
+//! - [`loki::solve`]: Loki §4 (pipelines: hardware scaling, then accuracy scaling,
+//!   over any rooted tree of tasks) and [`loki::routing`]'s MostAccurateFirst
+//!   routing tables (§5).
 //! - [`cores`]: InfAdapter's world — variants on CPU cores from a capacity table,
 //!   planned by its ILP, by Model-Switching+ or by a VPA-like rule (§5's systems).
 //! - [`Allocator`]: repeated solves that never leave the caller without a plan: a
@@ -30,6 +33,7 @@ pub mod cores;
 pub mod infaas;
 pub mod infadapter;
 pub mod ladder;
+pub mod loki;
 pub mod planner;
 pub mod problem;
 pub mod proteus;
@@ -48,6 +52,8 @@ pub enum AnyPlan {
     Proteus(proteus::Plan),
     /// Variants with cores and quotas.
     Infadapter(infadapter::Plan),
+    /// A pipeline's workers, batch sizes and path shares.
+    Loki(loki::Plan),
 }
 
 /// What one allocation produced.
@@ -180,6 +186,10 @@ impl Allocator {
             AnyProblem::InfAdapter(p) => infadapter::solve(p).map_err(|e| e.to_string()).map(|o| {
                 let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
                 (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Infadapter))
+            }),
+            AnyProblem::Loki(p) => loki::solve(p).map_err(|e| e.to_string()).map(|o| {
+                let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
+                (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Loki))
             }),
         };
         match solved {

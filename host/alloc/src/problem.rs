@@ -5,7 +5,7 @@
 //!
 //! ```toml
 //! version = 1
-//! kind = "proteus"                  # or "infadapter"
+//! kind = "proteus"                  # or "infadapter", "loki"
 //! [solver]
 //! time_limit_s = 10
 //! mip_gap = 0.0001
@@ -16,10 +16,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use sluice_core::profile::Profile;
+use sluice_core::pipeline::{Pipeline, PipelineSpec};
+use sluice_core::profile::{Percentile, Profile};
 
 use crate::cores::CapacityTable;
 use crate::infadapter::{self, Weights};
+use crate::loki::{self, Scaling};
 use crate::proteus::{self, Formulation, Ladder, Objective};
 use crate::solver::SolverSettings;
 
@@ -36,6 +38,8 @@ pub enum AnyProblem {
     Proteus(proteus::Problem),
     /// InfAdapter.
     InfAdapter(infadapter::Problem),
+    /// Loki (a pipeline).
+    Loki(loki::Problem),
 }
 
 #[derive(Deserialize)]
@@ -156,6 +160,52 @@ struct InfAdapterFile {
     solver: SolverSettings,
 }
 
+/// `kind = "loki"`: one pipeline on a homogeneous cluster.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LokiFile {
+    #[allow(dead_code)]
+    version: u32,
+    #[allow(dead_code)]
+    kind: String,
+    /// `profile = "../../profiles/loki-simulator.toml"`: every task's variants.
+    profile: PathBuf,
+    /// `percentile = "p50"`: the latency the MILP plans with (the reference's p50).
+    #[serde(default = "p50")]
+    percentile: Percentile,
+    /// `batch_sizes = [1, 2, 4, 8, 16, 32, 64]`: the allowed batch sizes B.
+    #[serde(default = "loki_batches")]
+    batch_sizes: Vec<u32>,
+    /// `slo_ms = 250`: the pipeline's end-to-end SLO L.
+    slo_ms: f64,
+    /// `comm_latency_ms = 0`: per worker on a path.
+    #[serde(default)]
+    comm_latency_ms: f64,
+    /// `workers = 20`: the cluster S.
+    workers: u32,
+    /// `demand_qps = 100`: D.
+    demand_qps: f64,
+    /// `scaling = "loki"`, `"hardware-only"` or `"accuracy-only"`.
+    #[serde(default)]
+    scaling: Scaling,
+    /// `[pipeline]`: `[[pipeline.task]]` and `[[pipeline.edge]]`.
+    pipeline: PipelineSpec,
+    /// `[ladder]` (default: from 1.0 down).
+    #[serde(default = "infadapter_ladder")]
+    ladder: Ladder,
+    /// `[solver]`.
+    #[serde(default)]
+    solver: SolverSettings,
+}
+
+fn p50() -> Percentile {
+    Percentile::P50
+}
+
+fn loki_batches() -> Vec<u32> {
+    vec![1, 2, 4, 8, 16, 32, 64]
+}
+
 fn infadapter_ladder() -> Ladder {
     Ladder { beta: 1.0, ..Ladder::default() }
 }
@@ -188,8 +238,14 @@ impl AnyProblem {
                 let f: InfAdapterFile = toml::from_str(text).map_err(parse_err)?;
                 infadapter_problem(f, file, base).map(AnyProblem::InfAdapter)
             }
-            Some(other) => Err(invalid("kind", &format!("`{other}`: expected \"proteus\" or \"infadapter\""))),
-            None => Err(invalid("kind", "required: \"proteus\" or \"infadapter\"")),
+            Some("loki") => {
+                let f: LokiFile = toml::from_str(text).map_err(parse_err)?;
+                loki_problem(f, file, base).map(AnyProblem::Loki)
+            }
+            Some(other) => {
+                Err(invalid("kind", &format!("`{other}`: expected \"proteus\", \"infadapter\" or \"loki\"")))
+            }
+            None => Err(invalid("kind", "required: \"proteus\", \"infadapter\" or \"loki\"")),
         }
     }
 }
@@ -338,6 +394,43 @@ fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infa
         current: f.current,
         capacity_coef: coef,
         weights: f.weights,
+        ladder: f.ladder,
+        solver: f.solver,
+    })
+}
+
+fn loki_problem(f: LokiFile, file: &str, base: &Path) -> Result<loki::Problem, ProblemError> {
+    let invalid = |field: &str, message: &str| ProblemError::invalid(file, field, message);
+    f.solver.validate().map_err(|m| invalid("solver", &m))?;
+    check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m))?;
+    if f.batch_sizes.is_empty() || f.batch_sizes.contains(&0) {
+        return Err(invalid("batch_sizes", "expected batch sizes of at least 1"));
+    }
+    if !positive(f.slo_ms) {
+        return Err(invalid("slo_ms", "expected a positive number of milliseconds"));
+    }
+    if !(f.comm_latency_ms.is_finite() && f.comm_latency_ms >= 0.0) {
+        return Err(invalid("comm_latency_ms", "expected a non-negative number of milliseconds"));
+    }
+    if !(f.demand_qps.is_finite() && f.demand_qps >= 0.0) {
+        return Err(invalid("demand_qps", "expected a non-negative number of requests/s"));
+    }
+    if f.workers == 0 {
+        return Err(invalid("workers", "expected at least 1 worker"));
+    }
+    let pipeline = Pipeline::new(&f.pipeline).map_err(|e| invalid("pipeline", &e.to_string()))?;
+    let path = base.join(&f.profile);
+    let profile = Profile::load(&path).map_err(|e| invalid("profile", &e.to_string()))?;
+    let variants = loki::variants(&pipeline, &profile, f.percentile, &f.batch_sizes)
+        .map_err(|(field, m)| invalid(&field, &format!("{m} ({})", path.display())))?;
+    Ok(loki::Problem {
+        pipeline,
+        variants,
+        demand_qps: f.demand_qps,
+        workers: f.workers,
+        slo_ms: f.slo_ms,
+        comm_latency_ms: f.comm_latency_ms,
+        scaling: f.scaling,
         ladder: f.ladder,
         solver: f.solver,
     })

@@ -100,8 +100,8 @@ fn bad_problem_files_name_file_and_field() {
     assert_eq!(error("kind = \"proteus\""), "problem.toml: version: required (version = 1)");
     assert_eq!(error(&PROTEUS.replace("version = 1", "version = 2")), "problem.toml: version: expected 1, got 2");
     assert_eq!(
-        error(&PROTEUS.replace("\"proteus\"", "\"loki\"")),
-        "problem.toml: kind: `loki`: expected \"proteus\" or \"infadapter\""
+        error(&PROTEUS.replace("\"proteus\"", "\"nexus\"")),
+        "problem.toml: kind: `nexus`: expected \"proteus\", \"infadapter\" or \"loki\""
     );
     let e = error(&PROTEUS.replace("count = 2", "count = 2\ncores = 3"));
     assert!(e.starts_with("problem.toml: TOML parse error") && e.contains("unknown field `cores`"), "{e}");

@@ -14,6 +14,7 @@
 //! - [`router`]: which worker's queue gets a request (round-robin, shortest-queue,
 //!   shared, weighted with live weights), and the load estimate policies see.
 //! - [`demand`]: per-second demand and the allocator's forecasters (EWMA, peaks).
+//! - [`pipeline`]: apps whose requests flow through a rooted tree of tasks (Loki).
 //! - [`profile`]: model latency/accuracy profiles.
 //! - The seams: [`clock::Clock`] (wall or virtual time) and
 //!   [`executor::Executor`] (what runs a batch).
@@ -24,6 +25,7 @@ pub mod decision;
 pub mod demand;
 pub mod executor;
 pub mod file_error;
+pub mod pipeline;
 pub mod profile;
 pub mod queue;
 pub mod registry;

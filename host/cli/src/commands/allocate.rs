@@ -10,7 +10,7 @@ use sluice_alloc::{Allocator, AnyPlan, AnyProblem};
 /// `sluice allocate` arguments.
 #[derive(clap::Args, Debug)]
 pub struct AllocateArgs {
-    /// The problem file (TOML; `kind = "proteus"` or `"infadapter"`, see docs/allocator.md).
+    /// The problem file (TOML; `kind = "proteus"`, `"infadapter"` or `"loki"`, see docs/allocator.md).
     #[arg(long)]
     pub problem: PathBuf,
     /// Print one JSON object instead of tables.
@@ -68,6 +68,40 @@ pub fn run(args: AllocateArgs) -> Result<()> {
                         "{:<12} {:>6} {:>9.1} {:>9.1} {:>6}",
                         v.name, v.cores, v.quota_rps, v.capacity_rps, v.loads
                     );
+                }
+            }
+            Some(AnyPlan::Loki(p)) => {
+                println!(
+                    "step {}, demand factor {:.2}, {} workers, accuracy {:.4}, served {:.1} req/s, shed {:.1}",
+                    p.step, p.beta, p.workers, p.accuracy, p.served_qps, p.shed_qps
+                );
+                println!(
+                    "{:<20} {:<28} {:>8} {:>5} {:>10} {:>9} {:>9}",
+                    "task", "variant", "workers", "batch", "budget ms", "capacity", "load"
+                );
+                for v in &p.variants {
+                    println!(
+                        "{:<20} {:<28} {:>8} {:>5} {:>10.1} {:>9.1} {:>9.1}",
+                        v.task,
+                        v.variant,
+                        v.replicas,
+                        v.batch,
+                        v.latency_us as f64 / 1000.0,
+                        v.capacity_qps * v.replicas as f64,
+                        v.load_qps
+                    );
+                }
+                for chain in &p.chains {
+                    println!("paths of {}:", chain.tasks.join(" -> "));
+                    for path in &chain.paths {
+                        println!(
+                            "  {:<60} share {:.3}  accuracy {:.4}  {:.1} ms",
+                            path.variants.join(" -> "),
+                            path.share,
+                            path.accuracy,
+                            path.latency_us as f64 / 1000.0
+                        );
+                    }
                 }
             }
             None => {}

@@ -1,0 +1,637 @@
+//! Loki's resource manager (HPDC'24 §4): for a pipeline — any rooted tree of tasks
+//! ([`sluice_core::pipeline::Pipeline`]) — how many workers each (task, variant)
+//! gets, at which maximum batch size, and which share of the traffic takes each
+//! path through the variants.
+//!
+//! The formulation of §4.1, over the *augmented graph* (a vertex per (task, variant),
+//! an edge for every pair of variants of adjacent tasks):
+//! - a path p picks one variant per task of a root-to-sink task chain; m(p, i, k) =
+//!   Π r(i′, k′) over the variants before (i, k) on p (Eq. 1), where r is the
+//!   variant's fan-out to the next task (multiplicative factor × branch ratio);
+//! - integer replicas x(i, k), a batch size y(i, k) ∈ B (4), traffic shares c(p);
+//! - (2) β·Σ_p D·c(p)·m(p, i, k) ≤ x(i, k)·q(i, k, y(i, k)), with q(i, k, b) = b /
+//!   latency(b) (5); (3) Σ x ≤ S;
+//! - (6)–(7) Σ_{(i,k)∈p} l(i, k) ≤ (L − n_p·comm)/2 for every path with traffic: the
+//!   SLO halved for queueing (§4.1) after the communication latency of the path's n_p
+//!   hops (§4.2, "Communication latency");
+//!
+//! written without products or big-M: a vertex per (task, variant, batch size) with
+//! its own integer workers z(i, k, b) and a binary y(i, k, b), Σ_b y ≤ 1 and z ≤
+//! x̄·y (one batch size per variant, x = Σ_b z), and paths over those vertices, of
+//! which only the ones within their chain's latency budget exist. Every plan of the
+//! paper's model is one of this model and back (a path with traffic runs at its
+//! variants' batch sizes, whose latencies then meet (7)), so the optima are equal;
+//! x̄ is the most workers the variant could need at the peak fan-out, not S.
+//! - step 1, hardware scaling (Eqs. 8–11): only each task's most accurate variants,
+//!   minimise Σ x; step 2, accuracy scaling (Eq. 12) when step 1 is infeasible:
+//!   maximise Σ_p c(p)·Â(p) − ε·Σ x (ε small enough never to trade accuracy for
+//!   workers: a tie-breaker towards fewer workers).
+//!
+//! Beyond the paper's chain-shaped presentation (and the reference's MILP, which is
+//! written for the traffic-analysis pipeline's car branch only), a tree with several
+//! sinks has one set of shares per root-to-sink chain, each summing to 1, and the
+//! chains must agree where they share tasks: at every task with several children,
+//! the traffic through each variant prefix equals across the children's chains.
+//! The load of (i, k) is counted once, over one chain through task i. The objective
+//! weighs each chain equally (a request's accuracy is the mean over its sinks).
+//! Â(p) is the product of the variants' (normalised) accuracies, as the reference
+//! computes it (`algorithms/pipeline_ilp.py`; the paper profiles Â per path).
+//!
+//! When even accuracy scaling cannot serve the demand, the demand is lowered down
+//! the same ladder as Proteus's and the rest reported as shed (the reference raises
+//! an exception). Details and differences: `docs/allocator.md`, "Loki".
+
+pub mod routing;
+
+use good_lp::{constraint, variable, Expression, Solution as _, Variable};
+use serde::{Deserialize, Serialize};
+use sluice_core::pipeline::Pipeline;
+use sluice_core::profile::{Percentile, Profile};
+
+use crate::ladder::{Ladder, Tried};
+use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings};
+
+/// One variant of a task, as the MILP sees it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Variant {
+    /// Its name.
+    pub name: String,
+    /// Its accuracy (normalised per task in Loki's data), in [0, 1].
+    pub accuracy: f64,
+    /// (batch size, latency µs) for each allowed batch size, increasing.
+    pub latency_us: Vec<(u32, u64)>,
+}
+
+impl Variant {
+    /// q(b): requests/s of one replica at batch `b` (b / latency).
+    pub fn throughput(&self, batch: u32) -> f64 {
+        self.latency_us.iter().find(|(b, _)| *b == batch).map_or(0.0, |&(b, us)| b as f64 * 1e6 / us.max(1) as f64)
+    }
+
+    /// The latency of batch `batch`, µs.
+    pub fn latency(&self, batch: u32) -> Option<u64> {
+        self.latency_us.iter().find(|(b, _)| *b == batch).map(|&(_, us)| us)
+    }
+}
+
+/// Each task's variants from `profile`: latency at percentile `p` for every
+/// allowed batch size the profile measured. Errors name the field
+/// (`pipeline.task.<task>.models`) and the model.
+pub fn variants(
+    pipeline: &Pipeline,
+    profile: &Profile,
+    p: Percentile,
+    batch_sizes: &[u32],
+) -> Result<Vec<Vec<Variant>>, (String, String)> {
+    pipeline
+        .tasks
+        .iter()
+        .map(|t| {
+            t.models
+                .iter()
+                .map(|name| {
+                    let field = format!("pipeline.task.{}.models", t.name);
+                    let m = profile
+                        .model(name)
+                        .ok_or_else(|| (field.clone(), format!("`{name}` is not in the profile")))?;
+                    let latency_us: Vec<(u32, u64)> = m
+                        .batch_sizes
+                        .iter()
+                        .zip(m.measured_us(p))
+                        .filter(|(b, _)| batch_sizes.contains(b))
+                        .map(|(&b, &us)| (b, us))
+                        .collect();
+                    if latency_us.is_empty() {
+                        return Err((field, format!("`{name}` has no measured latency at an allowed batch size")));
+                    }
+                    Ok(Variant { name: name.clone(), accuracy: m.accuracy, latency_us })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Which steps run.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scaling {
+    /// Loki: hardware scaling, and accuracy scaling when it is infeasible.
+    #[default]
+    Loki,
+    /// Hardware scaling only, most accurate variants always (InferLine-style).
+    HardwareOnly,
+    /// Accuracy scaling always (maximise accuracy on the whole cluster).
+    AccuracyOnly,
+}
+
+/// A Loki problem.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    /// The pipeline (fan-out estimates included).
+    pub pipeline: Pipeline,
+    /// Per task, its variants in the pipeline's model order (empty: pass-through).
+    pub variants: Vec<Vec<Variant>>,
+    /// D: requests/s entering at the root.
+    pub demand_qps: f64,
+    /// S: workers in the cluster.
+    pub workers: u32,
+    /// L: the end-to-end SLO, ms.
+    pub slo_ms: f64,
+    /// Communication latency per worker on a path, ms (subtracted from L).
+    pub comm_latency_ms: f64,
+    /// Which steps run.
+    pub scaling: Scaling,
+    /// Demand factor β: ≥ 1 is headroom on every variant's capacity (the
+    /// reference's `beta`, 1 by default); steps below 1 serve that share and shed
+    /// the rest.
+    pub ladder: Ladder,
+    /// Solver limits.
+    pub solver: SolverSettings,
+}
+
+/// One hosted (task, variant) in a plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VariantPlan {
+    /// Task name.
+    pub task: String,
+    /// Variant name.
+    pub variant: String,
+    /// x(i, k): workers.
+    pub replicas: u32,
+    /// y(i, k): maximum batch size.
+    pub batch: u32,
+    /// l(i, k): latency of that batch, µs — the task's latency budget (§4.2).
+    pub latency_us: u64,
+    /// q(i, k, y): requests/s of one worker.
+    pub capacity_qps: f64,
+    /// Requests/s the plan routes to it (all its workers).
+    pub load_qps: f64,
+    /// Its accuracy.
+    pub accuracy: f64,
+}
+
+/// A path's share of the traffic.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PathShare {
+    /// The variant at each task of the chain, root first (a pass-through task's
+    /// entry is its task name).
+    pub variants: Vec<String>,
+    /// c(p): share of the chain's traffic.
+    pub share: f64,
+    /// Â(p).
+    pub accuracy: f64,
+    /// Σ l over the path, µs.
+    pub latency_us: u64,
+}
+
+/// A Loki plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// `hardware` (step 1) or `accuracy` (step 2).
+    pub step: String,
+    /// The demand factor it was solved at.
+    pub beta: f64,
+    /// Requests/s entering the pipeline.
+    pub demand_qps: f64,
+    /// Requests/s the plan serves (D·min(β, 1)).
+    pub served_qps: f64,
+    /// Requests/s it sheds.
+    pub shed_qps: f64,
+    /// Workers used (Σ x).
+    pub workers: u32,
+    /// Σ_p c(p)·Â(p), chains weighed equally.
+    pub accuracy: f64,
+    /// The hosted variants (x > 0), in task order.
+    pub variants: Vec<VariantPlan>,
+    /// Per root-to-sink chain (task names), the paths with traffic.
+    pub chains: Vec<ChainPlan>,
+}
+
+/// The shares of one root-to-sink chain.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ChainPlan {
+    /// Task names, root first.
+    pub tasks: Vec<String>,
+    /// Paths with a share above 1e-9.
+    pub paths: Vec<PathShare>,
+}
+
+impl Plan {
+    /// The hosted entry of `variant`, if any.
+    pub fn variant(&self, variant: &str) -> Option<&VariantPlan> {
+        self.variants.iter().find(|v| v.variant == variant)
+    }
+
+    /// The plan's workers as the load balancer sees them: each replica of each
+    /// hosted variant, in plan order (variants the pipeline does not know are
+    /// skipped).
+    pub fn routing_workers(&self, pipeline: &Pipeline) -> Vec<routing::Worker> {
+        self.variants
+            .iter()
+            .filter_map(|v| pipeline.model(&v.variant).map(|(task, variant)| (v, task, variant)))
+            .flat_map(|(v, task, variant)| {
+                (0..v.replicas).map(move |_| routing::Worker {
+                    task,
+                    variant,
+                    accuracy: v.accuracy,
+                    capacity_qps: v.capacity_qps,
+                    latency_us: v.latency_us,
+                })
+            })
+            .collect()
+    }
+}
+
+/// What [`solve`] returns.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    /// The report of the solve that produced the plan (the last one when none did).
+    pub report: SolveReport,
+    /// Every solve (step 1 first when it ran), and how each ended.
+    pub attempts: Vec<Tried>,
+    /// The plan (None: infeasible down to the ladder's minimum).
+    pub plan: Option<Plan>,
+}
+
+/// The problem is not one the MILP can take.
+#[derive(Debug, thiserror::Error)]
+pub enum LokiError {
+    /// Variants do not match the pipeline's models.
+    #[error("task `{0}`: the variants given do not match the pipeline's models")]
+    Variants(String),
+    /// A variant has no latency at any allowed batch size.
+    #[error("task `{task}`, variant `{variant}`: no latency at any allowed batch size")]
+    NoBatch {
+        /// Task.
+        task: String,
+        /// Variant.
+        variant: String,
+    },
+    /// A number that cannot be used.
+    #[error("{0}")]
+    Invalid(String),
+    /// The solver failed.
+    #[error(transparent)]
+    Solve(#[from] SolveError),
+}
+
+impl Problem {
+    /// Checks the problem's shape and numbers.
+    pub fn validate(&self) -> Result<(), LokiError> {
+        if self.variants.len() != self.pipeline.tasks.len() {
+            return Err(LokiError::Invalid("one variant list per task expected".into()));
+        }
+        for (t, vs) in self.pipeline.tasks.iter().zip(&self.variants) {
+            if vs.len() != t.models.len() || vs.iter().zip(&t.models).any(|(v, m)| &v.name != m) {
+                return Err(LokiError::Variants(t.name.clone()));
+            }
+            for v in vs {
+                if v.latency_us.is_empty() {
+                    return Err(LokiError::NoBatch { task: t.name.clone(), variant: v.name.clone() });
+                }
+            }
+        }
+        let finite = |v: f64| v.is_finite() && v >= 0.0;
+        if !finite(self.demand_qps) {
+            return Err(LokiError::Invalid(format!("demand_qps {}: expected a finite number ≥ 0", self.demand_qps)));
+        }
+        if !(finite(self.slo_ms) && self.slo_ms > 0.0) || !finite(self.comm_latency_ms) {
+            return Err(LokiError::Invalid("slo_ms > 0 and comm_latency_ms ≥ 0 expected".into()));
+        }
+        self.solver.validate().map_err(LokiError::Invalid)
+    }
+
+    /// Â(p): the product of the variants' accuracies.
+    fn path_accuracy(&self, chain: &[usize], path: &[usize]) -> f64 {
+        chain.iter().zip(path).map(|(&t, &k)| self.variants[t].get(k).map_or(1.0, |v| v.accuracy)).product()
+    }
+
+    /// m(p, i): requests reaching the chain's `pos`-th task per request entering.
+    fn multiplier(&self, chain: &[usize], path: &[usize], pos: usize) -> f64 {
+        (0..pos)
+            .map(|j| {
+                let t = &self.pipeline.tasks[chain[j]];
+                let child = t.children.iter().position(|&c| c == chain[j + 1]).expect("chain follows edges");
+                t.fanout[path[j]][child]
+            })
+            .product()
+    }
+
+    /// Each task's most accurate variants (ties kept).
+    fn most_accurate(&self) -> Vec<Vec<bool>> {
+        self.variants
+            .iter()
+            .map(|vs| {
+                let best = vs.iter().map(|v| v.accuracy).fold(f64::NEG_INFINITY, f64::max);
+                vs.iter().map(|v| v.accuracy >= best).collect()
+            })
+            .collect()
+    }
+}
+
+/// Solves the problem: step 1 (hardware scaling) and, when it is infeasible, step 2
+/// (accuracy scaling) down the demand ladder — or only one of them (`scaling`).
+pub fn solve(problem: &Problem) -> Result<Outcome, LokiError> {
+    problem.validate()?;
+    let all: Vec<Vec<bool>> = problem.variants.iter().map(|vs| vec![true; vs.len()]).collect();
+    let best = problem.most_accurate();
+    let first = problem.ladder.steps().first().copied().unwrap_or(1.0);
+    let mut attempts = Vec::new();
+    let mut report = SolveReport::none();
+    match problem.scaling {
+        Scaling::Loki => {
+            let (r, plan) = solve_at(problem, &best, Step::Hardware, first)?;
+            attempts.push(Tried { beta: first, status: r.status, solve_seconds: r.solve_seconds });
+            if plan.is_some() {
+                return Ok(Outcome { report: r, attempts, plan });
+            }
+            report = r;
+        }
+        Scaling::HardwareOnly => {
+            let d = problem.ladder.descend(|beta| solve_at(problem, &best, Step::Hardware, beta))?;
+            return Ok(Outcome { report: d.report, attempts: d.tried, plan: d.plan });
+        }
+        Scaling::AccuracyOnly => {}
+    }
+    let d = problem.ladder.descend(|beta| solve_at(problem, &all, Step::Accuracy, beta))?;
+    let report = if d.tried.is_empty() { report } else { d.report };
+    attempts.extend(d.tried);
+    Ok(Outcome { report, attempts, plan: d.plan })
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Step {
+    Hardware,
+    Accuracy,
+}
+
+/// A (task, variant, batch size) vertex of the batch-augmented graph.
+struct Vertex {
+    task: usize,
+    variant: usize,
+    batch: u32,
+    latency_ms: f64,
+    /// q(i, k, b): requests/s of one worker.
+    throughput: f64,
+    /// z(i, k, b): workers of the variant at this batch size.
+    z: Variable,
+    /// y(i, k, b): this is the variant's batch size.
+    y: Variable,
+}
+
+/// A chain's paths: per path, a vertex per task of the chain (None for a
+/// pass-through task).
+type ChainPaths = (Vec<usize>, Vec<Vec<Option<usize>>>);
+
+fn solve_at(
+    p: &Problem,
+    allowed: &[Vec<bool>],
+    step: Step,
+    beta: f64,
+) -> Result<(SolveReport, Option<Plan>), SolveError> {
+    let s = p.workers as f64;
+    let task_paths = p.pipeline.task_paths();
+    let budgets: Vec<f64> = task_paths
+        .iter()
+        .map(|chain| {
+            let hops = chain.iter().filter(|&&t| !p.variants[t].is_empty()).count() as f64;
+            (p.slo_ms - hops * p.comm_latency_ms) / 2.0
+        })
+        .collect();
+    // The most a variant could ever need, to bound its worker counts (a tighter
+    // relaxation than the paper's bound S; the optimum is unchanged).
+    let peak_multiplier = |t: usize| -> f64 {
+        let Some(chain) = task_paths.iter().find(|c| c.contains(&t)) else { return 1.0 };
+        let pos = chain.iter().position(|&x| x == t).expect("task on its chain");
+        (0..pos)
+            .map(|j| {
+                let task = &p.pipeline.tasks[chain[j]];
+                let child = task.children.iter().position(|&c| c == chain[j + 1]).expect("chain follows edges");
+                task.fanout.iter().map(|f| f[child]).fold(0.0, f64::max)
+            })
+            .product::<f64>()
+    };
+    let mut m = Milp::default();
+    let mut vertices: Vec<Vertex> = Vec::new();
+    let mut workers = Expression::from(0.0);
+    for (t, vs) in p.variants.iter().enumerate() {
+        for (k, v) in vs.iter().enumerate() {
+            if !allowed[t][k] {
+                continue;
+            }
+            let need = beta.max(0.0) * p.demand_qps * peak_multiplier(t);
+            let mut choices = Expression::from(0.0);
+            for &(b, us) in &v.latency_us {
+                let most = (need / v.throughput(b).max(1e-9)).ceil().clamp(1.0, s.max(1.0));
+                let z = m.add(variable().integer().min(0).max(most));
+                let y = m.add(variable().binary());
+                m.constrain(constraint!(z <= most * y));
+                workers += z;
+                choices += y;
+                vertices.push(Vertex {
+                    task: t,
+                    variant: k,
+                    batch: b,
+                    latency_ms: us as f64 / 1000.0,
+                    throughput: v.throughput(b),
+                    z,
+                    y,
+                });
+            }
+            m.constrain(constraint!(choices <= 1));
+        }
+    }
+    m.constrain(constraint!(workers.clone() <= s));
+    // Paths over the vertices, only those within their chain's latency budget: with
+    // one batch size per variant (Σ_b y ≤ 1) and capacity only where y = 1, this is
+    // Eqs. (4)–(7) exactly, with no big-M.
+    let by_task: Vec<Vec<usize>> =
+        (0..p.pipeline.tasks.len()).map(|t| (0..vertices.len()).filter(|&v| vertices[v].task == t).collect()).collect();
+    let chains: Vec<ChainPaths> = task_paths
+        .iter()
+        .zip(&budgets)
+        .map(|(chain, &budget)| {
+            let fastest: Vec<f64> = chain
+                .iter()
+                .map(|&t| by_task[t].iter().map(|&v| vertices[v].latency_ms).fold(f64::INFINITY, f64::min))
+                .map(|f| if f.is_finite() { f } else { 0.0 })
+                .collect();
+            let mut rest = vec![0.0; chain.len() + 1];
+            for j in (0..chain.len()).rev() {
+                rest[j] = rest[j + 1] + fastest[j];
+            }
+            let mut out = Vec::new();
+            let mut stack: Vec<(Vec<Option<usize>>, f64)> = vec![(Vec::new(), 0.0)];
+            while let Some((prefix, spent)) = stack.pop() {
+                let j = prefix.len();
+                if j == chain.len() {
+                    out.push(prefix);
+                    continue;
+                }
+                let t = chain[j];
+                if p.variants[t].is_empty() {
+                    let mut next = prefix.clone();
+                    next.push(None);
+                    stack.push((next, spent));
+                    continue;
+                }
+                for &v in by_task[t].iter().rev() {
+                    let l = spent + vertices[v].latency_ms;
+                    if l + rest[j + 1] <= budget + 1e-9 {
+                        let mut next = prefix.clone();
+                        next.push(Some(v));
+                        stack.push((next, l));
+                    }
+                }
+            }
+            (chain.clone(), out)
+        })
+        .collect();
+    let variant_of = |t: usize, v: Option<usize>| v.map_or(0, |v| vertices[v].variant).min(p.variants[t].len());
+    let indices = |chain: &[usize], path: &[Option<usize>]| -> Vec<usize> {
+        chain.iter().zip(path).map(|(&t, &v)| variant_of(t, v)).collect()
+    };
+    let mut shares: Vec<Vec<Variable>> = Vec::with_capacity(chains.len());
+    for (_, paths) in &chains {
+        let cs: Vec<Variable> = paths.iter().map(|_| m.add(variable().min(0.0).max(1.0))).collect();
+        let total: Expression = cs.iter().copied().sum();
+        // No feasible path: the chain cannot be served within the SLO.
+        m.constrain(constraint!(total == 1));
+        shares.push(cs);
+    }
+    // Chains agree where they share tasks: at each task with several children, the
+    // share through every prefix is the same on each child's chain.
+    for (t, task) in p.pipeline.tasks.iter().enumerate() {
+        if task.children.len() < 2 {
+            continue;
+        }
+        let through: Vec<usize> = task
+            .children
+            .iter()
+            .map(|&c| chains.iter().position(|(chain, _)| chain.contains(&c)).expect("every child is on a chain"))
+            .collect();
+        let depth = chains[through[0]].0.iter().position(|&x| x == t).expect("task on its chain") + 1;
+        let mut prefixes: Vec<&[Option<usize>]> =
+            through.iter().flat_map(|&ci| chains[ci].1.iter().map(move |path| &path[..depth])).collect();
+        prefixes.sort();
+        prefixes.dedup();
+        for prefix in prefixes {
+            let sum = |ci: usize| -> Expression {
+                chains[ci].1.iter().zip(&shares[ci]).filter(|(path, _)| path[..depth] == *prefix).map(|(_, &c)| c).sum()
+            };
+            let first = sum(through[0]);
+            for &ci in &through[1..] {
+                m.constrain(constraint!(first.clone() == sum(ci)));
+            }
+        }
+    }
+    // (2): each vertex's capacity covers what reaches it, counted over the first
+    // chain through its task.
+    for (vi, vx) in vertices.iter().enumerate() {
+        let Some(ci) = chains.iter().position(|(chain, _)| chain.contains(&vx.task)) else { continue };
+        let (chain, paths) = &chains[ci];
+        let pos = chain.iter().position(|&x| x == vx.task).expect("task on its chain");
+        let load: Expression = paths
+            .iter()
+            .zip(&shares[ci])
+            .filter(|(path, _)| path[pos] == Some(vi))
+            .map(|(path, &c)| beta * p.demand_qps * p.multiplier(chain, &indices(chain, path), pos) * c)
+            .sum();
+        m.constrain(constraint!(load <= vx.throughput * vx.z));
+    }
+    let weight = 1.0 / chains.len() as f64;
+    let accuracy: Expression = chains
+        .iter()
+        .zip(&shares)
+        .flat_map(|((chain, paths), cs)| {
+            paths.iter().zip(cs).map(|(path, &c)| weight * p.path_accuracy(chain, &indices(chain, path)) * c)
+        })
+        .sum();
+    let (sense, objective) = match step {
+        Step::Hardware => (Sense::Minimise, workers.clone()),
+        Step::Accuracy => (Sense::Maximise, accuracy - (1e-5 / (s + 1.0)) * workers.clone()),
+    };
+    let (mut report, values) = m.solve(sense, objective, &p.solver)?;
+    let Some(values) = values else { return Ok((report, None)) };
+
+    // The plan: workers and batch size per hosted variant, shares per path.
+    let served = p.demand_qps * beta.min(1.0);
+    let mut variants = Vec::new();
+    let mut loads = vec![0.0; vertices.len()];
+    let mut chain_plans = Vec::new();
+    let mut total_accuracy = 0.0;
+    for (ci, ((chain, paths), cs)) in chains.iter().zip(&shares).enumerate() {
+        let mut kept = Vec::new();
+        for (path, &c) in paths.iter().zip(cs) {
+            let share = values.value(c).clamp(0.0, 1.0);
+            if share <= 1e-9 {
+                continue;
+            }
+            let ks = indices(chain, path);
+            let acc = p.path_accuracy(chain, &ks);
+            total_accuracy += weight * share * acc;
+            for (pos, (&t, v)) in chain.iter().zip(path).enumerate() {
+                let first = chains.iter().position(|(c, _)| c.contains(&t)) == Some(ci);
+                if let (Some(v), true) = (v, first) {
+                    loads[*v] += served * p.multiplier(chain, &ks, pos) * share;
+                }
+            }
+            kept.push(PathShare {
+                variants: chain
+                    .iter()
+                    .zip(path)
+                    .map(|(&t, v)| match v {
+                        Some(v) => p.variants[t][vertices[*v].variant].name.clone(),
+                        None => p.pipeline.tasks[t].name.clone(),
+                    })
+                    .collect(),
+                share,
+                accuracy: acc,
+                latency_us: path.iter().flatten().map(|&v| (vertices[v].latency_ms * 1000.0).round() as u64).sum(),
+            });
+        }
+        chain_plans
+            .push(ChainPlan { tasks: chain.iter().map(|&t| p.pipeline.tasks[t].name.clone()).collect(), paths: kept });
+    }
+    for (t, vs) in p.variants.iter().enumerate() {
+        for (k, v) in vs.iter().enumerate() {
+            let mine: Vec<usize> =
+                (0..vertices.len()).filter(|&i| vertices[i].task == t && vertices[i].variant == k).collect();
+            let replicas: f64 = mine.iter().map(|&i| values.value(vertices[i].z)).sum();
+            let replicas = replicas.round() as u32;
+            let chosen = mine.iter().copied().find(|&i| values.is_set(vertices[i].y));
+            if let (true, Some(i)) = (replicas > 0, chosen) {
+                variants.push(VariantPlan {
+                    task: p.pipeline.tasks[t].name.clone(),
+                    variant: v.name.clone(),
+                    replicas,
+                    batch: vertices[i].batch,
+                    latency_us: v.latency(vertices[i].batch).unwrap_or(0),
+                    capacity_qps: vertices[i].throughput,
+                    load_qps: mine.iter().map(|&i| loads[i]).sum(),
+                    accuracy: v.accuracy,
+                });
+            }
+        }
+    }
+    let plan = Plan {
+        step: match step {
+            Step::Hardware => "hardware".into(),
+            Step::Accuracy => "accuracy".into(),
+        },
+        beta,
+        demand_qps: p.demand_qps,
+        served_qps: served,
+        shed_qps: p.demand_qps - served,
+        workers: variants.iter().map(|v| v.replicas).sum(),
+        accuracy: total_accuracy,
+        variants,
+        chains: chain_plans,
+    };
+    // The report's objective in the paper's terms: workers (step 1) or accuracy.
+    report.objective = Some(match step {
+        Step::Hardware => plan.workers as f64,
+        Step::Accuracy => plan.accuracy,
+    });
+    Ok((report, Some(plan)))
+}

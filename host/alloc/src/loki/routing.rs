@@ -1,0 +1,306 @@
+//! Loki's load balancer (HPDC'24 §5.1, Algorithm 1 "MostAccurateFirst"): from the
+//! hosted workers and an estimate of the demand, a routing table for the front end
+//! and for every worker — for each child task, which downstream workers get its
+//! intermediate requests and with which probability — and the backup table of
+//! workers with capacity left for opportunistic rerouting (§5.2).
+//!
+//! Tasks are visited root first; within a task, workers in non-increasing order of
+//! their variant's accuracy (the paper's order; the reference code sorts ascending,
+//! which fills the *least* accurate workers first — not followed). A worker's
+//! outgoing rate to a child is its incoming rate × its variant's fan-out to that
+//! child; it is poured into the child's workers, most accurate first, up to each
+//! one's remaining capacity; an entry's probability is what it took / the outgoing
+//! rate. Two cases the algorithm leaves open are closed so that every table sums to
+//! 1 (a worker must send every request somewhere): outgoing rate beyond the child's
+//! total capacity is spread over the child's workers in proportion to their
+//! capacity, and a worker with no estimated traffic gets a table proportional to
+//! capacity (the estimate may be wrong; its requests must still go somewhere).
+//! Ties in accuracy go to the lower worker index.
+//!
+//! Pass-through tasks (no model) get one virtual node with unbounded capacity, so a
+//! front end that fans a request out (Loki's `source`) routes like a worker.
+
+use serde::Serialize;
+use sluice_core::pipeline::Pipeline;
+
+/// A hosted worker, as the load balancer sees it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Worker {
+    /// Its task (index in the pipeline).
+    pub task: usize,
+    /// Its variant (index in the task's models).
+    pub variant: usize,
+    /// The variant's accuracy.
+    pub accuracy: f64,
+    /// Requests/s it sustains at its batch size (the plan's q(i, k, y)).
+    pub capacity_qps: f64,
+    /// Its latency at its batch size, µs (the task's latency budget on it).
+    pub latency_us: u64,
+}
+
+/// One entry of a routing table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Route {
+    /// The node (a worker index; pass-through tasks' nodes follow the workers).
+    pub node: usize,
+    /// The probability of sending a request there.
+    pub probability: f64,
+}
+
+/// A worker with capacity left after routing (§5.2's backup table).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Backup {
+    /// The node.
+    pub node: usize,
+    /// Requests/s of capacity left.
+    pub leftover_qps: f64,
+    /// Its latency, µs.
+    pub latency_us: u64,
+    /// Its accuracy.
+    pub accuracy: f64,
+}
+
+/// The load balancer's output.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RoutingTables {
+    /// Routes into the root task.
+    pub frontend: Vec<Route>,
+    /// Per node (workers, then one per pass-through task), per child of its task in
+    /// the pipeline's child order, its routes.
+    pub nodes: Vec<Vec<Vec<Route>>>,
+    /// The node of each pass-through task (None for a task with models).
+    pub passthrough: Vec<Option<usize>>,
+    /// Per task, the nodes with capacity left, most accurate first.
+    pub backup: Vec<Vec<Backup>>,
+    /// Per node, the estimated requests/s it receives.
+    pub incoming: Vec<f64>,
+}
+
+impl RoutingTables {
+    /// Opportunistic rerouting (§5.2): among `task`'s workers with capacity left, the
+    /// most accurate whose latency is at most `max_latency_us` (ties: the one with
+    /// the most capacity left, then the lower index — the paper breaks ties at
+    /// random). None: no such worker; the request is to be dropped.
+    pub fn reroute(&self, task: usize, max_latency_us: u64) -> Option<usize> {
+        self.backup
+            .get(task)?
+            .iter()
+            .filter(|b| b.latency_us <= max_latency_us)
+            .max_by(|a, b| {
+                a.accuracy
+                    .total_cmp(&b.accuracy)
+                    .then(a.leftover_qps.total_cmp(&b.leftover_qps))
+                    .then(b.node.cmp(&a.node))
+            })
+            .map(|b| b.node)
+    }
+}
+
+/// Algorithm 1 over `workers` for `demand_qps` requests/s entering the root.
+pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: f64) -> RoutingTables {
+    let n = pipeline.tasks.len();
+    // Nodes: the workers, then one per pass-through task.
+    let mut task_of: Vec<usize> = workers.iter().map(|w| w.task).collect();
+    let mut variant_of: Vec<usize> = workers.iter().map(|w| w.variant).collect();
+    let mut accuracy: Vec<f64> = workers.iter().map(|w| w.accuracy).collect();
+    let mut capacity: Vec<f64> = workers.iter().map(|w| w.capacity_qps.max(0.0)).collect();
+    let mut latency: Vec<u64> = workers.iter().map(|w| w.latency_us).collect();
+    let mut passthrough = vec![None; n];
+    for (t, task) in pipeline.tasks.iter().enumerate() {
+        if task.is_passthrough() {
+            passthrough[t] = Some(task_of.len());
+            task_of.push(t);
+            variant_of.push(0);
+            accuracy.push(1.0);
+            capacity.push(f64::INFINITY);
+            latency.push(0);
+        }
+    }
+    let nodes = task_of.len();
+    // Per task, its nodes most accurate first.
+    let mut by_task: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for node in 0..nodes {
+        by_task[task_of[node]].push(node);
+    }
+    for list in &mut by_task {
+        list.sort_by(|&a, &b| accuracy[b].total_cmp(&accuracy[a]).then(a.cmp(&b)));
+    }
+    let full = capacity.clone();
+    let mut incoming = vec![0.0; nodes];
+    let fill = |task: usize, amount: f64, left: &mut Vec<f64>, incoming: &mut Vec<f64>| -> Vec<Route> {
+        let list = &by_task[task];
+        let mut routes: Vec<Route> = Vec::new();
+        let add = |node: usize, p: f64, routes: &mut Vec<Route>| match routes.iter_mut().find(|r| r.node == node) {
+            Some(r) => r.probability += p,
+            None => routes.push(Route { node, probability: p }),
+        };
+        let total_capacity: f64 = list.iter().map(|&w| full[w]).sum();
+        let proportional = |w: usize| {
+            if total_capacity.is_infinite() {
+                if full[w].is_infinite() {
+                    1.0
+                } else {
+                    0.0
+                }
+            } else if total_capacity > 0.0 {
+                full[w] / total_capacity
+            } else {
+                1.0 / list.len() as f64
+            }
+        };
+        if list.is_empty() {
+            return routes;
+        }
+        if amount <= 0.0 {
+            for &w in list {
+                let p = proportional(w);
+                if p > 0.0 {
+                    add(w, p, &mut routes);
+                }
+            }
+            return routes;
+        }
+        let mut outgoing = amount;
+        for &w in list {
+            if left[w] > 0.0 && outgoing > 0.0 {
+                let routed = outgoing.min(left[w]);
+                add(w, routed / amount, &mut routes);
+                outgoing -= routed;
+                left[w] -= routed;
+                incoming[w] += routed;
+            }
+        }
+        if outgoing > 1e-12 {
+            let infinite = list.iter().filter(|&&w| full[w].is_infinite()).count();
+            for &w in list {
+                let p = proportional(w) / if infinite > 0 { infinite as f64 } else { 1.0 };
+                if p > 0.0 {
+                    add(w, outgoing * p / amount, &mut routes);
+                    incoming[w] += outgoing * p;
+                }
+            }
+        }
+        routes
+    };
+    let frontend = fill(0, demand_qps, &mut capacity, &mut incoming);
+    let mut tables: Vec<Vec<Vec<Route>>> = vec![Vec::new(); nodes];
+    for (t, task) in pipeline.tasks.iter().enumerate() {
+        for &node in &by_task[t] {
+            tables[node] = task
+                .children
+                .iter()
+                .enumerate()
+                .map(|(ci, &child)| {
+                    let outgoing = incoming[node] * task.fanout[variant_of[node]][ci];
+                    fill(child, outgoing, &mut capacity, &mut incoming)
+                })
+                .collect();
+        }
+    }
+    let backup = by_task
+        .iter()
+        .map(|list| {
+            list.iter()
+                .filter(|&&w| capacity[w] > 1e-9)
+                .map(|&w| Backup { node: w, leftover_qps: capacity[w], latency_us: latency[w], accuracy: accuracy[w] })
+                .collect()
+        })
+        .collect();
+    RoutingTables { frontend, nodes: tables, passthrough, backup, incoming }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::pipeline::PipelineSpec;
+
+    fn pipeline() -> Pipeline {
+        let spec: PipelineSpec = toml::from_str(
+            r#"
+            [[task]]
+            name = "detect"
+            models = ["fast", "good"]
+            fanout.fast = { factor = 2.0 }
+            fanout.good = { factor = 3.0 }
+            [[task]]
+            name = "classify"
+            models = ["small", "big"]
+            [[edge]]
+            from = "detect"
+            to = "classify"
+            "#,
+        )
+        .unwrap();
+        Pipeline::new(&spec).unwrap()
+    }
+
+    fn w(task: usize, variant: usize, accuracy: f64, capacity_qps: f64) -> Worker {
+        Worker { task, variant, accuracy, capacity_qps, latency_us: 10_000 * (1 + variant as u64) }
+    }
+
+    /// Worked by hand: 10 req/s enter. detect: `good` (acc 0.9, 6/s) is filled first,
+    /// then `fast` (acc 0.6, 8/s) takes the other 4. good sends 6 × 3 = 18/s on:
+    /// classify `big` (acc 0.95, 10/s) takes 10 (p = 10/18), `small` #1 (acc 0.7,
+    /// 5/s) takes 5 (p = 5/18), `small` #2 (5/s) takes 3 (p = 3/18) and keeps 2/s.
+    /// fast sends 4 × 2 = 8/s: only small #2's 2/s is left (p = 2/8); the other 6/s
+    /// exceed the task's capacity and are spread over big : small : small in
+    /// proportion to capacity 10 : 5 : 5 (3, 1.5, 1.5 → p 3/8, 1.5/8, 1.5/8).
+    #[test]
+    fn most_accurate_first_matches_the_hand_worked_example() {
+        let workers = [w(0, 0, 0.6, 8.0), w(0, 1, 0.9, 6.0), w(1, 0, 0.7, 5.0), w(1, 1, 0.95, 10.0), w(1, 0, 0.7, 5.0)];
+        let t = most_accurate_first(&pipeline(), &workers, 10.0);
+        let probs = |routes: &[Route]| -> Vec<(usize, f64)> {
+            routes.iter().map(|r| (r.node, (r.probability * 1e9).round() / 1e9)).collect()
+        };
+        assert_eq!(probs(&t.frontend), [(1, 0.6), (0, 0.4)]);
+        let r = |x: f64| (x * 1e9).round() / 1e9;
+        assert_eq!(probs(&t.nodes[1][0]), [(3, r(10.0 / 18.0)), (2, r(5.0 / 18.0)), (4, r(3.0 / 18.0))]);
+        assert_eq!(probs(&t.nodes[0][0]), [(4, r(2.0 / 8.0 + 1.5 / 8.0)), (3, r(3.0 / 8.0)), (2, r(1.5 / 8.0))]);
+        for table in t.nodes.iter().flatten().chain([&t.frontend]) {
+            let sum: f64 = table.iter().map(|r| r.probability).sum();
+            assert!((sum - 1.0).abs() < 1e-9, "{table:?}");
+        }
+        assert_eq!(t.incoming[1], 6.0);
+        assert_eq!(t.incoming[0], 4.0);
+        assert!((t.incoming[3] - 13.0).abs() < 1e-9);
+        // Only detect's fast worker has capacity left (8 − 4).
+        assert_eq!(t.backup[0], [Backup { node: 0, leftover_qps: 4.0, latency_us: 10_000, accuracy: 0.6 }]);
+        assert!(t.backup[1].is_empty());
+        assert_eq!(t.reroute(0, 10_000), Some(0));
+        assert_eq!(t.reroute(0, 9_999), None);
+    }
+
+    #[test]
+    fn idle_workers_route_by_capacity_and_passthrough_roots_fan_out() {
+        let workers = [w(0, 1, 0.9, 6.0), w(1, 0, 0.7, 5.0), w(1, 1, 0.95, 15.0)];
+        let t = most_accurate_first(&pipeline(), &workers, 0.0);
+        assert_eq!(t.frontend, [Route { node: 0, probability: 1.0 }]);
+        assert_eq!(t.nodes[0][0], [Route { node: 2, probability: 0.75 }, Route { node: 1, probability: 0.25 }]);
+
+        let spec: PipelineSpec = toml::from_str(
+            r#"
+            [[task]]
+            name = "source"
+            [[task]]
+            name = "a"
+            models = ["a1"]
+            [[task]]
+            name = "b"
+            models = ["b1"]
+            [[edge]]
+            from = "source"
+            to = "a"
+            [[edge]]
+            from = "source"
+            to = "b"
+            "#,
+        )
+        .unwrap();
+        let p = Pipeline::new(&spec).unwrap();
+        let t = most_accurate_first(&p, &[w(1, 0, 1.0, 4.0), w(2, 0, 1.0, 4.0)], 3.0);
+        assert_eq!(t.passthrough, [Some(2), None, None]);
+        assert_eq!(t.frontend, [Route { node: 2, probability: 1.0 }]);
+        assert_eq!(t.nodes[2], [vec![Route { node: 0, probability: 1.0 }], vec![Route { node: 1, probability: 1.0 }]]);
+        assert_eq!(t.backup[1][0].leftover_qps, 1.0);
+    }
+}

@@ -1,0 +1,280 @@
+//! Loki's MILP (HPDC'24 §4) against brute force on a 2-task pipeline, its plans
+//! checked against the constraints they must meet, trees with several sinks, the
+//! demand ladder, and the problem file (`examples/allocate/loki-traffic.toml`).
+
+use std::path::{Path, PathBuf};
+
+use good_lp::{constraint, variable, Expression};
+use sluice_alloc::ladder::Ladder;
+use sluice_alloc::loki::{self, Plan, Problem, Scaling, Variant};
+use sluice_alloc::solver::{Milp, Sense, SolverSettings};
+use sluice_alloc::{Allocator, AnyPlan, AnyProblem};
+use sluice_core::pipeline::{Pipeline, PipelineSpec};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn variant(name: &str, accuracy: f64, ms: &[(u32, f64)]) -> Variant {
+    Variant { name: name.into(), accuracy, latency_us: ms.iter().map(|&(b, l)| (b, (l * 1000.0) as u64)).collect() }
+}
+
+/// detect {a1: accurate, slow; a2: fast} → classify {b1: accurate, slow; b2: fast};
+/// a1 creates 2 requests for classify per request, a2 1.5.
+fn two_tasks(demand_qps: f64, workers: u32, slo_ms: f64) -> Problem {
+    let spec: PipelineSpec = toml::from_str(
+        r#"
+        [[task]]
+        name = "detect"
+        models = ["a1", "a2"]
+        fanout.a1 = { factor = 2.0 }
+        fanout.a2 = { factor = 1.5 }
+        [[task]]
+        name = "classify"
+        models = ["b1", "b2"]
+        [[edge]]
+        from = "detect"
+        to = "classify"
+        "#,
+    )
+    .unwrap();
+    Problem {
+        pipeline: Pipeline::new(&spec).unwrap(),
+        variants: vec![
+            vec![variant("a1", 1.0, &[(1, 40.0), (2, 60.0)]), variant("a2", 0.8, &[(1, 10.0), (2, 15.0)])],
+            vec![variant("b1", 1.0, &[(1, 30.0), (2, 45.0)]), variant("b2", 0.7, &[(1, 8.0), (2, 12.0)])],
+        ],
+        demand_qps,
+        workers,
+        slo_ms,
+        comm_latency_ms: 0.0,
+        scaling: Scaling::Loki,
+        ladder: Ladder { beta: 1.0, ..Ladder::default() },
+        solver: SolverSettings::default(),
+    }
+}
+
+/// For fixed workers and batch sizes, the best traffic split: an LP over the four
+/// paths' shares (the only continuous part), or None when the demand cannot be
+/// served. `hosted[v] = (replicas, batch)` for a1, a2, b1, b2.
+fn best_split(p: &Problem, hosted: &[(u32, u32); 4]) -> Option<f64> {
+    let budget = p.slo_ms / 2.0;
+    let latency = |v: usize| -> Option<f64> {
+        let (t, k) = (v / 2, v % 2);
+        let (n, b) = hosted[v];
+        (n > 0).then(|| p.variants[t][k].latency(b).unwrap() as f64 / 1000.0)
+    };
+    let fanout = [2.0, 1.5];
+    let mut m = Milp::default();
+    let mut shares = Vec::new();
+    let mut total = Expression::from(0.0);
+    let mut objective = Expression::from(0.0);
+    for a in 0..2 {
+        for b in 0..2 {
+            let c = m.add(variable().min(0.0).max(1.0));
+            let ok = matches!((latency(a), latency(2 + b)), (Some(x), Some(y)) if x + y <= budget + 1e-9);
+            if !ok {
+                m.constrain(constraint!(c <= 0));
+            }
+            total += c;
+            objective += p.variants[0][a].accuracy * p.variants[1][b].accuracy * c;
+            shares.push((a, b, c));
+        }
+    }
+    m.constrain(constraint!(total == 1));
+    for v in 0..4 {
+        let (t, k) = (v / 2, v % 2);
+        let (n, b) = hosted[v];
+        let capacity = n as f64 * p.variants[t][k].throughput(b);
+        let load: Expression = shares
+            .iter()
+            .filter(|(a, bb, _)| if t == 0 { *a == k } else { *bb == k })
+            .map(|&(a, _, c)| p.demand_qps * if t == 0 { 1.0 } else { fanout[a] } * c)
+            .sum();
+        m.constrain(constraint!(load <= capacity));
+    }
+    let (_, values) = m.solve(Sense::Maximise, objective.clone(), &SolverSettings::default()).unwrap();
+    values.map(|v| objective.eval_with(&v))
+}
+
+/// Every hosting of ≤ S workers over the four variants, each at batch 1 or 2:
+/// (fewest workers with the most accurate variants only, best accuracy overall).
+fn brute_force(p: &Problem) -> (Option<u32>, Option<f64>) {
+    let s = p.workers;
+    let mut fewest: Option<u32> = None;
+    let mut best: Option<f64> = None;
+    let options: Vec<(u32, u32)> = std::iter::once((0, 1)).chain((1..=s).flat_map(|n| [(n, 1), (n, 2)])).collect();
+    for &a1 in &options {
+        for &a2 in &options {
+            for &b1 in &options {
+                for &b2 in &options {
+                    let hosted = [a1, a2, b1, b2];
+                    let used: u32 = hosted.iter().map(|h| h.0).sum();
+                    if used > s {
+                        continue;
+                    }
+                    let Some(acc) = best_split(p, &hosted) else { continue };
+                    best = Some(best.map_or(acc, |x: f64| x.max(acc)));
+                    if a2.0 == 0 && b2.0 == 0 {
+                        fewest = Some(fewest.map_or(used, |x| x.min(used)));
+                    }
+                }
+            }
+        }
+    }
+    (fewest, best)
+}
+
+/// The plan meets (2), (3) and (7): capacity covers load, workers ≤ S, every path
+/// with traffic within SLO/2.
+fn check_plan(p: &Problem, plan: &Plan) {
+    assert!(plan.workers <= p.workers, "{plan:?}");
+    for v in &plan.variants {
+        assert!(v.load_qps <= v.capacity_qps * v.replicas as f64 * (1.0 + 1e-6) + 1e-6, "{v:?}");
+    }
+    for chain in &plan.chains {
+        let total: f64 = chain.paths.iter().map(|x| x.share).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{chain:?}");
+        for path in &chain.paths {
+            assert!(path.latency_us as f64 / 1000.0 <= p.slo_ms / 2.0 + 1e-6, "{path:?}");
+            for name in &path.variants {
+                assert!(plan.variant(name).is_some(), "{name} carries traffic but is not hosted");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_milp_matches_brute_force_on_a_two_task_pipeline() {
+    // Light load (hardware scaling suffices), heavy load (accuracy scaling), a tight
+    // SLO that rules out the accurate pair (a1 + b1 ≥ 70 ms > 60), and a
+    // cluster too small for anything (ladder).
+    for (demand, workers, slo) in
+        [(20.0, 5, 200.0), (60.0, 5, 200.0), (90.0, 6, 200.0), (40.0, 5, 120.0), (70.0, 4, 90.0)]
+    {
+        let p = two_tasks(demand, workers, slo);
+        let (fewest, best) = brute_force(&p);
+        let outcome = loki::solve(&p).unwrap();
+        let plan = outcome.plan.clone().unwrap_or_else(|| panic!("{demand} qps on {workers}: no plan"));
+        check_plan(&p, &plan);
+        let case = format!("{demand} qps, {workers} workers, SLO {slo} ms: {plan:#?}");
+        match fewest {
+            Some(n) => {
+                assert_eq!(plan.step, "hardware", "{case}");
+                assert_eq!(plan.workers, n, "{case}");
+                assert!((plan.accuracy - 1.0).abs() < 1e-9, "{case}");
+            }
+            None => {
+                assert_eq!(plan.step, "accuracy", "{case}");
+                let best = best.unwrap_or_else(|| panic!("brute force found no plan: {case}"));
+                assert!(
+                    (plan.accuracy - best).abs() < 1e-3 * best,
+                    "MILP {} vs brute force {best}: {case}",
+                    plan.accuracy
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_ladder_sheds_what_no_plan_can_serve() {
+    // 500 req/s on 3 workers: a2 (1 worker, batch 2) serves at most 133/s.
+    let p = Problem { ladder: Ladder { beta: 1.0, step: 0.05, min_beta: 0.0 }, ..two_tasks(500.0, 3, 200.0) };
+    let plan = loki::solve(&p).unwrap().plan.unwrap();
+    assert!(plan.beta < 1.0 && plan.shed_qps > 0.0, "{plan:?}");
+    assert!((plan.served_qps + plan.shed_qps - 500.0).abs() < 1e-9);
+    check_plan(&p, &plan);
+    // Hardware scaling alone (InferLine-style) keeps the accurate variants and
+    // sheds more.
+    let hw = loki::solve(&Problem { scaling: Scaling::HardwareOnly, ..p.clone() }).unwrap().plan.unwrap();
+    assert!(hw.variants.iter().all(|v| v.accuracy == 1.0), "{hw:?}");
+    assert!(hw.served_qps < plan.served_qps, "{hw:?} vs {plan:?}");
+}
+
+#[test]
+fn chains_of_a_tree_agree_on_their_shared_tasks() {
+    // detect → {classify, face}: detect's split must be the same seen from both
+    // chains, and its load counted once.
+    let spec: PipelineSpec = toml::from_str(
+        r#"
+        [[task]]
+        name = "detect"
+        models = ["a1", "a2"]
+        fanout.a1 = { factor = 2.0, branch = { classify = 0.9, face = 0.1 } }
+        fanout.a2 = { factor = 1.5, branch = { classify = 0.8, face = 0.2 } }
+        [[task]]
+        name = "classify"
+        models = ["b1", "b2"]
+        [[task]]
+        name = "face"
+        models = ["f1"]
+        [[edge]]
+        from = "detect"
+        to = "classify"
+        [[edge]]
+        from = "detect"
+        to = "face"
+        "#,
+    )
+    .unwrap();
+    let mut p = two_tasks(70.0, 6, 200.0);
+    p.pipeline = Pipeline::new(&spec).unwrap();
+    p.variants.push(vec![variant("f1", 1.0, &[(1, 5.0), (2, 8.0)])]);
+    let plan = loki::solve(&p).unwrap().plan.unwrap();
+    check_plan(&p, &plan);
+    assert_eq!(plan.chains.len(), 2);
+    let root_share = |chain: usize, v: &str| -> f64 {
+        plan.chains[chain].paths.iter().filter(|x| x.variants[0] == v).map(|x| x.share).sum()
+    };
+    for v in ["a1", "a2"] {
+        assert!((root_share(0, v) - root_share(1, v)).abs() < 1e-6, "{plan:#?}");
+    }
+    // detect's load is the demand, once.
+    let detect: f64 = plan.variants.iter().filter(|v| v.task == "detect").map(|v| v.load_qps).sum();
+    assert!((detect - 70.0).abs() < 1e-6, "{plan:#?}");
+    // face's load: 70 × (share(a1)·2·0.1 + share(a2)·1.5·0.2).
+    let face: f64 = plan.variants.iter().filter(|v| v.task == "face").map(|v| v.load_qps).sum();
+    let expected = 70.0 * (root_share(1, "a1") * 0.2 + root_share(1, "a2") * 0.3);
+    assert!((face - expected).abs() < 1e-6, "{face} vs {expected}");
+}
+
+#[test]
+fn the_traffic_analysis_problem_file_is_solved_at_light_and_heavy_load() {
+    let path = root().join("examples/allocate/loki-traffic.toml");
+    let p = AnyProblem::load(&path).unwrap();
+    let AnyProblem::Loki(problem) = &p else { panic!("a loki problem") };
+    assert_eq!(problem.pipeline.tasks.len(), 3);
+    let a = Allocator::default().allocate(&p);
+    let Some(AnyPlan::Loki(plan)) = &a.plan else { panic!("a plan: {}", a.status) };
+    check_plan(problem, plan);
+    assert_eq!(plan.step, "hardware");
+    assert!(plan.workers < problem.workers, "{plan:?}");
+    // Eight times the demand needs accuracy scaling on the whole cluster.
+    let heavy = Problem { demand_qps: 400.0, ..problem.clone() };
+    let plan = loki::solve(&heavy).unwrap().plan.unwrap();
+    check_plan(&heavy, &plan);
+    assert_eq!(plan.step, "accuracy");
+    assert!(plan.accuracy < 0.99 && plan.accuracy > 0.5, "{plan:?}");
+    assert_eq!(plan.shed_qps, 0.0);
+}
+
+#[test]
+fn pipeline_problem_files_name_what_is_wrong() {
+    let text = std::fs::read_to_string(root().join("examples/allocate/loki-traffic.toml")).unwrap();
+    let base = root().join("examples/allocate");
+    let error = |t: &str| AnyProblem::parse(t, "problem.toml", &base).err().expect("an error").to_string();
+    let cycle = format!("{text}\n[[pipeline.edge]]\nfrom = \"car_classification\"\nto = \"facial_recognition\"\n");
+    assert_eq!(
+        error(&cycle),
+        "problem.toml: pipeline: edge car_classification -> facial_recognition: `facial_recognition` already has \
+         the parent `object_detection`; a pipeline is a tree (one parent per task)"
+    );
+    assert!(error(&text.replace("\"genderNet_19\"", "\"genderNet_99\""))
+        .starts_with("problem.toml: pipeline.task.facial_recognition.models: `genderNet_99` is not in the profile"));
+    assert_eq!(
+        error(&text.replace("workers = 20", "workers = 0")),
+        "problem.toml: workers: expected at least 1 worker"
+    );
+    assert!(error(&text.replace("slo_ms = 250", "slo_ms = 250\nslo = 1")).contains("unknown field `slo`"));
+}

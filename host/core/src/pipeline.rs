@@ -1,0 +1,481 @@
+//! Pipelines: apps whose requests flow through a directed rooted tree of tasks
+//! (Loki, HPDC'24 §4.1: "The pipeline graph is a directed rooted tree with the
+//! source node as the root"). A request enters at the root; each task's output
+//! becomes intermediate requests for its children; the client is answered when every
+//! sink (leaf) has answered.
+//!
+//! [`PipelineSpec`] is the config form — tasks with their model variants and the
+//! measured (or expected) fan-out of each variant, and edges — the same in a server
+//! config, an experiment and an allocation problem. [`Pipeline::new`] checks that the
+//! edges form one rooted tree and names the edge that does not.
+//!
+//! ```toml
+//! [[task]]
+//! name = "object_detection"
+//! models = ["yolov5n", "yolov5x"]
+//! # each detection becomes a request for one child, by its label
+//! fanout.yolov5x = { factor = 18.89, branch = { car_classification = 0.943, facial_recognition = 0.057 } }
+//! [[task]]
+//! name = "car_classification"
+//! models = ["efficientnet-b0", "efficientnet-b6"]
+//! [[edge]]
+//! from = "object_detection"
+//! to = "car_classification"
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// A pipeline as a config writes it.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// `[[task]]`: the tasks, in any order.
+    #[serde(rename = "task", default)]
+    pub tasks: Vec<TaskSpec>,
+    /// `[[edge]]`: parent → child.
+    #[serde(rename = "edge", default)]
+    pub edges: Vec<EdgeSpec>,
+}
+
+/// One task of a pipeline.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// `name = "object_detection"`.
+    pub name: String,
+    /// `models = ["yolov5n", "yolov5x"]`: the task's model variants (names in the
+    /// profile). Empty: a pass-through task that only fans a request out to its
+    /// children (Loki's social-media `source`); it takes no worker and no time.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// `fanout.<variant> = { factor = 2.5, branch = { child = 0.7 } }`: the expected
+    /// number of intermediate requests a request served by the variant creates for
+    /// each child, `factor × branch[child]` (Loki's multiplicative factor and branch
+    /// ratio). Defaults: factor 1, branch 1 for every child (each output goes to
+    /// every child). The live host measures the real factors and reports them.
+    #[serde(default)]
+    pub fanout: BTreeMap<String, Fanout>,
+}
+
+/// A variant's fan-out estimate.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Fanout {
+    /// `factor = 18.9`: outputs per request (Loki's multiplicative factor).
+    #[serde(default = "one")]
+    pub factor: f64,
+    /// `branch = { car_classification = 0.94 }`: the share of the outputs each child
+    /// receives (default 1 for a child not named).
+    #[serde(default)]
+    pub branch: BTreeMap<String, f64>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// One edge, parent → child.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeSpec {
+    /// `from = "object_detection"`.
+    pub from: String,
+    /// `to = "car_classification"`.
+    pub to: String,
+}
+
+/// A pipeline that is not a rooted tree, or whose tasks cannot be used.
+#[derive(Debug, Error, PartialEq)]
+pub enum GraphError {
+    /// No task at all.
+    #[error("a pipeline needs at least one task")]
+    Empty,
+    /// A task name repeats or is not a valid name.
+    #[error("task `{0}`: names must be unique, non-empty, and made of letters, digits, '-', '_' and '.'")]
+    BadTask(String),
+    /// An edge names a task that does not exist.
+    #[error("edge {from} -> {to}: no task `{missing}`")]
+    UnknownTask {
+        /// Parent.
+        from: String,
+        /// Child.
+        to: String,
+        /// The name that is not a task.
+        missing: String,
+    },
+    /// An edge from a task to itself.
+    #[error("edge {0} -> {0}: a task cannot feed itself")]
+    SelfLoop(String),
+    /// A second edge into a task (a tree has one parent per task).
+    #[error(
+        "edge {from} -> {to}: `{to}` already has the parent `{first}`; a pipeline is a tree (one parent per task)"
+    )]
+    SecondParent {
+        /// Parent of this edge.
+        from: String,
+        /// The child.
+        to: String,
+        /// Its first parent.
+        first: String,
+    },
+    /// More than one task without a parent.
+    #[error("tasks {0:?} have no parent; a pipeline has exactly one root")]
+    ManyRoots(Vec<String>),
+    /// Every task has a parent: the edges close a cycle.
+    #[error("edge {from} -> {to} closes a cycle; a pipeline is a tree")]
+    Cycle {
+        /// Parent of the closing edge.
+        from: String,
+        /// Child of the closing edge.
+        to: String,
+    },
+    /// A fan-out entry names no variant of its task, or a child that is not one.
+    #[error("task `{task}`: fanout.{variant}: {message}")]
+    BadFanout {
+        /// The task.
+        task: String,
+        /// The variant key.
+        variant: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The same model variant in two tasks (variants name workers' models; a worker
+    /// must know its task).
+    #[error("model `{model}` appears in tasks `{first}` and `{second}`; a variant belongs to one task")]
+    SharedModel {
+        /// The model.
+        model: String,
+        /// The first task.
+        first: String,
+        /// The second task.
+        second: String,
+    },
+}
+
+/// One task of a checked pipeline.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Task {
+    /// Its name.
+    pub name: String,
+    /// Its variants (empty: pass-through).
+    pub models: Vec<String>,
+    /// Its parent (None for the root).
+    pub parent: Option<usize>,
+    /// Its children, in edge order.
+    pub children: Vec<usize>,
+    /// `fanout[v][c]`: expected requests for child `children[c]` per request served
+    /// by `models[v]` (for a pass-through task, one entry).
+    pub fanout: Vec<Vec<f64>>,
+}
+
+impl Task {
+    /// Whether the task only fans out (no model, no worker).
+    pub fn is_passthrough(&self) -> bool {
+        self.models.is_empty()
+    }
+
+    /// Whether the task is a sink (a leaf, whose answers go to the client).
+    pub fn is_sink(&self) -> bool {
+        self.children.is_empty()
+    }
+}
+
+/// A checked pipeline: one rooted tree. Task indices are in breadth-first order from
+/// the root (index 0), so every parent comes before its children.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pipeline {
+    /// The tasks, root first, parents before children.
+    pub tasks: Vec<Task>,
+}
+
+impl Pipeline {
+    /// Checks `spec`: unique task names, edges between existing tasks, one parent per
+    /// task, one root, no cycle, fan-outs that name the task's variants and children
+    /// with finite non-negative values.
+    pub fn new(spec: &PipelineSpec) -> Result<Pipeline, GraphError> {
+        if spec.tasks.is_empty() {
+            return Err(GraphError::Empty);
+        }
+        let mut index = BTreeMap::new();
+        for (i, t) in spec.tasks.iter().enumerate() {
+            if !crate::app_config::valid_name(&t.name) || index.insert(t.name.as_str(), i).is_some() {
+                return Err(GraphError::BadTask(t.name.clone()));
+            }
+        }
+        let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+        for t in &spec.tasks {
+            for m in &t.models {
+                if let Some(first) = owner.insert(m, &t.name) {
+                    return Err(GraphError::SharedModel {
+                        model: m.clone(),
+                        first: first.to_string(),
+                        second: t.name.clone(),
+                    });
+                }
+            }
+        }
+        let n = spec.tasks.len();
+        let mut parent: Vec<Option<usize>> = vec![None; n];
+        let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for e in &spec.edges {
+            let find = |name: &str| {
+                index.get(name).copied().ok_or_else(|| GraphError::UnknownTask {
+                    from: e.from.clone(),
+                    to: e.to.clone(),
+                    missing: name.to_string(),
+                })
+            };
+            let (from, to) = (find(&e.from)?, find(&e.to)?);
+            if from == to {
+                return Err(GraphError::SelfLoop(e.from.clone()));
+            }
+            if let Some(first) = parent[to] {
+                return Err(GraphError::SecondParent {
+                    from: e.from.clone(),
+                    to: e.to.clone(),
+                    first: spec.tasks[first].name.clone(),
+                });
+            }
+            parent[to] = Some(from);
+            children[from].push(to);
+        }
+        let roots: Vec<usize> = (0..n).filter(|&i| parent[i].is_none()).collect();
+        if roots.len() > 1 {
+            return Err(GraphError::ManyRoots(roots.iter().map(|&i| spec.tasks[i].name.clone()).collect()));
+        }
+        // One parent per task and n − 1 edges: with no root every task is on a
+        // cycle; with one root, tasks not reached from it are on a cycle. Either way
+        // name the edge into the first unreached task (in spec order).
+        let mut order = Vec::with_capacity(n);
+        if let Some(&root) = roots.first() {
+            order.push(root);
+            let mut k = 0;
+            while k < order.len() {
+                let t = order[k];
+                order.extend(children[t].iter().copied());
+                k += 1;
+            }
+        }
+        if order.len() < n {
+            let mut reached = vec![false; n];
+            for &t in &order {
+                reached[t] = true;
+            }
+            let to = (0..n).find(|&i| !reached[i]).expect("an unreached task");
+            let from = parent[to].expect("unreached tasks have parents");
+            return Err(GraphError::Cycle { from: spec.tasks[from].name.clone(), to: spec.tasks[to].name.clone() });
+        }
+        let mut position = vec![0; n];
+        for (k, &t) in order.iter().enumerate() {
+            position[t] = k;
+        }
+        let mut tasks = Vec::with_capacity(n);
+        for &t in &order {
+            let s = &spec.tasks[t];
+            let kids: Vec<usize> = children[t].iter().map(|&c| position[c]).collect();
+            let kid_names: Vec<&str> = children[t].iter().map(|&c| spec.tasks[c].name.as_str()).collect();
+            let bad = |variant: &str, message: String| GraphError::BadFanout {
+                task: s.name.clone(),
+                variant: variant.to_string(),
+                message,
+            };
+            for (v, f) in &s.fanout {
+                if !s.models.iter().any(|m| m == v) {
+                    return Err(bad(v, "not one of the task's models".into()));
+                }
+                if !(f.factor.is_finite() && f.factor >= 0.0) {
+                    return Err(bad(v, format!("factor {}: expected a finite number ≥ 0", f.factor)));
+                }
+                for (c, share) in &f.branch {
+                    if !kid_names.contains(&c.as_str()) {
+                        return Err(bad(v, format!("branch.{c}: `{c}` is not a child of `{}`", s.name)));
+                    }
+                    if !(share.is_finite() && *share >= 0.0) {
+                        return Err(bad(v, format!("branch.{c} = {share}: expected a finite number ≥ 0")));
+                    }
+                }
+            }
+            let variants: Vec<Option<&Fanout>> =
+                if s.models.is_empty() { vec![None] } else { s.models.iter().map(|m| s.fanout.get(m)).collect() };
+            let fanout = variants
+                .iter()
+                .map(|f| {
+                    kid_names
+                        .iter()
+                        .map(|c| match f {
+                            Some(f) => f.factor * f.branch.get(*c).copied().unwrap_or(1.0),
+                            None => 1.0,
+                        })
+                        .collect()
+                })
+                .collect();
+            tasks.push(Task {
+                name: s.name.clone(),
+                models: s.models.clone(),
+                parent: parent[t].map(|p| position[p]),
+                children: kids,
+                fanout,
+            });
+        }
+        Ok(Pipeline { tasks })
+    }
+
+    /// The task named `name`.
+    pub fn task(&self, name: &str) -> Option<usize> {
+        self.tasks.iter().position(|t| t.name == name)
+    }
+
+    /// The task that serves model `model`, and the model's index in it.
+    pub fn model(&self, model: &str) -> Option<(usize, usize)> {
+        self.tasks.iter().enumerate().find_map(|(i, t)| t.models.iter().position(|m| m == model).map(|k| (i, k)))
+    }
+
+    /// The root-to-sink task chains, in breadth-first order of their sinks.
+    pub fn task_paths(&self) -> Vec<Vec<usize>> {
+        self.tasks
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.is_sink())
+            .map(|(i, _)| {
+                let mut chain = vec![i];
+                while let Some(p) = self.tasks[*chain.last().expect("non-empty")].parent {
+                    chain.push(p);
+                }
+                chain.reverse();
+                chain
+            })
+            .collect()
+    }
+
+    /// The sinks (leaves).
+    pub fn sinks(&self) -> Vec<usize> {
+        (0..self.tasks.len()).filter(|&i| self.tasks[i].is_sink()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(text: &str) -> PipelineSpec {
+        toml::from_str(text).unwrap()
+    }
+
+    const TRAFFIC: &str = r#"
+        [[task]]
+        name = "car"
+        models = ["b0", "b6"]
+        [[task]]
+        name = "detect"
+        models = ["n", "x"]
+        fanout.x = { factor = 10.0, branch = { car = 0.9, face = 0.1 } }
+        [[task]]
+        name = "face"
+        models = ["g"]
+        [[edge]]
+        from = "detect"
+        to = "car"
+        [[edge]]
+        from = "detect"
+        to = "face"
+    "#;
+
+    #[test]
+    fn a_tree_is_ordered_root_first_with_its_fanouts() {
+        let p = Pipeline::new(&spec(TRAFFIC)).unwrap();
+        let names: Vec<&str> = p.tasks.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["detect", "car", "face"]);
+        assert_eq!(p.tasks[0].children, [1, 2]);
+        assert_eq!(p.tasks[1].parent, Some(0));
+        // n has no entry: factor 1 to each child; x: 10 × branch.
+        assert_eq!(p.tasks[0].fanout, vec![vec![1.0, 1.0], vec![9.0, 1.0]]);
+        assert_eq!(p.task_paths(), vec![vec![0, 1], vec![0, 2]]);
+        assert_eq!(p.sinks(), [1, 2]);
+        assert_eq!(p.model("g"), Some((2, 0)));
+    }
+
+    #[test]
+    fn graphs_that_are_not_rooted_trees_are_rejected_naming_the_edge() {
+        let two_parents = format!("{TRAFFIC}\n[[edge]]\nfrom = \"car\"\nto = \"face\"\n");
+        let e = Pipeline::new(&spec(&two_parents)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "edge car -> face: `face` already has the parent `detect`; a pipeline is a tree (one parent per task)"
+        );
+        let cycle = r#"
+            [[task]]
+            name = "a"
+            [[task]]
+            name = "b"
+            [[task]]
+            name = "c"
+            [[edge]]
+            from = "a"
+            to = "b"
+            [[edge]]
+            from = "c"
+            to = "b2"
+        "#;
+        let e = Pipeline::new(&spec(cycle)).unwrap_err();
+        assert_eq!(e.to_string(), "edge c -> b2: no task `b2`");
+        let cycle = cycle.replace("b2", "c").replace("from = \"c\"", "from = \"b\"");
+        let closing = format!("{cycle}\n[[edge]]\nfrom = \"c\"\nto = \"a\"\n");
+        assert_eq!(
+            Pipeline::new(&spec(&closing)).unwrap_err().to_string(),
+            "edge c -> a closes a cycle; a pipeline is a tree"
+        );
+        let roots = r#"
+            [[task]]
+            name = "a"
+            [[task]]
+            name = "b"
+        "#;
+        assert!(matches!(Pipeline::new(&spec(roots)), Err(GraphError::ManyRoots(r)) if r == ["a", "b"]));
+        let island = format!(
+            "{roots}\n[[task]]\nname = \"c\"\n[[edge]]\nfrom = \"a\"\nto = \"b\"\n[[edge]]\nfrom = \"c\"\nto = \"c\"\n"
+        );
+        assert_eq!(Pipeline::new(&spec(&island)).unwrap_err(), GraphError::SelfLoop("c".into()));
+        let ring = r#"
+            [[task]]
+            name = "a"
+            [[task]]
+            name = "b"
+            [[task]]
+            name = "c"
+            [[edge]]
+            from = "a"
+            to = "b"
+            [[edge]]
+            from = "c"
+            to = "a"
+            [[edge]]
+            from = "b"
+            to = "c"
+        "#;
+        assert_eq!(
+            Pipeline::new(&spec(ring)).unwrap_err().to_string(),
+            "edge c -> a closes a cycle; a pipeline is a tree"
+        );
+        assert_eq!(Pipeline::new(&PipelineSpec::default()).unwrap_err(), GraphError::Empty);
+    }
+
+    #[test]
+    fn fanouts_and_models_are_checked() {
+        let bad = TRAFFIC.replace("face = 0.1", "bike = 0.1");
+        assert_eq!(
+            Pipeline::new(&spec(&bad)).unwrap_err().to_string(),
+            "task `detect`: fanout.x: branch.bike: `bike` is not a child of `detect`"
+        );
+        let bad = TRAFFIC.replace("fanout.x", "fanout.y");
+        assert!(Pipeline::new(&spec(&bad)).unwrap_err().to_string().contains("fanout.y: not one of the task's models"));
+        let bad = TRAFFIC.replace("factor = 10.0", "factor = -1.0");
+        assert!(Pipeline::new(&spec(&bad)).unwrap_err().to_string().contains("factor -1"));
+        let bad = TRAFFIC.replace("[\"g\"]", "[\"b0\"]");
+        assert!(matches!(Pipeline::new(&spec(&bad)), Err(GraphError::SharedModel { .. })));
+        let bad = TRAFFIC.replace("name = \"face\"", "name = \"car\"");
+        assert_eq!(Pipeline::new(&spec(&bad)).unwrap_err(), GraphError::BadTask("car".into()));
+    }
+}
