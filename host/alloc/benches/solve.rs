@@ -22,7 +22,7 @@ fn root() -> std::path::PathBuf {
 fn paper() -> proteus::Problem {
     match AnyProblem::load(&root().join("examples/allocate/proteus-paper.toml")).expect("the paper's problem") {
         AnyProblem::Proteus(p) => p,
-        AnyProblem::InfAdapter(_) => unreachable!("a proteus problem"),
+        _ => unreachable!("a proteus problem"),
     }
 }
 
