@@ -82,9 +82,8 @@ fn best_split(p: &Problem, hosted: &[(u32, u32); 4]) -> Option<f64> {
         }
     }
     m.constrain(constraint!(total == 1));
-    for v in 0..4 {
+    for (v, &(n, b)) in hosted.iter().enumerate() {
         let (t, k) = (v / 2, v % 2);
-        let (n, b) = hosted[v];
         let capacity = n as f64 * p.variants[t][k].throughput(b);
         let load: Expression = shares
             .iter()
@@ -263,7 +262,7 @@ fn the_traffic_analysis_problem_file_is_solved_at_light_and_heavy_load() {
 fn pipeline_problem_files_name_what_is_wrong() {
     let text = std::fs::read_to_string(root().join("examples/allocate/loki-traffic.toml")).unwrap();
     let base = root().join("examples/allocate");
-    let error = |t: &str| AnyProblem::parse(t, "problem.toml", &base).err().expect("an error").to_string();
+    let error = |t: &str| AnyProblem::parse(t, "problem.toml", &base).expect_err("an error").to_string();
     let cycle = format!("{text}\n[[pipeline.edge]]\nfrom = \"car_classification\"\nto = \"facial_recognition\"\n");
     assert_eq!(
         error(&cycle),

@@ -295,7 +295,7 @@ impl Problem {
         if !finite(self.demand_qps) {
             return Err(LokiError::Invalid(format!("demand_qps {}: expected a finite number ≥ 0", self.demand_qps)));
         }
-        if !(finite(self.slo_ms) && self.slo_ms > 0.0) || !finite(self.comm_latency_ms) {
+        if !(finite(self.slo_ms) && self.slo_ms > 0.0 && finite(self.comm_latency_ms)) {
             return Err(LokiError::Invalid("slo_ms > 0 and comm_latency_ms ≥ 0 expected".into()));
         }
         self.solver.validate().map_err(LokiError::Invalid)
