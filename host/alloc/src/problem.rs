@@ -153,7 +153,7 @@ struct InfAdapterFile {
     #[serde(default)]
     weights: Weights,
     /// `[ladder]` (default: from 1.0 down).
-    #[serde(default = "infadapter_ladder")]
+    #[serde(default = "ladder_from_one")]
     ladder: Ladder,
     /// `[solver]`.
     #[serde(default)]
@@ -191,7 +191,7 @@ struct LokiFile {
     /// `[pipeline]`: `[[pipeline.task]]` and `[[pipeline.edge]]`.
     pipeline: PipelineSpec,
     /// `[ladder]` (default: from 1.0 down).
-    #[serde(default = "infadapter_ladder")]
+    #[serde(default = "ladder_from_one")]
     ladder: Ladder,
     /// `[solver]`.
     #[serde(default)]
@@ -206,7 +206,7 @@ fn loki_batches() -> Vec<u32> {
     vec![1, 2, 4, 8, 16, 32, 64]
 }
 
-fn infadapter_ladder() -> Ladder {
+fn ladder_from_one() -> Ladder {
     Ladder { beta: 1.0, ..Ladder::default() }
 }
 
@@ -250,6 +250,10 @@ impl AnyProblem {
     }
 }
 
+fn non_negative(v: f64) -> bool {
+    v.is_finite() && v >= 0.0
+}
+
 fn positive(v: f64) -> bool {
     v.is_finite() && v > 0.0
 }
@@ -257,9 +261,7 @@ fn positive(v: f64) -> bool {
 fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::Problem, ProblemError> {
     let invalid = |field: String, message: &str| ProblemError::invalid(file, field, message);
     f.solver.validate().map_err(|m| invalid("solver".into(), &m))?;
-    if f.batch_sizes.is_empty() || f.batch_sizes.contains(&0) {
-        return Err(invalid("batch_sizes".into(), "expected batch sizes of at least 1"));
-    }
+    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes".into(), m))?;
     check_ladder(&f.ladder).map_err(|m| invalid("ladder".into(), &m))?;
     if f.devices.is_empty() {
         return Err(invalid("device".into(), "at least one [[device]] is required"));
@@ -299,7 +301,7 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
         if !positive(a.slo_ms) {
             return Err(invalid(at("slo_ms"), "expected a positive number of milliseconds"));
         }
-        if !(a.demand_qps.is_finite() && a.demand_qps >= 0.0) {
+        if !non_negative(a.demand_qps) {
             return Err(invalid(at("demand_qps"), "expected a non-negative number of requests/s"));
         }
         if a.models.is_empty() {
@@ -339,8 +341,15 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
     })
 }
 
+fn check_batches(sizes: &[u32]) -> Result<(), &'static str> {
+    if sizes.is_empty() || sizes.contains(&0) {
+        return Err("expected batch sizes of at least 1");
+    }
+    Ok(())
+}
+
 fn check_ladder(l: &Ladder) -> Result<(), String> {
-    if !(positive(l.beta) && positive(l.step) && l.min_beta.is_finite() && l.min_beta >= 0.0) {
+    if !(positive(l.beta) && positive(l.step) && non_negative(l.min_beta)) {
         return Err("beta and step must be positive, min_beta non-negative".into());
     }
     if l.beta <= l.min_beta {
@@ -353,7 +362,7 @@ fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infa
     let invalid = |field: &str, message: &str| ProblemError::invalid(file, field, message);
     f.solver.validate().map_err(|m| invalid("solver", &m))?;
     check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m))?;
-    if !(f.demand_rps.is_finite() && f.demand_rps >= 0.0) {
+    if !non_negative(f.demand_rps) {
         return Err(invalid("demand_rps", "expected a non-negative number of requests/s"));
     }
     if f.cores == 0 {
@@ -366,7 +375,7 @@ fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infa
         return Err(invalid("sla_ms", "expected a positive number of milliseconds"));
     }
     let w = &f.weights;
-    if ![w.accuracy, w.cores, w.loading].iter().all(|x| x.is_finite() && *x >= 0.0) {
+    if ![w.accuracy, w.cores, w.loading].iter().all(|&x| non_negative(x)) {
         return Err(invalid("weights", "expected non-negative weights"));
     }
     let path = base.join(&f.capacity);
@@ -403,16 +412,14 @@ fn loki_problem(f: LokiFile, file: &str, base: &Path) -> Result<loki::Problem, P
     let invalid = |field: &str, message: &str| ProblemError::invalid(file, field, message);
     f.solver.validate().map_err(|m| invalid("solver", &m))?;
     check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m))?;
-    if f.batch_sizes.is_empty() || f.batch_sizes.contains(&0) {
-        return Err(invalid("batch_sizes", "expected batch sizes of at least 1"));
-    }
+    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes", m))?;
     if !positive(f.slo_ms) {
         return Err(invalid("slo_ms", "expected a positive number of milliseconds"));
     }
-    if !(f.comm_latency_ms.is_finite() && f.comm_latency_ms >= 0.0) {
+    if !non_negative(f.comm_latency_ms) {
         return Err(invalid("comm_latency_ms", "expected a non-negative number of milliseconds"));
     }
-    if !(f.demand_qps.is_finite() && f.demand_qps >= 0.0) {
+    if !non_negative(f.demand_qps) {
         return Err(invalid("demand_qps", "expected a non-negative number of requests/s"));
     }
     if f.workers == 0 {

@@ -306,12 +306,17 @@ impl Problem {
         chain.iter().zip(path).map(|(&t, &k)| self.variants[t].get(k).map_or(1.0, |v| v.accuracy)).product()
     }
 
+    /// The chain's `j`-th task and the index, among its children, of the next task.
+    fn edge(&self, chain: &[usize], j: usize) -> (&sluice_core::pipeline::Task, usize) {
+        let t = &self.pipeline.tasks[chain[j]];
+        (t, t.children.iter().position(|&c| c == chain[j + 1]).expect("chain follows edges"))
+    }
+
     /// m(p, i): requests reaching the chain's `pos`-th task per request entering.
     fn multiplier(&self, chain: &[usize], path: &[usize], pos: usize) -> f64 {
         (0..pos)
             .map(|j| {
-                let t = &self.pipeline.tasks[chain[j]];
-                let child = t.children.iter().position(|&c| c == chain[j + 1]).expect("chain follows edges");
+                let (t, child) = self.edge(chain, j);
                 t.fanout[path[j]][child]
             })
             .product()
@@ -398,15 +403,21 @@ fn solve_at(
             (p.slo_ms - hops * p.comm_latency_ms) / 2.0
         })
         .collect();
+    // Each task's load is counted over the first chain through it, at its position
+    // there.
+    let first_chain: Vec<(usize, usize)> = (0..p.pipeline.tasks.len())
+        .map(|t| {
+            let ci = task_paths.iter().position(|c| c.contains(&t)).expect("every task is on a chain");
+            (ci, task_paths[ci].iter().position(|&x| x == t).expect("task on its chain"))
+        })
+        .collect();
     // The most a variant could ever need, to bound its worker counts (a tighter
     // relaxation than the paper's bound S; the optimum is unchanged).
     let peak_multiplier = |t: usize| -> f64 {
-        let Some(chain) = task_paths.iter().find(|c| c.contains(&t)) else { return 1.0 };
-        let pos = chain.iter().position(|&x| x == t).expect("task on its chain");
+        let (ci, pos) = first_chain[t];
         (0..pos)
             .map(|j| {
-                let task = &p.pipeline.tasks[chain[j]];
-                let child = task.children.iter().position(|&c| c == chain[j + 1]).expect("chain follows edges");
+                let (task, child) = p.edge(&task_paths[ci], j);
                 task.fanout.iter().map(|f| f[child]).fold(0.0, f64::max)
             })
             .product::<f64>()
@@ -487,10 +498,13 @@ fn solve_at(
             (chain.clone(), out)
         })
         .collect();
-    let variant_of = |t: usize, v: Option<usize>| v.map_or(0, |v| vertices[v].variant).min(p.variants[t].len());
-    let indices = |chain: &[usize], path: &[Option<usize>]| -> Vec<usize> {
-        chain.iter().zip(path).map(|(&t, &v)| variant_of(t, v)).collect()
-    };
+    // Each path's variant indices (0 for a pass-through task), for m(p, i) and Â(p).
+    let indices: Vec<Vec<Vec<usize>>> = chains
+        .iter()
+        .map(|(_, paths)| {
+            paths.iter().map(|path| path.iter().map(|v| v.map_or(0, |v| vertices[v].variant)).collect()).collect()
+        })
+        .collect();
     let mut shares: Vec<Vec<Variable>> = Vec::with_capacity(chains.len());
     for (_, paths) in &chains {
         let cs: Vec<Variable> = paths.iter().map(|_| m.add(variable().min(0.0).max(1.0))).collect();
@@ -505,11 +519,7 @@ fn solve_at(
         if task.children.len() < 2 {
             continue;
         }
-        let through: Vec<usize> = task
-            .children
-            .iter()
-            .map(|&c| chains.iter().position(|(chain, _)| chain.contains(&c)).expect("every child is on a chain"))
-            .collect();
+        let through: Vec<usize> = task.children.iter().map(|&c| first_chain[c].0).collect();
         let depth = chains[through[0]].0.iter().position(|&x| x == t).expect("task on its chain") + 1;
         let mut prefixes: Vec<&[Option<usize>]> =
             through.iter().flat_map(|&ci| chains[ci].1.iter().map(move |path| &path[..depth])).collect();
@@ -528,14 +538,14 @@ fn solve_at(
     // (2): each vertex's capacity covers what reaches it, counted over the first
     // chain through its task.
     for (vi, vx) in vertices.iter().enumerate() {
-        let Some(ci) = chains.iter().position(|(chain, _)| chain.contains(&vx.task)) else { continue };
+        let (ci, pos) = first_chain[vx.task];
         let (chain, paths) = &chains[ci];
-        let pos = chain.iter().position(|&x| x == vx.task).expect("task on its chain");
         let load: Expression = paths
             .iter()
             .zip(&shares[ci])
-            .filter(|(path, _)| path[pos] == Some(vi))
-            .map(|(path, &c)| beta * p.demand_qps * p.multiplier(chain, &indices(chain, path), pos) * c)
+            .zip(&indices[ci])
+            .filter(|((path, _), _)| path[pos] == Some(vi))
+            .map(|((_, &c), ks)| beta * p.demand_qps * p.multiplier(chain, ks, pos) * c)
             .sum();
         m.constrain(constraint!(load <= vx.throughput * vx.z));
     }
@@ -543,9 +553,8 @@ fn solve_at(
     let accuracy: Expression = chains
         .iter()
         .zip(&shares)
-        .flat_map(|((chain, paths), cs)| {
-            paths.iter().zip(cs).map(|(path, &c)| weight * p.path_accuracy(chain, &indices(chain, path)) * c)
-        })
+        .zip(&indices)
+        .flat_map(|(((chain, _), cs), ks)| cs.iter().zip(ks).map(|(&c, ks)| weight * p.path_accuracy(chain, ks) * c))
         .sum();
     let (sense, objective) = match step {
         Step::Hardware => (Sense::Minimise, workers.clone()),
@@ -562,18 +571,16 @@ fn solve_at(
     let mut total_accuracy = 0.0;
     for (ci, ((chain, paths), cs)) in chains.iter().zip(&shares).enumerate() {
         let mut kept = Vec::new();
-        for (path, &c) in paths.iter().zip(cs) {
+        for ((path, &c), ks) in paths.iter().zip(cs).zip(&indices[ci]) {
             let share = values.value(c).clamp(0.0, 1.0);
             if share <= 1e-9 {
                 continue;
             }
-            let ks = indices(chain, path);
-            let acc = p.path_accuracy(chain, &ks);
+            let acc = p.path_accuracy(chain, ks);
             total_accuracy += weight * share * acc;
             for (pos, (&t, v)) in chain.iter().zip(path).enumerate() {
-                let first = chains.iter().position(|(c, _)| c.contains(&t)) == Some(ci);
-                if let (Some(v), true) = (v, first) {
-                    loads[*v] += served * p.multiplier(chain, &ks, pos) * share;
+                if let (Some(v), true) = (v, first_chain[t].0 == ci) {
+                    loads[*v] += served * p.multiplier(chain, ks, pos) * share;
                 }
             }
             kept.push(PathShare {

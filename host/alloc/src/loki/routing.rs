@@ -100,33 +100,26 @@ impl RoutingTables {
 pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: f64) -> RoutingTables {
     let n = pipeline.tasks.len();
     // Nodes: the workers, then one per pass-through task.
-    let mut task_of: Vec<usize> = workers.iter().map(|w| w.task).collect();
-    let mut variant_of: Vec<usize> = workers.iter().map(|w| w.variant).collect();
-    let mut accuracy: Vec<f64> = workers.iter().map(|w| w.accuracy).collect();
-    let mut capacity: Vec<f64> = workers.iter().map(|w| w.capacity_qps.max(0.0)).collect();
-    let mut latency: Vec<u64> = workers.iter().map(|w| w.latency_us).collect();
+    let mut nodes: Vec<Worker> = workers.to_vec();
     let mut passthrough = vec![None; n];
     for (t, task) in pipeline.tasks.iter().enumerate() {
         if task.is_passthrough() {
-            passthrough[t] = Some(task_of.len());
-            task_of.push(t);
-            variant_of.push(0);
-            accuracy.push(1.0);
-            capacity.push(f64::INFINITY);
-            latency.push(0);
+            passthrough[t] = Some(nodes.len());
+            nodes.push(Worker { task: t, variant: 0, accuracy: 1.0, capacity_qps: f64::INFINITY, latency_us: 0 });
         }
     }
-    let nodes = task_of.len();
     // Per task, its nodes most accurate first.
     let mut by_task: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for node in 0..nodes {
-        by_task[task_of[node]].push(node);
+    for (i, node) in nodes.iter().enumerate() {
+        by_task[node.task].push(i);
     }
     for list in &mut by_task {
-        list.sort_by(|&a, &b| accuracy[b].total_cmp(&accuracy[a]).then(a.cmp(&b)));
+        list.sort_by(|&a, &b| nodes[b].accuracy.total_cmp(&nodes[a].accuracy).then(a.cmp(&b)));
     }
-    let full = capacity.clone();
-    let mut incoming = vec![0.0; nodes];
+    let full: Vec<f64> = nodes.iter().map(|w| w.capacity_qps.max(0.0)).collect();
+    // Capacity not yet routed to.
+    let mut capacity = full.clone();
+    let mut incoming = vec![0.0; nodes.len()];
     let fill = |task: usize, amount: f64, left: &mut Vec<f64>, incoming: &mut Vec<f64>| -> Vec<Route> {
         let list = &by_task[task];
         let mut routes: Vec<Route> = Vec::new();
@@ -134,6 +127,8 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
             Some(r) => r.probability += p,
             None => routes.push(Route { node, probability: p }),
         };
+        // A pass-through task has one node of unbounded capacity (all of the share);
+        // other tasks' nodes have finite capacities.
         let total_capacity: f64 = list.iter().map(|&w| full[w]).sum();
         let proportional = |w: usize| {
             if total_capacity.is_infinite() {
@@ -170,10 +165,10 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
                 incoming[w] += routed;
             }
         }
+        // Left over only where every capacity is finite (and used up).
         if outgoing > 1e-12 {
-            let infinite = list.iter().filter(|&&w| full[w].is_infinite()).count();
             for &w in list {
-                let p = proportional(w) / if infinite > 0 { infinite as f64 } else { 1.0 };
+                let p = proportional(w);
                 if p > 0.0 {
                     add(w, outgoing * p / amount, &mut routes);
                     incoming[w] += outgoing * p;
@@ -183,7 +178,7 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
         routes
     };
     let frontend = fill(0, demand_qps, &mut capacity, &mut incoming);
-    let mut tables: Vec<Vec<Vec<Route>>> = vec![Vec::new(); nodes];
+    let mut tables: Vec<Vec<Vec<Route>>> = vec![Vec::new(); nodes.len()];
     for (t, task) in pipeline.tasks.iter().enumerate() {
         for &node in &by_task[t] {
             tables[node] = task
@@ -191,7 +186,7 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
                 .iter()
                 .enumerate()
                 .map(|(ci, &child)| {
-                    let outgoing = incoming[node] * task.fanout[variant_of[node]][ci];
+                    let outgoing = incoming[node] * task.fanout[nodes[node].variant][ci];
                     fill(child, outgoing, &mut capacity, &mut incoming)
                 })
                 .collect();
@@ -202,7 +197,12 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
         .map(|list| {
             list.iter()
                 .filter(|&&w| capacity[w] > 1e-9)
-                .map(|&w| Backup { node: w, leftover_qps: capacity[w], latency_us: latency[w], accuracy: accuracy[w] })
+                .map(|&w| Backup {
+                    node: w,
+                    leftover_qps: capacity[w],
+                    latency_us: nodes[w].latency_us,
+                    accuracy: nodes[w].accuracy,
+                })
                 .collect()
         })
         .collect();
