@@ -356,6 +356,64 @@ impl Pipeline {
     }
 }
 
+/// Early dropping (Loki §5.2): what happens to a request that falls behind its
+/// latency budgets. A config choice of a pipeline; the live host and the simulator
+/// apply it the same way (`sluice_alloc::loki::routing::RoutingTables::hop`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum EarlyDrop {
+    /// Never drop early; every request follows its routing plan to the end.
+    None,
+    /// Drop a request at the end of any task where it spent longer than the task's
+    /// budget (queueing and execution).
+    PerTask,
+    /// Drop only on entering a last task, when the time left to the end-to-end
+    /// deadline is smaller than that task's expected execution time.
+    LastTask,
+    /// A request over a task's budget by x is sent on to a downstream worker with
+    /// capacity left whose execution time is at most y − x (y: the assigned
+    /// worker's), the most accurate such; dropped when there is none (Loki's own).
+    #[default]
+    Rerouting,
+}
+
+impl EarlyDrop {
+    /// Every mode, in the order of the paper's Fig. 7.
+    pub const ALL: [EarlyDrop; 4] = [EarlyDrop::None, EarlyDrop::LastTask, EarlyDrop::PerTask, EarlyDrop::Rerouting];
+
+    /// The name used in configs, responses and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EarlyDrop::None => "none",
+            EarlyDrop::PerTask => "per-task",
+            EarlyDrop::LastTask => "last-task",
+            EarlyDrop::Rerouting => "rerouting",
+        }
+    }
+}
+
+/// The latency budget of a task on a worker whose variant runs its batch in
+/// `latency_us`: twice that (Loki §4.2 gives every path at most SLO/2 of execution;
+/// the reference's `update_slo_by_latency_budgets` sets each variant's budget to
+/// 2 × its processing latency), so queueing gets as much as execution.
+pub fn latency_budget_us(latency_us: u64) -> u64 {
+    latency_us.saturating_mul(2)
+}
+
+/// How many intermediate requests a served request creates for a child whose
+/// expected count is `expected`, given a uniform draw `u` in [0, 1): ⌊expected⌋, plus
+/// one with probability equal to the fraction. The mean is exactly `expected` and
+/// the spread the smallest possible, so emulated fan-outs match the profile's
+/// factors over any run.
+pub fn fanout_count(expected: f64, u: f64) -> u32 {
+    if !(expected.is_finite() && expected > 0.0) {
+        return 0;
+    }
+    let whole = expected.floor();
+    let extra = if u < expected - whole { 1.0 } else { 0.0 };
+    (whole + extra).min(u32::MAX as f64) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -477,5 +535,20 @@ mod tests {
         assert!(matches!(Pipeline::new(&spec(&bad)), Err(GraphError::SharedModel { .. })));
         let bad = TRAFFIC.replace("name = \"face\"", "name = \"car\"");
         assert_eq!(Pipeline::new(&spec(&bad)).unwrap_err(), GraphError::BadTask("car".into()));
+    }
+
+    #[test]
+    fn fanout_counts_have_the_expected_mean() {
+        assert_eq!(fanout_count(0.0, 0.5), 0);
+        assert_eq!(fanout_count(f64::NAN, 0.5), 0);
+        assert_eq!(fanout_count(2.0, 0.99), 2);
+        assert_eq!(fanout_count(2.25, 0.2), 3);
+        assert_eq!(fanout_count(2.25, 0.3), 2);
+        let n = 10_000;
+        let total: u32 = (0..n).map(|i| fanout_count(1.7, (i as f64 + 0.5) / n as f64)).sum();
+        assert_eq!(total, 17_000);
+        assert_eq!(latency_budget_us(15_000), 30_000);
+        let modes: Vec<&str> = EarlyDrop::ALL.iter().map(|m| m.as_str()).collect();
+        assert_eq!(modes, ["none", "last-task", "per-task", "rerouting"]);
     }
 }

@@ -21,7 +21,7 @@
 //! front end that fans a request out (Loki's `source`) routes like a worker.
 
 use serde::Serialize;
-use sluice_core::pipeline::Pipeline;
+use sluice_core::pipeline::{EarlyDrop, Pipeline};
 
 /// A hosted worker, as the load balancer sees it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -74,6 +74,43 @@ pub struct RoutingTables {
     pub backup: Vec<Vec<Backup>>,
     /// Per node, the estimated requests/s it receives.
     pub incoming: Vec<f64>,
+    /// Per node, its execution time at its batch size, µs (0 for pass-through).
+    pub latency_us: Vec<u64>,
+}
+
+/// Where early dropping sends one intermediate request ([`RoutingTables::hop`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hop {
+    /// To the node the routing table assigned.
+    Assigned(usize),
+    /// To a faster node from the backup table (opportunistic rerouting).
+    Rerouted(usize),
+    /// Dropped: it cannot make its deadline.
+    Drop(DropCause),
+}
+
+/// Why early dropping dropped a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropCause {
+    /// It spent longer than its budget at the task it just left (`per-task`).
+    OverBudget,
+    /// The time left before the deadline is less than the last task's execution time
+    /// (`last-task`).
+    NoTimeLeft,
+    /// It is behind and no downstream worker with capacity left is fast enough
+    /// (`rerouting`).
+    NoFasterWorker,
+}
+
+impl DropCause {
+    /// A short label for responses and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropCause::OverBudget => "over-budget",
+            DropCause::NoTimeLeft => "no-time-left",
+            DropCause::NoFasterWorker => "no-faster-worker",
+        }
+    }
 }
 
 impl RoutingTables {
@@ -93,6 +130,52 @@ impl RoutingTables {
                     .then(b.node.cmp(&a.node))
             })
             .map(|b| b.node)
+    }
+
+    /// Early dropping (§5.2) for one intermediate request bound for `child`, whose
+    /// routing table gave it `assigned`. The request left its parent task `over_us`
+    /// past that task's budget (negative: ahead of it), at `now`, with its end-to-end
+    /// deadline at `deadline` (µs on one clock).
+    ///
+    /// - `none` always follows the table.
+    /// - `per-task` drops every request that overran its parent task's budget.
+    /// - `last-task` drops a request entering a sink when the time left is less than
+    ///   the assigned worker's execution time.
+    /// - `rerouting` sends a request that is behind by x to the most accurate
+    ///   backup worker that executes within y − x (y: the assigned worker's time),
+    ///   and drops it when there is none.
+    pub fn hop(
+        &self,
+        mode: EarlyDrop,
+        child: usize,
+        child_is_sink: bool,
+        assigned: usize,
+        over_us: i64,
+        now: u64,
+        deadline: u64,
+    ) -> Hop {
+        match mode {
+            EarlyDrop::None => Hop::Assigned(assigned),
+            EarlyDrop::PerTask if over_us > 0 => Hop::Drop(DropCause::OverBudget),
+            EarlyDrop::PerTask => Hop::Assigned(assigned),
+            EarlyDrop::LastTask => {
+                let need = self.latency_us.get(assigned).copied().unwrap_or(0);
+                if child_is_sink && now.saturating_add(need) > deadline {
+                    Hop::Drop(DropCause::NoTimeLeft)
+                } else {
+                    Hop::Assigned(assigned)
+                }
+            }
+            EarlyDrop::Rerouting if over_us <= 0 => Hop::Assigned(assigned),
+            EarlyDrop::Rerouting => {
+                let y = self.latency_us.get(assigned).copied().unwrap_or(0) as i64;
+                let within = y - over_us;
+                match (within >= 0).then(|| self.reroute(child, within as u64)).flatten() {
+                    Some(node) => Hop::Rerouted(node),
+                    None => Hop::Drop(DropCause::NoFasterWorker),
+                }
+            }
+        }
     }
 }
 
@@ -206,7 +289,8 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
                 .collect()
         })
         .collect();
-    RoutingTables { frontend, nodes: tables, passthrough, backup, incoming }
+    let latency_us = nodes.iter().map(|w| w.latency_us).collect();
+    RoutingTables { frontend, nodes: tables, passthrough, backup, incoming, latency_us }
 }
 
 #[cfg(test)]
@@ -302,5 +386,27 @@ mod tests {
         assert_eq!(t.frontend, [Route { node: 2, probability: 1.0 }]);
         assert_eq!(t.nodes[2], [vec![Route { node: 0, probability: 1.0 }], vec![Route { node: 1, probability: 1.0 }]]);
         assert_eq!(t.backup[1][0].leftover_qps, 1.0);
+    }
+
+    #[test]
+    fn early_dropping_follows_each_mode() {
+        // Idle: every classify worker keeps its capacity, so both are backups.
+        let workers = [w(0, 1, 0.9, 6.0), w(1, 0, 0.7, 5.0), w(1, 1, 0.95, 15.0)];
+        let t = most_accurate_first(&pipeline(), &workers, 0.0);
+        assert_eq!(t.latency_us, [20_000, 10_000, 20_000]);
+        let hop = |mode, sink, over, deadline| t.hop(mode, 1, sink, 2, over, 100, deadline);
+        let far = u64::MAX;
+        assert_eq!(hop(EarlyDrop::None, true, 1_000_000, 0), Hop::Assigned(2));
+        assert_eq!(hop(EarlyDrop::PerTask, false, 1, far), Hop::Drop(DropCause::OverBudget));
+        assert_eq!(hop(EarlyDrop::PerTask, false, 0, far), Hop::Assigned(2));
+        assert_eq!(hop(EarlyDrop::LastTask, true, 50_000, 20_100), Hop::Assigned(2));
+        assert_eq!(hop(EarlyDrop::LastTask, true, 0, 20_099), Hop::Drop(DropCause::NoTimeLeft));
+        assert_eq!(hop(EarlyDrop::LastTask, false, 0, 0), Hop::Assigned(2));
+        // Behind by 5 ms on a 20 ms worker: the 10 ms one (within 15 ms) saves it.
+        assert_eq!(hop(EarlyDrop::Rerouting, true, 5_000, far), Hop::Rerouted(1));
+        assert_eq!(hop(EarlyDrop::Rerouting, true, 10_000, far), Hop::Rerouted(1));
+        assert_eq!(hop(EarlyDrop::Rerouting, true, 10_001, far), Hop::Drop(DropCause::NoFasterWorker));
+        assert_eq!(hop(EarlyDrop::Rerouting, true, 25_000, far), Hop::Drop(DropCause::NoFasterWorker));
+        assert_eq!(hop(EarlyDrop::Rerouting, true, -5, far), Hop::Assigned(2));
     }
 }
