@@ -250,6 +250,31 @@ impl AnyProblem {
     }
 }
 
+/// What a live pipeline needs from its Loki problem file beyond the problem: the
+/// profile its variants come from and the percentile planned with (the host's
+/// workers and policies use the same).
+#[derive(Clone, Debug)]
+pub struct LokiSource {
+    /// The profile, resolved against the problem file's directory.
+    pub profile: PathBuf,
+    /// The latency percentile.
+    pub percentile: Percentile,
+}
+
+/// Reads a `kind = "loki"` problem file (another kind is an error naming `kind`).
+pub fn load_loki(path: &Path) -> Result<(loki::Problem, LokiSource), ProblemError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ProblemError::Read { file: file.clone(), source })?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    match AnyProblem::parse(&text, &file, &base)? {
+        AnyProblem::Loki(problem) => {
+            let f: LokiFile = toml::from_str(&text).map_err(|e| ProblemError::parse(&file, e))?;
+            Ok((problem, LokiSource { profile: base.join(f.profile), percentile: f.percentile }))
+        }
+        _ => Err(ProblemError::invalid(&file, "kind", "expected \"loki\" (a pipeline's problem)")),
+    }
+}
+
 fn non_negative(v: f64) -> bool {
     v.is_finite() && v >= 0.0
 }

@@ -103,8 +103,10 @@ impl Request {
 /// earliest deadline first.
 #[derive(Default)]
 pub struct WorkQueue {
-    /// The requests. Every request of an app has the same SLO, so arrival order is
-    /// deadline order and pushing at the back keeps the queue sorted.
+    /// The requests, earliest deadline first. Every request of an app has the same
+    /// SLO, so arrival order is deadline order and a push lands at the back; a
+    /// pipeline's intermediate requests carry their task's budget, which changes
+    /// with a re-plan, so a push finds its place from the back.
     pub items: Mutex<Vec<Request>>,
     /// Woken on every push, and on swaps and shutdown, so waiting workers re-decide.
     pub notify: Notify,
@@ -115,7 +117,8 @@ impl WorkQueue {
     /// Appends a request and wakes the workers waiting on this queue.
     pub fn push(&self, request: Request) {
         let mut items = self.items.lock();
-        items.push(request);
+        let at = items.len() - items.iter().rev().take_while(|r| r.deadline > request.deadline).count();
+        items.insert(at, request);
         self.len.store(items.len(), Ordering::Relaxed);
         drop(items);
         self.notify.notify_waiters();

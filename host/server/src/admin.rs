@@ -38,6 +38,13 @@ struct SolveRequest {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct PipelineSolveRequest {
+    /// Requests/s entering the pipeline to plan for instead of the measured demand.
+    demand_qps: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct WeightsRequest {
     weights: Vec<f64>,
 }
@@ -145,6 +152,23 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                 allow: None,
             })?
         }
+        (&Method::GET, ["pipelines"]) => ok(json!({ "pipelines": state.pipelines.keys().collect::<Vec<_>>() })),
+        (&Method::GET, ["pipelines", name]) => ok(pipeline_of(state, name)?.status()),
+        (&Method::POST, ["pipelines", name, "solve"]) => {
+            let p = pipeline_of(state, name)?.clone();
+            let body = read_body(state, req).await?;
+            let demand = if body.iter().all(u8::is_ascii_whitespace) {
+                None
+            } else {
+                Some(parse_json::<PipelineSolveRequest>(&body)?.demand_qps)
+            };
+            p.replan("admin", demand).await.map(ok).map_err(|e| ApiError {
+                status: if e.starts_with("demand_qps") { StatusCode::BAD_REQUEST } else { StatusCode::CONFLICT },
+                message: format!("pipeline {}: {e}", p.name()),
+                extra: None,
+                allow: None,
+            })?
+        }
         (&Method::GET, ["allocation"]) => match &*state.allocation_view.lock() {
             Some(v) => ok(v.clone()),
             None => Err(ApiError::new(StatusCode::NOT_FOUND, "no allocator: the config has no [[device]]")),
@@ -163,6 +187,13 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             Err(ApiError::new(StatusCode::NOT_FOUND, format!("no admin route for {method} /admin/{}", rest.join("/"))))
         }
     }
+}
+
+fn pipeline_of<'a>(state: &'a State, name: &str) -> Result<&'a Arc<crate::pipeline::PipelineApp>, ApiError> {
+    state.pipelines.get(name).ok_or_else(|| {
+        let known: Vec<&str> = state.pipelines.keys().map(String::as_str).collect();
+        ApiError::not_found(format!("unknown pipeline `{name}` (served: {})", known.join(", ")))
+    })
 }
 
 fn with_status(status: StatusCode, body: Value) -> Response<Body> {

@@ -310,6 +310,27 @@ impl App {
 
     /// Admits a request and routes it to a worker queue; the receiver yields its one answer.
     pub fn submit(&self, input: Tensor) -> Result<oneshot::Receiver<Reply>, AdmitError> {
+        self.admit(input, None, None)
+    }
+
+    /// Admits an intermediate request of a pipeline onto worker `worker`'s queue with
+    /// its own `deadline` (the task's budget), bypassing the app's router (the
+    /// pipeline's routing tables chose the worker).
+    pub fn submit_to(
+        &self,
+        worker: usize,
+        input: Tensor,
+        deadline: u64,
+    ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
+        self.admit(input, Some(worker.min(self.workers.len() - 1)), Some(deadline))
+    }
+
+    fn admit(
+        &self,
+        input: Tensor,
+        worker: Option<usize>,
+        deadline: Option<u64>,
+    ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(AdmitError::ShuttingDown(self.name().to_string()));
         }
@@ -332,14 +353,16 @@ impl App {
         let request = Request {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             arrival: now,
-            deadline: now + self.slo_us,
+            deadline: deadline.unwrap_or(now + self.slo_us),
             input,
             reply: tx,
         };
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-        let worker = self.router.pick(|i| {
-            let w = &self.workers[i];
-            w.queue.len() + w.in_flight.load(Ordering::Relaxed)
+        let worker = worker.unwrap_or_else(|| {
+            self.router.pick(|i| {
+                let w = &self.workers[i];
+                w.queue.len() + w.in_flight.load(Ordering::Relaxed)
+            })
         });
         self.workers[worker].queue.push(request);
         Ok(rx)

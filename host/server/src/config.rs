@@ -51,7 +51,7 @@ pub struct Config {
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
     /// `[[app]]`: the served applications.
-    #[serde(rename = "app")]
+    #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
     /// `[[device]]`: devices the MILP allocator places the apps' variants on (see
     /// [`DeviceConfig`]); with them, every app has one worker per device and routes
@@ -61,6 +61,83 @@ pub struct Config {
     /// `[allocator]`: how plans are made (defaults without the table).
     #[serde(default)]
     pub allocator: AllocatorConfig,
+    /// `[[pipeline]]`: served pipelines (Loki): apps whose requests go through a tree
+    /// of tasks, each with its own workers, placed and routed by Loki's allocator.
+    #[serde(rename = "pipeline", default)]
+    pub pipelines: Vec<PipelineConfig>,
+}
+
+/// One served pipeline. Its graph, profile, SLO, worker count and first demand come
+/// from a Loki problem file (`sluice allocate --problem` solves the same file to the
+/// same plan); the rest says how the host serves it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// `name = "traffic"`: the app name clients send requests to; each task runs as
+    /// the internal app `<name>.<task>` (its policy is swapped like any app's).
+    pub name: String,
+    /// `problem = "allocate/loki-traffic.toml"`: the Loki problem file.
+    pub problem: PathBuf,
+    /// `executor = "emulated"` or `"onnx"`.
+    pub executor: ExecutorKind,
+    /// `model_dir = "../models/imagenet"`: where the onnx executor finds the variants.
+    #[serde(default)]
+    pub model_dir: Option<PathBuf>,
+    /// `input = { name = "input", datatype = "FP32", shape = [4] }`: the request's
+    /// tensor (default: the root variants' input on onnx; required when emulated).
+    /// Every task receives it: a task's intermediate requests carry the client's
+    /// input on (the fan-out stands in for the crops a detector would make).
+    #[serde(default)]
+    pub input: Option<InputSpec>,
+    /// `policy = "fixed"`: the policy of every task's workers.
+    #[serde(default = "default_pipeline_policy")]
+    pub policy: String,
+    /// `params = { allocated = true }`: its parameters (the default serves the
+    /// variant the plan loaded on each worker, batches sized to the request's
+    /// task budget).
+    #[serde(default)]
+    pub params: Option<toml::Table>,
+    /// `early_drop = "rerouting"`: `none`, `per-task`, `last-task` or `rerouting`
+    /// (Loki §5.2).
+    #[serde(default)]
+    pub early_drop: sluice_core::pipeline::EarlyDrop,
+    /// `max_queue = 4096`: client requests in the pipeline at once; beyond it, 429.
+    #[serde(default = "default_pipeline_queue")]
+    pub max_queue: usize,
+    /// `routing_period_ms = 1000`: routing tables are rebuilt this often from the
+    /// measured demand (the plan stays).
+    #[serde(default = "default_routing_period")]
+    pub routing_period_ms: u64,
+    /// `replan_period_s = 10`: the MILP is re-solved this often (0: only at startup
+    /// and on `POST /admin/pipelines/{name}/solve`), and early when the measured
+    /// demand moves more than `replan_threshold` from the plan's.
+    #[serde(default = "default_replan_period")]
+    pub replan_period_s: f64,
+    /// `replan_threshold = 0.2`.
+    #[serde(default = "default_replan_threshold")]
+    pub replan_threshold: f64,
+    /// `min_demand_qps = 1`: the least demand a plan is made for.
+    #[serde(default = "default_min_demand")]
+    pub min_demand_qps: f64,
+}
+
+fn default_pipeline_policy() -> String {
+    "fixed".into()
+}
+fn default_pipeline_queue() -> usize {
+    4096
+}
+fn default_routing_period() -> u64 {
+    1000
+}
+fn default_replan_period() -> f64 {
+    10.0
+}
+fn default_replan_threshold() -> f64 {
+    0.2
+}
+fn default_min_demand() -> f64 {
+    1.0
 }
 
 fn default_listen() -> SocketAddr {
@@ -113,6 +190,12 @@ impl Config {
             rebase(&mut d.profile);
         }
         config.allocator.rebase(base);
+        for p in &mut config.pipelines {
+            rebase(&mut p.problem);
+            if let Some(d) = p.model_dir.as_mut() {
+                rebase(d);
+            }
+        }
         config.validate(file)?;
         Ok(config)
     }
@@ -123,8 +206,8 @@ impl Config {
             field,
             message: message.to_string(),
         };
-        if self.apps.is_empty() {
-            return Err(invalid("app".into(), "at least one [[app]] is required"));
+        if self.apps.is_empty() && self.pipelines.is_empty() {
+            return Err(invalid("app".into(), "at least one [[app]] or [[pipeline]] is required"));
         }
         let mut seen = BTreeMap::new();
         for app in &self.apps {
@@ -135,6 +218,42 @@ impl Config {
             if app.executor.is_none() {
                 return Err(invalid(format!("app.{}.executor", app.name), "required: \"onnx\" or \"emulated\""));
             }
+        }
+        for p in &self.pipelines {
+            let field = |f: &str| format!("pipeline.{}.{f}", p.name);
+            if p.name.is_empty() || !p.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)) {
+                return Err(invalid(field("name"), "expected letters, digits, '-' and '_'"));
+            }
+            if seen.insert(p.name.clone(), ()).is_some() {
+                return Err(invalid(field("name"), "an app or pipeline of that name already exists"));
+            }
+            if let Some(app) = self.apps.iter().find(|a| a.name.starts_with(&format!("{}.", p.name))) {
+                return Err(invalid(
+                    field("name"),
+                    &format!("app `{}` would clash with the pipeline's task apps `{}.<task>`", app.name, p.name),
+                ));
+            }
+            if p.executor == ExecutorKind::Onnx && p.model_dir.is_none() {
+                return Err(invalid(field("model_dir"), "required with executor = \"onnx\""));
+            }
+            if p.max_queue == 0 {
+                return Err(invalid(field("max_queue"), "expected at least 1"));
+            }
+            if p.routing_period_ms == 0 {
+                return Err(invalid(field("routing_period_ms"), "expected at least 1 ms"));
+            }
+            for (name, v) in [
+                ("replan_period_s", p.replan_period_s),
+                ("replan_threshold", p.replan_threshold),
+                ("min_demand_qps", p.min_demand_qps),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(invalid(field(name), "expected a non-negative number"));
+                }
+            }
+        }
+        if self.apps.is_empty() {
+            return Ok(());
         }
         self.validate_devices(file)
     }

@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 use crate::api::{app_of, json_response, ok, parse_json, read_body, ApiError, Body};
 use crate::app::{AdmitError, App};
 use crate::binary;
+use crate::config::InputSpec;
+use crate::pipeline::PipelineApp;
 use crate::state::State;
 use sluice_core::executor::OUTPUT_NAME;
 use sluice_core::queue::{DropReason, Reply};
@@ -43,36 +45,37 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         (&Method::GET, ["v2"]) => {
             ok(json!({ "name": "sluice", "version": env!("CARGO_PKG_VERSION"), "extensions": [] }))
         }
-        (&Method::GET, ["v2", "models", app]) => model_metadata(app_of(state, app)?),
+        (&Method::GET, ["v2", "models", app]) => match state.pipelines.get(*app) {
+            Some(p) => pipeline_metadata(p),
+            None => model_metadata(app_of(state, app)?),
+        },
         (&Method::GET, ["v2", "models", app, "ready"]) => {
-            let a = app_of(state, app)?;
-            let ready = a.accepting.load(Ordering::Acquire);
+            let ready = match state.pipelines.get(*app) {
+                Some(p) => p.accepting.load(Ordering::Acquire),
+                None => app_of(state, app)?.accepting.load(Ordering::Acquire),
+            };
             let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-            Ok(json_response(status, &json!({ "name": a.name(), "ready": ready })))
+            Ok(json_response(status, &json!({ "name": app, "ready": ready })))
         }
         (&Method::POST, ["v2", "models", app, "infer"]) => {
-            let app = app_of(state, app)?.clone();
+            let target = target(state, app)?;
             let json_len = binary::header_length(&req)?;
             let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
             let request: InferRequest = parse_json(&json)?;
-            infer(&app, request, data).await
+            target.infer(request, data).await
         }
         (&Method::POST, ["infer"]) => {
             let json_len = binary::header_length(&req)?;
             let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
             let request: SimpleInferRequest = parse_json(&json)?;
-            let app = app_of(state, &request.app)?.clone();
-            infer(
-                &app,
-                InferRequest {
-                    id: request.id,
-                    inputs: request.inputs,
-                    outputs: request.outputs,
-                    parameters: request.parameters,
-                },
-                data,
-            )
-            .await
+            let target = target(state, &request.app)?;
+            let request = InferRequest {
+                id: request.id,
+                inputs: request.inputs,
+                outputs: request.outputs,
+                parameters: request.parameters,
+            };
+            target.infer(request, data).await
         }
         (&Method::GET, ["metrics"]) => {
             let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())));
@@ -91,7 +94,9 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             // it names an app that does not exist (then 404, as for every method).
             Some(allow) => {
                 if let ["v2", "models", app, ..] = route {
-                    app_of(state, app)?;
+                    if !state.pipelines.contains_key(*app) {
+                        app_of(state, app)?;
+                    }
                 }
                 Err(ApiError::new(
                     StatusCode::METHOD_NOT_ALLOWED,
@@ -239,9 +244,8 @@ impl<'de> Deserialize<'de> for FlatNumbers {
 }
 
 /// Checks a request's tensor against the app's input and converts it.
-fn to_tensor(app: &App, inputs: Vec<InputTensor>, binary: Bytes) -> Result<Tensor, ApiError> {
-    let spec = &app.input;
-    let bad = |m: String| ApiError::bad_request(format!("app {}: {m}", app.name()));
+fn to_tensor(app: &str, spec: &InputSpec, inputs: Vec<InputTensor>, binary: Bytes) -> Result<Tensor, ApiError> {
+    let bad = |m: String| ApiError::bad_request(format!("app {app}: {m}"));
     let mut inputs = inputs;
     if inputs.len() != 1 {
         return Err(bad(format!("expected exactly 1 input tensor (`{}`), got {}", spec.name, inputs.len())));
@@ -366,7 +370,96 @@ fn tensor_json(t: &Tensor) -> Value {
     json!({ "name": t.name, "datatype": t.datatype().oip_name(), "shape": t.shape, "data": data })
 }
 
-async fn infer(app: &Arc<App>, request: InferRequest, binary_data: Bytes) -> Result<Response<Body>, ApiError> {
+/// Whom an inference request is for: an app, or a pipeline.
+enum Target {
+    App(Arc<App>),
+    Pipeline(Arc<PipelineApp>),
+}
+
+/// The app or pipeline `name`; a pipeline's task apps take no requests of their own.
+fn target(state: &State, name: &str) -> Result<Target, ApiError> {
+    if let Some(p) = state.pipelines.get(name) {
+        return Ok(Target::Pipeline(p.clone()));
+    }
+    if let Some((pipeline, _)) = name.split_once('.').filter(|(p, _)| state.pipelines.contains_key(*p)) {
+        return Err(ApiError::not_found(format!(
+            "app `{name}` is a task of pipeline `{pipeline}`: send requests to `{pipeline}`"
+        )));
+    }
+    Ok(Target::App(app_of(state, name)?.clone()))
+}
+
+impl Target {
+    async fn infer(self, request: InferRequest, data: Bytes) -> Result<Response<Body>, ApiError> {
+        match self {
+            Target::App(app) => infer(&app, request, data).await,
+            Target::Pipeline(p) => pipeline_infer(&p, request, data).await,
+        }
+    }
+}
+
+/// Which outputs go back in binary: every output when the request says
+/// `binary_data_output`, or the requested ones that say `binary_data`.
+fn binary_outputs(request: &InferRequest) -> impl Fn(&str) -> bool + '_ {
+    let all_binary = binary::flag(request.parameters.as_ref(), "binary_data_output");
+    move |name: &str| {
+        all_binary
+            || request
+                .outputs
+                .iter()
+                .flatten()
+                .any(|o| o.name == name && binary::flag(o.parameters.as_ref(), "binary_data"))
+    }
+}
+
+/// The outputs as JSON entries and the binary tail. A non-finite value is a model
+/// fault (JSON has no NaN or infinity), not a 200.
+fn encode_outputs<'a>(
+    what: &str,
+    tensors: impl IntoIterator<Item = &'a Tensor>,
+    binary_out: impl Fn(&str) -> bool,
+) -> Result<(Vec<Value>, Vec<u8>), ApiError> {
+    let mut tail = Vec::new();
+    let mut outputs = Vec::new();
+    for t in tensors {
+        if let Some(i) = t.data.first_non_finite() {
+            return Err(ApiError::internal(format!("{what} produced a non-finite output (element {i})")));
+        }
+        if binary_out(&t.name) {
+            let bytes = t.data.to_le_bytes();
+            outputs.push(json!({ "name": t.name, "datatype": t.datatype().oip_name(), "shape": t.shape,
+                                 "parameters": { "binary_data_size": bytes.len() } }));
+            tail.extend(bytes);
+        } else {
+            outputs.push(tensor_json(t));
+        }
+    }
+    Ok((outputs, tail))
+}
+
+/// A 200 with `body`, and the binary tail after it when there is one.
+fn respond(body: Value, tail: Vec<u8>) -> Result<Response<Body>, ApiError> {
+    if tail.is_empty() {
+        return ok(body);
+    }
+    let mut bytes = body.to_string().into_bytes();
+    let json_len = bytes.len();
+    bytes.extend(tail);
+    let mut r = Response::new(Full::new(Bytes::from(bytes)));
+    let h = r.headers_mut();
+    h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/octet-stream"));
+    h.insert(binary::HEADER, hyper::header::HeaderValue::from(json_len));
+    Ok(r)
+}
+
+fn admit_error(e: AdmitError) -> ApiError {
+    match e {
+        AdmitError::QueueFull { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
+        AdmitError::ShuttingDown(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn infer(app: &Arc<App>, mut request: InferRequest, binary_data: Bytes) -> Result<Response<Body>, ApiError> {
     for o in request.outputs.iter().flatten() {
         if o.name != OUTPUT_NAME {
             return Err(ApiError::bad_request(format!(
@@ -376,46 +469,14 @@ async fn infer(app: &Arc<App>, request: InferRequest, binary_data: Bytes) -> Res
             )));
         }
     }
-    // Binary outputs: every output when the request says `binary_data_output`, or
-    // the requested ones that say `binary_data`.
-    let all_binary = binary::flag(request.parameters.as_ref(), "binary_data_output");
-    let binary_out = |name: &str| {
-        all_binary
-            || request
-                .outputs
-                .iter()
-                .flatten()
-                .any(|o| o.name == name && binary::flag(o.parameters.as_ref(), "binary_data"))
-    };
-    let tensor = to_tensor(app, request.inputs, binary_data)?;
-    let rx = app.submit(tensor).map_err(|e| match e {
-        AdmitError::QueueFull { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
-        AdmitError::ShuttingDown(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    })?;
+    let tensor = to_tensor(app.name(), &app.input, std::mem::take(&mut request.inputs), binary_data)?;
+    let rx = app.submit(tensor).map_err(admit_error)?;
     // The worker always answers; a closed channel would be a host bug.
     let reply = rx.await.map_err(|_| ApiError::internal("a worker dropped a request without answering"))?;
     match reply {
         Reply::Served(s) => {
-            let mut tail = Vec::new();
-            let mut outputs = Vec::new();
-            for t in &s.outputs {
-                // JSON has no NaN or infinity: such an output is a model fault, not a 200.
-                if let Some(i) = t.data.first_non_finite() {
-                    return Err(ApiError::internal(format!(
-                        "app {}: variant {} produced a non-finite output (element {i})",
-                        app.name(),
-                        s.variant
-                    )));
-                }
-                if binary_out(&t.name) {
-                    let bytes = t.data.to_le_bytes();
-                    outputs.push(json!({ "name": t.name, "datatype": t.datatype().oip_name(), "shape": t.shape,
-                                         "parameters": { "binary_data_size": bytes.len() } }));
-                    tail.extend(bytes);
-                } else {
-                    outputs.push(tensor_json(t));
-                }
-            }
+            let what = format!("app {}: variant {}", app.name(), s.variant);
+            let (outputs, tail) = encode_outputs(&what, &s.outputs, binary_outputs(&request))?;
             let body = json!({
             "model_name": app.name(),
             "model_version": s.variant,
@@ -432,17 +493,7 @@ async fn infer(app: &Arc<App>, request: InferRequest, binary_data: Bytes) -> Res
                 "deadline_met": s.deadline_met,
             }
             });
-            if tail.is_empty() {
-                return ok(body);
-            }
-            let mut bytes = body.to_string().into_bytes();
-            let json_len = bytes.len();
-            bytes.extend(tail);
-            let mut r = Response::new(Full::new(Bytes::from(bytes)));
-            let h = r.headers_mut();
-            h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/octet-stream"));
-            h.insert(binary::HEADER, hyper::header::HeaderValue::from(json_len));
-            Ok(r)
+            respond(body, tail)
         }
         Reply::Dropped { reason: DropReason::ExecutorError, detail, .. } => Err(ApiError::internal(detail)),
         Reply::Dropped { reason, detail, policy } => Err(ApiError {
@@ -453,6 +504,105 @@ async fn infer(app: &Arc<App>, request: InferRequest, binary_data: Bytes) -> Res
         }),
         Reply::Rejected { message } => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)),
     }
+}
+
+/// A pipeline request: answered once every intermediate request is served or
+/// dropped. The outputs are one tensor per sink task (named after it), the sink's
+/// answers stacked along the first dimension; the parameters say which variants
+/// served each task, the path accuracy, and every drop with its task and reason.
+/// Nothing served at all: 504 naming the task and reason of a drop (503 when the
+/// server shut down first).
+async fn pipeline_infer(
+    p: &Arc<PipelineApp>,
+    mut request: InferRequest,
+    data: Bytes,
+) -> Result<Response<Body>, ApiError> {
+    let sinks: Vec<&str> = p.graph.sinks().into_iter().map(|t| p.graph.tasks[t].name.as_str()).collect();
+    for o in request.outputs.iter().flatten() {
+        if !sinks.contains(&o.name.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "pipeline {}: unknown output `{}`; its outputs are its last tasks: {}",
+                p.name(),
+                o.name,
+                sinks.join(", ")
+            )));
+        }
+    }
+    let tensor = to_tensor(p.name(), &p.input, std::mem::take(&mut request.inputs), data)?;
+    let answer = p.infer(tensor).await.map_err(admit_error)?;
+    let params = json!({
+        "pipeline": true,
+        "variants": answer.variants,
+        "accuracy": answer.accuracy(),
+        "paths": answer.paths.len(),
+        "late_paths": answer.late_paths,
+        "dropped": answer.drops,
+        "rerouted": answer.rerouted,
+        "rejected": answer.rejected,
+        "early_drop": p.config.early_drop.as_str(),
+        "latency_us": answer.latency_us,
+        "deadline_us": answer.deadline_us,
+        "deadline_met": answer.deadline_met(),
+    });
+    if answer.paths.is_empty() {
+        let Some((task, reason)) = answer.first_drop() else {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("pipeline {}: the server shut down before the request could be served", p.name()),
+            ));
+        };
+        return Err(ApiError {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            message: format!("pipeline {}: request dropped at task {task} ({reason})", p.name()),
+            extra: Some(
+                json!({ "dropped": true, "task": task, "reason": reason, "id": request.id, "parameters": params }),
+            ),
+            allow: None,
+        });
+    }
+    let mut stacked = Vec::new();
+    for (task, outputs) in &answer.outputs {
+        let refs: Vec<&Tensor> = outputs.iter().collect();
+        let mut t = Tensor::concat(&refs)
+            .map_err(|e| ApiError::internal(format!("pipeline {}: task {task}: outputs: {e}", p.name())))?;
+        t.name = task.clone();
+        stacked.push(t);
+    }
+    let what = format!("pipeline {}", p.name());
+    let (outputs, tail) = encode_outputs(&what, &stacked, binary_outputs(&request))?;
+    let body = json!({
+        "model_name": p.name(),
+        "model_version": "pipeline",
+        "id": request.id,
+        "outputs": outputs,
+        "parameters": params,
+    });
+    respond(body, tail)
+}
+
+fn pipeline_metadata(p: &Arc<PipelineApp>) -> Result<Response<Body>, ApiError> {
+    let mut shape: Vec<i64> = vec![-1];
+    shape.extend(p.input.shape.iter().map(|d| *d as i64));
+    let outputs: Vec<Value> = p
+        .graph
+        .sinks()
+        .into_iter()
+        .map(|t| json!({ "name": p.graph.tasks[t].name, "datatype": "FP32", "shape": [-1, -1] }))
+        .collect();
+    ok(json!({
+        "name": p.name(),
+        "versions": ["pipeline"],
+        "platform": "sluice-pipeline",
+        "inputs": [{ "name": p.input.name, "datatype": p.input.datatype, "shape": shape }],
+        "outputs": outputs,
+        "parameters": {
+            "slo_ms": p.problem.slo_ms,
+            "workers": p.problem.workers,
+            "early_drop": p.config.early_drop.as_str(),
+            "tasks": p.graph.tasks.iter().map(|t| json!({ "name": t.name, "models": t.models,
+                "children": t.children.iter().map(|&c| p.graph.tasks[c].name.clone()).collect::<Vec<_>>() })).collect::<Vec<_>>(),
+        }
+    }))
 }
 
 fn model_metadata(app: &Arc<App>) -> Result<Response<Body>, ApiError> {

@@ -22,6 +22,7 @@ pub mod config;
 pub mod executor;
 pub mod http;
 pub mod metrics;
+pub mod pipeline;
 pub mod profiling;
 pub mod server;
 pub mod state;

@@ -14,10 +14,11 @@ use tokio::task::JoinSet;
 use sluice_sdk as sdk;
 
 use crate::app::{App, WorkerStart};
-use crate::config::{AppConfig, Config, ExecutorKind, InputSpec};
+use crate::config::{AppConfig, Config, ExecutorKind, InputSpec, PipelineConfig};
 use crate::executor::onnx::{self, OnnxOptions};
 use crate::executor::{model_set, LoadedModel, OnnxSource};
 use crate::metrics::Metrics;
+use crate::pipeline::PipelineApp;
 use sluice_core::clock::WallClock;
 use sluice_core::profile::Profile;
 use sluice_core::queue::Reply;
@@ -45,6 +46,8 @@ pub struct State {
     /// What `GET /admin/allocation` shows, updated after every plan (so the admin
     /// API never waits on a re-plan).
     pub allocation_view: parking_lot::Mutex<Option<serde_json::Value>>,
+    /// The served pipelines, by name (their tasks' internal apps are in `apps`).
+    pub pipelines: BTreeMap<String, Arc<PipelineApp>>,
 }
 
 /// How an app's models are (re)loaded.
@@ -107,6 +110,7 @@ impl State {
         // (device) loads and how each app's requests are shared out.
         let devices = crate::allocation::load_devices(&config)?;
         let allocator = crate::allocation::Allocation::start(&config, devices, &resolved).await?;
+        let builder = AppBuilder { engine: &engine, registry: &registry, metrics: &metrics, clock, next_id: &next_id };
         for (i, app_config) in config.apps.iter().enumerate() {
             let (models, source) = resolved[i].clone();
             let input = resolve_input(app_config, &source)?;
@@ -118,35 +122,8 @@ impl State {
                     None => source.models.iter().enumerate().map(|(id, s)| (id as u32, s.clone())).collect(),
                 })
                 .collect();
-            let worker_models =
-                tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<BTreeMap<u32, LoadedModel>>> {
-                    plan.into_iter()
-                        .map(|ms| ms.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect::<anyhow::Result<_>>())
-                        .collect()
-                })
-                .await??;
-            check_inputs(app_config, &models, &input, &worker_models)?;
-            let compiled = registry
-                .get(&app_config.policy)
-                .with_context(|| format!("app {}: policy `{}`", app_config.name, app_config.policy))?;
-            // Paths in the config were resolved against its directory when it was read.
-            let params =
-                app_config.params_json(std::path::Path::new("")).with_context(|| format!("app {}", app_config.name))?;
             let device_models = allocator.as_ref().and_then(|a| a.device_models(&app_config.name));
-            let (app, ws) = App::new(
-                app_config.clone(),
-                models,
-                device_models,
-                input,
-                params,
-                worker_models.into_iter().map(model_set).collect(),
-                engine.clone(),
-                Some(compiled),
-                metrics.clone(),
-                clock,
-                next_id.clone(),
-            )
-            .with_context(|| format!("app {}", app_config.name))?;
+            let (app, ws) = builder.build(app_config, models, input, plan, device_models).await?;
             if let Some(a) = &allocator {
                 app.router
                     .set_weights(&a.weights(app_config))
@@ -155,6 +132,16 @@ impl State {
             apps.insert(app_config.name.clone(), app.clone());
             sources.insert(app_config.name.clone(), source);
             starts.push((app, ws));
+        }
+        let mut pipelines = BTreeMap::new();
+        for pc in &config.pipelines {
+            let (p, tasks) = build_pipeline(pc, &builder).await.with_context(|| format!("pipeline {}", pc.name))?;
+            for (app, source, ws) in tasks {
+                apps.insert(app.name().to_string(), app.clone());
+                sources.insert(app.name().to_string(), source);
+                starts.push((app, ws));
+            }
+            pipelines.insert(pc.name.clone(), p);
         }
         let mut set = JoinSet::new();
         for (app, ws) in starts {
@@ -176,7 +163,11 @@ impl State {
             workers: parking_lot::Mutex::new(set),
             allocation: tokio::sync::Mutex::new(allocator),
             allocation_view: parking_lot::Mutex::new(view),
+            pipelines,
         });
+        for p in state.pipelines.values() {
+            tokio::spawn(crate::pipeline::control_loop(Arc::downgrade(p)));
+        }
         if with_devices {
             tokio::spawn(crate::allocation::control_loop(Arc::downgrade(&state)));
         }
@@ -229,6 +220,9 @@ impl State {
     /// Graceful shutdown: stop accepting, let workers answer everything queued, and
     /// after `grace` reject whatever is left (every accepted request gets one answer).
     pub async fn drain(&self, grace: Duration) {
+        for p in self.pipelines.values() {
+            p.accepting.store(false, Ordering::Release);
+        }
         for app in self.apps.values() {
             app.accepting.store(false, Ordering::Release);
             app.draining.store(true, Ordering::Release);
@@ -258,6 +252,115 @@ impl State {
             }
         }
     }
+}
+
+/// What building an app's workers and policy instances needs from the host.
+struct AppBuilder<'a> {
+    engine: &'a Arc<PolicyEngine>,
+    registry: &'a Arc<Registry>,
+    metrics: &'a Arc<Metrics>,
+    clock: WallClock,
+    next_id: &'a Arc<AtomicU64>,
+}
+
+impl AppBuilder<'_> {
+    /// Loads (and warms) each worker's models per `plan` off the async threads,
+    /// checks them against the input, and builds the app with its policy.
+    async fn build(
+        &self,
+        app_config: &AppConfig,
+        models: Vec<sdk::Model>,
+        input: InputSpec,
+        plan: Vec<Vec<(u32, ModelSource)>>,
+        device_models: Option<Arc<Vec<Vec<sdk::Model>>>>,
+    ) -> anyhow::Result<(Arc<App>, Vec<WorkerStart>)> {
+        let worker_models = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<BTreeMap<u32, LoadedModel>>> {
+            plan.into_iter()
+                .map(|ms| ms.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect::<anyhow::Result<_>>())
+                .collect()
+        })
+        .await??;
+        check_inputs(app_config, &models, &input, &worker_models)?;
+        let compiled = self
+            .registry
+            .get(&app_config.policy)
+            .with_context(|| format!("app {}: policy `{}`", app_config.name, app_config.policy))?;
+        // Paths in the config were resolved against its directory when it was read.
+        let params =
+            app_config.params_json(std::path::Path::new("")).with_context(|| format!("app {}", app_config.name))?;
+        App::new(
+            app_config.clone(),
+            models,
+            device_models,
+            input,
+            params,
+            worker_models.into_iter().map(model_set).collect(),
+            self.engine.clone(),
+            Some(compiled),
+            self.metrics.clone(),
+            self.clock,
+            self.next_id.clone(),
+        )
+        .with_context(|| format!("app {}", app_config.name))
+    }
+}
+
+/// A pipeline's task apps, their model sources and their workers to start.
+type TaskApps = Vec<(Arc<App>, AppSources, Vec<WorkerStart>)>;
+
+/// Builds a pipeline: its problem, the first plan (for the problem's
+/// `demand_qps`), and one internal app per task whose workers load what the plan
+/// places on them.
+async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow::Result<(Arc<PipelineApp>, TaskApps)> {
+    let (problem, source) = sluice_alloc::problem::load_loki(&pc.problem)?;
+    let p = problem.clone();
+    let outcome = tokio::task::spawn_blocking(move || sluice_alloc::loki::solve(&p)).await??;
+    let plan = outcome.plan.ok_or_else(|| {
+        anyhow::anyhow!(
+            "no feasible plan for the problem's demand_qps = {} ({:?})",
+            problem.demand_qps,
+            outcome.report.status
+        )
+    })?;
+    let workers = problem.workers as usize;
+    let devices = crate::pipeline::assign(&problem.pipeline, &plan, &vec![None; workers]);
+    let root = problem.pipeline.tasks.iter().find(|t| !t.is_passthrough());
+    let input = match (&pc.input, pc.executor, root) {
+        (Some(i), _, _) => i.clone(),
+        (None, ExecutorKind::Onnx, Some(task)) => {
+            let dir = pc.model_dir.clone().unwrap_or_default();
+            let m = onnx::OnnxModel::load(&dir.join(format!("{}.onnx", task.models[0])), &OnnxOptions::default())?;
+            InputSpec { name: m.input_name().to_string(), datatype: "FP32".into(), shape: m.input_shape().to_vec() }
+        }
+        _ => anyhow::bail!(
+            "input: required for executor = \"emulated\" (e.g. input = {{ name = \"input\", datatype = \"FP32\", shape = [4] }})"
+        ),
+    };
+    let mut tasks = Vec::new();
+    let mut apps = Vec::new();
+    let mut task_sources = Vec::new();
+    for (t, task) in problem.pipeline.tasks.iter().enumerate() {
+        if task.is_passthrough() {
+            apps.push(None);
+            task_sources.push(None);
+            continue;
+        }
+        let app_config = crate::pipeline::task_app_config(pc, &source, task, problem.workers, problem.slo_ms, &input)?;
+        let (models, src) = resolve_models(&app_config)?;
+        let plan_models: Vec<Vec<(u32, ModelSource)>> = devices
+            .iter()
+            .map(|d| match d {
+                Some(s) if s.task == t => vec![(s.variant as u32, src.models[s.variant].clone())],
+                _ => Vec::new(),
+            })
+            .collect();
+        let (app, ws) = builder.build(&app_config, models, input.clone(), plan_models, None).await?;
+        apps.push(Some(app.clone()));
+        task_sources.push(Some(src.clone()));
+        tasks.push((app, src, ws));
+    }
+    let p = PipelineApp::new(pc.clone(), problem, input, apps, task_sources, plan, devices, builder.clock);
+    Ok((p, tasks))
 }
 
 fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSources)> {

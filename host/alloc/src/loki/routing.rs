@@ -144,6 +144,7 @@ impl RoutingTables {
     /// - `rerouting` sends a request that is behind by x to the most accurate
     ///   backup worker that executes within y − x (y: the assigned worker's time),
     ///   and drops it when there is none.
+    #[allow(clippy::too_many_arguments)]
     pub fn hop(
         &self,
         mode: EarlyDrop,

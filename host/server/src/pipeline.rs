@@ -1,0 +1,910 @@
+//! Serving Loki pipelines (HPDC'24): an app whose requests go through a rooted tree
+//! of tasks, placed on the pipeline's workers by Loki's MILP and routed between
+//! them by MostAccurateFirst (`sluice_alloc::loki`).
+//!
+//! Start here: [`PipelineApp::infer`] (one client request through the tree),
+//! [`PipelineApp::replan`] (a new plan, make before break) and [`control_loop`]
+//! (routing tables rebuilt from the measured demand, re-plans on a period or a
+//! shift).
+//!
+//! Each task runs as an ordinary internal app `<pipeline>.<task>` with one worker
+//! per pipeline worker (device): device d serves one (task, variant) under the plan,
+//! so worker d of that task's app has the variant loaded and the same worker of the
+//! other tasks' apps has nothing. The policies of those workers are ordinary policy
+//! components (default `fixed` with `allocated = true`), swapped like any app's.
+//!
+//! A request enters at the root; when a task serves it, it creates intermediate
+//! requests for each child — `fanout_count` of the variant's expected factor for the
+//! emulated pipelines and the stand-in image pipeline, measured and reported per
+//! (task, variant, child) — each routed by the sending worker's routing table and
+//! then by the early-drop mode (`RoutingTables::hop`). An intermediate request's
+//! deadline on its worker is its entry time plus the task's budget (twice the
+//! variant's latency at the plan's batch size); the client's deadline is arrival +
+//! SLO. The client is answered once, when every intermediate request has been
+//! served or dropped: with the variants that served each task, the path accuracy
+//! (mean over the served paths of the product of their variants' accuracies) and
+//! every drop with its reason and the task that dropped it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use serde_json::{json, Value};
+
+use sluice_alloc::loki::routing::{most_accurate_first, DropCause, Hop, Route, RoutingTables, Worker};
+use sluice_alloc::loki::{self, Plan};
+use sluice_core::clock::{Clock as _, WallClock};
+use sluice_core::pipeline::{fanout_count, latency_budget_us, Pipeline};
+use sluice_core::queue::Reply;
+use sluice_core::router::{LoadMonitor, Router, RouterMode};
+use sluice_core::tensor::Tensor;
+
+use crate::app::{AdmitError, App};
+use crate::config::{InputSpec, PipelineConfig};
+use crate::executor::{model_set, LoadedModel};
+use crate::state::{AppSources, ModelSource};
+
+/// A boxed future: the tree's steps call each other recursively.
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
+
+/// What one device (pipeline worker) serves under a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slot {
+    /// The task (index in the pipeline).
+    pub task: usize,
+    /// The variant (index in the task's models).
+    pub variant: usize,
+    /// The plan's batch size.
+    pub batch: u32,
+    /// Its latency at that batch size, µs.
+    pub latency_us: u64,
+    /// Requests/s it sustains at that batch size.
+    pub capacity_qps: f64,
+}
+
+/// The routing in force: the devices' slots, the load balancer's tables over them,
+/// and a smooth weighted picker per table. Replaced whole (an `Arc` swap), so a
+/// request routes entirely by one version.
+pub struct Routing {
+    /// Per device, what it serves (None: idle).
+    pub devices: Vec<Option<Slot>>,
+    /// Per node of the tables, its device (None: a pass-through task's node).
+    pub node_device: Vec<Option<usize>>,
+    /// Per device, its node.
+    pub device_node: Vec<Option<usize>>,
+    /// The tables.
+    pub tables: RoutingTables,
+    /// The demand the tables were built for, requests/s.
+    pub demand_qps: f64,
+    frontend: Option<Picker>,
+    pickers: Vec<Vec<Option<Picker>>>,
+}
+
+/// A routing table as a smooth weighted round-robin over its entries: each entry
+/// gets its probability's share of the requests, evenly spread.
+struct Picker {
+    nodes: Vec<usize>,
+    router: Router,
+}
+
+impl Picker {
+    fn new(routes: &[Route]) -> Option<Picker> {
+        let weights: Vec<f64> = routes.iter().map(|r| r.probability).collect();
+        let router = Router::new(RouterMode::Weighted, routes.len(), Some(&weights)).ok()?;
+        Some(Picker { nodes: routes.iter().map(|r| r.node).collect(), router })
+    }
+
+    fn pick(&self) -> usize {
+        self.nodes[self.router.pick(|_| 0)]
+    }
+}
+
+impl Routing {
+    /// Tables for `devices` at `demand_qps`.
+    pub fn build(graph: &Pipeline, devices: Vec<Option<Slot>>, accuracy: &[Vec<f64>], demand_qps: f64) -> Routing {
+        let mut workers = Vec::new();
+        let mut node_device = Vec::new();
+        let mut device_node = vec![None; devices.len()];
+        for (d, slot) in devices.iter().enumerate() {
+            if let Some(s) = slot {
+                device_node[d] = Some(workers.len());
+                node_device.push(Some(d));
+                workers.push(Worker {
+                    task: s.task,
+                    variant: s.variant,
+                    accuracy: accuracy[s.task][s.variant],
+                    capacity_qps: s.capacity_qps,
+                    latency_us: s.latency_us,
+                });
+            }
+        }
+        let tables = most_accurate_first(graph, &workers, demand_qps);
+        node_device.resize(tables.nodes.len(), None);
+        let frontend = Picker::new(&tables.frontend);
+        let pickers = tables.nodes.iter().map(|children| children.iter().map(|r| Picker::new(r)).collect()).collect();
+        Routing { devices, node_device, device_node, tables, demand_qps, frontend, pickers }
+    }
+
+    /// The node that sends on the output of `device` serving `task`: its own, or
+    /// (when a re-plan moved the device meanwhile) the task's most accurate node.
+    fn sender(&self, task: usize, device: Option<usize>) -> Option<usize> {
+        if let Some(n) = self.tables.passthrough.get(task).copied().flatten() {
+            return Some(n);
+        }
+        let own = device.and_then(|d| self.device_node[d]).filter(|&n| self.node_task(n) == Some(task));
+        own.or_else(|| {
+            self.devices
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.as_ref().is_some_and(|s| s.task == task))
+                .filter_map(|(d, _)| self.device_node[d])
+                .next()
+        })
+    }
+
+    fn node_task(&self, node: usize) -> Option<usize> {
+        match self.node_device.get(node).copied().flatten() {
+            Some(d) => self.devices[d].as_ref().map(|s| s.task),
+            None => self.tables.passthrough.iter().position(|p| *p == Some(node)),
+        }
+    }
+}
+
+/// Per-task counters: every intermediate request created at a task ends as served,
+/// dropped (with a reason) or rejected, so `created = served + dropped + rejected`
+/// once nothing is in flight.
+#[derive(Default)]
+pub struct TaskCounters {
+    /// Intermediate requests created for the task (the root's: client requests).
+    pub created: AtomicU64,
+    /// Served by one of its workers.
+    pub served: AtomicU64,
+    /// Dropped, by reason.
+    pub dropped: Mutex<BTreeMap<String, u64>>,
+    /// Refused or abandoned at shutdown.
+    pub rejected: AtomicU64,
+    /// Sent to a backup worker by opportunistic rerouting.
+    pub rerouted: AtomicU64,
+}
+
+impl TaskCounters {
+    fn dropped_total(&self) -> u64 {
+        self.dropped.lock().values().sum()
+    }
+}
+
+/// Pipeline-wide counters: every accepted client request is answered once.
+#[derive(Default)]
+pub struct PipelineCounters {
+    /// Client requests accepted.
+    pub accepted: AtomicU64,
+    /// Answered with every path served by the deadline.
+    pub on_time: AtomicU64,
+    /// Answered with some path late or dropped but some served.
+    pub partial: AtomicU64,
+    /// Answered as dropped (no path served).
+    pub dropped: AtomicU64,
+    /// Refused at admission (queue full or shutting down).
+    pub refused: AtomicU64,
+}
+
+/// The answer to one client request.
+#[derive(Debug, Default)]
+pub struct PipelineAnswer {
+    /// Per task: variant → intermediate requests it served.
+    pub variants: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Per task: requests dropped there, by reason.
+    pub drops: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Per task: requests refused at shutdown.
+    pub rejected: BTreeMap<String, u64>,
+    /// Per task: requests rerouted to a backup worker.
+    pub rerouted: BTreeMap<String, u64>,
+    /// Path accuracies of the served paths.
+    pub paths: Vec<f64>,
+    /// Served paths that finished after the deadline.
+    pub late_paths: u64,
+    /// The sinks' outputs, per sink task.
+    pub outputs: BTreeMap<String, Vec<Tensor>>,
+    /// µs from arrival to the last answer.
+    pub latency_us: u64,
+    /// The SLO, µs.
+    pub deadline_us: u64,
+}
+
+impl PipelineAnswer {
+    fn merge(&mut self, other: PipelineAnswer) {
+        for (t, m) in other.variants {
+            for (v, n) in m {
+                *self.variants.entry(t.clone()).or_default().entry(v).or_default() += n;
+            }
+        }
+        for (t, m) in other.drops {
+            for (r, n) in m {
+                *self.drops.entry(t.clone()).or_default().entry(r).or_default() += n;
+            }
+        }
+        for (t, n) in other.rejected {
+            *self.rejected.entry(t).or_default() += n;
+        }
+        for (t, n) in other.rerouted {
+            *self.rerouted.entry(t).or_default() += n;
+        }
+        self.paths.extend(other.paths);
+        self.late_paths += other.late_paths;
+        for (t, o) in other.outputs {
+            self.outputs.entry(t).or_default().extend(o);
+        }
+    }
+
+    /// Mean accuracy of the served paths (None: none served).
+    pub fn accuracy(&self) -> Option<f64> {
+        (!self.paths.is_empty()).then(|| self.paths.iter().sum::<f64>() / self.paths.len() as f64)
+    }
+
+    /// Intermediate requests dropped anywhere.
+    pub fn dropped(&self) -> u64 {
+        self.drops.values().flat_map(|m| m.values()).sum()
+    }
+
+    /// Every path served, none late.
+    pub fn deadline_met(&self) -> bool {
+        self.late_paths == 0 && self.dropped() == 0 && self.rejected.is_empty() && !self.paths.is_empty()
+    }
+
+    /// The first drop, as `(task, reason)`, for a request nothing of which was served.
+    pub fn first_drop(&self) -> Option<(&str, &str)> {
+        self.drops.iter().find_map(|(t, m)| m.keys().next().map(|r| (t.as_str(), r.as_str())))
+    }
+}
+
+/// The plan in force and what the admin API shows of past ones.
+struct PlanState {
+    plan: Option<Plan>,
+    history: std::collections::VecDeque<Value>,
+}
+
+/// One served pipeline.
+pub struct PipelineApp {
+    /// Its configuration.
+    pub config: PipelineConfig,
+    /// The checked graph.
+    pub graph: Pipeline,
+    /// The Loki problem (its `demand_qps` is replaced at every solve).
+    pub problem: loki::Problem,
+    /// The input every request carries.
+    pub input: InputSpec,
+    /// End-to-end SLO, µs.
+    pub slo_us: u64,
+    /// Per task, its internal app (None: pass-through).
+    pub tasks: Vec<Option<Arc<App>>>,
+    /// Per task, per variant: accuracy.
+    accuracy: Vec<Vec<f64>>,
+    /// Per task, how its variants are loaded.
+    sources: Vec<Option<AppSources>>,
+    routing: RwLock<Arc<Routing>>,
+    plan: tokio::sync::Mutex<PlanState>,
+    view: Mutex<Value>,
+    /// Per task, its counters.
+    pub task_counters: Vec<TaskCounters>,
+    /// Client-level counters.
+    pub counters: PipelineCounters,
+    /// Per task, per variant, per child: (requests served, intermediate requests created).
+    fanout: Vec<Vec<Vec<(AtomicU64, AtomicU64)>>>,
+    arrivals: LoadMonitor,
+    /// Whether new requests are accepted.
+    pub accepting: AtomicBool,
+    in_flight: AtomicUsize,
+    draws: AtomicU64,
+    clock: WallClock,
+}
+
+/// Releases a client request's place in the pipeline.
+struct InFlight(Arc<PipelineApp>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Stable placement: a device keeps its (task, variant) while the new plan still
+/// needs that many; the rest go to idle devices first, in plan order.
+pub fn assign(graph: &Pipeline, plan: &Plan, old: &[Option<Slot>]) -> Vec<Option<Slot>> {
+    let mut needed: Vec<(Slot, u32)> = plan
+        .variants
+        .iter()
+        .filter_map(|v| {
+            let (task, variant) = graph.model(&v.variant)?;
+            let slot = Slot { task, variant, batch: v.batch, latency_us: v.latency_us, capacity_qps: v.capacity_qps };
+            Some((slot, v.replicas))
+        })
+        .collect();
+    let mut new: Vec<Option<Slot>> = vec![None; old.len()];
+    for (d, o) in old.iter().enumerate() {
+        let Some(o) = o else { continue };
+        if let Some((slot, n)) = needed.iter_mut().find(|(s, n)| *n > 0 && s.task == o.task && s.variant == o.variant) {
+            new[d] = Some(slot.clone());
+            *n -= 1;
+        }
+    }
+    let mut free: Vec<usize> = (0..old.len()).filter(|&d| new[d].is_none() && old[d].is_none()).collect();
+    free.extend((0..old.len()).filter(|&d| new[d].is_none() && old[d].is_some()));
+    let mut free = free.into_iter();
+    for (slot, n) in needed {
+        for _ in 0..n {
+            if let Some(d) = free.next() {
+                new[d] = Some(slot.clone());
+            }
+        }
+    }
+    new
+}
+
+/// Uniform in [0, 1) from a counter (splitmix64): the fan-out draws.
+fn uniform(counter: u64) -> f64 {
+    let mut z = counter.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl PipelineApp {
+    /// Builds the pipeline over its task apps (already built, workers loaded per
+    /// `devices`, the first plan's placement).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: PipelineConfig,
+        problem: loki::Problem,
+        input: InputSpec,
+        tasks: Vec<Option<Arc<App>>>,
+        sources: Vec<Option<AppSources>>,
+        plan: Plan,
+        devices: Vec<Option<Slot>>,
+        clock: WallClock,
+    ) -> Arc<PipelineApp> {
+        let graph = problem.pipeline.clone();
+        let accuracy: Vec<Vec<f64>> =
+            problem.variants.iter().map(|vs| vs.iter().map(|v| v.accuracy).collect()).collect();
+        let routing = Routing::build(&graph, devices, &accuracy, plan.demand_qps);
+        let fanout = graph
+            .tasks
+            .iter()
+            .map(|t| {
+                (0..t.models.len().max(1))
+                    .map(|_| t.children.iter().map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect())
+                    .collect()
+            })
+            .collect();
+        let period = Duration::from_millis(config.routing_period_ms.max(1000));
+        let p = Arc::new(PipelineApp {
+            slo_us: (problem.slo_ms * 1000.0).round() as u64,
+            task_counters: graph.tasks.iter().map(|_| TaskCounters::default()).collect(),
+            graph,
+            input,
+            tasks,
+            accuracy,
+            sources,
+            routing: RwLock::new(Arc::new(routing)),
+            plan: tokio::sync::Mutex::new(PlanState { plan: None, history: Default::default() }),
+            view: Mutex::new(Value::Null),
+            counters: PipelineCounters::default(),
+            fanout,
+            arrivals: LoadMonitor::new(period.as_micros() as u64),
+            accepting: AtomicBool::new(true),
+            in_flight: AtomicUsize::new(0),
+            draws: AtomicU64::new(0),
+            clock,
+            config,
+            problem,
+        });
+        {
+            let mut st = p.plan.try_lock().expect("not shared yet");
+            st.history.push_back(summary(&plan, "startup", 0.0));
+            st.plan = Some(plan);
+            *p.view.lock() = p.view_of(&st);
+        }
+        p
+    }
+
+    /// The pipeline's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The routing in force.
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.read().clone()
+    }
+
+    /// Serves one client request through the tree; the answer comes when every
+    /// intermediate request has been served or dropped.
+    pub async fn infer(self: &Arc<Self>, input: Tensor) -> Result<PipelineAnswer, AdmitError> {
+        if !self.accepting.load(Ordering::Acquire) {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(AdmitError::ShuttingDown(self.name().to_string()));
+        }
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.config.max_queue {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue });
+        }
+        let guard = InFlight(self.clone());
+        let arrival = self.clock.now();
+        self.arrivals.record(arrival);
+        self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+        let this = self.clone();
+        // The tree runs as its own task: a client that goes away does not cut it
+        // short, so every intermediate request still ends served or dropped.
+        let tree = tokio::spawn(async move {
+            let _guard = guard;
+            let deadline = arrival + this.slo_us;
+            let routing = this.routing();
+            let input = Arc::new(input);
+            let mut answer = match routing.tables.passthrough[0] {
+                Some(_) => this.fan_out(routing, 0, None, 0, input, 0, arrival, deadline, 1.0).await,
+                None => match routing.frontend.as_ref().map(Picker::pick) {
+                    Some(node) => this.at_task(routing, 0, node, input, deadline, 1.0).await,
+                    None => {
+                        this.task_counters[0].created.fetch_add(1, Ordering::Relaxed);
+                        this.drop_at(0, 0, "no-worker")
+                    }
+                },
+            };
+            answer.latency_us = this.clock.now().saturating_sub(arrival);
+            answer.deadline_us = this.slo_us;
+            let counter = if answer.deadline_met() {
+                &this.counters.on_time
+            } else if answer.paths.is_empty() {
+                &this.counters.dropped
+            } else {
+                &this.counters.partial
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            answer
+        });
+        tree.await.map_err(|e| AdmitError::ShuttingDown(format!("{}: {e}", self.name())))
+    }
+
+    /// An intermediate request bound for `task` dropped, by `by` (the task that
+    /// decided), for `reason`.
+    fn drop_at(&self, task: usize, by: usize, reason: &str) -> PipelineAnswer {
+        let name = &self.graph.tasks[by].name;
+        *self.task_counters[task].dropped.lock().entry(reason.to_string()).or_default() += 1;
+        let mut a = PipelineAnswer::default();
+        a.drops.entry(name.clone()).or_default().insert(reason.to_string(), 1);
+        a
+    }
+
+    fn reject_at(&self, task: usize) -> PipelineAnswer {
+        self.task_counters[task].rejected.fetch_add(1, Ordering::Relaxed);
+        let mut a = PipelineAnswer::default();
+        a.rejected.insert(self.graph.tasks[task].name.clone(), 1);
+        a
+    }
+
+    /// One intermediate request at `task` on table node `node`.
+    fn at_task(
+        self: &Arc<Self>,
+        routing: Arc<Routing>,
+        task: usize,
+        node: usize,
+        input: Arc<Tensor>,
+        deadline: u64,
+        accuracy: f64,
+    ) -> BoxFuture<PipelineAnswer> {
+        let this = self.clone();
+        Box::pin(async move {
+            this.task_counters[task].created.fetch_add(1, Ordering::Relaxed);
+            let Some(device) = routing.node_device.get(node).copied().flatten() else {
+                return this.drop_at(task, task, "no-worker");
+            };
+            let (Some(app), Some(slot)) = (this.tasks[task].as_ref(), routing.devices[device].as_ref()) else {
+                return this.drop_at(task, task, "no-worker");
+            };
+            let entered = this.clock.now();
+            let budget = latency_budget_us(slot.latency_us);
+            let rx = match app.submit_to(device, (*input).clone(), entered + budget) {
+                Ok(rx) => rx,
+                Err(AdmitError::QueueFull { .. }) => return this.drop_at(task, task, "queue-full"),
+                Err(AdmitError::ShuttingDown(_)) => return this.reject_at(task),
+            };
+            // Workers answer every request; a closed channel means the worker was
+            // stopped at the end of the shutdown grace.
+            let served = match rx.await {
+                Ok(Reply::Served(s)) => s,
+                Ok(Reply::Dropped { reason, .. }) => return this.drop_at(task, task, reason.as_str()),
+                Ok(Reply::Rejected { .. }) | Err(_) => return this.reject_at(task),
+            };
+            this.task_counters[task].served.fetch_add(1, Ordering::Relaxed);
+            let finished = this.clock.now();
+            let t = &this.graph.tasks[task];
+            let variant = t.models.iter().position(|m| *m == served.variant).unwrap_or(slot.variant);
+            let accuracy = accuracy * this.accuracy[task][variant];
+            let over = finished.saturating_sub(entered) as i64 - budget as i64;
+            let mut answer = this
+                .fan_out(this.routing(), task, Some(device), variant, input, over, finished, deadline, accuracy)
+                .await;
+            *answer.variants.entry(t.name.clone()).or_default().entry(served.variant.clone()).or_default() += 1;
+            if t.is_sink() {
+                answer.outputs.entry(t.name.clone()).or_default().extend(served.outputs);
+            }
+            answer
+        })
+    }
+
+    /// The children of a request served at `task` (by `variant` on `device`; a
+    /// pass-through task has neither), `over_us` past its budget, at `now`.
+    #[allow(clippy::too_many_arguments)]
+    fn fan_out(
+        self: &Arc<Self>,
+        routing: Arc<Routing>,
+        task: usize,
+        device: Option<usize>,
+        variant: usize,
+        input: Arc<Tensor>,
+        over_us: i64,
+        now: u64,
+        deadline: u64,
+        accuracy: f64,
+    ) -> BoxFuture<PipelineAnswer> {
+        let this = self.clone();
+        Box::pin(async move {
+            let t = &this.graph.tasks[task];
+            if t.is_passthrough() {
+                this.task_counters[task].created.fetch_add(1, Ordering::Relaxed);
+                this.task_counters[task].served.fetch_add(1, Ordering::Relaxed);
+            }
+            let sender = routing.sender(task, device);
+            let mut children = Vec::new();
+            let mut answer = PipelineAnswer::default();
+            for (ci, &child) in t.children.iter().enumerate() {
+                let expected = t.fanout.get(variant).and_then(|f| f.get(ci)).copied().unwrap_or(1.0);
+                let n = fanout_count(expected, uniform(this.draws.fetch_add(1, Ordering::Relaxed)));
+                let (parents, created) = &this.fanout[task][variant.min(this.fanout[task].len() - 1)][ci];
+                parents.fetch_add(1, Ordering::Relaxed);
+                created.fetch_add(n as u64, Ordering::Relaxed);
+                let picker = sender.and_then(|s| routing.pickers[s][ci].as_ref());
+                let child_sink = this.graph.tasks[child].is_sink();
+                for _ in 0..n {
+                    let Some(assigned) = picker.map(Picker::pick) else {
+                        this.task_counters[child].created.fetch_add(1, Ordering::Relaxed);
+                        answer.merge(this.drop_at(child, child, "no-worker"));
+                        continue;
+                    };
+                    let hop =
+                        routing.tables.hop(this.config.early_drop, child, child_sink, assigned, over_us, now, deadline);
+                    let node = match hop {
+                        Hop::Assigned(node) => node,
+                        Hop::Rerouted(node) => {
+                            this.task_counters[child].rerouted.fetch_add(1, Ordering::Relaxed);
+                            *answer.rerouted.entry(this.graph.tasks[child].name.clone()).or_default() += 1;
+                            node
+                        }
+                        Hop::Drop(cause) => {
+                            // Counted where it was bound; reported as dropped by the task
+                            // it overran (per-task) or could not enter in time.
+                            let by = if cause == DropCause::OverBudget { task } else { child };
+                            this.task_counters[child].created.fetch_add(1, Ordering::Relaxed);
+                            answer.merge(this.drop_at(child, by, &format!("early-drop-{}", cause.as_str())));
+                            continue;
+                        }
+                    };
+                    let next = if this.graph.tasks[child].is_passthrough() {
+                        this.fan_out(routing.clone(), child, None, 0, input.clone(), 0, now, deadline, accuracy)
+                    } else {
+                        this.at_task(routing.clone(), child, node, input.clone(), deadline, accuracy)
+                    };
+                    children.push(next);
+                }
+            }
+            if children.is_empty() && answer.drops.is_empty() {
+                // The request's path ends here: a sink, or no intermediate requests.
+                answer.paths.push(accuracy);
+                if now > deadline {
+                    answer.late_paths += 1;
+                }
+            }
+            // Each child runs as its own task: one that is still queued when the
+            // client goes away is answered and counted all the same.
+            let handles: Vec<_> = children.into_iter().map(tokio::spawn).collect();
+            for h in handles {
+                match h.await {
+                    Ok(a) => answer.merge(a),
+                    Err(e) => tracing::error!(pipeline = this.name(), "an intermediate request's task failed: {e}"),
+                }
+            }
+            answer
+        })
+    }
+}
+
+/// A plan's line in the history.
+fn summary(plan: &Plan, reason: &str, solve_seconds: f64) -> Value {
+    json!({
+        "reason": reason,
+        "step": plan.step,
+        "demand_qps": plan.demand_qps,
+        "served_qps": plan.served_qps,
+        "workers": plan.workers,
+        "accuracy": plan.accuracy,
+        "solve_seconds": solve_seconds,
+        "variants": plan.variants.iter().map(|v| json!([v.variant, v.replicas, v.batch])).collect::<Vec<_>>(),
+    })
+}
+
+/// How many plan summaries the admin view keeps.
+const HISTORY: usize = 20;
+
+impl PipelineApp {
+    /// The measured demand at the root, requests/s (at least `min_demand_qps`).
+    pub fn demand(&self) -> f64 {
+        self.arrivals.rate(self.clock.now()).max(self.config.min_demand_qps)
+    }
+
+    /// Re-solves the MILP for `demand` (default: the measured demand) and applies
+    /// the plan make before break: variants a device newly serves are loaded and
+    /// warmed first (the device gets no traffic for them yet), then the routing
+    /// switches at once, then devices that left a task drain their queue and
+    /// unload. Nothing queued is lost: a device that keeps its task but changes
+    /// variant serves its queue with the new one. Returns the admin view.
+    pub async fn replan(self: &Arc<Self>, reason: &str, demand: Option<f64>) -> Result<Value, String> {
+        if let Some(d) = demand {
+            if !(d.is_finite() && d >= 0.0) {
+                return Err("demand_qps: expected non-negative requests/s".into());
+            }
+        }
+        let mut st = self.plan.lock().await;
+        let demand = demand.unwrap_or_else(|| self.demand()).max(self.config.min_demand_qps);
+        let mut problem = self.problem.clone();
+        problem.demand_qps = demand;
+        let outcome = tokio::task::spawn_blocking(move || loki::solve(&problem))
+            .await
+            .map_err(|e| format!("allocator task: {e}"))?
+            .map_err(|e| e.to_string())?;
+        let Some(plan) = outcome.plan else {
+            return Err(format!("no plan for {demand:.1} req/s ({:?}); the last one stays", outcome.report.status));
+        };
+        let old = self.routing();
+        let devices = assign(&self.graph, &plan, &old.devices);
+        for (d, (o, n)) in old.devices.iter().zip(&devices).enumerate() {
+            let Some(n) = n else { continue };
+            if o.as_ref().is_some_and(|o| o.task == n.task && o.variant == n.variant) {
+                continue;
+            }
+            self.load(n.task, d, Some(n.variant)).await?;
+        }
+        *self.routing.write() = Arc::new(Routing::build(&self.graph, devices.clone(), &self.accuracy, demand));
+        for (d, (o, n)) in old.devices.iter().zip(&devices).enumerate() {
+            let Some(o) = o else { continue };
+            if n.as_ref().is_some_and(|n| n.task == o.task) {
+                continue;
+            }
+            if let Some(app) = &self.tasks[o.task] {
+                let worker = &app.workers[d];
+                let bound = Duration::from_micros(2 * self.slo_us + app.expire_us) + Duration::from_secs(1);
+                let end = tokio::time::Instant::now() + bound;
+                // Requests routed by the old tables just before the switch land
+                // within microseconds: give them that before watching the queue.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                while (!worker.queue.is_empty() || worker.in_flight.load(Ordering::Acquire) > 0)
+                    && tokio::time::Instant::now() < end
+                {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            self.load(o.task, d, None).await?;
+        }
+        tracing::info!(
+            pipeline = self.name(),
+            demand,
+            accuracy = plan.accuracy,
+            step = plan.step,
+            "pipeline: plan applied"
+        );
+        st.history.push_back(summary(&plan, reason, outcome.report.solve_seconds));
+        while st.history.len() > HISTORY {
+            st.history.pop_front();
+        }
+        st.plan = Some(plan);
+        let view = self.view_of(&st);
+        *self.view.lock() = view;
+        Ok(self.status())
+    }
+
+    /// Loads `variant` of `task` on `device` (None: unloads it), off the worker.
+    async fn load(&self, task: usize, device: usize, variant: Option<usize>) -> Result<(), String> {
+        let (Some(app), Some(sources)) = (&self.tasks[task], &self.sources[task]) else {
+            return Err(format!("task {} has no workers", self.graph.tasks[task].name));
+        };
+        let set = match variant {
+            None => sluice_core::executor::ModelSet::default(),
+            Some(v) => {
+                let source: ModelSource = sources.models[v].clone();
+                let loaded = tokio::task::spawn_blocking(move || source.load())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("{e:#}"))?;
+                model_set(BTreeMap::from([(v as u32, loaded as LoadedModel)]))
+            }
+        };
+        app.set_worker_models(device, set).await
+    }
+
+    /// Rebuilds the routing tables over the devices in force for `demand`.
+    fn reroute_for(&self, demand: f64) {
+        let devices = self.routing().devices.clone();
+        *self.routing.write() = Arc::new(Routing::build(&self.graph, devices, &self.accuracy, demand));
+    }
+
+    fn view_of(&self, st: &PlanState) -> Value {
+        json!({
+            "plan": st.plan,
+            "history": st.history,
+        })
+    }
+
+    /// `GET /admin/pipelines/{name}`: the plan, the devices, the routing tables,
+    /// the counters and the measured fan-outs.
+    pub fn status(&self) -> Value {
+        let routing = self.routing();
+        let name = |t: usize| self.graph.tasks[t].name.clone();
+        let devices: Vec<Value> = routing
+            .devices
+            .iter()
+            .map(|s| match s {
+                Some(s) => json!({
+                    "task": name(s.task),
+                    "variant": self.graph.tasks[s.task].models[s.variant],
+                    "batch": s.batch,
+                    "latency_us": s.latency_us,
+                    "budget_us": latency_budget_us(s.latency_us),
+                }),
+                None => Value::Null,
+            })
+            .collect();
+        let tasks: Vec<Value> = self
+            .task_counters
+            .iter()
+            .enumerate()
+            .map(|(t, c)| {
+                json!({
+                    "task": name(t),
+                    "created": c.created.load(Ordering::Relaxed),
+                    "served": c.served.load(Ordering::Relaxed),
+                    "dropped": c.dropped_total(),
+                    "dropped_by_reason": *c.dropped.lock(),
+                    "rejected": c.rejected.load(Ordering::Relaxed),
+                    "rerouted": c.rerouted.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        let mut fanout = Vec::new();
+        for (t, task) in self.graph.tasks.iter().enumerate() {
+            for (v, per_child) in self.fanout[t].iter().enumerate() {
+                for (ci, (parents, created)) in per_child.iter().enumerate() {
+                    let parents = parents.load(Ordering::Relaxed);
+                    let created = created.load(Ordering::Relaxed);
+                    fanout.push(json!({
+                        "task": task.name,
+                        "variant": task.models.get(v),
+                        "child": name(task.children[ci]),
+                        "expected": task.fanout.get(v).and_then(|f| f.get(ci)),
+                        "measured": (parents > 0).then(|| created as f64 / parents as f64),
+                        "requests": parents,
+                    }));
+                }
+            }
+        }
+        let c = &self.counters;
+        json!({
+            "name": self.name(),
+            "early_drop": self.config.early_drop.as_str(),
+            "slo_ms": self.problem.slo_ms,
+            "workers": self.problem.workers,
+            "demand_qps": self.arrivals.rate(self.clock.now()),
+            "in_flight": self.in_flight.load(Ordering::Relaxed),
+            "counters": {
+                "accepted": c.accepted.load(Ordering::Relaxed),
+                "on_time": c.on_time.load(Ordering::Relaxed),
+                "partial": c.partial.load(Ordering::Relaxed),
+                "dropped": c.dropped.load(Ordering::Relaxed),
+                "refused": c.refused.load(Ordering::Relaxed),
+            },
+            "tasks": tasks,
+            "fanout": fanout,
+            "devices": devices,
+            "routing": { "demand_qps": routing.demand_qps, "tables": routing.tables },
+            "allocation": *self.view.lock(),
+        })
+    }
+}
+
+/// Rebuilds the routing tables every `routing_period_ms` from the measured demand,
+/// and re-plans every `replan_period_s` or when the demand moved more than
+/// `replan_threshold` from the plan's; ends when the pipeline stops accepting.
+pub async fn control_loop(pipeline: std::sync::Weak<PipelineApp>) {
+    let Some(period) = pipeline.upgrade().map(|p| Duration::from_millis(p.config.routing_period_ms)) else { return };
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut last = tokio::time::Instant::now();
+    loop {
+        tick.tick().await;
+        let Some(p) = pipeline.upgrade() else { return };
+        if !p.accepting.load(Ordering::Acquire) {
+            return;
+        }
+        let demand = p.demand();
+        // A re-plan in progress owns the routing; skip this tick.
+        let Ok(st) = p.plan.try_lock() else { continue };
+        let planned = st.plan.as_ref().map_or(0.0, |plan| plan.demand_qps);
+        let every = p.config.replan_period_s;
+        let due = every > 0.0 && last.elapsed().as_secs_f64() >= every;
+        let shifted = every > 0.0 && (demand - planned).abs() > p.config.replan_threshold * planned.max(1.0);
+        if due || shifted {
+            drop(st);
+            last = tokio::time::Instant::now();
+            let reason = if shifted { "demand shift" } else { "period" };
+            if let Err(e) = p.replan(reason, None).await {
+                tracing::warn!(pipeline = p.name(), "re-plan: {e}");
+            }
+        } else {
+            p.reroute_for(demand);
+            drop(st);
+        }
+    }
+}
+
+/// The internal app that runs `task` of pipeline `config`: `<pipeline>.<task>`, one
+/// worker per pipeline worker, the task's variants from the problem's profile at
+/// its percentile, the pipeline's policy and input.
+pub fn task_app_config(
+    config: &PipelineConfig,
+    source: &sluice_alloc::problem::LokiSource,
+    task: &sluice_core::pipeline::Task,
+    workers: u32,
+    slo_ms: f64,
+    input: &InputSpec,
+) -> anyhow::Result<crate::config::AppConfig> {
+    use serde::Deserialize as _;
+    let mut t = toml::Table::new();
+    let s = |v: &str| toml::Value::String(v.to_string());
+    t.insert("name".into(), s(&format!("{}.{}", config.name, task.name)));
+    t.insert("slo_ms".into(), toml::Value::Float(slo_ms));
+    t.insert("workers".into(), toml::Value::Integer(workers as i64));
+    t.insert(
+        "executor".into(),
+        s(match config.executor {
+            crate::config::ExecutorKind::Onnx => "onnx",
+            crate::config::ExecutorKind::Emulated => "emulated",
+        }),
+    );
+    t.insert("profile".into(), s(&source.profile.display().to_string()));
+    t.insert("latency_percentile".into(), s(source.percentile.as_str()));
+    t.insert("models".into(), toml::Value::Array(task.models.iter().map(|m| s(m)).collect()));
+    if let Some(d) = &config.model_dir {
+        t.insert("model_dir".into(), s(&d.display().to_string()));
+    }
+    // Fan-outs multiply the requests of a client request: the task's bound is the
+    // pipeline's times a generous factor (the pipeline's own bound is the admission).
+    t.insert("max_queue".into(), toml::Value::Integer((config.max_queue as i64).saturating_mul(64)));
+    t.insert("policy".into(), s(&config.policy));
+    let params = config.params.clone().unwrap_or_else(|| {
+        let mut p = toml::Table::new();
+        p.insert("allocated".into(), toml::Value::Boolean(true));
+        p
+    });
+    t.insert("params".into(), toml::Value::Table(params));
+    let mut i = toml::Table::new();
+    i.insert("name".into(), s(&input.name));
+    i.insert("datatype".into(), s(&input.datatype));
+    i.insert("shape".into(), toml::Value::Array(input.shape.iter().map(|d| toml::Value::Integer(*d as i64)).collect()));
+    t.insert("input".into(), toml::Value::Table(i));
+    let app = crate::config::AppConfig::deserialize(toml::Value::Table(t))
+        .map_err(|e| anyhow::anyhow!("pipeline {}: task {}: {e}", config.name, task.name))?;
+    app.validate().map_err(|e| anyhow::anyhow!("pipeline {}: task {}: {e}", config.name, task.name))?;
+    Ok(app)
+}

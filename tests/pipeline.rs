@@ -1,0 +1,264 @@
+//! Pipelines (Loki) on the live host: a request goes through a tree of tasks, each
+//! task's workers placed by the MILP and fed by MostAccurateFirst; the client is
+//! answered once with every task's variants and the path accuracy, and every
+//! intermediate request is served or dropped with a reason — also under load
+//! across re-plans.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice_e2e::*;
+
+/// Variants of a three-task tree, µs at batch 1..=8 (base + per extra sample).
+fn profile() -> String {
+    let models = [
+        ("d-fast", 0.70, 2000.0, 400.0),
+        ("d-good", 0.90, 4000.0, 800.0),
+        ("c-small", 0.60, 1000.0, 200.0),
+        ("c-big", 0.85, 3000.0, 500.0),
+        ("f-one", 0.80, 1000.0, 200.0),
+    ];
+    let mut s = String::from("version = 1\nname = \"pipeline-test\"\ndevice = \"emulated\"\nsource = \"synthetic\"\n");
+    for (name, acc, base, per) in models {
+        let lat: Vec<String> = (1..=8).map(|b| format!("{}", (base + per * (b - 1) as f64) as u64)).collect();
+        let l = lat.join(", ");
+        s.push_str(&format!(
+            "\n[[model]]\nname = \"{name}\"\naccuracy = {acc}\naccuracy_source = \"synthetic\"\nbatch_sizes = [1, 2, 3, 4, 5, 6, 7, 8]\np50_us = [{l}]\np95_us = [{l}]\np99_us = [{l}]\n"
+        ));
+    }
+    s
+}
+
+/// detect → classify, detect → face: `d-fast` makes 2 requests (3/4 to classify),
+/// `d-good` 3 (4/5 to classify).
+const GRAPH: &str = r#"
+[[pipeline.task]]
+name = "detect"
+models = ["d-fast", "d-good"]
+fanout.d-fast = { factor = 2.0, branch = { classify = 0.75, face = 0.25 } }
+fanout.d-good = { factor = 3.0, branch = { classify = 0.8, face = 0.2 } }
+[[pipeline.task]]
+name = "classify"
+models = ["c-small", "c-big"]
+[[pipeline.task]]
+name = "face"
+models = ["f-one"]
+[[pipeline.edge]]
+from = "detect"
+to = "classify"
+[[pipeline.edge]]
+from = "detect"
+to = "face"
+"#;
+
+/// A server with pipeline `p` (`extra`: more `[[pipeline]]` lines) on a problem
+/// with `workers` workers planned for `demand` req/s; `graph` replaces the tree.
+async fn start(workers: u32, demand: f64, extra: &str, graph: &str) -> anyhow::Result<TestServer> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("profile.toml"), profile())?;
+    let problem = format!(
+        "version = 1\nkind = \"loki\"\nprofile = \"profile.toml\"\nbatch_sizes = [1, 2, 4, 8]\nslo_ms = 100\nworkers = {workers}\ndemand_qps = {demand}\n{graph}"
+    );
+    let path = dir.path().join("problem.toml");
+    std::fs::write(&path, problem)?;
+    let config = format!(
+        "[[pipeline]]\nname = \"p\"\nproblem = \"{}\"\nexecutor = \"emulated\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\n{extra}\n",
+        path.display()
+    );
+    let server = TestServer::start(&config).await;
+    // The problem's directory must outlive the server's start only.
+    drop(dir);
+    server
+}
+
+async fn status(c: &mut sluice_loadgen::Client) -> Value {
+    admin(c, "GET", "/admin/pipelines/p", b"").await.json()
+}
+
+/// Every intermediate request created at a task ended served, dropped or rejected;
+/// every accepted client request was answered once.
+fn assert_accounted(s: &Value) {
+    for t in s["tasks"].as_array().unwrap() {
+        let n = |k: &str| t[k].as_u64().unwrap();
+        assert_eq!(n("created"), n("served") + n("dropped") + n("rejected"), "task books do not balance: {t}");
+    }
+    let c = &s["counters"];
+    let n = |k: &str| c[k].as_u64().unwrap();
+    assert_eq!(n("accepted"), n("on_time") + n("partial") + n("dropped"), "client books do not balance: {c}");
+    assert_eq!(s["in_flight"], json!(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_answered_once_with_every_task_variant_and_its_path_accuracy() {
+    // No early dropping: on a busy test machine a request may overrun a few-ms
+    // budget, and this test is about the answer's shape.
+    let server = start(6, 20.0, "early_drop = \"none\"\nreplan_period_s = 0\n", GRAPH).await.unwrap();
+    let mut c = server.client().await;
+    let r = c.post_json("/v2/models/p/infer", &small_infer(1)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let body = r.json();
+    let p = &body["parameters"];
+    assert_eq!(p["pipeline"], json!(true));
+    assert_eq!(p["deadline_met"], json!(true), "{body}");
+    // Light load: the plan serves the most accurate variants (hardware scaling).
+    assert_eq!(p["variants"]["detect"], json!({ "d-good": 1 }), "{body}");
+    let classify: u64 = p["variants"]["classify"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    let face: u64 = p["variants"]["face"].as_object().map_or(0, |m| m.values().map(|v| v.as_u64().unwrap()).sum());
+    // d-good: 3 requests, 2.4 expected to classify and 0.6 to face.
+    assert!((2..=3).contains(&classify) && face <= 1 && classify + face >= 2, "{body}");
+    assert_eq!(p["paths"].as_u64().unwrap(), classify + face);
+    let acc = p["accuracy"].as_f64().unwrap();
+    assert!(acc > 0.9 * 0.8 - 1e-9 && acc <= 0.9 * 0.85 + 1e-9, "path accuracy {acc}: {body}");
+    // One output per sink that answered, its rows the intermediate requests.
+    let outputs = body["outputs"].as_array().unwrap();
+    assert_eq!(outputs[0]["name"], json!("classify"));
+    assert_eq!(outputs[0]["shape"][0].as_u64().unwrap(), classify);
+    // The simple endpoint, metadata, readiness.
+    let mut simple = small_infer(2);
+    simple["app"] = json!("p");
+    let r = c.post_json("/infer", &simple).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let meta = c.get("/v2/models/p").await.unwrap().json();
+    assert_eq!(meta["outputs"].as_array().unwrap().len(), 2, "{meta}");
+    assert_eq!(c.get("/v2/models/p/ready").await.unwrap().status, 200);
+    // A task is not an endpoint of its own; an output must be a last task.
+    let r = c.post_json("/v2/models/p.classify/infer", &small_infer(3)).await.unwrap();
+    assert_eq!(r.status, 404);
+    assert!(String::from_utf8_lossy(&r.body).contains("a task of pipeline `p`"));
+    let mut bad = small_infer(4);
+    bad["outputs"] = json!([{ "name": "detect" }]);
+    let r = c.post_json("/v2/models/p/infer", &bad).await.unwrap();
+    assert_eq!(r.status, 400);
+    assert!(String::from_utf8_lossy(&r.body).contains("its outputs are its last tasks: classify, face"));
+    // The admin view: the plan, a device per replica, the tables, the counters.
+    let s = status(&mut c).await;
+    assert_eq!(s["allocation"]["plan"]["step"], json!("hardware"), "{s}");
+    assert_eq!(s["devices"].as_array().unwrap().len(), 6);
+    assert!(!s["routing"]["tables"]["frontend"].as_array().unwrap().is_empty());
+    assert_accounted(&s);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_across_replans_every_intermediate_request_is_accounted_for() {
+    let server = start(6, 20.0, "early_drop = \"rerouting\"\nreplan_period_s = 0\n", GRAPH).await.unwrap();
+    let addr = server.addr;
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..8u64 {
+        tasks.spawn(async move {
+            let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+            let end = Instant::now() + Duration::from_secs(4);
+            let mut out = Vec::new();
+            let mut i = 0;
+            while Instant::now() < end {
+                let r = c.post_json("/v2/models/p/infer", &small_infer(t * 100_000 + i)).await.unwrap();
+                out.push((r.status, r.json()));
+                i += 1;
+            }
+            out
+        });
+    }
+    // Re-plans while the clients run: for a heavy demand (accuracy scaling moves
+    // devices between tasks and variants), then back to a light one.
+    let mut c = server.client().await;
+    let mut plans = Vec::new();
+    for demand in [400.0, 20.0, 300.0] {
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let r =
+            admin(&mut c, "POST", "/admin/pipelines/p/solve", json!({ "demand_qps": demand }).to_string().as_bytes())
+                .await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        plans.push(r.json()["devices"].clone());
+    }
+    assert_ne!(plans[0], plans[1], "the re-plans did not move any device: {plans:?}");
+    let mut answered = 0;
+    let mut drops = 0;
+    while let Some(r) = tasks.join_next().await {
+        for (status, body) in r.unwrap() {
+            answered += 1;
+            match status {
+                200 => {
+                    let p = &body["parameters"];
+                    assert!(p["accuracy"].as_f64().unwrap() > 0.0, "{body}");
+                    for (task, reasons) in p["dropped"].as_object().unwrap() {
+                        assert!(["detect", "classify", "face"].contains(&task.as_str()), "{body}");
+                        drops += reasons.as_object().unwrap().len();
+                    }
+                }
+                // Nothing served: dropped, naming the task and the reason.
+                504 => {
+                    assert_eq!(body["dropped"], json!(true), "{body}");
+                    assert!(body["task"].is_string() && body["reason"].is_string(), "{body}");
+                    drops += 1;
+                }
+                s => panic!("status {s} during re-planning: {body}"),
+            }
+        }
+    }
+    assert!(answered > 100, "only {answered} requests answered");
+    // Every client has its answer, so nothing is in flight: the books balance.
+    let s = status(&mut c).await;
+    assert_accounted(&s);
+    assert_eq!(s["counters"]["accepted"].as_u64().unwrap(), answered, "{s}");
+    assert!(drops as u64 <= s["counters"]["accepted"].as_u64().unwrap() * 10);
+    // Measured fan-outs are reported next to the expected ones and match them.
+    let mut checked = 0;
+    for f in s["fanout"].as_array().unwrap() {
+        if f["requests"].as_u64().unwrap() >= 200 {
+            let (m, e) = (f["measured"].as_f64().unwrap(), f["expected"].as_f64().unwrap());
+            assert!((m - e).abs() <= 0.1 * e, "fan-out measured {m} vs expected {e}: {f}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "no fan-out measured on enough requests: {s}");
+    let history = s["allocation"]["history"].as_array().unwrap();
+    assert_eq!(history.len(), 4, "{s}");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_task_early_dropping_names_the_task_and_the_reason() {
+    // Two workers for 300 req/s of offered load: queues build up past the budgets.
+    let server = start(3, 20.0, "early_drop = \"per-task\"\nreplan_period_s = 0\n", GRAPH).await.unwrap();
+    let addr = server.addr;
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..16u64 {
+        tasks.spawn(async move {
+            let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+            let mut out = Vec::new();
+            for i in 0..25 {
+                let r = c.post_json("/v2/models/p/infer", &small_infer(t * 1000 + i)).await.unwrap();
+                out.push((r.status, r.json()));
+            }
+            out
+        });
+    }
+    let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
+    while let Some(r) = tasks.join_next().await {
+        for (status, body) in r.unwrap() {
+            assert!(status == 200 || status == 504, "{status}: {body}");
+            for (task, rs) in body["parameters"]["dropped"].as_object().unwrap() {
+                for (reason, n) in rs.as_object().unwrap() {
+                    *reasons.entry(format!("{task}:{reason}")).or_default() += n.as_u64().unwrap();
+                }
+            }
+        }
+    }
+    assert!(reasons.keys().any(|k| k.ends_with(":early-drop-over-budget")), "no request overran a budget: {reasons:?}");
+    let mut c = server.client().await;
+    assert_accounted(&status(&mut c).await);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graph_that_is_not_a_rooted_tree_is_refused_naming_the_edge() {
+    let cycle = GRAPH.to_string() + "[[pipeline.edge]]\nfrom = \"face\"\nto = \"detect\"\n";
+    let e = format!("{:#}", start(6, 20.0, "", &cycle).await.err().expect("a cycle must be refused"));
+    assert!(e.contains("pipeline p") && e.contains("edge face -> detect"), "{e}");
+    let two_parents = GRAPH.to_string() + "[[pipeline.edge]]\nfrom = \"classify\"\nto = \"face\"\n";
+    let e = format!("{:#}", start(6, 20.0, "", &two_parents).await.err().expect("two parents must be refused"));
+    assert!(e.contains("edge classify -> face") && e.contains("already has the parent `detect`"), "{e}");
+    let e = format!("{:#}", start(6, 20.0, "early_drop = \"sometimes\"", GRAPH).await.err().unwrap());
+    assert!(e.contains("sometimes") && e.contains("per-task"), "{e}");
+}
