@@ -262,3 +262,66 @@ async fn a_graph_that_is_not_a_rooted_tree_is_refused_naming_the_edge() {
     let e = format!("{:#}", start(6, 20.0, "early_drop = \"sometimes\"", GRAPH).await.err().unwrap());
     assert!(e.contains("sometimes") && e.contains("per-task"), "{e}");
 }
+
+/// Serves an example config as is (its policy directory moved to a temp dir).
+async fn serve_example(name: &str) -> (TestServerHandle, std::net::SocketAddr) {
+    let mut config = sluice_server::config::Config::load(&root().join("examples").join(name)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    config.policy_dir = dir.path().join("policies");
+    let state = sluice_server::state::State::build(config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(sluice_server::server::run(listener, state, async {
+        let _ = rx.await;
+    }));
+    (TestServerHandle { tx, task, _dir: dir }, addr)
+}
+
+struct TestServerHandle {
+    tx: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestServerHandle {
+    async fn stop(self) {
+        let _ = self.tx.send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_traffic_analysis_example_serves_as_is_naming_every_task_variant() {
+    let (server, addr) = serve_example("loki-traffic.toml").await;
+    let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+    let body = sluice_loadgen::infer_body("frame", &[1, 4], &[0.0, 0.0, 0.0, 0.0]);
+    let r = c.post_json("/v2/models/traffic/infer", &body).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    let variants = v["parameters"]["variants"].as_object().unwrap();
+    // yolov5* make ≥ 1 request for each classifier (factor × branch ≥ 1).
+    for task in ["object_detection", "car_classification", "facial_recognition"] {
+        assert!(variants.contains_key(task), "{task} missing: {v}");
+    }
+    assert!(v["parameters"]["accuracy"].as_f64().unwrap() > 0.5, "{v}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_pipeline_runs_on_real_onnx_models() {
+    let (server, addr) = serve_example("imagenet-pipeline.toml").await;
+    let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+    let image = vec![0.5f32; 3 * 224 * 224];
+    let body = sluice_loadgen::infer_body("data_0", &[1, 3, 224, 224], &image);
+    let r = c.post_json("/v2/models/images/infer", &body).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    let p = &v["parameters"];
+    assert_eq!(p["variants"]["detect"].as_object().unwrap().len(), 1, "{v}");
+    assert_eq!(p["variants"]["classify"].as_object().unwrap().values().map(|n| n.as_u64().unwrap()).sum::<u64>(), 2);
+    // The classifier's two answers, stacked: 2 × 1000 ImageNet scores.
+    assert_eq!(v["outputs"][0]["name"], json!("classify"));
+    assert_eq!(v["outputs"][0]["shape"], json!([2, 1000]), "{}", v["outputs"][0]["shape"]);
+    server.stop().await;
+}
