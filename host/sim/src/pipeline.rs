@@ -686,6 +686,11 @@ struct TaskCounters {
     accuracy_sum: f64,
 }
 
+/// (task, variant, batch, budget µs): what a worker's policy binding depends on.
+type BindingKey = (usize, usize, u32, u64);
+/// A binding and the models its instances see.
+type BoundModels = (Arc<Binding>, Arc<Vec<sdk::Model>>);
+
 struct PipelineSim<'a> {
     pipeline: &'a Pipeline,
     run: PipelineRun,
@@ -698,7 +703,7 @@ struct PipelineSim<'a> {
     compiled: Option<Arc<sluice_core::runtime::CompiledPolicy>>,
     engine: Arc<sluice_core::runtime::PolicyEngine>,
     params: String,
-    bindings: HashMap<(usize, usize, u32, u64), (Arc<Binding>, Arc<Vec<sdk::Model>>)>,
+    bindings: HashMap<BindingKey, BoundModels>,
     rng: Rng,
     events: BinaryHeap<Reverse<(u64, u64)>>,
     payloads: BTreeMap<u64, Event>,
