@@ -17,6 +17,7 @@ pub mod arrivals;
 pub mod engine;
 pub mod experiment;
 pub mod model_switching;
+pub mod pipeline;
 pub mod report;
 pub mod rng;
 pub mod stats;

@@ -144,6 +144,8 @@ impl RoutingTables {
     /// - `rerouting` sends a request that is behind by x to the most accurate
     ///   backup worker that executes within y − x (y: the assigned worker's time),
     ///   and drops it when there is none.
+    // Each argument is one fact about the request the paper's rule reads; a struct
+    // for them would only be built to be taken apart here.
     #[allow(clippy::too_many_arguments)]
     pub fn hop(
         &self,

@@ -34,6 +34,13 @@ pub fn run(args: SimArgs) -> Result<()> {
         return sluice_sim::report::run(r);
     }
     let Some(experiment) = &args.experiment else { bail!("sluice sim: an experiment file is required") };
+    // A `[pipeline]` section makes it a pipeline experiment (Loki's pipelines run by
+    // `sluice_sim::pipeline`, with their own runs and results).
+    let text = std::fs::read_to_string(experiment)
+        .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", experiment.display()))?;
+    if sluice_sim::pipeline::is_pipeline_experiment(&text) {
+        return run_pipeline(experiment, args.out.as_deref());
+    }
     let (exp, base) = Experiment::load(experiment)?;
     let out = run_experiment(&exp, &base, true)?;
     println!(
@@ -65,6 +72,56 @@ pub fn run(args: SimArgs) -> Result<()> {
         sluice_sim::stats::write_outputs(dir, &out)?;
         let devices = if out.timeseries.iter().any(|w| w.devices.is_some()) { ",devices.csv" } else { "" };
         println!("wrote {}/{{results.json,results.csv,timeseries.csv{devices},summary.json}}", dir.display());
+    }
+    Ok(())
+}
+
+/// Runs a pipeline experiment and prints a row per run.
+fn run_pipeline(path: &std::path::Path, out_dir: Option<&std::path::Path>) -> Result<()> {
+    use sluice_sim::pipeline::{run_pipeline_experiment, write_outputs, PipelineExperiment};
+    let (exp, base) = PipelineExperiment::load(path)?;
+    let out = run_pipeline_experiment(&exp, &base)?;
+    println!(
+        "{:<4} {:<26} {:>6} {:>4} {:>16} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>7}",
+        "run",
+        "system",
+        "slo",
+        "S",
+        "load",
+        "requests",
+        "violate",
+        "v/req",
+        "accuracy",
+        "acc/req",
+        "workers",
+        "solves",
+        "wall s"
+    );
+    for (r, wall) in out.results.iter().zip(&out.wall_seconds) {
+        let load: String = r.load.chars().rev().take(16).collect::<Vec<_>>().into_iter().rev().collect();
+        println!(
+            "{:<4} {:<26} {:>6} {:>4} {:>16} {:>8} {:>8.4} {:>8.4} {:>8.4} {:>8.4} {:>7.2} {:>6} {:>7.2}",
+            r.run,
+            r.system,
+            r.slo_ms,
+            r.workers,
+            load,
+            r.requests,
+            r.violation_ratio,
+            r.violation_ratio_per_request,
+            r.accuracy,
+            r.accuracy_per_request,
+            r.workers_mean,
+            r.solves,
+            wall
+        );
+        if let Some(o) = &r.overloaded {
+            println!("run {}: OVERLOADED: {o}", r.run);
+        }
+    }
+    if let Some(dir) = out_dir {
+        write_outputs(dir, &out)?;
+        println!("wrote {}/{{results.json,timeseries.csv}}", dir.display());
     }
     Ok(())
 }

@@ -1,0 +1,212 @@
+//! Pipelines in virtual time (`sluice_sim::pipeline`): fan-out accounting, early-drop
+//! modes on a small hand-checkable pipeline, determinism by seed, and the relations
+//! the Loki experiments reproduce, on shortened versions of their files.
+
+#[allow(dead_code)] // the shared fixtures also serve the single-app tests
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use sluice_sim::pipeline::{run_pipeline_experiment, PipelineExperiment, PipelineResult};
+
+/// detect {d (acc 1.0): 10 ms at batch 1, 12 ms at batch 2} → classify {fast (acc 0.5):
+/// 5 ms, slow (acc 1.0): 20 ms at batch 1, 24 ms at batch 2}; every detection makes
+/// exactly two classify requests.
+const PROFILE: &str = r#"version = 1
+name = "pipeline-test"
+device = "virtual"
+source = "hand-made"
+
+[[model]]
+name = "d"
+accuracy = 1.0
+accuracy_source = "test"
+batch_sizes = [1, 2]
+p50_us = [10000, 12000]
+p95_us = [10000, 12000]
+p99_us = [10000, 12000]
+
+[[model]]
+name = "fast"
+accuracy = 0.5
+accuracy_source = "test"
+batch_sizes = [1, 2]
+p50_us = [5000, 6000]
+p95_us = [5000, 6000]
+p99_us = [5000, 6000]
+
+[[model]]
+name = "slow"
+accuracy = 1.0
+accuracy_source = "test"
+batch_sizes = [1, 2]
+p50_us = [20000, 24000]
+p95_us = [20000, 24000]
+p99_us = [20000, 24000]
+"#;
+
+fn small(dir: &Path, system: &str, load_qps: f64, workers: u32, slo_ms: f64, seed: u64) -> PipelineExperiment {
+    std::fs::write(dir.join("p.toml"), PROFILE).unwrap();
+    let text = format!(
+        r#"version = 1
+name = "t"
+seed = {seed}
+duration_s = 10
+builtin_policy_dir = "{policies}"
+profile = "p.toml"
+
+[pipeline]
+slo_ms = {slo_ms}
+workers = {workers}
+arrivals = {{ kind = "poisson", rate_qps = {load_qps} }}
+batch_sizes = [1, 2]
+system = {system}
+
+[[pipeline.task]]
+name = "detect"
+models = ["d"]
+fanout.d = {{ factor = 2.0 }}
+
+[[pipeline.task]]
+name = "classify"
+models = ["fast", "slow"]
+
+[[pipeline.edge]]
+from = "detect"
+to = "classify"
+"#,
+        policies = common::policies().display()
+    );
+    let path = dir.join("e.toml");
+    std::fs::write(&path, text).unwrap();
+    PipelineExperiment::load(&path).unwrap().0
+}
+
+fn run(exp: &PipelineExperiment, base: &Path) -> Vec<PipelineResult> {
+    run_pipeline_experiment(exp, base).unwrap().results
+}
+
+fn check_accounting(r: &PipelineResult) {
+    assert_eq!(r.finished, r.requests, "every client request finishes exactly once: {r:?}");
+    assert!(r.overloaded.is_none(), "{:?}", r.overloaded);
+    for t in &r.tasks {
+        assert_eq!(t.created, t.served + t.dropped_total(), "task {}: created = served + dropped: {t:?}", t.task);
+    }
+    // Every classify request came from a served detection, two each.
+    let detect = &r.tasks[0];
+    assert_eq!(r.tasks[1].created, 2 * detect.served);
+    assert_eq!(r.fanout.len(), 1);
+    assert_eq!((r.fanout[0].measured, r.fanout[0].expected), (2.0, 2.0));
+    assert_eq!(r.on_time + r.clients_with_drops + r.clients_late, r.requests);
+}
+
+#[test]
+fn fanout_accounting_holds_under_light_and_heavy_load() {
+    let dir = tempfile::tempdir().unwrap();
+    for (load, workers) in [(20.0, 4), (400.0, 3)] {
+        let sys = r#"{ allocator = "loki", params = { allocated = true } }"#;
+        let exp = small(dir.path(), sys, load, workers, 100.0, 1);
+        let r = &run(&exp, dir.path())[0];
+        check_accounting(r);
+        assert!(r.requests > 100);
+        if load < 100.0 {
+            // Light load: the MILP's most accurate plan (d → slow), every path 1.0.
+            // (Bursts of two into one classify worker still make a few late.)
+            assert!(r.violation_ratio < 0.1, "{r:?}");
+            assert!((r.accuracy - 1.0).abs() < 1e-9, "{}", r.accuracy);
+        } else {
+            // Overload: something is dropped, and accuracy scaling used `fast`.
+            assert!(r.drops.values().sum::<u64>() > 0, "{r:?}");
+            assert!(r.accuracy < 1.0);
+        }
+    }
+}
+
+#[test]
+fn early_drop_modes_drop_only_for_their_own_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut violations = Vec::new();
+    for mode in ["none", "last-task", "per-task", "rerouting"] {
+        // Hardware scaling on 3 workers at 150 req/s: queues build at detect, so
+        // requests leave it over budget.
+        let sys =
+            format!(r#"{{ allocator = "hardware-only", early_drop = "{mode}", params = {{ allocated = true }} }}"#);
+        let exp = small(dir.path(), &sys, 150.0, 3, 100.0, 3);
+        let r = run(&exp, dir.path()).remove(0);
+        check_accounting(&r);
+        let causes: Vec<&str> = r.drops.keys().map(String::as_str).collect();
+        let allowed: &[&str] = match mode {
+            "none" => &["expired", "policy"],
+            "last-task" => &["expired", "policy", "no-time-left"],
+            "per-task" => &["expired", "policy", "over-budget"],
+            _ => &["expired", "policy", "no-faster-worker"],
+        };
+        assert!(causes.iter().all(|c| allowed.contains(c)), "{mode}: {causes:?}");
+        if mode != "none" {
+            assert!(
+                r.drops.keys().any(|c| !["expired", "policy"].contains(&c.as_str())),
+                "{mode} dropped nothing early"
+            );
+        }
+        // Early drops happen on the way into classify, never into the root.
+        assert!(r.tasks[0].dropped.keys().all(|c| c == "expired" || c == "policy"), "{mode}: {:?}", r.tasks[0]);
+        assert_eq!(r.tasks[1].rerouted, 0, "{mode}: hardware-only hosts one classify variant, no faster backup");
+        violations.push((mode, r.violation_ratio));
+    }
+    let none = violations[0].1;
+    let per_task = violations[2].1;
+    // Dropping a request's descendants early frees the workers for others: dropping
+    // on the way in never makes more clients late than serving everything late.
+    assert!(per_task <= none + 1e-9, "{violations:?}");
+}
+
+#[test]
+fn rerouting_with_two_variants_keeps_the_accounting() {
+    let dir = tempfile::tempdir().unwrap();
+    // Loki with a plan that hosts both classify variants (accuracy scaling at this
+    // load): requests late out of detect go to `fast` when it has capacity left.
+    let sys = r#"{ allocator = "accuracy-only", early_drop = "rerouting", params = { allocated = true } }"#;
+    let exp = small(dir.path(), sys, 150.0, 4, 100.0, 5);
+    let r = run(&exp, dir.path()).remove(0);
+    check_accounting(&r);
+    assert!(
+        r.tasks[1].rerouted > 0 || r.tasks[1].dropped.is_empty() || r.drops.contains_key("no-faster-worker"),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn a_run_is_a_function_of_its_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = r#"{ allocator = "loki", params = { allocated = true } }"#;
+    let json = |seed| {
+        let exp = small(dir.path(), sys, 200.0, 4, 100.0, seed);
+        let out = run_pipeline_experiment(&exp, dir.path()).unwrap();
+        let mut r = out.results;
+        r.iter_mut().for_each(|r| r.solve_seconds = 0.0);
+        (serde_json::to_string(&r).unwrap(), serde_json::to_string(&out.timeseries).unwrap())
+    };
+    let a = json(7);
+    assert_eq!(a, json(7));
+    assert_ne!(a.0, json(8).0);
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/experiments")
+}
+
+/// Experiment 1, shortened: past what the most accurate variants serve on 20 workers,
+/// Loki's accuracy scaling keeps serving; hardware scaling alone does not.
+#[test]
+fn loki_serves_more_than_hardware_scaling_alone() {
+    let (mut exp, base) = PipelineExperiment::load(&examples().join("loki-capacity.toml")).unwrap();
+    exp.builtin_policy_dir = common::policies();
+    exp.duration_s = 8.0;
+    exp.sweep.load_qps = vec![300.0];
+    let r = run(&exp, &base);
+    let goodput = |r: &PipelineResult| r.on_time as f64 / r.requests as f64 * 300.0;
+    let (loki, hw) = (&r[0], &r[1]);
+    assert_eq!((loki.system.as_str(), hw.system.as_str()), ("Loki", "hardware-only"));
+    assert!(goodput(loki) > 2.0 * goodput(hw), "Loki {} vs hardware-only {}", goodput(loki), goodput(hw));
+    assert!(loki.accuracy < hw.accuracy, "Loki trades accuracy for capacity");
+}
