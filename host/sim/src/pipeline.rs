@@ -48,6 +48,7 @@ use sluice_alloc::loki::{self, Scaling};
 use sluice_alloc::proteus;
 use sluice_alloc::solver::SolverSettings;
 use sluice_core::decision::{self, Bound, Context, Next, Queued};
+use sluice_core::demand::{Ewma, Forecaster as _};
 use sluice_core::pipeline::{fanout_count, latency_budget_us, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, TaskSpec};
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
@@ -945,27 +946,18 @@ impl<'a> PipelineSim<'a> {
         self.result()
     }
 
-    /// The EWMA of the last `ewma_window` one-second counts, as pandas'
-    /// `ewm(com=decay, adjust=True).mean()` (the reference's `add_moving_demand`):
-    /// weights (1 − α)^i, α = 1 / (1 + com), newest first.
+    /// The EWMA of the last `ewma_window` one-second counts (core's `Ewma`, pandas'
+    /// `ewm(com=decay, adjust=True).mean()` as the reference's `add_moving_demand`),
+    /// over the seconds completed so far that the counts cover.
     fn demand_estimate(&self) -> (f64, Vec<f64>) {
         let s = &self.run.system;
         let secs = (self.now / 1_000_000) as usize;
         let from = secs.saturating_sub(s.ewma_window);
-        let alpha = 1.0 / (1.0 + s.ewma_decay);
+        let f = Ewma { com: s.ewma_decay, window: s.ewma_window };
         let ewma = |counts: &[u64]| -> f64 {
-            let window = &counts[from.min(counts.len())..secs.min(counts.len())];
-            let (mut num, mut den, mut w) = (0.0, 0.0, 1.0);
-            for &c in window.iter().rev() {
-                num += w * c as f64;
-                den += w;
-                w *= 1.0 - alpha;
-            }
-            if den > 0.0 {
-                num / den
-            } else {
-                0.0
-            }
+            let window: Vec<f64> =
+                counts[from.min(counts.len())..secs.min(counts.len())].iter().map(|&c| c as f64).collect();
+            f.forecast(&window)
         };
         (ewma(&self.per_second_root), self.per_second_task.iter().map(|c| ewma(c)).collect())
     }
