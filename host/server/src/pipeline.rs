@@ -860,14 +860,15 @@ pub async fn control_loop(pipeline: std::sync::Weak<PipelineApp>) {
 
 /// The internal app that runs `task` of pipeline `config`: `<pipeline>.<task>`, one
 /// worker per pipeline worker, the task's variants from the problem's profile at
-/// its percentile, the pipeline's policy and input.
+/// its percentile, the pipeline's policy and input (None: the app finds its
+/// variants' input, as any app does).
 pub fn task_app_config(
     config: &PipelineConfig,
     source: &sluice_alloc::problem::LokiSource,
     task: &sluice_core::pipeline::Task,
     workers: u32,
     slo_ms: f64,
-    input: &InputSpec,
+    input: Option<&InputSpec>,
 ) -> anyhow::Result<crate::config::AppConfig> {
     use serde::Deserialize as _;
     let mut t = toml::Table::new();
@@ -898,11 +899,16 @@ pub fn task_app_config(
         p
     });
     t.insert("params".into(), toml::Value::Table(params));
-    let mut i = toml::Table::new();
-    i.insert("name".into(), s(&input.name));
-    i.insert("datatype".into(), s(&input.datatype));
-    i.insert("shape".into(), toml::Value::Array(input.shape.iter().map(|d| toml::Value::Integer(*d as i64)).collect()));
-    t.insert("input".into(), toml::Value::Table(i));
+    if let Some(input) = input {
+        let mut i = toml::Table::new();
+        i.insert("name".into(), s(&input.name));
+        i.insert("datatype".into(), s(&input.datatype));
+        i.insert(
+            "shape".into(),
+            toml::Value::Array(input.shape.iter().map(|d| toml::Value::Integer(*d as i64)).collect()),
+        );
+        t.insert("input".into(), toml::Value::Table(i));
+    }
     let app = crate::config::AppConfig::deserialize(toml::Value::Table(t))
         .map_err(|e| anyhow::anyhow!("pipeline {}: task {}: {e}", config.name, task.name))?;
     app.validate().map_err(|e| anyhow::anyhow!("pipeline {}: task {}: {e}", config.name, task.name))?;

@@ -97,7 +97,8 @@ impl State {
         let metrics = Arc::new(Metrics::default());
         let clock = WallClock::default();
         let next_id = Arc::new(AtomicU64::new(1));
-        if config.apps.iter().any(|a| a.executor == Some(ExecutorKind::Onnx)) {
+        let onnx_apps = config.apps.iter().any(|a| a.executor == Some(ExecutorKind::Onnx));
+        if onnx_apps || config.pipelines.iter().any(|p| p.executor == ExecutorKind::Onnx) {
             let path = onnx::init_runtime(config.onnxruntime.as_deref())?;
             tracing::info!("ONNX Runtime loaded from {}", path.display());
         }
@@ -324,18 +325,8 @@ async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow
     })?;
     let workers = problem.workers as usize;
     let devices = crate::pipeline::assign(&problem.pipeline, &plan, &vec![None; workers]);
-    let root = problem.pipeline.tasks.iter().find(|t| !t.is_passthrough());
-    let input = match (&pc.input, pc.executor, root) {
-        (Some(i), _, _) => i.clone(),
-        (None, ExecutorKind::Onnx, Some(task)) => {
-            let dir = pc.model_dir.clone().unwrap_or_default();
-            let m = onnx::OnnxModel::load(&dir.join(format!("{}.onnx", task.models[0])), &OnnxOptions::default())?;
-            InputSpec { name: m.input_name().to_string(), datatype: "FP32".into(), shape: m.input_shape().to_vec() }
-        }
-        _ => anyhow::bail!(
-            "input: required for executor = \"emulated\" (e.g. input = {{ name = \"input\", datatype = \"FP32\", shape = [4] }})"
-        ),
-    };
+    // The input: the config's, or (onnx) the root variants' — found as any app's is.
+    let mut input = pc.input.clone();
     let mut tasks = Vec::new();
     let mut apps = Vec::new();
     let mut task_sources = Vec::new();
@@ -345,8 +336,13 @@ async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow
             task_sources.push(None);
             continue;
         }
-        let app_config = crate::pipeline::task_app_config(pc, &source, task, problem.workers, problem.slo_ms, &input)?;
+        let app_config =
+            crate::pipeline::task_app_config(pc, &source, task, problem.workers, problem.slo_ms, input.as_ref())?;
         let (models, src) = resolve_models(&app_config)?;
+        let task_input = match &input {
+            Some(i) => i.clone(),
+            None => input.insert(resolve_input(&app_config, &src)?).clone(),
+        };
         let plan_models: Vec<Vec<(u32, ModelSource)>> = devices
             .iter()
             .map(|d| match d {
@@ -354,11 +350,12 @@ async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow
                 _ => Vec::new(),
             })
             .collect();
-        let (app, ws) = builder.build(&app_config, models, input.clone(), plan_models, None).await?;
+        let (app, ws) = builder.build(&app_config, models, task_input, plan_models, None).await?;
         apps.push(Some(app.clone()));
         task_sources.push(Some(src.clone()));
         tasks.push((app, src, ws));
     }
+    let input = input.ok_or_else(|| anyhow::anyhow!("every task is a pass-through: no task has models"))?;
     let p = PipelineApp::new(pc.clone(), problem, input, apps, task_sources, plan, devices, builder.clock);
     Ok((p, tasks))
 }
