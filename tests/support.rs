@@ -78,8 +78,10 @@ impl TestServer {
         let policy_dir = policy_dir.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("policies"));
         std::fs::write(dir.path().join("emulated.toml"), emulated_profile(1.0))?;
         std::fs::write(dir.path().join("zero.toml"), emulated_profile(0.0))?;
+        // A config may set its own grace (top-level keys come before any table).
+        let grace = if config.contains("shutdown_grace_ms") { "" } else { "shutdown_grace_ms = 5000\n" };
         let text = format!(
-            "admin_token = \"{TOKEN}\"\npolicy_dir = \"{}\"\nbuiltin_policy_dir = \"{}\"\nshutdown_grace_ms = 5000\n{}",
+            "admin_token = \"{TOKEN}\"\npolicy_dir = \"{}\"\nbuiltin_policy_dir = \"{}\"\n{grace}{}",
             policy_dir.display(),
             policies_dir().display(),
             config.replace("{dir}", &dir.path().display().to_string()).replace("{root}", &root().display().to_string())

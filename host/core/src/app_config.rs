@@ -91,6 +91,10 @@ pub struct AppConfig {
     /// `init_budget_ms = 60000`: epoch deadline of `init` (policy generation may be slow).
     #[serde(default = "default_init_budget")]
     pub init_budget_ms: u64,
+    /// `reinit_budget_ms = 1000`: epoch deadline of `init` when an instance is re-made
+    /// after a fault, on a thread of its own while the safe policy decides.
+    #[serde(default = "default_reinit_budget")]
+    pub reinit_budget_ms: u64,
     /// `memory_limit_mb = 64`: linear-memory cap of one policy instance.
     #[serde(default = "default_memory_mb")]
     pub memory_limit_mb: u64,
@@ -156,6 +160,9 @@ fn default_unbind_after() -> u64 {
 }
 fn default_decide_budget() -> u64 {
     10
+}
+fn default_reinit_budget() -> u64 {
+    1000
 }
 fn default_init_budget() -> u64 {
     60_000
@@ -257,6 +264,10 @@ impl AppConfig {
         Limits {
             call_budget: Duration::from_millis(self.decide_budget_ms),
             init_budget: Duration::from_millis(self.init_budget_ms),
+            reinit_budget: Duration::from_millis(self.reinit_budget_ms),
+            // Only the live host asks for limits from a config; its workers must not
+            // wait for a policy's `init` (the simulator sets its own limits).
+            background_reinit: true,
             memory_bytes: (self.memory_limit_mb as usize) << 20,
         }
     }
@@ -299,8 +310,14 @@ impl AppConfig {
         if self.max_batch == Some(0) {
             return Err(invalid("max_batch", "expected at least 1"));
         }
-        if self.decide_budget_ms == 0 || self.init_budget_ms == 0 {
-            return Err(invalid("decide_budget_ms", "budgets must be at least 1 ms"));
+        for (field, ms) in [
+            ("decide_budget_ms", self.decide_budget_ms),
+            ("init_budget_ms", self.init_budget_ms),
+            ("reinit_budget_ms", self.reinit_budget_ms),
+        ] {
+            if ms == 0 {
+                return Err(invalid(field, "budgets must be at least 1 ms"));
+            }
         }
         if self.memory_limit_mb == 0 {
             return Err(invalid("memory_limit_mb", "expected at least 1 MiB"));

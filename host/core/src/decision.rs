@@ -97,21 +97,23 @@ pub struct Decided<Q> {
 /// Expires, asks the policy (when the queue is not empty), validates the answer
 /// (`check_decision`; a fault or invalid answer becomes the safe decision) and
 /// removes the taken and dropped requests from `items`, which must be in
-/// earliest-deadline order.
+/// earliest-deadline order: [`prepare`], [`ask`] and [`apply`] in one go, for a
+/// caller that owns the queue (the simulator). The live host calls the three
+/// itself, so the queue's lock is not held while the policy runs.
 pub fn decide<Q: Queued>(policy: &mut Bound, items: &mut Vec<Q>, cx: &Context) -> Decided<Q> {
-    // Host expiry: whatever the policy does, no request waits forever.
+    let (expired, view) = prepare(items, cx);
+    let asked = view.as_ref().map(|v| ask(policy, v, cx));
+    apply(items, expired, view.as_ref().zip(asked), policy, cx)
+}
+
+/// The first step of a decision, under the queue's lock: host expiry (whatever the
+/// policy does, no request waits forever), then the view the policy will see (None
+/// when nothing is left to decide on).
+pub fn prepare<Q: Queued>(items: &mut Vec<Q>, cx: &Context) -> (Vec<Q>, Option<sdk::View>) {
     let cut = items.partition_point(|r| r.pending().deadline + cx.expire_us < cx.now);
     let expired: Vec<Q> = items.drain(..cut).collect();
-    let mut out = Decided {
-        next: Next::Idle { expire_at: None },
-        expired,
-        dropped: Vec::new(),
-        fault: None,
-        by_safe: matches!(policy, Bound::Safe),
-        decide_time: None,
-    };
     if items.is_empty() {
-        return out;
+        return (expired, None);
     }
     let view = sdk::View {
         now: cx.now,
@@ -121,37 +123,77 @@ pub fn decide<Q: Queued>(policy: &mut Bound, items: &mut Vec<Q>, cx: &Context) -
         loaded: cx.loaded.to_vec(),
         queue: items.iter().map(Queued::pending).collect(),
     };
+    (expired, Some(view))
+}
+
+/// The policy's answer to a view, checked.
+#[derive(Debug)]
+pub struct Asked {
+    /// The decision to apply (the safe one after a fault).
+    pub decision: sdk::Decision,
+    /// The fault, when the policy's answer was replaced by the safe decision.
+    pub fault: Option<PolicyFault>,
+    /// Whether the safe policy decided.
+    pub by_safe: bool,
+    /// Time spent in the policy's `decide`.
+    pub decide_time: Duration,
+}
+
+/// The second step, without the queue's lock: asks the policy and validates its
+/// answer; a fault or an invalid answer becomes the safe decision, and so does an
+/// idle answer while draining (so the queue drains).
+pub fn ask(policy: &mut Bound, view: &sdk::View, cx: &Context) -> Asked {
     let started = Instant::now();
     let answer = match policy {
-        Bound::Wasm(instance) => instance.decide(&view),
-        Bound::Safe => Ok(sdk::helpers::safe_decision(cx.models, &view)),
+        Bound::Wasm(instance) => instance.decide(view),
+        Bound::Safe => Ok(sdk::helpers::safe_decision(cx.models, view)),
     };
-    out.decide_time = Some(started.elapsed());
-    let checked = answer.and_then(|d| match sdk::helpers::check_decision(cx.models, &view, &d) {
+    let decide_time = started.elapsed();
+    let checked = answer.and_then(|d| match sdk::helpers::check_decision(cx.models, view, &d) {
         Ok(()) => Ok(d),
         Err(e) => Err(PolicyFault::Invalid(e.to_string())),
     });
-    let mut decision = match checked {
-        Ok(d) => d,
+    let mut asked = match checked {
+        Ok(decision) => Asked { decision, fault: None, by_safe: matches!(policy, Bound::Safe), decide_time },
         Err(fault) => {
-            out.fault = Some(fault);
-            out.by_safe = true;
-            sdk::helpers::safe_decision(cx.models, &view)
+            Asked { decision: sdk::helpers::safe_decision(cx.models, view), fault: Some(fault), by_safe: true, decide_time }
         }
     };
-    if cx.draining && matches!(decision, sdk::Decision::Idle) {
-        decision = sdk::helpers::safe_decision(cx.models, &view);
-        out.by_safe = true;
+    if cx.draining && matches!(asked.decision, sdk::Decision::Idle) {
+        asked.decision = sdk::helpers::safe_decision(cx.models, view);
+        asked.by_safe = true;
     }
-    let head_expiry = items.first().map(|r| r.pending().deadline + cx.expire_us + 1);
-    out.next = match decision {
+    asked
+}
+
+/// The last step, under the queue's lock again: removes the taken and dropped
+/// requests from `items`. Indices refer to `view`; the queue may have changed since
+/// (arrivals inserted in deadline order, or a request taken by another worker of a
+/// shared queue, or rejected at the end of a shutdown), so requests are found by id,
+/// and one that is gone is left out.
+pub fn apply<Q: Queued>(
+    items: &mut Vec<Q>,
+    expired: Vec<Q>,
+    asked: Option<(&sdk::View, Asked)>,
+    policy: &Bound,
+    cx: &Context,
+) -> Decided<Q> {
+    let mut out = Decided {
+        next: Next::Idle { expire_at: None },
+        expired,
+        dropped: Vec::new(),
+        fault: None,
+        by_safe: matches!(policy, Bound::Safe),
+        decide_time: None,
+    };
+    let Some((view, asked)) = asked else { return out };
+    out.fault = asked.fault;
+    out.by_safe = asked.by_safe;
+    out.decide_time = Some(asked.decide_time);
+    out.next = match asked.decision {
         sdk::Decision::Dispatch(d) => {
-            // Indices refer to the view, which mirrors `items`; they were checked to be
-            // in range and distinct.
-            let mut slots: Vec<Option<Q>> = items.drain(..).map(Some).collect();
-            let batch: Vec<Q> = d.take.iter().filter_map(|&i| slots[i as usize].take()).collect();
-            out.dropped = d.drop.iter().filter_map(|&i| slots[i as usize].take()).collect();
-            items.extend(slots.into_iter().flatten());
+            let [batch, dropped] = take(items, view, [&d.take, &d.drop]);
+            out.dropped = dropped;
             if batch.is_empty() {
                 if items.is_empty() {
                     Next::Idle { expire_at: None }
@@ -163,10 +205,33 @@ pub fn decide<Q: Queued>(policy: &mut Bound, items: &mut Vec<Q>, cx: &Context) -
             }
         }
         // A wait never outlasts the head's host expiry: that request must be answered.
-        sdk::Decision::WaitUntil(t) => Next::Wait(head_expiry.map_or(t, |e| t.min(e))),
-        sdk::Decision::Idle => Next::Idle { expire_at: head_expiry },
+        sdk::Decision::WaitUntil(t) => {
+            let head_expiry = items.first().map(|r| r.pending().deadline + cx.expire_us + 1);
+            Next::Wait(head_expiry.map_or(t, |e| t.min(e)))
+        }
+        sdk::Decision::Idle => Next::Idle { expire_at: items.first().map(|r| r.pending().deadline + cx.expire_us + 1) },
     };
     out
+}
+
+/// Removes the requests at each list of `indices` of `view` from `items`, in the
+/// order of its list (the indices were checked to be in range and distinct).
+fn take<Q: Queued, const N: usize>(items: &mut Vec<Q>, view: &sdk::View, indices: [&[u32]; N]) -> [Vec<Q>; N] {
+    if indices.iter().all(|l| l.is_empty()) {
+        return std::array::from_fn(|_| Vec::new());
+    }
+    let unchanged =
+        items.len() == view.queue.len() && items.iter().zip(&view.queue).all(|(r, p)| r.pending().id == p.id);
+    let at: std::collections::HashMap<u64, usize> = if unchanged {
+        std::collections::HashMap::new()
+    } else {
+        items.iter().enumerate().map(|(k, r)| (r.pending().id, k)).collect()
+    };
+    let position = |i: u32| if unchanged { Some(i as usize) } else { at.get(&view.queue[i as usize].id).copied() };
+    let mut slots: Vec<Option<Q>> = items.drain(..).map(Some).collect();
+    let taken = indices.map(|list| list.iter().filter_map(|&i| position(i).and_then(|k| slots[k].take())).collect());
+    items.extend(slots.into_iter().flatten());
+    taken
 }
 
 /// Whether a request that finished at `finished` met its deadline (the one rule the

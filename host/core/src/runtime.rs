@@ -87,6 +87,15 @@ pub enum PolicyFault {
     /// The decision broke a rule of the contract.
     #[error("invalid decision: {0}")]
     Invalid(String),
+    /// Re-instantiating the instance after a fault failed (its `init` trapped,
+    /// returned an error or overran the re-instantiation budget).
+    #[error("re-instantiation after a fault failed: {0}")]
+    Reinit(String),
+    /// The instance is being re-instantiated after a fault, off the worker's thread;
+    /// the safe policy decides meanwhile. Not a fault of its own: the fault that
+    /// caused it was counted when it happened.
+    #[error("re-instantiating after a fault; the safe policy decides meanwhile")]
+    Reviving,
 }
 
 impl PolicyFault {
@@ -97,6 +106,8 @@ impl PolicyFault {
             PolicyFault::Timeout(_) => "timeout",
             PolicyFault::Memory(_) => "memory",
             PolicyFault::Invalid(_) => "invalid",
+            PolicyFault::Reinit(_) => "reinit",
+            PolicyFault::Reviving => "reviving",
         }
     }
 }
@@ -106,17 +117,37 @@ impl PolicyFault {
 pub struct Limits {
     /// Budget of one `decide` or `observe` call.
     pub call_budget: Duration,
-    /// Budget of `init`.
+    /// Budget of `init` when an instance is first made (a bind or a swap, off the
+    /// request path: policy generation may be slow).
     pub init_budget: Duration,
+    /// Budget of `init` when an instance is re-made after a fault. Short, because a
+    /// policy that faulted once is suspect, and a re-init that spins must not hold
+    /// a core for as long as a first init may.
+    pub reinit_budget: Duration,
+    /// Re-instantiate after a fault on a thread of its own, answering with
+    /// [`PolicyFault::Reviving`] (the safe policy decides) until it is done (the live
+    /// host); otherwise re-instantiate inline before the next call (the simulator,
+    /// whose virtual time must not depend on a thread's timing).
+    pub background_reinit: bool,
     /// Cap on the instance's linear memory, in bytes.
     pub memory_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { call_budget: Duration::from_millis(10), init_budget: Duration::from_secs(60), memory_bytes: 64 << 20 }
+        Limits {
+            call_budget: Duration::from_millis(10),
+            init_budget: Duration::from_secs(60),
+            reinit_budget: Duration::from_secs(1),
+            background_reinit: false,
+            memory_bytes: 64 << 20,
+        }
     }
 }
+
+/// Longest pause between two re-instantiation attempts of an instance whose
+/// re-instantiations keep failing (the pause doubles from one second).
+pub const MAX_REINIT_BACKOFF: Duration = Duration::from_secs(60);
 
 fn ticks(budget: Duration) -> u64 {
     (budget.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
@@ -433,8 +464,20 @@ pub struct PolicyInstance {
     status: Option<StatusFunc>,
     /// After a trap the store cannot be entered again; the next call re-instantiates.
     poisoned: bool,
+    /// A re-instantiation running on its own thread, or the pause after failed ones.
+    revival: Revival,
+    /// Successful re-instantiations after faults.
+    revivals: u64,
     /// How long the last instantiation + init took.
     pub init_time: Duration,
+}
+
+/// Where a poisoned instance's re-instantiation stands ([`Limits::background_reinit`]).
+enum Revival {
+    /// None running (the next call starts one).
+    Idle { failures: u32, retry_at: Option<Instant> },
+    /// One runs on its own thread; its result arrives here.
+    Running { result: std::sync::mpsc::Receiver<Result<Live, PolicyError>>, failures: u32 },
 }
 
 impl std::fmt::Debug for PolicyInstance {
@@ -448,7 +491,7 @@ impl PolicyInstance {
     /// `init`.
     pub fn new(engine: &Arc<PolicyEngine>, binding: &Arc<Binding>, worker: u32) -> Result<PolicyInstance, PolicyError> {
         let started = Instant::now();
-        let (store, bindings, status) = Self::instantiate(engine, binding, worker)?;
+        let (store, bindings, status) = Self::instantiate(engine, binding, worker, binding.limits.init_budget)?;
         Ok(PolicyInstance {
             engine: engine.clone(),
             binding: binding.clone(),
@@ -457,11 +500,18 @@ impl PolicyInstance {
             bindings,
             status,
             poisoned: false,
+            revival: Revival::Idle { failures: 0, retry_at: None },
+            revivals: 0,
             init_time: started.elapsed(),
         })
     }
 
-    fn instantiate(engine: &Arc<PolicyEngine>, binding: &Binding, worker: u32) -> Result<Live, PolicyError> {
+    fn instantiate(
+        engine: &Arc<PolicyEngine>,
+        binding: &Binding,
+        worker: u32,
+        init_budget: Duration,
+    ) -> Result<Live, PolicyError> {
         let (compiled, limits) = (&binding.compiled, binding.limits);
         let tag: Arc<str> = format!("{}/{}#{}", binding.config.app, compiled.name, worker).into();
         let state = HostState {
@@ -475,7 +525,7 @@ impl PolicyInstance {
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| s);
         store.epoch_deadline_trap();
-        store.set_epoch_deadline(ticks(limits.init_budget));
+        store.set_epoch_deadline(ticks(init_budget));
         let name = compiled.name.clone();
         let instantiate_err =
             |e: wasmtime::Error| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") };
@@ -488,7 +538,7 @@ impl PolicyInstance {
             Ok(Ok(())) => Ok((store, bindings, status)),
             Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
             Err(e) => {
-                let fault = classify(&store, e, limits.init_budget);
+                let fault = classify(&store, e, init_budget);
                 Err(PolicyError::Init { name, reason: fault.to_string() })
             }
         }
@@ -504,17 +554,72 @@ impl PolicyInstance {
         &self.binding
     }
 
+    /// Re-instantiations after faults that succeeded.
+    pub fn revivals(&self) -> u64 {
+        self.revivals
+    }
+
+    /// Whether the instance is waiting for a re-instantiation (the safe policy
+    /// decides meanwhile).
+    pub fn reviving(&self) -> bool {
+        self.poisoned
+    }
+
     fn ensure_live(&mut self) -> Result<(), PolicyFault> {
         if self.poisoned {
-            let (store, bindings, status) = Self::instantiate(&self.engine, &self.binding, self.worker)
-                .map_err(|e| PolicyFault::Trap(format!("re-instantiation after a fault failed: {e}")))?;
-            self.store = store;
-            self.bindings = bindings;
-            self.status = status;
+            let live = if self.binding.limits.background_reinit {
+                self.revive_in_background()?
+            } else {
+                Self::instantiate(&self.engine, &self.binding, self.worker, self.binding.limits.reinit_budget)
+                    .map_err(|e| PolicyFault::Reinit(e.to_string()))?
+            };
+            (self.store, self.bindings, self.status) = live;
             self.poisoned = false;
+            self.revivals += 1;
         }
         self.store.set_epoch_deadline(ticks(self.binding.limits.call_budget));
         Ok(())
+    }
+
+    /// Starts or polls the re-instantiation on its own thread: the caller (a worker)
+    /// never waits for a policy's `init`. A failed one is a fault; the next is tried
+    /// after a pause that doubles, so a policy whose `init` always spins costs a core
+    /// for at most one budget per pause.
+    fn revive_in_background(&mut self) -> Result<Live, PolicyFault> {
+        let now = Instant::now();
+        match &mut self.revival {
+            Revival::Idle { retry_at: Some(at), .. } if now < *at => Err(PolicyFault::Reviving),
+            Revival::Idle { failures, .. } => {
+                let failures = *failures;
+                let (tx, rx) = std::sync::mpsc::channel();
+                let (engine, binding, worker) = (self.engine.clone(), self.binding.clone(), self.worker);
+                let spawned = std::thread::Builder::new().name(format!("sluice-reinit-{worker}")).spawn(move || {
+                    let _ = tx.send(Self::instantiate(&engine, &binding, worker, binding.limits.reinit_budget));
+                });
+                if let Err(e) = spawned {
+                    return Err(PolicyFault::Reinit(format!("could not start a thread: {e}")));
+                }
+                self.revival = Revival::Running { result: rx, failures };
+                Err(PolicyFault::Reviving)
+            }
+            Revival::Running { result, failures } => match result.try_recv() {
+                Err(std::sync::mpsc::TryRecvError::Empty) => Err(PolicyFault::Reviving),
+                Ok(Ok(live)) => {
+                    self.revival = Revival::Idle { failures: 0, retry_at: None };
+                    Ok(live)
+                }
+                Ok(Err(e)) => {
+                    let failures = *failures + 1;
+                    let pause = Duration::from_secs(1u64 << failures.min(6)).min(MAX_REINIT_BACKOFF);
+                    self.revival = Revival::Idle { failures, retry_at: Some(now + pause) };
+                    Err(PolicyFault::Reinit(e.to_string()))
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    self.revival = Revival::Idle { failures: *failures + 1, retry_at: None };
+                    Err(PolicyFault::Reinit("the re-instantiation thread died".into()))
+                }
+            },
+        }
     }
 
     /// Asks the policy for a decision. The answer is not validated here (see
@@ -548,7 +653,11 @@ impl PolicyInstance {
 
     /// Tells the policy how a batch went.
     pub fn observe(&mut self, outcome: &sdk::Outcome) -> Result<(), PolicyFault> {
-        self.ensure_live()?;
+        match self.ensure_live() {
+            // The outcome of a batch the safe policy formed: nobody to tell.
+            Err(PolicyFault::Reviving) => return Ok(()),
+            r => r?,
+        }
         let o = wit::Outcome {
             model: outcome.model,
             size: outcome.size,

@@ -84,7 +84,12 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             ))
         }
         (&Method::GET, ["apps"]) => ok(json!({ "apps": state.apps.keys().collect::<Vec<_>>() })),
-        (&Method::GET, ["apps", app]) => app_status(state, app),
+        // Off the async threads: a policy's `status` runs under its worker's slot
+        // lock, which a deciding worker holds for up to one call's budget.
+        (&Method::GET, ["apps", app]) => {
+            let (state, app) = (state.clone(), app.to_string());
+            tokio::task::spawn_blocking(move || app_status(&state, &app)).await.map_err(ApiError::internal)?
+        }
         (&Method::PUT, ["apps", app, "policy"]) => {
             let a = app_of(state, app)?.clone();
             let body = read_body(state, req).await?;
@@ -213,13 +218,16 @@ fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
         .map(|w| {
             let loaded: Vec<&str> = w.loaded.lock().iter().map(|id| a.models[*id as usize].name.as_str()).collect();
             // Asked under the worker's slot lock, between two of its decisions.
-            let status = match &mut w.slot.lock().current {
-                Bound::Wasm(instance) => match instance.status() {
-                    Ok(Some(s)) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
-                    Ok(None) => Value::Null,
-                    Err(fault) => json!({ "error": fault.to_string() }),
-                },
-                Bound::Safe => Value::Null,
+            let (status, revivals, reviving) = match &mut w.slot.lock().current {
+                Bound::Wasm(instance) => {
+                    let status = match instance.status() {
+                        Ok(Some(s)) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+                        Ok(None) => Value::Null,
+                        Err(fault) => json!({ "error": fault.to_string() }),
+                    };
+                    (status, instance.revivals(), instance.reviving())
+                }
+                Bound::Safe => (Value::Null, 0, false),
             };
             json!({
                 "index": w.index,
@@ -227,6 +235,8 @@ fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
                 "queue": w.queue.len(),
                 "in_flight": w.in_flight.load(Ordering::Relaxed),
                 "policy_status": status,
+                "revivals": revivals,
+                "reviving": reviving,
             })
         })
         .collect();
@@ -254,6 +264,7 @@ fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
             "rejected": load(&c.rejected),
             "faults": load(&c.faults),
             "swaps": load(&c.swaps),
+            "reviving_decisions": load(&c.reviving_decisions),
         },
         "swap_max_wait_us": load(&c.swap_max_wait_ns) as f64 / 1e3,
         "shared_store_bytes": b.shared.as_ref().map(|s| s.bytes()),

@@ -101,7 +101,14 @@ pub(crate) async fn read_body(state: &State, req: Request<Incoming>) -> Result<B
             ));
         }
     }
-    match Limited::new(req.into_body(), limit).collect().await {
+    let timeout = std::time::Duration::from_millis(state.config.body_read_timeout_ms);
+    let Ok(collected) = tokio::time::timeout(timeout, Limited::new(req.into_body(), limit).collect()).await else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body did not arrive within body_read_timeout_ms = {}", state.config.body_read_timeout_ms),
+        ));
+    };
+    match collected {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
             Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("body exceeds the limit of {limit} bytes")))

@@ -117,6 +117,8 @@ pub struct AppCounters {
     pub swaps: AtomicU64,
     /// Longest time a worker waited on a swap, ns.
     pub swap_max_wait_ns: AtomicU64,
+    /// Decisions the safe policy made while a faulted instance was re-instantiated.
+    pub reviving_decisions: AtomicU64,
 }
 
 /// One served application.
@@ -158,6 +160,10 @@ pub struct App {
     pub accepting: AtomicBool,
     /// Set at shutdown: workers serve what is queued, then exit.
     pub draining: AtomicBool,
+    /// Set when a shutdown's grace has run out: workers abandon their batches
+    /// (answered 503) and exit; see [`App::abort`].
+    pub aborted: AtomicBool,
+    abort_notify: tokio::sync::Notify,
     /// Which worker gets the next request.
     pub router: Router,
     next_id: Arc<AtomicU64>,
@@ -287,6 +293,8 @@ impl App {
             queued: AtomicUsize::new(0),
             accepting: AtomicBool::new(true),
             draining: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
+            abort_notify: tokio::sync::Notify::new(),
             router,
             next_id,
             engine,
@@ -377,6 +385,36 @@ impl App {
         }
     }
 
+    /// The end of a shutdown's grace: every worker abandons its batch, answering its
+    /// requests 503, and stops; what is left in the queues is then rejected by the
+    /// caller ([`crate::state::State::drain`]).
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        self.abort_notify.notify_waiters();
+        self.wake_all();
+    }
+
+    /// Resolves once [`App::abort`] was called.
+    pub async fn wait_aborted(&self) {
+        loop {
+            let notified = self.abort_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.aborted.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Answers an accepted request that shutdown left unserved: 503, counted as
+    /// rejected.
+    pub fn reject_at_shutdown(&self, r: Request) {
+        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        self.metrics.request(self.name(), "", "rejected-shutdown");
+        r.answer(Reply::Rejected { message: "server shut down before the request could be served".into() });
+    }
+
     /// Wakes every worker so it re-decides (after a swap, a model change or at shutdown).
     pub fn wake_all(&self) {
         for w in &self.workers {
@@ -423,13 +461,21 @@ impl App {
             b.shared = instances.first().map(|i| i.binding().shared.clone());
             b.generation
         };
-        let mut max_hold = Duration::ZERO;
-        for (w, instance) in self.workers.iter().zip(instances) {
-            let t = Instant::now();
-            let old = w.slot.lock().pending.replace((Bound::Wasm(Box::new(instance)), generation));
-            max_hold = max_hold.max(t.elapsed());
-            drop(old);
-        }
+        // Off the async threads: a slot is locked by its worker for up to one policy
+        // call's budget.
+        let this = self.clone();
+        let max_hold = tokio::task::spawn_blocking(move || {
+            let mut max_hold = Duration::ZERO;
+            for (w, instance) in this.workers.iter().zip(instances) {
+                let t = Instant::now();
+                let old = w.slot.lock().pending.replace((Bound::Wasm(Box::new(instance)), generation));
+                max_hold = max_hold.max(t.elapsed());
+                drop(old);
+            }
+            max_hold
+        })
+        .await
+        .map_err(|e| PolicyError::Init { name: compiled.name.clone(), reason: format!("install task failed: {e}") })?;
         self.counters.faults_since_bind.store(0, Ordering::Relaxed);
         self.counters.swaps.fetch_add(1, Ordering::Relaxed);
         self.metrics.swap(self.name(), &compiled.name);

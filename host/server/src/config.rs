@@ -50,6 +50,23 @@ pub struct Config {
     /// `shutdown_grace_ms = 10000`: how long graceful shutdown waits for queues to drain.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
+    /// `header_read_timeout_ms = 10000`: a request's head must arrive within this,
+    /// or the connection is closed (slow-header clients).
+    #[serde(default = "default_header_timeout")]
+    pub header_read_timeout_ms: u64,
+    /// `body_read_timeout_ms = 30000`: a request's body must arrive within this,
+    /// or the request gets 408.
+    #[serde(default = "default_body_timeout")]
+    pub body_read_timeout_ms: u64,
+    /// `idle_timeout_ms = 60000`: a connection with no request in progress that
+    /// moves no byte for this long is closed.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_ms: u64,
+    /// `max_connections = 1024`: open connections at most; one more is answered
+    /// with a 503 naming the limit and closed. Kept below the process's descriptor
+    /// limit (lowered, with a warning, when it is not).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
     /// `[[app]]`: the served applications.
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
@@ -155,6 +172,18 @@ fn default_max_body() -> usize {
 fn default_grace() -> u64 {
     10_000
 }
+fn default_header_timeout() -> u64 {
+    10_000
+}
+fn default_body_timeout() -> u64 {
+    30_000
+}
+fn default_idle_timeout() -> u64 {
+    60_000
+}
+fn default_max_connections() -> usize {
+    1024
+}
 impl Config {
     /// Reads and validates a config file; relative paths are resolved against its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -208,6 +237,16 @@ impl Config {
         };
         if self.apps.is_empty() && self.pipelines.is_empty() {
             return Err(invalid("app".into(), "at least one [[app]] or [[pipeline]] is required"));
+        }
+        for (field, value) in [
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("max_connections", self.max_connections as u64),
+        ] {
+            if value == 0 {
+                return Err(invalid(field.into(), "expected at least 1"));
+            }
         }
         let mut seen = BTreeMap::new();
         for app in &self.apps {

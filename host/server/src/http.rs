@@ -471,8 +471,14 @@ async fn infer(app: &Arc<App>, mut request: InferRequest, binary_data: Bytes) ->
     }
     let tensor = to_tensor(app.name(), &app.input, std::mem::take(&mut request.inputs), binary_data)?;
     let rx = app.submit(tensor).map_err(admit_error)?;
-    // The worker always answers; a closed channel would be a host bug.
-    let reply = rx.await.map_err(|_| ApiError::internal("a worker dropped a request without answering"))?;
+    // Workers answer every request, at shutdown too; a closed channel means a worker
+    // stopped abnormally. The client still gets the shutdown's documented 503, and
+    // the request is counted.
+    let Ok(reply) = rx.await else {
+        tracing::error!(app = app.name(), "a worker stopped without answering a request");
+        app.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the request's worker stopped before serving it"));
+    };
     match reply {
         Reply::Served(s) => {
             let what = format!("app {}: variant {}", app.name(), s.variant);

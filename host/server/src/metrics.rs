@@ -29,9 +29,24 @@ struct Histogram {
     count: u64,
 }
 
+/// What the HTTP front counts about connections.
+#[derive(Default)]
+pub struct ConnectionStats {
+    /// Open connections now.
+    pub open: std::sync::atomic::AtomicU64,
+    /// Connections refused over `max_connections`.
+    pub refused: std::sync::atomic::AtomicU64,
+    /// Connections closed after `idle_timeout_ms` without activity.
+    pub idle_closed: std::sync::atomic::AtomicU64,
+    /// Connections closed because a request's head did not arrive in time.
+    pub header_timeouts: std::sync::atomic::AtomicU64,
+}
+
 /// All of sluice's metrics.
 #[derive(Default)]
 pub struct Metrics {
+    /// Connection gauges and counters (the HTTP front updates them directly).
+    pub connections: ConnectionStats,
     requests: Mutex<BTreeMap<Labels, u64>>,
     faults: Mutex<BTreeMap<Labels, u64>>,
     swaps: Mutex<BTreeMap<Labels, u64>>,
@@ -101,6 +116,20 @@ impl Metrics {
             &self.faults.lock(),
         );
         counter(&mut out, "sluice_policy_swaps_total", "Completed hot swaps of an app's policy.", &self.swaps.lock());
+        let c = &self.connections;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP sluice_connections_open Open HTTP connections.\n# TYPE sluice_connections_open gauge\nsluice_connections_open {}",
+            get(&c.open)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP sluice_connections_closed_total HTTP connections refused or closed by the server, by reason.\n# TYPE sluice_connections_closed_total counter"
+        );
+        for (reason, v) in [("limit", &c.refused), ("idle", &c.idle_closed), ("header-timeout", &c.header_timeouts)] {
+            let _ = writeln!(out, "sluice_connections_closed_total{{reason=\"{reason}\"}} {}", get(v));
+        }
         let map = self.histograms.lock();
         for (name, help, buckets) in HISTOGRAMS {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");

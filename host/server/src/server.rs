@@ -3,55 +3,77 @@
 //! Start here: [`crate::state::State::build`] then [`run`], which mirrors mini-redis's
 //! `server::run(listener, shutdown)`: tests bind `127.0.0.1:0` and pass their own
 //! shutdown future.
+//!
+//! Connections are held to what a production front needs against slow, idle and
+//! too many clients (config keys in [`crate::config::Config`]):
+//! - a request's head must arrive within `header_read_timeout_ms` (hyper's timer;
+//!   a slowloris sending one header byte at a time is cut off);
+//! - a connection with no request in progress that moves no byte for
+//!   `idle_timeout_ms` is closed (idle keep-alive sockets, clients that stop
+//!   reading their response);
+//! - a body must arrive within `body_read_timeout_ms` ([`crate::api::read_body`]);
+//! - at most `max_connections` are open; one more is answered with a 503 naming the
+//!   limit and closed, so the process never runs out of descriptors;
+//! - failed accepts are logged at most once a second, with how many were not.
 
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::state::State;
 
+/// Refusals of connections over the limit in progress at once; beyond them a
+/// connection is closed without an answer (each refusal holds a descriptor for up
+/// to [`REFUSAL_TIME`]).
+const MAX_REFUSALS: usize = 64;
+
+/// How long a refusal may take: writing the 503 and reading what the client sent.
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
+
 /// Serves HTTP on `listener` until `shutdown` resolves, then drains gracefully.
 pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
+    let limits = Limits::of(&state.config);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
+    let mut accept_errors = RateLimitedLog::default();
     let mut connections = JoinSet::new();
     let (close_tx, close_rx) = tokio::sync::watch::channel(false);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            // Reap finished connections so the set does not grow with every one served.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(a) => a,
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
                     Err(e) => {
-                        // Out of file descriptors and the like: keep serving the others.
-                        tracing::warn!("accept failed: {e}");
+                        // Out of file descriptors and the like: keep serving the others,
+                        // without filling the log.
+                        accept_errors.warn(|suppressed| tracing::warn!("accept failed: {e} ({suppressed} more not logged)"));
                         tokio::time::sleep(Duration::from_millis(10)).await;
                         continue;
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let state = state.clone();
-                let mut close = close_rx.clone();
-                connections.spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let state = state.clone();
-                        async move { Ok::<_, std::convert::Infallible>(crate::http::handle(state, req).await) }
-                    });
-                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        r = conn.as_mut() => { if let Err(e) = r { tracing::debug!("connection: {e}"); } }
-                        _ = close.changed() => {
-                            // Finish the in-flight request, then close the connection.
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
-                        }
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    state.metrics.connections.refused.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(r) = refusals.clone().try_acquire_owned() {
+                        tokio::spawn(refuse(stream, limits.max_connections, r));
                     }
-                });
+                    continue;
+                };
+                connections.spawn(serve(stream, state.clone(), close_rx.clone(), permit, limits));
             }
         }
     }
@@ -62,4 +84,232 @@ pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future
     let _ =
         tokio::time::timeout(Duration::from_secs(5), async { while connections.join_next().await.is_some() {} }).await;
     Ok(())
+}
+
+/// The connection limits of the config.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    header_read: Duration,
+    idle: Duration,
+    max_connections: usize,
+}
+
+impl Limits {
+    fn of(config: &crate::config::Config) -> Limits {
+        let mut max_connections = config.max_connections;
+        if let Some(room) = descriptor_limit().map(|l| l.saturating_sub(DESCRIPTOR_RESERVE) as usize) {
+            if max_connections > room {
+                tracing::warn!(
+                    "max_connections = {max_connections} does not fit the descriptor limit (ulimit -n) less \
+                     {DESCRIPTOR_RESERVE} for models, policies and logs: serving at most {room} connections"
+                );
+                max_connections = room.max(1);
+            }
+        }
+        Limits {
+            header_read: Duration::from_millis(config.header_read_timeout_ms),
+            idle: Duration::from_millis(config.idle_timeout_ms),
+            max_connections,
+        }
+    }
+}
+
+/// Descriptors kept for everything but connections (model files, the policy cache,
+/// logs, refusals in progress).
+const DESCRIPTOR_RESERVE: u64 = 256;
+
+/// The process's soft limit on open descriptors, from `/proc/self/limits` (None
+/// where that file does not exist or says "unlimited").
+fn descriptor_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// Serves one connection until it ends, is idle too long, or the server closes.
+async fn serve(
+    stream: TcpStream,
+    state: Arc<State>,
+    mut close: tokio::sync::watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
+    limits: Limits,
+) {
+    let metrics = state.metrics.clone();
+    metrics.connections.open.fetch_add(1, Ordering::Relaxed);
+    let activity = Arc::new(Activity::default());
+    activity.touch();
+    let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
+    let busy = activity.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        let guard = busy.begin();
+        async move {
+            let response = crate::http::handle(state, req).await;
+            drop(guard);
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut tick = tokio::time::interval((limits.idle / 4).max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    if e.is_timeout() {
+                        metrics.connections.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::debug!("connection: {e}");
+                }
+                break;
+            }
+            _ = close.changed() => {
+                // Finish the in-flight request, then close the connection.
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.as_mut().await;
+                break;
+            }
+            _ = tick.tick() => {
+                if activity.idle_for() >= limits.idle && activity.in_flight.load(Ordering::Acquire) == 0 {
+                    // Nothing to finish: dropping the connection closes the socket.
+                    metrics.connections.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+    }
+    metrics.connections.open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Answers a connection over the limit with a 503 naming it, then reads what the
+/// client sent (so it sees the answer, not a reset) and closes, within
+/// [`REFUSAL_TIME`].
+async fn refuse(mut stream: TcpStream, limit: usize, _permit: OwnedSemaphorePermit) {
+    let body = format!("{{\"error\":\"connection limit of {limit} reached; retry later\"}}");
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
+/// A warning logged at most once a second, with how many were not.
+#[derive(Default)]
+struct RateLimitedLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    fn warn(&mut self, log: impl FnOnce(u64)) {
+        let now = Instant::now();
+        if self.last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+            self.suppressed += 1;
+            return;
+        }
+        log(self.suppressed);
+        self.last = Some(now);
+        self.suppressed = 0;
+    }
+}
+
+/// When a connection last moved a byte, and how many of its requests are in
+/// progress (a request waiting for its batch moves no byte and is not idle).
+#[derive(Default)]
+struct Activity {
+    last_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+/// The process's reference instant for [`Activity`] (milliseconds fit an atomic).
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl Activity {
+    fn touch(&self) {
+        self.last_ms.store(epoch().elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        Duration::from_millis((epoch().elapsed().as_millis() as u64).saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+}
+
+/// A request in progress on a connection.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A socket that records when it last moved a byte.
+struct Tracked {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }

@@ -21,7 +21,6 @@ use crate::metrics::Metrics;
 use crate::pipeline::PipelineApp;
 use sluice_core::clock::WallClock;
 use sluice_core::profile::Profile;
-use sluice_core::queue::Reply;
 use sluice_core::registry::Registry;
 use sluice_core::runtime::PolicyEngine;
 
@@ -147,7 +146,10 @@ impl State {
         let mut set = JoinSet::new();
         for (app, ws) in starts {
             for w in ws {
-                set.spawn(crate::worker::run(app.clone(), w));
+                let done = crate::worker::spawn(app.clone(), w).context("starting a worker thread")?;
+                set.spawn(async move {
+                    let _ = done.await;
+                });
             }
         }
         let admin_token =
@@ -237,23 +239,27 @@ impl State {
         let mut set = std::mem::take(&mut *self.workers.lock());
         let finished = tokio::time::timeout(grace, async { while set.join_next().await.is_some() {} }).await;
         if finished.is_err() {
-            set.abort_all();
-            while set.join_next().await.is_some() {}
+            // Workers abandon their batches (answered 503) and stop within a policy
+            // call's budget; one that does not is left behind, its queue rejected.
+            for app in self.apps.values() {
+                app.abort();
+            }
+            let _ = tokio::time::timeout(ABORT_WAIT, async { while set.join_next().await.is_some() {} }).await;
             for app in self.apps.values() {
                 for w in &app.workers {
                     let left: Vec<_> = std::mem::take(&mut *w.queue.items.lock());
                     w.queue.sync_len(&[]);
                     for r in left {
-                        app.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                        r.answer(Reply::Rejected {
-                            message: "server shut down before the request could be served".into(),
-                        });
+                        app.reject_at_shutdown(r);
                     }
                 }
             }
         }
     }
 }
+
+/// How long a shutdown whose grace ran out waits for the workers to stop.
+const ABORT_WAIT: Duration = Duration::from_secs(1);
 
 /// What building an app's workers and policy instances needs from the host.
 struct AppBuilder<'a> {

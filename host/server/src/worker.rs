@@ -4,6 +4,12 @@
 //! Every request that enters a worker's queue leaves it exactly once: taken into a
 //! batch (and answered when the batch finishes), dropped by the policy, expired by
 //! the host, or rejected at the end of a shutdown that could not drain it.
+//!
+//! Each worker runs on a thread of its own ([`spawn`]), so its policy's calls never
+//! run on the runtime's async threads: a slow `decide` (up to its budget) holds
+//! only its own worker, never the HTTP front or another worker. The queue's lock is
+//! not held during the call either, so arrivals for a deciding worker are queued at
+//! once.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,6 +19,7 @@ use crate::app::{App, WorkerControl, WorkerStart};
 use sluice_core::clock::Clock as _;
 use sluice_core::decision::Bound;
 use sluice_core::decision::{self, Context, Next};
+use sluice_core::runtime::PolicyFault;
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{DropReason, Reply, Request, Served};
 
@@ -28,11 +35,30 @@ enum Step {
     Idle { expire_at: Option<u64> },
 }
 
-/// Runs one worker until the app drains at shutdown.
+/// Starts one worker on a thread of its own, driving [`run`] with the runtime's
+/// handle (its timers and the executor's blocking pool stay the runtime's). The
+/// receiver resolves when the worker has stopped.
+pub fn spawn(app: Arc<App>, start: WorkerStart) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
+    let runtime = tokio::runtime::Handle::current();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let name = format!("sluice-w{}-{}", start.handle.index, app.name());
+    // Thread names are capped at 15 bytes by the kernel; the rest is for humans.
+    std::thread::Builder::new().name(name).spawn(move || {
+        runtime.block_on(run(app, start));
+        let _ = done_tx.send(());
+    })?;
+    Ok(done_rx)
+}
+
+/// Runs one worker until the app drains at shutdown (or is aborted when the grace
+/// runs out).
 pub async fn run(app: Arc<App>, start: WorkerStart) {
     let WorkerStart { handle, mut models, mut control } = start;
     let queue = handle.queue.clone();
     loop {
+        if app.aborted.load(Ordering::Acquire) {
+            return;
+        }
         // Register interest in wake-ups *before* looking at the queue, so a push
         // between the look and the wait is not missed.
         let notified = queue.notify.notified();
@@ -104,8 +130,9 @@ fn install(
 
 type Dropped = (Vec<Request>, String);
 
-/// One decision, made under the worker's slot lock (see [`crate::app::Slot`]) and
-/// its queue's lock; the decision itself is [`sluice_core::decision::decide`].
+/// One decision (see [`sluice_core::decision`]), made under the worker's slot lock
+/// (see [`crate::app::Slot`]), so it is made entirely by one policy; the queue's
+/// lock is taken to look and to remove, not while the policy runs.
 fn decide(
     app: &App,
     handle: &crate::app::WorkerHandle,
@@ -140,10 +167,19 @@ fn decide(
         expire_us: app.expire_us,
         draining,
     };
-    let mut items = handle.queue.items.lock();
-    let d = sluice_core::decision::decide(&mut slot.current, &mut items, &cx);
-    handle.queue.sync_len(&items);
-    drop(items);
+    let (expired, view) = {
+        let mut items = handle.queue.items.lock();
+        let prepared = decision::prepare(&mut items, &cx);
+        handle.queue.sync_len(&items);
+        prepared
+    };
+    let asked = view.as_ref().map(|v| decision::ask(&mut slot.current, v, &cx));
+    let d = {
+        let mut items = handle.queue.items.lock();
+        let d = decision::apply(&mut items, expired, view.as_ref().zip(asked), &slot.current, &cx);
+        handle.queue.sync_len(&items);
+        d
+    };
     drop(slot);
     if let Some(old) = retired {
         // Dropping a store takes tens of microseconds: not on the worker's path.
@@ -155,8 +191,15 @@ fn decide(
     if let Some(t) = d.decide_time {
         app.metrics.observe("sluice_policy_decide_seconds", &[("app", app.name())], t.as_secs_f64());
     }
-    if let Some(fault) = &d.fault {
-        app.record_fault(&policy_name, fault.kind(), generation, &fault.to_string());
+    match &d.fault {
+        // The fault that made the instance re-instantiate was counted when it happened.
+        Some(PolicyFault::Reviving) => {
+            app.counters.reviving_decisions.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(fault) => {
+            app.record_fault(&policy_name, fault.kind(), generation, &fault.to_string());
+        }
+        None => {}
     }
     let decided_by = if d.by_safe { "safe".to_string() } else { policy_name };
     let step = match d.next {
@@ -202,9 +245,23 @@ async fn execute(
             (r, input)
         })
         .unzip();
-    let result = match models.get(model) {
-        Ok(m) => m.run(model, samples).await,
-        Err(e) => Err(e),
+    let run = async {
+        match models.get(model) {
+            Ok(m) => m.run(model, samples).await,
+            Err(e) => Err(e),
+        }
+    };
+    // At the end of a shutdown's grace the batch is abandoned (the executor's thread
+    // finishes on its own) and its requests get the documented 503, counted.
+    let result = tokio::select! {
+        r = run => r,
+        _ = app.wait_aborted() => {
+            handle.in_flight.store(0, Ordering::Relaxed);
+            for r in requests {
+                app.reject_at_shutdown(r);
+            }
+            return;
+        }
     };
     let finished = app.clock.now();
     handle.in_flight.store(0, Ordering::Relaxed);
