@@ -239,3 +239,83 @@ async fn slow_idle_and_excess_connections_are_cut_off() {
     }
     server.stop().await.unwrap();
 }
+
+/// Overload used to be accepted into the queue and served late (or expired a
+/// whole SLO after the deadline), and bodies were read and parsed before anything
+/// looked at the queue. Now a request the queue ahead cannot serve by its deadline
+/// is refused at once with a 429 naming the estimate, and what is admitted is
+/// served on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_refused_at_admission_and_what_is_admitted_is_on_time() {
+    let slow = tempfile::tempdir().unwrap();
+    // small: 100 ms at batch 1, +25 ms per extra request.
+    std::fs::write(slow.path().join("slow.toml"), emulated_profile(100.0)).unwrap();
+    let config = format!(
+        "[[app]]\nname = \"emu\"\nexecutor = \"emulated\"\nprofile = \"{}\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nworkers = 1\npolicy = \"fixed\"\nparams = {{ model = \"small\" }}\nmax_batch = 1\nslo_ms = 450\n",
+        slow.path().join("slow.toml").display()
+    );
+    let server = TestServer::start(&config).await.unwrap();
+    let t = Instant::now();
+    let responses = burst(server.addr, 24).await;
+    let took = t.elapsed();
+    let ok: Vec<_> = responses.iter().filter(|r| r.status == 200).collect();
+    let refused: Vec<_> = responses.iter().filter(|r| r.status == 429).collect();
+    assert_eq!(ok.len() + refused.len(), 24, "{:?}", responses.iter().map(|r| r.status).collect::<Vec<_>>());
+    // One worker at 100 ms a request meets a 450 ms SLO for four in a row.
+    assert!((2..=5).contains(&ok.len()), "{} admitted", ok.len());
+    for r in &ok {
+        assert_eq!(r.json()["parameters"]["deadline_met"], json!(true), "admitted means on time: {}", r.json());
+    }
+    for r in &refused {
+        let e = r.json()["error"].as_str().unwrap().to_string();
+        assert!(e.contains("overloaded") && e.contains("450 ms SLO"), "{e}");
+    }
+    assert!(took < Duration::from_secs(2), "the burst was answered within the SLOs: {took:?}");
+    let emu = &server.state.apps["emu"];
+    assert_eq!(emu.counters.rejected_overload.load(Ordering::Relaxed), refused.len() as u64);
+    assert_eq!(emu.counters.accepted.load(Ordering::Relaxed), ok.len() as u64, "refused before acceptance");
+    server.stop().await.unwrap();
+}
+
+/// Request bodies being read at once are bounded in bytes: one that does not fit
+/// is refused with a 503 at once instead of growing memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_beyond_the_reading_budget_are_refused() {
+    use tokio::io::AsyncWriteExt as _;
+    let config = format!(
+        "max_body_bytes = 1048576\nbody_budget_bytes = 1048576\n{}",
+        emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\"")
+    );
+    let server = TestServer::start(&config).await.unwrap();
+    // A client that announces a 1 MiB body and sends it slowly holds the budget.
+    let mut holder = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    holder
+        .write_all(b"POST /v2/models/emu/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1048576\r\n\r\n{")
+        .await
+        .unwrap();
+    let mut c = server.client().await;
+    let mut refused = None;
+    for _ in 0..100 {
+        let r = c.post_json("/v2/models/emu/infer", &small_infer(1)).await.unwrap();
+        if r.status == 503 {
+            refused = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = refused.expect("a body that does not fit the budget is refused");
+    assert!(r.json()["error"].as_str().unwrap().contains("body_budget_bytes"), "{}", r.json());
+    // Once the holder goes away, its reservation is released.
+    drop(holder);
+    let mut served = false;
+    for _ in 0..100 {
+        let r = c.post_json("/v2/models/emu/infer", &small_infer(2)).await.unwrap();
+        if r.status == 200 {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(served, "the budget is released");
+    server.stop().await.unwrap();
+}

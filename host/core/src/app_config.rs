@@ -59,8 +59,12 @@ pub struct AppConfig {
     /// `max_queue = 1024`: requests queued for the app beyond this are refused with 429.
     #[serde(default = "default_max_queue")]
     pub max_queue: usize,
-    /// `expire_after_ms = 300`: the host drops a request this long after its deadline
-    /// whatever the policy says (default: one SLO), so no request waits forever.
+    /// `expire_after_ms = 300`: the host drops a queued request this long after its
+    /// deadline whatever the policy says, so no request waits forever. The live
+    /// host's default is 0 (a request still queued at its deadline is dropped, not
+    /// served late: under overload, serving late requests is what collapses
+    /// goodput); the simulator's is one SLO, as the papers' simulators count late
+    /// answers.
     #[serde(default)]
     pub expire_after_ms: Option<f64>,
     /// `load_window_ms = 500`: window of the arrival-rate estimate given to policies.
@@ -217,10 +221,10 @@ impl AppConfig {
         (self.slo_ms * 1000.0).round() as u64
     }
 
-    /// How long past its deadline the host keeps a request before dropping it, µs
-    /// (default: one SLO).
+    /// How long past its deadline the live host keeps a queued request before
+    /// dropping it, µs (default 0: at its deadline).
     pub fn expire_us(&self) -> u64 {
-        self.expire_after_ms.map(|e| (e * 1000.0).round() as u64).unwrap_or_else(|| self.slo_us())
+        self.expire_after_ms.map_or(0, |e| (e * 1000.0).round() as u64)
     }
 
     /// The policy parameters as a JSON object string: `params_file` (if any, read

@@ -124,6 +124,22 @@ impl WorkQueue {
         self.notify.notify_waiters();
     }
 
+    /// Appends a request if `admit(queued)` agrees, judged under the queue's lock
+    /// on the number queued now (so concurrent arrivals cannot all pass a check
+    /// meant for one of them); otherwise hands the request back.
+    pub fn push_if(&self, request: Request, admit: impl FnOnce(usize) -> bool) -> Result<(), Request> {
+        let mut items = self.items.lock();
+        if !admit(items.len()) {
+            return Err(request);
+        }
+        let at = items.len() - items.iter().rev().take_while(|r| r.deadline > request.deadline).count();
+        items.insert(at, request);
+        self.len.store(items.len(), Ordering::Relaxed);
+        drop(items);
+        self.notify.notify_waiters();
+        Ok(())
+    }
+
     /// Number of queued requests (may lag by one concurrent operation).
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)

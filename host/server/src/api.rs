@@ -85,6 +85,34 @@ pub(crate) fn app_of<'a>(state: &'a State, name: &str) -> Result<&'a Arc<App>, A
     })
 }
 
+/// Reserves room for a request's body (its `content-length`, or `max_body_bytes`
+/// when it does not say) in the budget of bodies being read and parsed at once
+/// (`body_budget_bytes`); without room, 503 at once. The reservation is released
+/// when the returned permit is dropped, after parsing.
+pub(crate) fn reserve_body(
+    state: &State,
+    req: &Request<Incoming>,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    let limit = state.config.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    // Over the limit: read_body answers 413; reserve nothing for it.
+    let bytes = declared.unwrap_or(limit).min(limit);
+    let kib = u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+    state.body_budget.clone().try_acquire_many_owned(kib).map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "busy: other requests' bodies fill body_budget_bytes = {}; retry later",
+                state.config.body_budget_bytes
+            ),
+        )
+    })
+}
+
 /// Reads the body, refusing anything over `max_body_bytes` with 413.
 pub(crate) async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, ApiError> {
     let limit = state.config.max_body_bytes;

@@ -40,6 +40,22 @@ pub enum AdmitError {
     /// The server is shutting down.
     #[error("app {0}: shutting down, not accepting requests")]
     ShuttingDown(String),
+    /// The queue ahead could not be served by the request's deadline: refused at
+    /// once rather than served late (Triton's queue policy rejects on timeout; this
+    /// rejects what would time out, before it costs anything).
+    #[error(
+        "app {app}: overloaded: {ahead} requests ahead would take about {wait_ms:.0} ms, past the {slo_ms} ms SLO; retry later"
+    )]
+    WouldMissDeadline {
+        /// The app.
+        app: String,
+        /// Requests queued or running ahead on the chosen worker.
+        ahead: usize,
+        /// The predicted time to serve them and this one.
+        wait_ms: f64,
+        /// The app's SLO.
+        slo_ms: f64,
+    },
 }
 
 /// A worker's policy slot. The worker holds the lock for the whole of a decision
@@ -76,6 +92,34 @@ pub struct WorkerHandle {
     pub loaded: Mutex<Vec<u32>>,
     /// Requests in the batch it is executing.
     pub in_flight: AtomicUsize,
+    /// The model of its last batch (admission predicts with it).
+    pub last_model: std::sync::atomic::AtomicU32,
+    /// Measured over profiled batch time, an EWMA (f64 bits; 1.0 to start).
+    pub slowdown: AtomicU64,
+}
+
+impl WorkerHandle {
+    /// How long this worker would take to serve `ahead` requests and one more with
+    /// `model`, in batches as large as the model allows, at the measured slowdown.
+    fn predicted_us(&self, model: &sdk::Model, ahead: usize) -> f64 {
+        let n = ahead as u64 + 1;
+        let b = n.min(u64::from(model.max_batch().max(1)));
+        let batch_us = model.latency(b as u32).unwrap_or(0) as f64;
+        n.div_ceil(b) as f64 * batch_us * f64::from_bits(self.slowdown.load(Ordering::Relaxed))
+    }
+
+    /// Folds one finished batch into the slowdown estimate.
+    pub fn observe_batch(&self, model: u32, profiled_us: u64, measured_us: u64) {
+        self.last_model.store(model, Ordering::Relaxed);
+        if profiled_us == 0 {
+            return;
+        }
+        let old = f64::from_bits(self.slowdown.load(Ordering::Relaxed));
+        // Clamped: one stalled batch (a page fault, a noisy neighbour) must not make
+        // admission refuse everything, nor a lucky one admit everything.
+        let sample = (measured_us as f64 / profiled_us as f64).clamp(0.25, 8.0);
+        self.slowdown.store((0.7 * old + 0.3 * sample).to_bits(), Ordering::Relaxed);
+    }
 }
 
 /// The app's current binding, as reported by the admin API.
@@ -119,6 +163,18 @@ pub struct AppCounters {
     pub swap_max_wait_ns: AtomicU64,
     /// Decisions the safe policy made while a faulted instance was re-instantiated.
     pub reviving_decisions: AtomicU64,
+    /// Refused at admission because the queue ahead could not be served in time
+    /// (also counted in `rejected`).
+    pub rejected_overload: AtomicU64,
+}
+
+/// The loaded model with the shortest batch-1 latency (admission's first guess).
+fn fastest(models: &[sdk::Model], loaded: &[u32]) -> u32 {
+    loaded
+        .iter()
+        .copied()
+        .min_by_key(|&id| models.get(id as usize).and_then(|m| m.latency(1)).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// One served application.
@@ -226,7 +282,7 @@ impl App {
     ) -> Result<(Arc<App>, Vec<WorkerStart>), PolicyError> {
         let k = config.workers;
         let slo_us = (config.slo_ms * 1000.0).round() as u64;
-        let expire_us = config.expire_after_ms.map(|e| (e * 1000.0).round() as u64).unwrap_or(slo_us);
+        let expire_us = config.expire_us();
         let shared = Arc::new(WorkQueue::default());
         let mut workers = Vec::new();
         let mut starts = Vec::new();
@@ -254,6 +310,9 @@ impl App {
                 control: tx,
                 loaded: Mutex::new(set.ids()),
                 in_flight: AtomicUsize::new(0),
+                // Until the first batch, predict with the fastest loaded model.
+                last_model: std::sync::atomic::AtomicU32::new(fastest(&models, &set.ids())),
+                slowdown: AtomicU64::new(1f64.to_bits()),
             });
             workers.push(handle.clone());
             starts.push(WorkerStart { handle, models: set, control: rx });
@@ -318,7 +377,70 @@ impl App {
 
     /// Admits a request and routes it to a worker queue; the receiver yields its one answer.
     pub fn submit(&self, input: Tensor) -> Result<oneshot::Receiver<Reply>, AdmitError> {
-        self.admit(input, None, None)
+        self.admit(input, None, None, None)
+    }
+
+    /// As [`App::submit`], for a request whose head arrived at `arrived`: its
+    /// deadline runs from then, so time spent reading and parsing its body counts.
+    pub fn submit_arrived(&self, input: Tensor, arrived: Instant) -> Result<oneshot::Receiver<Reply>, AdmitError> {
+        self.admit(input, None, None, Some(arrived))
+    }
+
+    /// Whether a request arriving now would be admitted, asked before its body is
+    /// read (so an overloaded app refuses before the body costs memory and time).
+    pub fn precheck(&self) -> Result<(), AdmitError> {
+        if !self.accepting.load(Ordering::Acquire) {
+            return Err(AdmitError::ShuttingDown(self.name().to_string()));
+        }
+        if self.queued.load(Ordering::Acquire) >= self.config.max_queue {
+            return Err(self.queue_full());
+        }
+        let best = (0..self.workers.len()).map(|w| self.prediction(w)).min_by(|a, b| a.1.total_cmp(&b.1));
+        match best {
+            Some((ahead, wait_us)) if wait_us > self.slo_us as f64 => Err(self.would_miss(ahead, wait_us)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Requests ahead on worker `w` and the predicted µs to serve them and one more.
+    fn prediction(&self, w: usize) -> (usize, f64) {
+        self.prediction_with(w, self.workers[w].queue.len())
+    }
+
+    /// As [`App::prediction`], with `queued` requests in the worker's queue.
+    fn prediction_with(&self, w: usize, queued: usize) -> (usize, f64) {
+        let handle = &self.workers[w];
+        let ahead = if self.config.router == RouterMode::Shared {
+            // One queue for all: each worker takes its share of it.
+            let running: usize = self.workers.iter().map(|h| h.in_flight.load(Ordering::Relaxed)).sum();
+            (queued + running) / self.workers.len()
+        } else {
+            queued + handle.in_flight.load(Ordering::Relaxed)
+        };
+        let models = self.models_of(w as u32);
+        let model = handle.last_model.load(Ordering::Relaxed) as usize;
+        match models.get(model) {
+            Some(m) => (ahead, handle.predicted_us(m, ahead)),
+            None => (ahead, 0.0),
+        }
+    }
+
+    fn queue_full(&self) -> AdmitError {
+        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        self.metrics.request(self.name(), "", "rejected");
+        AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue }
+    }
+
+    fn would_miss(&self, ahead: usize, wait_us: f64) -> AdmitError {
+        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        self.counters.rejected_overload.fetch_add(1, Ordering::Relaxed);
+        self.metrics.request(self.name(), "", "rejected-overload");
+        AdmitError::WouldMissDeadline {
+            app: self.name().to_string(),
+            ahead,
+            wait_ms: wait_us / 1e3,
+            slo_ms: self.slo_us as f64 / 1e3,
+        }
     }
 
     /// Admits an intermediate request of a pipeline onto worker `worker`'s queue with
@@ -330,7 +452,7 @@ impl App {
         input: Tensor,
         deadline: u64,
     ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
-        self.admit(input, Some(worker.min(self.workers.len() - 1)), Some(deadline))
+        self.admit(input, Some(worker.min(self.workers.len() - 1)), Some(deadline), None)
     }
 
     fn admit(
@@ -338,6 +460,7 @@ impl App {
         input: Tensor,
         worker: Option<usize>,
         deadline: Option<u64>,
+        arrived: Option<Instant>,
     ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(AdmitError::ShuttingDown(self.name().to_string()));
@@ -345,11 +468,11 @@ impl App {
         // Reserve a place first so concurrent submits cannot overshoot the bound.
         if self.queued.fetch_add(1, Ordering::AcqRel) >= self.config.max_queue {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            self.metrics.request(self.name(), "", "rejected");
-            return Err(AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue });
+            return Err(self.queue_full());
         }
         let now = self.clock.now();
+        let arrival = arrived.map_or(now, |t| now.saturating_sub(t.elapsed().as_micros() as u64));
+
         self.load.record(now);
         if self.device_models.is_some() {
             self.demand.record(now);
@@ -360,19 +483,35 @@ impl App {
         let (tx, rx) = oneshot::channel();
         let request = Request {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            arrival: now,
-            deadline: deadline.unwrap_or(now + self.slo_us),
+            arrival,
+            deadline: deadline.unwrap_or(arrival + self.slo_us),
             input,
             reply: tx,
         };
+        match worker {
+            // A pipeline's intermediate request: routed by its tables, judged by its
+            // early dropping.
+            Some(w) => self.workers[w].queue.push(request),
+            // A client request goes to the worker the router picks, and only if that
+            // worker can serve it by its deadline, judged under the queue's lock.
+            None => {
+                let w = self.router.pick(|i| {
+                    let w = &self.workers[i];
+                    w.queue.len() + w.in_flight.load(Ordering::Relaxed)
+                });
+                let mut refused = (0, 0.0);
+                let pushed = self.workers[w].queue.push_if(request, |queued| {
+                    let (ahead, wait_us) = self.prediction_with(w, queued);
+                    refused = (ahead, wait_us);
+                    now as f64 + wait_us <= (arrival + self.slo_us) as f64
+                });
+                if pushed.is_err() {
+                    self.queued.fetch_sub(1, Ordering::AcqRel);
+                    return Err(self.would_miss(refused.0, refused.1));
+                }
+            }
+        }
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-        let worker = worker.unwrap_or_else(|| {
-            self.router.pick(|i| {
-                let w = &self.workers[i];
-                w.queue.len() + w.in_flight.load(Ordering::Relaxed)
-            })
-        });
-        self.workers[worker].queue.push(request);
         Ok(rx)
     }
 

@@ -47,6 +47,11 @@ pub struct Config {
     /// `max_body_bytes = 16777216`: larger request bodies get 413.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// `body_budget_bytes = 268435456`: request bodies being read and parsed at once,
+    /// in bytes (by their `content-length`); a request that does not fit gets 503
+    /// at once, so memory stays bounded under overload.
+    #[serde(default = "default_body_budget")]
+    pub body_budget_bytes: usize,
     /// `shutdown_grace_ms = 10000`: how long graceful shutdown waits for queues to drain.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
@@ -172,6 +177,9 @@ fn default_max_body() -> usize {
 fn default_grace() -> u64 {
     10_000
 }
+fn default_body_budget() -> usize {
+    256 << 20
+}
 fn default_header_timeout() -> u64 {
     10_000
 }
@@ -243,10 +251,14 @@ impl Config {
             ("body_read_timeout_ms", self.body_read_timeout_ms),
             ("idle_timeout_ms", self.idle_timeout_ms),
             ("max_connections", self.max_connections as u64),
+            ("body_budget_bytes", self.body_budget_bytes as u64),
         ] {
             if value == 0 {
                 return Err(invalid(field.into(), "expected at least 1"));
             }
+        }
+        if self.body_budget_bytes < self.max_body_bytes {
+            return Err(invalid("body_budget_bytes".into(), "must be at least max_body_bytes (one largest body)"));
         }
         let mut seen = BTreeMap::new();
         for app in &self.apps {

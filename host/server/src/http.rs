@@ -58,16 +58,28 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             Ok(json_response(status, &json!({ "name": app, "ready": ready })))
         }
         (&Method::POST, ["v2", "models", app, "infer"]) => {
+            let arrived = std::time::Instant::now();
             let target = target(state, app)?;
-            let json_len = binary::header_length(&req)?;
-            let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
-            let request: InferRequest = parse_json(&json)?;
-            target.infer(request, data).await
+            // An overloaded app refuses before the body costs memory and parsing.
+            if let Err(e) = target.precheck() {
+                return Err(discard_body(state, req, admit_error(e)).await);
+            }
+            let (request, data) = {
+                let _budget = crate::api::reserve_body(state, &req)?;
+                let json_len = binary::header_length(&req)?;
+                let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
+                (parse_off_thread::<InferRequest>(json).await?, data)
+            };
+            target.infer(request, data, arrived).await
         }
         (&Method::POST, ["infer"]) => {
-            let json_len = binary::header_length(&req)?;
-            let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
-            let request: SimpleInferRequest = parse_json(&json)?;
+            let arrived = std::time::Instant::now();
+            let (request, data) = {
+                let _budget = crate::api::reserve_body(state, &req)?;
+                let json_len = binary::header_length(&req)?;
+                let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
+                (parse_off_thread::<SimpleInferRequest>(json).await?, data)
+            };
             let target = target(state, &request.app)?;
             let request = InferRequest {
                 id: request.id,
@@ -75,7 +87,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                 outputs: request.outputs,
                 parameters: request.parameters,
             };
-            target.infer(request, data).await
+            target.infer(request, data, arrived).await
         }
         (&Method::GET, ["metrics"]) => {
             let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())));
@@ -390,12 +402,58 @@ fn target(state: &State, name: &str) -> Result<Target, ApiError> {
 }
 
 impl Target {
-    async fn infer(self, request: InferRequest, data: Bytes) -> Result<Response<Body>, ApiError> {
+    async fn infer(
+        self,
+        request: InferRequest,
+        data: Bytes,
+        arrived: std::time::Instant,
+    ) -> Result<Response<Body>, ApiError> {
         match self {
-            Target::App(app) => infer(&app, request, data).await,
+            Target::App(app) => infer(&app, request, data, arrived).await,
             Target::Pipeline(p) => pipeline_infer(&p, request, data).await,
         }
     }
+
+    /// Whether a request would be admitted now (apps only: a pipeline's tasks
+    /// judge their intermediate requests by its early dropping).
+    fn precheck(&self) -> Result<(), AdmitError> {
+        match self {
+            Target::App(app) => app.precheck(),
+            Target::Pipeline(_) => Ok(()),
+        }
+    }
+}
+
+/// Bodies larger than this are parsed on the blocking pool: parsing a JSON image
+/// takes milliseconds, which on the async threads would hold up every connection.
+const PARSE_INLINE_MAX: usize = 64 << 10;
+
+async fn parse_off_thread<T: for<'de> Deserialize<'de> + Send + 'static>(json: Bytes) -> Result<T, ApiError> {
+    if json.len() <= PARSE_INLINE_MAX {
+        return parse_json(&json);
+    }
+    tokio::task::spawn_blocking(move || parse_json(&json)).await.map_err(ApiError::internal)?
+}
+
+/// Reads and throws away a request's body (within the body timeout) before
+/// answering `error`, so an ordinary client sees the answer rather than a reset
+/// connection while it is still sending.
+async fn discard_body(state: &State, req: Request<Incoming>, error: ApiError) -> ApiError {
+    use http_body_util::BodyExt as _;
+    let mut body = req.into_body();
+    let limit = state.config.max_body_bytes;
+    let timeout = std::time::Duration::from_millis(state.config.body_read_timeout_ms);
+    let _ = tokio::time::timeout(timeout, async {
+        let mut read = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            read += frame.data_ref().map_or(0, |d| d.len());
+            if read > limit {
+                break;
+            }
+        }
+    })
+    .await;
+    error
 }
 
 /// Which outputs go back in binary: every output when the request says
@@ -456,10 +514,16 @@ fn admit_error(e: AdmitError) -> ApiError {
     match e {
         AdmitError::QueueFull { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
         AdmitError::ShuttingDown(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        AdmitError::WouldMissDeadline { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
     }
 }
 
-async fn infer(app: &Arc<App>, mut request: InferRequest, binary_data: Bytes) -> Result<Response<Body>, ApiError> {
+async fn infer(
+    app: &Arc<App>,
+    mut request: InferRequest,
+    binary_data: Bytes,
+    arrived: std::time::Instant,
+) -> Result<Response<Body>, ApiError> {
     for o in request.outputs.iter().flatten() {
         if o.name != OUTPUT_NAME {
             return Err(ApiError::bad_request(format!(
@@ -470,7 +534,7 @@ async fn infer(app: &Arc<App>, mut request: InferRequest, binary_data: Bytes) ->
         }
     }
     let tensor = to_tensor(app.name(), &app.input, std::mem::take(&mut request.inputs), binary_data)?;
-    let rx = app.submit(tensor).map_err(admit_error)?;
+    let rx = app.submit_arrived(tensor, arrived).map_err(admit_error)?;
     // Workers answer every request, at shutdown too; a closed channel means a worker
     // stopped abnormally. The client still gets the shutdown's documented 503, and
     // the request is counted.

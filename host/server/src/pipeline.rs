@@ -509,6 +509,9 @@ impl PipelineApp {
             let rx = match app.submit_to(device, (*input).clone(), entered + budget) {
                 Ok(rx) => rx,
                 Err(AdmitError::QueueFull { .. }) => return this.drop_at(task, task, "queue-full"),
+                // Not raised for intermediate requests (submit_to skips the
+                // prediction); named here so a change there cannot go unanswered.
+                Err(AdmitError::WouldMissDeadline { .. }) => return this.drop_at(task, task, "overloaded"),
                 Err(AdmitError::ShuttingDown(_)) => return this.reject_at(task),
             };
             // Workers answer every request; a closed channel means the worker was
@@ -892,6 +895,10 @@ pub fn task_app_config(
     // Fan-outs multiply the requests of a client request: the task's bound is the
     // pipeline's times a generous factor (the pipeline's own bound is the admission).
     t.insert("max_queue".into(), toml::Value::Integer((config.max_queue as i64).saturating_mul(64)));
+    // An intermediate request's deadline is its task budget, and dropping it early
+    // is the pipeline's early-drop mode's call (§5.2), not the host's: the host
+    // keeps it up to one SLO past that, as it did before it expired at deadlines.
+    t.insert("expire_after_ms".into(), toml::Value::Float(slo_ms));
     t.insert("policy".into(), s(&config.policy));
     let params = config.params.clone().unwrap_or_else(|| {
         let mut p = toml::Table::new();

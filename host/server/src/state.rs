@@ -47,6 +47,8 @@ pub struct State {
     pub allocation_view: parking_lot::Mutex<Option<serde_json::Value>>,
     /// The served pipelines, by name (their tasks' internal apps are in `apps`).
     pub pipelines: BTreeMap<String, Arc<PipelineApp>>,
+    /// KiB of request bodies being read and parsed at once (`body_budget_bytes`).
+    pub body_budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// How an app's models are (re)loaded.
@@ -143,6 +145,7 @@ impl State {
             }
             pipelines.insert(pc.name.clone(), p);
         }
+        let body_budget_kib = config.body_budget_bytes.div_ceil(1024);
         let mut set = JoinSet::new();
         for (app, ws) in starts {
             for w in ws {
@@ -167,6 +170,7 @@ impl State {
             allocation: tokio::sync::Mutex::new(allocator),
             allocation_view: parking_lot::Mutex::new(view),
             pipelines,
+            body_budget: Arc::new(tokio::sync::Semaphore::new(body_budget_kib)),
         });
         for p in state.pipelines.values() {
             tokio::spawn(crate::pipeline::control_loop(Arc::downgrade(p)));

@@ -265,6 +265,8 @@ async fn execute(
     };
     let finished = app.clock.now();
     handle.in_flight.store(0, Ordering::Relaxed);
+    let profiled = app.models_of(handle.index).get(model as usize).and_then(|m| m.latency(size as u32)).unwrap_or(0);
+    handle.observe_batch(model, profiled, finished.saturating_sub(started));
     let outcome = decision::outcome(model, &requests, started, finished, result.is_err());
     match result {
         Ok(outputs) => {
