@@ -179,6 +179,16 @@ impl Milp {
         v
     }
 
+    /// Variables added so far.
+    pub fn variables(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Constraints added so far.
+    pub fn constraints(&self) -> usize {
+        self.constraints.len()
+    }
+
     /// Adds a constraint.
     pub fn constrain(&mut self, c: good_lp::Constraint) {
         self.constraints.push(c);
