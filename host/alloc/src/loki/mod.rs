@@ -340,12 +340,19 @@ pub fn solve(problem: &Problem) -> Result<Outcome, LokiError> {
     solve_with(problem, Formulation::Reduced)
 }
 
+/// [`solve`] on the model as written before its reductions (every batch size of
+/// every variant, integer workers per batch size, HiGHS's default search): the
+/// same optimum, slower. For benches and tests that compare the two.
+#[doc(hidden)]
+pub fn solve_unreduced(problem: &Problem) -> Result<Outcome, LokiError> {
+    solve_with(problem, Formulation::Reference)
+}
+
 /// Which model [`solve_at`] writes. Both have the same optimum; the reference one
 /// is kept to test that (`tests::the_reduced_model_has_the_reference_optimum`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Formulation {
     /// Every (task, variant, batch size) vertex.
-    #[cfg_attr(not(test), allow(dead_code))]
     Reference,
     /// Without the vertices `prune` proves useless, with one integer worker count
     /// per variant instead of one per vertex, and HiGHS's restarts, cuts below the
