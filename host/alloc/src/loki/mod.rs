@@ -22,6 +22,10 @@
 //! paper's model is one of this model and back (a path with traffic runs at its
 //! variants' batch sizes, whose latencies then meet (7)), so the optima are equal;
 //! x̄ is the most workers the variant could need at the peak fan-out, not S.
+//! Solved, the model is reduced without changing its optimum (`prune`: batch sizes
+//! on no path within budget or dominated by another of the same variant are
+//! dropped; z continuous and x integer, the same thing with one batch size per
+//! variant): 4–12× faster on traffic analysis (`docs/allocator.md`, "Loki").
 //! - step 1, hardware scaling (Eqs. 8–11): only each task's most accurate variants,
 //!   minimise Σ x; step 2, accuracy scaling (Eq. 12) when step 1 is infeasible:
 //!   maximise Σ_p c(p)·Â(p) − ε·Σ x (ε small enough never to trade accuracy for
