@@ -3,10 +3,13 @@
 //! sizes 1–64, 20 workers, SLO 250 ms) as the demand rises from hardware scaling
 //! (step 1) into accuracy scaling (step 2): the MILP's wall time (both steps when
 //! step 1 is infeasible) and the time to build MostAccurateFirst's routing tables
-//! from its plan. The baseline measured in the same run is the MILP itself for the
-//! routing tables (the paper's §6.5 point: the load balancer runs between solves,
-//! orders of magnitude faster); the paper's own figures, ~500 ms for the MILP with
-//! Gurobi and ~0.15 ms for the load balancer in Python, are printed beside.
+//! from its plan. Baselines measured in the same run: the MILP as written before
+//! its reductions (`loki::solve_unreduced`: every batch size, integer workers per
+//! batch size, HiGHS's default search) for the MILP, whose plan's accuracy must
+//! match; the MILP itself for the routing tables (the paper's §6.5 point: the load
+//! balancer runs between solves, orders of magnitude faster). The paper's own
+//! figures, ~500 ms for the MILP with Gurobi and ~0.15 ms for the load balancer in
+//! Python, are printed beside.
 //!
 //! Run: `cargo bench -p sluice-alloc --bench loki` (`-- quick`: one repetition).
 //! Prints a table, then one JSON line. Asserts nothing.
@@ -37,8 +40,17 @@ fn main() {
     let mut rows = Vec::new();
     println!("loki: traffic-analysis MILP (HiGHS, 1 thread) and MostAccurateFirst tables; median of {reps}");
     println!(
-        "{:>7} {:>9} {:>8} {:>9} {:>9} {:>10} {:>10} {:>11}",
-        "demand", "step", "workers", "accuracy", "milp ms", "vs 500 ms", "tables ms", "milp/tables"
+        "{:>7} {:>9} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>11}",
+        "demand",
+        "step",
+        "workers",
+        "accuracy",
+        "milp ms",
+        "unreduced",
+        "speed-up",
+        "vs 500 ms",
+        "tables ms",
+        "milp/tables"
     );
     for demand in [50.0, 150.0, 250.0, 400.0, 600.0, 1000.0] {
         let p = Problem { demand_qps: demand, ..base.clone() };
@@ -51,6 +63,14 @@ fn main() {
             plan = outcome.plan;
         }
         let plan = plan.expect("a plan");
+        let mut unreduced = Vec::new();
+        let mut unreduced_accuracy = 0.0;
+        for _ in 0..reps {
+            let started = Instant::now();
+            let outcome = loki::solve_unreduced(&p).expect("a solve");
+            unreduced.push(started.elapsed().as_secs_f64() * 1e3);
+            unreduced_accuracy = outcome.plan.expect("a plan").accuracy;
+        }
         let workers = plan.routing_workers(&p.pipeline);
         let mut tables = Vec::new();
         let n = 2000;
@@ -61,20 +81,22 @@ fn main() {
             }
             tables.push(started.elapsed().as_secs_f64() * 1e3 / n as f64);
         }
-        let (m, t) = (median(&mut milp), median(&mut tables));
+        let (m, u, t) = (median(&mut milp), median(&mut unreduced), median(&mut tables));
         println!(
-            "{:>7} {:>9} {:>8} {:>9.4} {:>9.1} {:>9.2}x {:>10.4} {:>10.0}x",
+            "{:>7} {:>9} {:>8} {:>9.4} {:>9.1} {:>10.1} {:>9.1}x {:>9.2}x {:>10.4} {:>10.0}x",
             demand,
             plan.step,
             plan.workers,
             plan.accuracy,
             m,
+            u,
+            u / m,
             m / 500.0,
             t,
             m / t
         );
         rows.push(format!(
-            "{{\"demand_qps\":{demand},\"step\":\"{}\",\"workers\":{},\"accuracy\":{:.6},\"milp_ms\":{m:.3},\"tables_ms\":{t:.5}}}",
+            "{{\"demand_qps\":{demand},\"step\":\"{}\",\"workers\":{},\"accuracy\":{:.6},\"unreduced_accuracy\":{unreduced_accuracy:.6},\"milp_ms\":{m:.3},\"unreduced_ms\":{u:.3},\"tables_ms\":{t:.5}}}",
             plan.step, plan.workers, plan.accuracy
         ));
     }

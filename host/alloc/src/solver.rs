@@ -131,11 +131,12 @@ pub struct Milp {
     vars: ProblemVariables,
     index: HashMap<Variable, usize>,
     constraints: Vec<good_lp::Constraint>,
+    switches: Vec<(&'static str, bool)>,
 }
 
 impl Default for Milp {
     fn default() -> Self {
-        Milp { vars: ProblemVariables::new(), index: HashMap::new(), constraints: Vec::new() }
+        Milp { vars: ProblemVariables::new(), index: HashMap::new(), constraints: Vec::new(), switches: Vec::new() }
     }
 }
 
@@ -179,6 +180,23 @@ impl Milp {
         v
     }
 
+    /// Variables added so far.
+    pub fn variables(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Constraints added so far.
+    pub fn constraints(&self) -> usize {
+        self.constraints.len()
+    }
+
+    /// Sets a boolean HiGHS option for this model's solve (e.g.
+    /// `mip_allow_restart`): search-strategy switches a model's author has measured
+    /// on that model. They change how HiGHS searches, not the time limit or gap.
+    pub fn switch(&mut self, option: &'static str, on: bool) {
+        self.switches.push((option, on));
+    }
+
     /// Adds a constraint.
     pub fn constrain(&mut self, c: good_lp::Constraint) {
         self.constraints.push(c);
@@ -192,7 +210,7 @@ impl Milp {
         objective: Expression,
         settings: &SolverSettings,
     ) -> Result<(SolveReport, Option<Values>), SolveError> {
-        let Milp { vars, index, constraints } = self;
+        let Milp { vars, index, constraints, switches } = self;
         let variables = index.len();
         let rows = constraints.len();
         let mut problem = match sense {
@@ -210,6 +228,9 @@ impl Milp {
         };
         set(&mut model, "time_limit", settings.time_limit_s)?;
         set(&mut model, "mip_rel_gap", settings.mip_gap)?;
+        for (option, on) in switches {
+            model.try_set_option(option, on).map_err(|e| SolveError::Highs(format!("option {option}: {e:?}")))?;
+        }
         model.set_threads(NonZeroU32::new(settings.threads.max(1)).expect("at least 1"));
         let started = Instant::now();
         let solved = model.try_solve().map_err(|e| SolveError::Highs(format!("{e:?}")))?;
@@ -284,6 +305,23 @@ mod tests {
         let (report, values) = m.solve(Sense::Minimise, a.into(), &SolverSettings::default()).unwrap();
         assert_eq!(report.status, Status::Infeasible);
         assert!(values.is_none() && report.objective.is_none());
+    }
+
+    #[test]
+    fn switches_reach_highs() {
+        // A known switch leaves the optimum as it is; an unknown one is HiGHS's error.
+        let model = |option: &'static str| {
+            let mut m = Milp::default();
+            let a = m.add(variable().integer().min(0).max(3));
+            m.switch(option, false);
+            (m, a)
+        };
+        let (m, a) = model("mip_allow_restart");
+        let (report, _) = m.solve(Sense::Maximise, a.into(), &SolverSettings::default()).unwrap();
+        assert_eq!(report.objective, Some(3.0));
+        let (m, a) = model("no_such_option");
+        let error = m.solve(Sense::Maximise, a.into(), &SolverSettings::default()).err().expect("an error");
+        assert!(error.to_string().contains("no_such_option"), "{error}");
     }
 
     #[test]

@@ -22,6 +22,10 @@
 //! paper's model is one of this model and back (a path with traffic runs at its
 //! variants' batch sizes, whose latencies then meet (7)), so the optima are equal;
 //! x̄ is the most workers the variant could need at the peak fan-out, not S.
+//! Solved, the model is reduced without changing its optimum (`prune`: batch sizes
+//! on no path within budget or dominated by another of the same variant are
+//! dropped; z continuous and x integer, the same thing with one batch size per
+//! variant): 4–12× faster on traffic analysis (`docs/allocator.md`, "Loki").
 //! - step 1, hardware scaling (Eqs. 8–11): only each task's most accurate variants,
 //!   minimise Σ x; step 2, accuracy scaling (Eq. 12) when step 1 is infeasible:
 //!   maximise Σ_p c(p)·Â(p) − ε·Σ x (ε small enough never to trade accuracy for
@@ -337,6 +341,30 @@ impl Problem {
 /// Solves the problem: step 1 (hardware scaling) and, when it is infeasible, step 2
 /// (accuracy scaling) down the demand ladder — or only one of them (`scaling`).
 pub fn solve(problem: &Problem) -> Result<Outcome, LokiError> {
+    solve_with(problem, Formulation::Reduced)
+}
+
+/// [`solve`] on the model as written before its reductions (every batch size of
+/// every variant, integer workers per batch size, HiGHS's default search): the
+/// same optimum, slower. For benches and tests that compare the two.
+#[doc(hidden)]
+pub fn solve_unreduced(problem: &Problem) -> Result<Outcome, LokiError> {
+    solve_with(problem, Formulation::Reference)
+}
+
+/// Which model [`solve_at`] writes. Both have the same optimum; the reference one
+/// is kept to test that (`tests::the_reduced_model_has_the_reference_optimum`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Formulation {
+    /// Every (task, variant, batch size) vertex.
+    Reference,
+    /// Without the vertices `prune` proves useless, with one integer worker count
+    /// per variant instead of one per vertex, and HiGHS's restarts, cuts below the
+    /// root and three primal heuristics off (measured faster on this model).
+    Reduced,
+}
+
+fn solve_with(problem: &Problem, formulation: Formulation) -> Result<Outcome, LokiError> {
     problem.validate()?;
     let all: Vec<Vec<bool>> = problem.variants.iter().map(|vs| vec![true; vs.len()]).collect();
     let best = problem.most_accurate();
@@ -345,7 +373,7 @@ pub fn solve(problem: &Problem) -> Result<Outcome, LokiError> {
     let mut report = SolveReport::none();
     match problem.scaling {
         Scaling::Loki => {
-            let (r, plan) = solve_at(problem, &best, Step::Hardware, first)?;
+            let (r, plan) = solve_at(problem, &best, Step::Hardware, first, formulation)?;
             attempts.push(Tried { beta: first, status: r.status, solve_seconds: r.solve_seconds });
             if plan.is_some() {
                 return Ok(Outcome { report: r, attempts, plan });
@@ -353,12 +381,12 @@ pub fn solve(problem: &Problem) -> Result<Outcome, LokiError> {
             report = r;
         }
         Scaling::HardwareOnly => {
-            let d = problem.ladder.descend(|beta| solve_at(problem, &best, Step::Hardware, beta))?;
+            let d = problem.ladder.descend(|beta| solve_at(problem, &best, Step::Hardware, beta, formulation))?;
             return Ok(Outcome { report: d.report, attempts: d.tried, plan: d.plan });
         }
         Scaling::AccuracyOnly => {}
     }
-    let d = problem.ladder.descend(|beta| solve_at(problem, &all, Step::Accuracy, beta))?;
+    let d = problem.ladder.descend(|beta| solve_at(problem, &all, Step::Accuracy, beta, formulation))?;
     let report = if d.tried.is_empty() { report } else { d.report };
     attempts.extend(d.tried);
     Ok(Outcome { report, attempts, plan: d.plan })
@@ -384,6 +412,123 @@ struct Vertex {
     y: Variable,
 }
 
+/// A (task, variant, batch size) the plan could use, before it gets variables.
+#[derive(Clone, Debug)]
+struct Candidate {
+    task: usize,
+    variant: usize,
+    batch: u32,
+    latency_ms: f64,
+    /// q(i, k, b): requests/s of one worker.
+    throughput: f64,
+}
+
+/// Paths are within their budget up to this (ms), as in the path enumeration.
+const LATENCY_TOLERANCE_MS: f64 = 1e-9;
+
+/// The most distinct latency sums of the other tasks of a chain `prune` collects;
+/// past it the chain's sums are not listed and only plain dominance applies there.
+/// Without a cap a long chain of many-variant tasks would list a product of sizes.
+const MAX_REST_SUMS: usize = 4096;
+
+/// Which candidates to keep: those on some path within budget on every chain
+/// through their task (a task's share is the same on each of its chains), and not
+/// *dominated* by another batch size of the same variant. w dominates v when w's
+/// worker serves at least as many requests/s (q(w) ≥ q(v)) and every path within
+/// budget through v stays within budget through w: w is no slower, or no latency
+/// sum r of the chain's other tasks falls in (L′ − l(w), L′ − l(v)] (L′ the chain's
+/// budget). Then any plan using v is matched, with the same workers, shares and
+/// accuracy, by one using w, so dropping v leaves the optimum as it is (§4.1's
+/// model); mutual dominance (equal throughput and the same paths) keeps the first.
+/// Rounds repeat until nothing changes: dropping a vertex removes latency sums, and
+/// so can make more batch sizes equivalent.
+///
+/// On the traffic-analysis pipeline this leaves 33 of 112 vertices and 186 of 895
+/// paths: most batch sizes are either too slow for any path or fit exactly the same
+/// partners as a larger, faster-per-worker one.
+fn prune(candidates: &[Candidate], chains: &[Vec<usize>], budgets: &[f64]) -> Vec<bool> {
+    let mut keep = vec![true; candidates.len()];
+    loop {
+        // Per chain and task on it: the sorted latency sums of the chain's other tasks
+        // (None past MAX_REST_SUMS), and the smallest of them.
+        let tasks = chains.iter().flatten().copied().max().map_or(0, |t| t + 1);
+        let latencies: Vec<Vec<f64>> = (0..tasks)
+            .map(|t| {
+                (0..candidates.len())
+                    .filter(|&i| keep[i] && candidates[i].task == t)
+                    .map(|i| candidates[i].latency_ms)
+                    .collect()
+            })
+            .collect();
+        let has_variants = |t: usize| candidates.iter().any(|c| c.task == t);
+        let rest: Vec<Vec<(Option<Vec<f64>>, f64)>> = chains
+            .iter()
+            .map(|chain| {
+                chain
+                    .iter()
+                    .map(|&t| {
+                        let mut sums = Some(vec![0.0]);
+                        let mut least = 0.0;
+                        for &o in chain.iter().filter(|&&o| o != t && has_variants(o)) {
+                            least += latencies[o].iter().copied().fold(f64::INFINITY, f64::min);
+                            sums = sums.and_then(|sums| {
+                                let mut next: Vec<f64> =
+                                    sums.iter().flat_map(|a| latencies[o].iter().map(move |b| a + b)).collect();
+                                next.sort_by(f64::total_cmp);
+                                next.dedup();
+                                (next.len() <= MAX_REST_SUMS).then_some(next)
+                            });
+                        }
+                        (sums, least)
+                    })
+                    .collect()
+            })
+            .collect();
+        // The (chain, position) pairs of each task.
+        let places = |t: usize| {
+            chains.iter().enumerate().filter_map(move |(ci, chain)| chain.iter().position(|&x| x == t).map(|j| (ci, j)))
+        };
+        let fits = |i: usize| {
+            places(candidates[i].task)
+                .all(|(ci, j)| candidates[i].latency_ms + rest[ci][j].1 <= budgets[ci] + LATENCY_TOLERANCE_MS)
+        };
+        // Every path within budget through v is within budget through w.
+        let covers = |w: usize, v: usize| {
+            let (lw, lv) = (candidates[w].latency_ms, candidates[v].latency_ms);
+            lw <= lv
+                || places(candidates[v].task).all(|(ci, j)| match &rest[ci][j].0 {
+                    Some(sums) => {
+                        let (low, high) =
+                            (budgets[ci] + LATENCY_TOLERANCE_MS - lw, budgets[ci] + LATENCY_TOLERANCE_MS - lv);
+                        !sums.iter().any(|&r| r > low && r <= high)
+                    }
+                    None => false,
+                })
+        };
+        let dominates = |w: usize, v: usize| {
+            w != v
+                && candidates[w].task == candidates[v].task
+                && candidates[w].variant == candidates[v].variant
+                && candidates[w].throughput >= candidates[v].throughput
+                && covers(w, v)
+        };
+        let before = keep.clone();
+        for v in 0..candidates.len() {
+            if !before[v] {
+                continue;
+            }
+            let dominated =
+                (0..candidates.len()).any(|w| before[w] && fits(w) && dominates(w, v) && (!dominates(v, w) || w < v));
+            if !fits(v) || dominated {
+                keep[v] = false;
+            }
+        }
+        if keep == before {
+            return keep;
+        }
+    }
+}
+
 /// A chain's paths: per path, a vertex per task of the chain (None for a
 /// pass-through task).
 type ChainPaths = (Vec<usize>, Vec<Vec<Option<usize>>>);
@@ -393,6 +538,7 @@ fn solve_at(
     allowed: &[Vec<bool>],
     step: Step,
     beta: f64,
+    formulation: Formulation,
 ) -> Result<(SolveReport, Option<Plan>), SolveError> {
     let s = p.workers as f64;
     let task_paths = p.pipeline.task_paths();
@@ -422,37 +568,88 @@ fn solve_at(
             })
             .product::<f64>()
     };
-    let mut m = Milp::default();
-    let mut vertices: Vec<Vertex> = Vec::new();
-    let mut workers = Expression::from(0.0);
+    // The (task, variant, batch size) candidates, less those that cannot change the
+    // optimum (`prune`).
+    let mut candidates = Vec::new();
     for (t, vs) in p.variants.iter().enumerate() {
         for (k, v) in vs.iter().enumerate() {
-            if !allowed[t][k] {
-                continue;
-            }
-            let need = beta.max(0.0) * p.demand_qps * peak_multiplier(t);
-            let mut choices = Expression::from(0.0);
-            for &(b, us) in &v.latency_us {
-                let most = (need / v.throughput(b).max(1e-9)).ceil().clamp(1.0, s.max(1.0));
-                let z = m.add(variable().integer().min(0).max(most));
-                let y = m.add(variable().binary());
-                m.constrain(constraint!(z <= most * y));
-                workers += z;
-                choices += y;
-                vertices.push(Vertex {
+            if allowed[t][k] {
+                candidates.extend(v.latency_us.iter().map(|&(b, us)| Candidate {
                     task: t,
                     variant: k,
                     batch: b,
                     latency_ms: us as f64 / 1000.0,
                     throughput: v.throughput(b),
+                }));
+            }
+        }
+    }
+    if formulation == Formulation::Reduced {
+        let keep = prune(&candidates, &task_paths, &budgets);
+        candidates = candidates.into_iter().zip(keep).filter(|(_, k)| *k).map(|(c, _)| c).collect();
+    }
+    let mut m = Milp::default();
+    let mut vertices: Vec<Vertex> = Vec::new();
+    let mut workers = Expression::from(0.0);
+    for (t, vs) in p.variants.iter().enumerate() {
+        for k in 0..vs.len() {
+            let mine: Vec<&Candidate> = candidates.iter().filter(|c| c.task == t && c.variant == k).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let need = beta.max(0.0) * p.demand_qps * peak_multiplier(t);
+            let mut choices = Expression::from(0.0);
+            let mut replicas = Expression::from(0.0);
+            for c in mine {
+                let most = (need / c.throughput.max(1e-9)).ceil().clamp(1.0, s.max(1.0));
+                // Reduced: z continuous, the variant's x = Σ_b z integer instead. With
+                // one batch size per variant the z that is not 0 equals x, so it is an
+                // integer all the same; HiGHS branches on 16 worker counts instead of
+                // 33 on traffic analysis, which it finishes sooner.
+                let z = match formulation {
+                    Formulation::Reference => m.add(variable().integer().min(0).max(most)),
+                    Formulation::Reduced => m.add(variable().min(0).max(most)),
+                };
+                let y = m.add(variable().binary());
+                m.constrain(constraint!(z <= most * y));
+                workers += z;
+                replicas += z;
+                choices += y;
+                vertices.push(Vertex {
+                    task: t,
+                    variant: k,
+                    batch: c.batch,
+                    latency_ms: c.latency_ms,
+                    throughput: c.throughput,
                     z,
                     y,
                 });
             }
             m.constrain(constraint!(choices <= 1));
+            if formulation == Formulation::Reduced {
+                let x = m.add(variable().integer().min(0).max(s));
+                m.constrain(constraint!(x == replicas));
+            }
         }
     }
     m.constrain(constraint!(workers.clone() <= s));
+    if formulation == Formulation::Reduced {
+        // Measured on traffic analysis (BENCHMARKS.md §6): HiGHS spends most of a
+        // solve separating cuts (path aggregation over the share columns) and in
+        // sub-MIP heuristics on a model of ~100 rows whose tree has under a hundred
+        // nodes. Restarts, cuts below the root, feasibility jump, RINS and RENS off
+        // roughly halve the time; the gap and time limit are as configured, so the
+        // plan is still optimal within the gap.
+        for option in [
+            "mip_allow_restart",
+            "mip_allow_cut_separation_at_nodes",
+            "mip_heuristic_run_feasibility_jump",
+            "mip_heuristic_run_rins",
+            "mip_heuristic_run_rens",
+        ] {
+            m.switch(option, false);
+        }
+    }
     // Paths over the vertices, only those within their chain's latency budget: with
     // one batch size per variant (Σ_b y ≤ 1) and capacity only where y = 1, this is
     // Eqs. (4)–(7) exactly, with no big-M.
@@ -505,6 +702,14 @@ fn solve_at(
             paths.iter().map(|path| path.iter().map(|v| v.map_or(0, |v| vertices[v].variant)).collect()).collect()
         })
         .collect();
+    // A chain with no path within its budget cannot be served at any demand. Said
+    // here rather than by HiGHS: pruning can leave it a model with no columns, whose
+    // solution status HiGHS leaves undefined.
+    if chains.iter().any(|(_, paths)| paths.is_empty()) {
+        let mut report = SolveReport::none();
+        (report.variables, report.constraints) = (m.variables(), m.constraints());
+        return Ok((report, None));
+    }
     let mut shares: Vec<Vec<Variable>> = Vec::with_capacity(chains.len());
     for (_, paths) in &chains {
         let cs: Vec<Variable> = paths.iter().map(|_| m.add(variable().min(0.0).max(1.0))).collect();
@@ -641,4 +846,78 @@ fn solve_at(
         Step::Accuracy => plan.accuracy,
     });
     Ok((report, Some(plan)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traffic() -> Problem {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/allocate/loki-traffic.toml");
+        match crate::AnyProblem::load(&path).expect("the traffic-analysis problem") {
+            crate::AnyProblem::Loki(p) => p,
+            _ => unreachable!("a loki problem"),
+        }
+    }
+
+    #[test]
+    fn the_reduced_model_has_the_reference_optimum() {
+        // Light load (hardware scaling) and three loads in accuracy scaling. Each
+        // solve is within the MIP gap of the true optimum, so the two are within
+        // twice the gap of each other.
+        let gap = 2.0 * SolverSettings::default().mip_gap;
+        for demand in [50.0, 250.0, 400.0, 1000.0] {
+            let p = Problem { demand_qps: demand, ..traffic() };
+            let reference = solve_with(&p, Formulation::Reference).unwrap();
+            let reduced = solve_with(&p, Formulation::Reduced).unwrap();
+            let (a, b) = (reference.plan.unwrap(), reduced.plan.unwrap());
+            assert_eq!((a.step.as_str(), a.beta), (b.step.as_str(), b.beta), "{demand} req/s");
+            if a.step == "hardware" {
+                assert_eq!(a.workers, b.workers, "{demand} req/s");
+            }
+            assert!(
+                (a.accuracy - b.accuracy).abs() <= gap * a.accuracy,
+                "{demand} req/s: reference {} vs reduced {}",
+                a.accuracy,
+                b.accuracy
+            );
+            assert!(
+                reduced.report.variables < reference.report.variables / 2,
+                "{demand} req/s: {} vs {} variables",
+                reduced.report.variables,
+                reference.report.variables
+            );
+        }
+    }
+
+    fn candidate(task: usize, variant: usize, batch: u32, latency_ms: f64, throughput: f64) -> Candidate {
+        Candidate { task, variant, batch, latency_ms, throughput }
+    }
+
+    #[test]
+    fn prune_drops_only_batch_sizes_that_cannot_matter() {
+        // One chain a → b, budget 100 ms. Task a's variant 0: batch 1 (10 ms, 100/s),
+        // batch 2 (30 ms, 150/s), batch 4 (40 ms, 120/s: slower and fewer per worker
+        // than batch 2), batch 8 (95 ms, 300/s: no partner is fast enough). Task b's
+        // only variant: 50 ms or 65 ms.
+        let candidates = [
+            candidate(0, 0, 1, 10.0, 100.0),
+            candidate(0, 0, 2, 30.0, 150.0),
+            candidate(0, 0, 4, 40.0, 120.0),
+            candidate(0, 0, 8, 95.0, 300.0),
+            candidate(1, 0, 1, 50.0, 100.0),
+            candidate(1, 0, 2, 65.0, 150.0),
+        ];
+        // Batch 1 of a fits both of b's vertices (≤ 50 ms left for b), batch 2 fits
+        // them too (70 ms left): batch 1 is dominated. Batch 4 is dominated outright;
+        // batch 8 is on no path. On b's side, batch 1 fits with a's 30 ms vertex (a's
+        // 10 ms one is gone), as does batch 2: batch 1 goes too.
+        assert_eq!(prune(&candidates, &[vec![0, 1]], &[100.0]), [false, true, false, false, false, true]);
+        // With a 60 ms partner on a's side (another variant), b's batch 2 (65 ms) no
+        // longer fits everything batch 1 (50 ms) fits: both stay.
+        let mut more = candidates.to_vec();
+        more.push(candidate(0, 1, 1, 45.0, 50.0));
+        let keep = prune(&more, &[vec![0, 1]], &[100.0]);
+        assert_eq!(&keep[4..], [true, true, true]);
+    }
 }
