@@ -228,8 +228,16 @@ async fn slow_idle_and_excess_connections_are_cut_off() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(ok, "a freed slot is used again");
-    // The held ones may have idled out by now; three at most are open.
-    let metrics = String::from_utf8(server.client().await.get("/metrics").await.unwrap().body).unwrap();
+    // The server notices closed connections a moment later: retry while refused.
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        let r = server.client().await.get("/metrics").await.unwrap();
+        if r.status == 200 {
+            metrics = String::from_utf8(r.body).unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for reason in ["limit", "idle", "header-timeout"] {
         let line = metrics
             .lines()

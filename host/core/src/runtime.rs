@@ -40,6 +40,9 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 /// policy cannot flood the host log.
 const MAX_LOG_LINE: usize = 1024;
 
+/// Longest `status` a policy may report (the rest is cut and marked).
+pub const MAX_STATUS: usize = 64 << 10;
+
 /// Log lines a policy instance may write per second before the rest are dropped.
 const LOG_LINES_PER_SECOND: u32 = 20;
 
@@ -643,7 +646,18 @@ impl PolicyInstance {
         self.ensure_live()?;
         let Some(f) = self.status else { return Ok(None) };
         match f.call(&mut self.store, ()) {
-            Ok((s,)) => Ok(Some(s)),
+            Ok((mut s,)) => {
+                // A policy's status goes into admin answers: capped like its logs.
+                if s.len() > MAX_STATUS {
+                    let mut cut = MAX_STATUS;
+                    while !s.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    s.truncate(cut);
+                    s.push_str("…(truncated)");
+                }
+                Ok(Some(s))
+            }
             Err(e) => {
                 self.poisoned = true;
                 Err(classify(&self.store, e, self.binding.limits.call_budget))

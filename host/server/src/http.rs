@@ -90,7 +90,9 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             target.infer(request, data, arrived).await
         }
         (&Method::GET, ["metrics"]) => {
-            let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())));
+            let mut text = state.metrics.render();
+            queue_gauges(state, &mut text);
+            let mut r = Response::new(Full::new(Bytes::from(text)));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
                 hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -118,6 +120,20 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             }
             None => Err(ApiError::not_found(format!("no route for {method} {path}"))),
         },
+    }
+}
+
+/// Gauges read from the apps when scraped: requests queued and in running batches.
+fn queue_gauges(state: &State, out: &mut String) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "# HELP sluice_queue_depth Requests queued, by app.\n# TYPE sluice_queue_depth gauge");
+    for (name, app) in &state.apps {
+        let _ = writeln!(out, "sluice_queue_depth{{app=\"{name}\"}} {}", app.queued.load(Ordering::Relaxed));
+    }
+    let _ = writeln!(out, "# HELP sluice_in_flight Requests in running batches, by app.\n# TYPE sluice_in_flight gauge");
+    for (name, app) in &state.apps {
+        let running: usize = app.workers.iter().map(|w| w.in_flight.load(Ordering::Relaxed)).sum();
+        let _ = writeln!(out, "sluice_in_flight{{app=\"{name}\"}} {running}");
     }
 }
 

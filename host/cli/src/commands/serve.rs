@@ -18,17 +18,71 @@ pub struct ServeArgs {
     /// Log every accepted arrival (`app,arrival_us`) for `sluice sim` to replay.
     #[arg(long)]
     pub record_arrivals: Option<PathBuf>,
+    /// Where uploaded policies are kept, overriding `policy_dir`.
+    #[arg(long)]
+    pub policy_dir: Option<PathBuf>,
+    /// Where the built-in components are, overriding `builtin_policy_dir`.
+    #[arg(long)]
+    pub builtin_policy_dir: Option<PathBuf>,
+    /// The ONNX Runtime library, overriding `onnxruntime`.
+    #[arg(long)]
+    pub onnxruntime: Option<PathBuf>,
+    /// Graceful shutdown's grace, overriding `shutdown_grace_ms`.
+    #[arg(long)]
+    pub shutdown_grace_ms: Option<u64>,
+    /// Open connections at most, overriding `max_connections`.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Largest request body, overriding `max_body_bytes`.
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
 }
 
 /// Runs `sluice serve`.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let ServeArgs { config, listen, record_arrivals } = args;
+    let ServeArgs {
+        config,
+        listen,
+        record_arrivals,
+        policy_dir,
+        builtin_policy_dir,
+        onnxruntime,
+        shutdown_grace_ms,
+        max_connections,
+        max_body_bytes,
+    } = args;
     let mut config = match &config {
         Some(path) => Config::load(path)?,
         None => Config::embedded_default()?,
     };
+    // Command-line values win over the file's (paths relative to the current
+    // directory, as on any command line).
     if let Some(addr) = listen {
         config.listen = addr;
+    }
+    if let Some(d) = policy_dir {
+        config.policy_dir = d;
+    }
+    if let Some(d) = builtin_policy_dir {
+        config.builtin_policy_dir = d;
+    }
+    if let Some(p) = onnxruntime {
+        config.onnxruntime = Some(p);
+    }
+    if let Some(ms) = shutdown_grace_ms {
+        config.shutdown_grace_ms = ms;
+    }
+    if let Some(n) = max_connections {
+        anyhow::ensure!(n > 0, "--max-connections: expected at least 1");
+        config.max_connections = n;
+    }
+    if let Some(n) = max_body_bytes {
+        anyhow::ensure!(
+            n > 0 && n <= config.body_budget_bytes,
+            "--max-body-bytes: expected 1 to body_budget_bytes ({})",
+            config.body_budget_bytes
+        );
+        config.max_body_bytes = n;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
