@@ -13,7 +13,7 @@ use sluice_sdk as sdk;
 use super::arrivals::{generate, Arrival};
 use super::rng::Rng;
 use super::stats::{Fate, RunResult, Stats, WindowRow};
-use super::{Experiment, LatencyModel, PolicyCache, RunSpec};
+use super::{Accounting, Experiment, LatencyModel, PolicyCache, RunSpec};
 use sluice_alloc::config::{AllocatorConfig, DevicePool};
 use sluice_alloc::planner::Planner;
 use sluice_alloc::proteus;
@@ -140,6 +140,8 @@ pub struct Simulation {
     window_us: u64,
     max_queue: usize,
     weakly_hard: Option<[usize; 2]>,
+    accounting: Accounting,
+    drain: bool,
     run: usize,
     policy_label: String,
     seed: u64,
@@ -273,6 +275,8 @@ impl Simulation {
             window_us: (exp.window_s * 1e6).max(1.0) as u64,
             max_queue: exp.max_queue,
             weakly_hard: exp.weakly_hard,
+            accounting: exp.accounting,
+            drain: exp.drain,
             run: run.index,
             policy_label: run.policy_label.clone(),
             seed: run.seed,
@@ -306,6 +310,9 @@ impl Simulation {
     /// result, time series, and the wall seconds spent inside `decide`.
     pub fn run(mut self) -> Vec<(RunResult, Vec<WindowRow>, f64)> {
         while let Some(Reverse((now, seq))) = self.events.pop() {
+            if !self.drain && now >= self.duration_us {
+                break;
+            }
             // Every handler reads the time from the clock, as the live worker does.
             self.clock.set(now);
             let Some(event) = self.payloads.remove(&seq) else { continue };
@@ -334,6 +341,7 @@ impl Simulation {
         let duration_us = self.duration_us;
         let window_us = self.window_us;
         let weakly_hard = self.weakly_hard;
+        let accounting = self.accounting;
         self.apps
             .iter()
             .map(|a| {
@@ -351,6 +359,7 @@ impl Simulation {
                     window_us,
                     weakly_hard,
                     a.overloaded.clone(),
+                    accounting,
                 );
                 let mut r = r;
                 r.replans = self.alloc.as_ref().map(|al| al.replans);
@@ -432,15 +441,20 @@ impl Simulation {
         }
         for r in d.expired {
             app.stats.finish(r.id, Fate::Expired, 0.0);
+            app.stats.taken(r.id, now);
         }
         for r in d.dropped {
             app.stats.finish(r.id, Fate::Dropped, 0.0);
+            app.stats.taken(r.id, now);
         }
         worker.timer_token += 1;
         let token = worker.timer_token;
         match d.next {
             Next::Run { model, batch } => {
                 worker.busy = batch.len();
+                for r in &batch {
+                    app.stats.taken(r.id, now);
+                }
                 let sampler = &app.latency[w.min(app.latency.len() - 1)];
                 let latency = sampler.latency(model as usize, batch.len(), &mut self.rng);
                 app.stats.batch(&app.models[model as usize].name, batch.len());

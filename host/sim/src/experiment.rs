@@ -40,6 +40,16 @@ pub struct Experiment {
     /// `weakly_hard = [m, K]`: check that no K consecutive requests have more than m misses.
     #[serde(default)]
     pub weakly_hard: Option<[usize; 2]>,
+    /// `drain = false`: stop when the simulated time runs out instead of finishing
+    /// the queued requests (the RAMSIS artifact's simulator stops at `eval_time`).
+    /// The requests left then count as unfinished (misses) in sluice's accounting
+    /// and not at all in the reference one.
+    #[serde(default = "default_drain")]
+    pub drain: bool,
+    /// `accounting = "reference"`: which accounting gives a result's `accuracy` and
+    /// `violation_rate` (both are always in the results; see [`Accounting`]).
+    #[serde(default)]
+    pub accounting: Accounting,
     /// `config = "../ramsis-image-60.toml"`: simulate the apps of this server config
     /// (relative to the experiment), before any `[[app]]` of the experiment itself.
     #[serde(default)]
@@ -142,6 +152,61 @@ pub struct PolicyChoice {
     /// Label in results (default: the policy name).
     #[serde(default)]
     pub label: Option<String>,
+    /// `router = "shared"`: every app's router for this policy (default: the app's
+    /// own). The RAMSIS artifact runs Jellyfish+ and ModelSwitching from one shared
+    /// FIFO (`FullInorderQueuePi`) and RAMSIS round-robin.
+    #[serde(default)]
+    pub router: Option<sluice_core::router::RouterMode>,
+    /// `expire_after_ms = 1e9`: every app's host expiry for this policy (default:
+    /// the app's own). The artifact's simulator never drops: a late request is
+    /// served late.
+    #[serde(default)]
+    pub expire_after_ms: Option<f64>,
+    /// `fixed_load = true`: pass the run's constant arrival rate to the policy as
+    /// its `load_qps` param, so it plans for the offered load rather than for its
+    /// estimate. The artifact's constant-load runs use the one policy made for the
+    /// load (`run_sim.py`, `scheduler_rate_list = all_rate_list`).
+    #[serde(default)]
+    pub fixed_load: bool,
+}
+
+impl PolicyChoice {
+    /// Sets this choice's policy, params and overrides on an app.
+    fn apply_to(&self, app: &mut AppConfig) {
+        app.policy = self.policy.clone();
+        app.params = self.params.clone();
+        app.params_file = self.params_file.clone();
+        if let Some(router) = self.router {
+            app.router = router;
+        }
+        if let Some(e) = self.expire_after_ms {
+            app.expire_after_ms = Some(e);
+        }
+        if self.fixed_load {
+            if let Some(rate) = app.arrivals.as_ref().and_then(ArrivalSpec::rate_qps) {
+                app.params.get_or_insert_with(toml::Table::new).insert("load_qps".into(), toml::Value::Float(rate));
+            }
+        }
+    }
+}
+
+/// How a run's requests are counted.
+///
+/// Both accountings count a request as a violation when it is not served by its
+/// deadline and accuracy over the requests served on time; they differ in which
+/// requests they count.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Accounting {
+    /// Every request that arrived during the run; queued ones are finished after
+    /// the arrivals end, and a request still unserved at the end counts as a miss.
+    #[default]
+    Sluice,
+    /// The RAMSIS artifact's simulator (`simulator.py`, `run_sim` and
+    /// `calc_violation_rate`): only requests a worker took (or the host dropped)
+    /// before the simulated time ran out; those still queued then are not counted
+    /// at all. Under overload this leaves out the backlog of the end of the run.
+    Reference,
 }
 
 /// How batch latencies are drawn.
@@ -163,6 +228,9 @@ fn default_builtin() -> PathBuf {
 }
 fn default_max_queue() -> usize {
     100_000
+}
+fn default_drain() -> bool {
+    true
 }
 fn default_window() -> f64 {
     1.0
@@ -263,16 +331,15 @@ impl Experiment {
                                 .iter()
                                 .map(|a| {
                                     let mut a = a.clone();
-                                    if let Some(p) = p {
-                                        a.policy = p.policy.clone();
-                                        a.params = p.params.clone();
-                                        a.params_file = p.params_file.clone();
-                                    }
                                     if let Some(w) = w {
                                         a.workers = *w;
                                     }
                                     if let Some(l) = l {
                                         a.arrivals = a.arrivals.as_ref().map(|s| s.with_rate(*l));
+                                    }
+                                    // After the load: `fixed_load` passes the run's rate.
+                                    if let Some(p) = p {
+                                        p.apply_to(&mut a);
                                     }
                                     if let Some(sys) = sys.map(|i| &self.sweep.systems[i]) {
                                         sys.apply_to(&mut a);

@@ -31,7 +31,7 @@ use anyhow::{Context as _, Result};
 use sluice_core::profile::Profile;
 use sluice_core::runtime::{CompiledPolicy, PolicyEngine};
 
-pub use experiment::{Experiment, LatencyModel, PolicyChoice, RunSpec, Sweep};
+pub use experiment::{Accounting, Experiment, LatencyModel, PolicyChoice, RunSpec, Sweep};
 
 /// Compiled policies by name or path, shared by every run of an experiment.
 pub struct PolicyCache {

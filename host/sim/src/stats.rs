@@ -7,6 +7,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::Accounting;
+
 /// How one request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -41,6 +43,9 @@ pub struct Stats {
     model_mix: BTreeMap<String, u64>,
     /// Per request: arrival to completion, µs (served ones).
     latency_us: Vec<u64>,
+    /// Per request: when a worker took it or the host dropped it, µs (`u64::MAX`:
+    /// never), for the reference accounting.
+    taken: Vec<u64>,
     /// (time µs, devices hosting the app's variants from then on), for runs on
     /// `[[device]]`s.
     devices: Vec<(u64, u32)>,
@@ -61,6 +66,7 @@ impl Stats {
             arrivals,
             accuracy: vec![0.0; n],
             latency_us: vec![0; n],
+            taken: vec![u64::MAX; n],
             devices: Vec::new(),
             batch_sizes: BTreeMap::new(),
             model_mix: BTreeMap::new(),
@@ -74,6 +80,11 @@ impl Stats {
     pub fn finish(&mut self, id: u64, fate: Fate, accuracy: f64) {
         self.fates[id as usize] = fate;
         self.accuracy[id as usize] = accuracy;
+    }
+
+    /// Request `id` left the queue at `now`: a worker took it, or it was dropped.
+    pub fn taken(&mut self, id: u64, now: u64) {
+        self.taken[id as usize] = now;
     }
 
     /// Request `id` was served `us` after it arrived.
@@ -124,6 +135,7 @@ impl Stats {
         window_us: u64,
         weakly_hard: Option<[usize; 2]>,
         overloaded: Option<String>,
+        accounting: Accounting,
     ) -> (RunResult, Vec<WindowRow>) {
         let count = |f: Fate| self.fates.iter().filter(|x| **x == f).count() as u64;
         let (on_time, late, dropped, expired, pending) =
@@ -151,6 +163,26 @@ impl Stats {
             }
             WeaklyHard { m, k, worst_misses_in_window: worst as usize, held: worst as usize <= m }
         });
+        let sluice_accuracy = if on_time > 0 { acc_sum / on_time as f64 } else { 0.0 };
+        let sluice_violation_rate = if n > 0 { (n - on_time) as f64 / n as f64 } else { 0.0 };
+        // The RAMSIS artifact's accounting: only what left the queue before the end.
+        let (mut counted, mut counted_on_time, mut counted_acc) = (0u64, 0u64, 0.0);
+        for ((f, a), t) in self.fates.iter().zip(&self.accuracy).zip(&self.taken) {
+            if *t < duration_us {
+                counted += 1;
+                if *f == Fate::OnTime {
+                    counted_on_time += 1;
+                    counted_acc += a;
+                }
+            }
+        }
+        let reference_accuracy = if counted_on_time > 0 { counted_acc / counted_on_time as f64 } else { 0.0 };
+        let reference_violation_rate =
+            if counted > 0 { (counted - counted_on_time) as f64 / counted as f64 } else { 0.0 };
+        let (accuracy, violation_rate) = match accounting {
+            Accounting::Sluice => (sluice_accuracy, sluice_violation_rate),
+            Accounting::Reference => (reference_accuracy, reference_violation_rate),
+        };
         let result = RunResult {
             run,
             app: app.to_string(),
@@ -166,8 +198,14 @@ impl Stats {
             dropped: dropped + expired,
             dropped_by_reason: BTreeMap::from([("policy".to_string(), dropped), ("expired".to_string(), expired)]),
             unfinished: pending,
-            accuracy: if on_time > 0 { acc_sum / on_time as f64 } else { 0.0 },
-            violation_rate: if n > 0 { (n - on_time) as f64 / n as f64 } else { 0.0 },
+            accuracy,
+            violation_rate,
+            accounting,
+            sluice_accuracy,
+            sluice_violation_rate,
+            reference_requests: counted,
+            reference_accuracy,
+            reference_violation_rate,
             throughput_qps: (on_time + late) as f64 / (duration_us as f64 / 1e6),
             batch_sizes: self.batch_sizes.clone(),
             model_mix: self.model_mix.clone(),
@@ -289,10 +327,27 @@ pub struct RunResult {
     pub dropped_by_reason: BTreeMap<String, u64>,
     /// Still queued or running when the run ended.
     pub unfinished: u64,
-    /// Mean accuracy per satisfied (on-time) query, 0–1.
+    /// Mean accuracy per satisfied (on-time) query, 0–1, in the experiment's
+    /// `accounting`.
     pub accuracy: f64,
-    /// Share of requests not served on time (late, dropped or unfinished), 0–1.
+    /// Share of requests not served on time (late, dropped or unfinished), 0–1, in
+    /// the experiment's `accounting`.
     pub violation_rate: f64,
+    /// Which accounting `accuracy` and `violation_rate` follow.
+    pub accounting: Accounting,
+    /// `accuracy` as sluice counts it: over every request that arrived.
+    pub sluice_accuracy: f64,
+    /// `violation_rate` as sluice counts it: every request that arrived, the
+    /// unfinished ones as misses.
+    pub sluice_violation_rate: f64,
+    /// Requests the reference accounting counts: taken by a worker or dropped
+    /// before the simulated time ran out.
+    pub reference_requests: u64,
+    /// Accuracy per on-time query among `reference_requests`.
+    pub reference_accuracy: f64,
+    /// Share of `reference_requests` not served on time (the RAMSIS artifact's
+    /// `calc_violation_rate`).
+    pub reference_violation_rate: f64,
     /// Served per simulated second.
     pub throughput_qps: f64,
     /// Batches by size.

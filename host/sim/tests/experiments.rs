@@ -39,8 +39,10 @@ fn mean(results: &[RunResult], f: impl Fn(&RunResult) -> f64) -> BTreeMap<(Strin
     acc.into_iter().map(|(k, (s, n))| (k, s / n)).collect()
 }
 
-/// Experiment 1 (RAMSIS §7.2) on a shortened run: RAMSIS more accurate than both
-/// baselines at loads they can sustain, with no more violations.
+/// Experiment 1 (RAMSIS §7.2) on a shortened run, every system run as the RAMSIS
+/// artifact runs it: RAMSIS more accurate than both baselines at 800 and 2000 QPS and
+/// far above Jellyfish+ at 2800 QPS, where ModelSwitching's table (the artifact's)
+/// still names mobilenet_v3_large and matches RAMSIS; everything under 1% violations.
 #[test]
 fn ramsis_is_above_both_baselines_at_constant_load() {
     let (mut e, base) = load("ramsis-constant.toml");
@@ -49,23 +51,26 @@ fn ramsis_is_above_both_baselines_at_constant_load() {
     let results = run(&e, &base);
     let acc = mean(&results, |r| r.accuracy);
     let viol = mean(&results, |r| r.violation_rate);
+    let at =
+        |m: &BTreeMap<(String, String, u64), f64>, p: &str, load: u64| m[&("image".to_string(), p.to_string(), load)];
     for load in [800, 2000, 2800] {
-        let at = |m: &BTreeMap<(String, String, u64), f64>, p: &str| m[&("image".to_string(), p.to_string(), load)];
-        for other in ["Jellyfish+", "ModelSwitching"] {
+        for p in ["RAMSIS", "Jellyfish+", "ModelSwitching"] {
+            assert!(at(&viol, p, load) < 0.01, "{load} QPS: {p} violations {}", at(&viol, p, load));
+        }
+        let others: &[&str] = if load == 2800 { &["Jellyfish+"] } else { &["Jellyfish+", "ModelSwitching"] };
+        for other in others {
             assert!(
-                at(&acc, "RAMSIS") > at(&acc, other),
+                at(&acc, "RAMSIS", load) > at(&acc, other, load),
                 "{load} QPS: accuracy RAMSIS {} {other} {}",
-                at(&acc, "RAMSIS"),
-                at(&acc, other)
-            );
-            assert!(
-                at(&viol, "RAMSIS") <= at(&viol, other) + 0.001,
-                "{load} QPS: violations RAMSIS {} {other} {}",
-                at(&viol, "RAMSIS"),
-                at(&viol, other)
+                at(&acc, "RAMSIS", load),
+                at(&acc, other, load)
             );
         }
     }
+    assert!(at(&acc, "RAMSIS", 2800) > at(&acc, "Jellyfish+", 2800) + 0.1);
+    assert!((at(&acc, "RAMSIS", 2800) - at(&acc, "ModelSwitching", 2800)).abs() < 0.005);
+    // The table sluice built before names shufflenet at 2800: 15 points lower.
+    assert!(at(&acc, "ModelSwitching", 2800) > at(&acc, "ModelSwitching (sluice table)", 2800) + 0.14);
 }
 
 /// Experiment 2 (RAMSIS §7.1, Fig. 5) on the first 100 s of the Twitter trace at 80

@@ -141,7 +141,7 @@ arrivals = { kind = "uniform", rate_qps = 1000 }
 
 #[test]
 fn model_switching_table_matches_the_reference_away_from_boundaries() {
-    use sluice_sim::model_switching::{build, read_reference, BuildArgs};
+    use sluice_sim::model_switching::{build, read_reference, BuildArgs, Setup};
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let reference =
         read_reference(&root.join(
@@ -173,6 +173,8 @@ fn model_switching_table_matches_the_reference_away_from_boundaries() {
         policies: policies(),
         out: None,
         compare: None,
+        // sluice's own setting; the artifact's is tested in tests/reference.rs.
+        setup: Setup::Sluice,
     };
     let table = build(&args).unwrap();
     for (load, model) in table {

@@ -18,13 +18,20 @@ use serde::Deserialize;
 use sluice_sdk::{helpers, log, Config, Decision, Level, Micros, Model, Policy, View};
 
 /// The policy's parameters (all optional):
-/// `{"load_qps": <f64>, "headroom": 1.05, "max_batch": 32}`.
+/// `{"load_qps": <f64>, "loads": [200, 400, ...], "headroom": 1.05, "max_batch": 32,
+/// "overload_batch": "half-slo"}`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Params {
     /// A fixed app load λ in requests per second, instead of the host's
     /// estimate (`view.load_qps`); for experiments at a known load.
     pub load_qps: Option<f64>,
+    /// Plan only for these loads: λ becomes the smallest of them at or above the
+    /// estimate (the largest beyond them). The RAMSIS artifact runs Jellyfish+ on
+    /// the Twitter trace from selectors built at 200, 400, …, 4000 req/s and picks
+    /// one as it picks a RAMSIS policy (`simulator_script.py`, `DynamicPi`), so its
+    /// λ is the estimate rounded *up* to that grid. Default: the estimate itself.
+    pub loads: Option<Vec<f64>>,
     /// Throughput headroom: a model qualifies when `b / L(b) >= headroom · λ / K`.
     /// RAMSIS's Jellyfish+ uses 1.05; below 1 a worker is planned past
     /// saturation and queues grow without bound.
@@ -32,12 +39,29 @@ pub struct Params {
     /// The largest batch considered (also capped by each model's profile).
     /// Jellyfish+ uses 32, the largest profiled size.
     pub max_batch: u32,
+    /// The batch of the overload fallback (no model sustains the load).
+    pub overload_batch: OverloadBatch,
 }
 
 impl Default for Params {
     fn default() -> Self {
-        Params { load_qps: None, headroom: 1.05, max_batch: 32 }
+        Params { load_qps: None, loads: None, headroom: 1.05, max_batch: 32, overload_batch: OverloadBatch::HalfSlo }
     }
+}
+
+/// How large a batch the fastest model serves when no model sustains the load.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum OverloadBatch {
+    /// The largest batch within SLO/2 (at least 1): the selection rule's own
+    /// bound, kept under overload.
+    #[default]
+    HalfSlo,
+    /// `max_batch` (capped by the profile), as the RAMSIS artifact's
+    /// `JellyfishInstPi` does when no model qualifies (`max_batch_size = N`,
+    /// the lowest-latency model): the most throughput one worker has, served
+    /// late when it must.
+    Max,
 }
 
 /// A model with its batch sizes precomputed for the selection rule.
@@ -49,6 +73,8 @@ struct Candidate {
     fastest: Micros,
     /// The largest batch `<= max_batch` with `L(b) <= SLO/2`; 0 when none.
     within_half_slo: u32,
+    /// The largest batch `<= max_batch` the profile has.
+    largest: u32,
     /// `(throughput b / L(b) in requests/s, b)` for the sizes that can answer a
     /// "largest `b` with throughput >= x" query: scanning `b` downwards from
     /// `within_half_slo`, each size whose throughput beats every larger size's.
@@ -72,7 +98,7 @@ impl Candidate {
                 steps.push((throughput, b));
             }
         }
-        Some(Candidate { id: model.id, accuracy: model.accuracy, fastest, within_half_slo, steps })
+        Some(Candidate { id: model.id, accuracy: model.accuracy, fastest, within_half_slo, largest: cap, steps })
     }
 
     /// The largest batch within SLO/2 whose throughput is at least `needed`.
@@ -124,9 +150,14 @@ impl Jellyfish {
         if let Some((c, batch)) = loaded_candidates.clone().find_map(|c| Some((c, c.batch_for(needed)?))) {
             return Some(Choice { model: c.id, batch, sustains_load: true });
         }
-        // Overload: the fastest model, largest batch within SLO/2 (at least 1).
+        // Overload: the fastest model, at the largest batch within SLO/2 (at least
+        // 1) or at its largest batch, as `overload_batch` says.
         let c = loaded_candidates.min_by_key(|c| (c.fastest, c.id))?;
-        Some(Choice { model: c.id, batch: c.within_half_slo.max(1), sustains_load: false })
+        let batch = match self.params.overload_batch {
+            OverloadBatch::HalfSlo => c.within_half_slo.max(1),
+            OverloadBatch::Max => c.largest.max(1),
+        };
+        Some(Choice { model: c.id, batch, sustains_load: false })
     }
 
     /// The current selection (after the last `decide`), for tests and logs.
@@ -137,17 +168,24 @@ impl Jellyfish {
     fn lambda(&self, view: &View) -> f64 {
         let lambda = self.params.load_qps.unwrap_or(view.load_qps);
         // A NaN or negative estimate means no usable load: plan for none.
-        if lambda >= 0.0 {
-            lambda
-        } else {
-            0.0
+        let lambda = if lambda >= 0.0 { lambda } else { 0.0 };
+        match &self.params.loads {
+            // `loads` is sorted and non-empty (checked in `init`).
+            Some(loads) => loads.iter().copied().find(|&l| l >= lambda).unwrap_or(loads[loads.len() - 1]),
+            None => lambda,
         }
     }
 }
 
 impl Policy for Jellyfish {
     fn init(config: Config) -> Result<Self, String> {
-        let params: Params = config.params().map_err(|e| format!("jellyfish: {e}"))?;
+        let mut params: Params = config.params().map_err(|e| format!("jellyfish: {e}"))?;
+        if let Some(loads) = &mut params.loads {
+            if loads.is_empty() || loads.iter().any(|l| !(l.is_finite() && *l >= 0.0)) {
+                return Err("jellyfish: param `loads` must be a non-empty list of non-negative numbers".into());
+            }
+            loads.sort_by(f64::total_cmp);
+        }
         if !(params.headroom.is_finite() && params.headroom > 0.0) {
             return Err(format!("jellyfish: param `headroom` must be a positive number, got {}", params.headroom));
         }
@@ -310,6 +348,29 @@ mod tests {
     }
 
     #[test]
+    fn artifact_options_round_the_load_up_and_overload_at_the_largest_batch() {
+        // On the grid 100, 200, 500 an estimate of 150 plans for 200, 50 for 100,
+        // and one beyond the grid for its largest load.
+        let mut h = harness(r#"{"loads": [500, 100, 200]}"#);
+        for (estimate, expected) in [(150.0, (1, 16)), (50.0, (0, 7)), (9000.0, (2, 32))] {
+            let v = h.view(0, estimate, queue(40));
+            assert_eq!(h.decide(&v), Decision::serve_head(expected.0, expected.1), "estimate {estimate}");
+        }
+        // Overload: the fastest model at its largest profiled batch, not SLO/2's.
+        let slow = vec![linear(0, 0.8, 40, 10, 8)];
+        let mut h = Harness::<Jellyfish>::new(config(SLO, slow.clone(), r#"{"overload_batch": "max"}"#)).expect("init");
+        assert_eq!(h.policy().choose(10_000.0, 1, &[0]), choice(0, 8, false));
+        let v = h.view(0, 10_000.0, queue(20));
+        assert_eq!(h.decide(&v), Decision::serve_head(0, 8));
+        let h = Harness::<Jellyfish>::new(config(SLO, slow, "")).expect("init");
+        assert_eq!(
+            h.policy().choose(10_000.0, 1, &[0]),
+            choice(0, 2, false),
+            "L(2) = 50 ms is the largest within SLO/2"
+        );
+    }
+
+    #[test]
     fn params_errors_name_the_parameter() {
         let err = |p: &str| Harness::<Jellyfish>::new(config(SLO, models(), p)).unwrap_err();
         assert!(err(r#"{"headrom": 1}"#).contains("headrom"));
@@ -317,6 +378,8 @@ mod tests {
         assert!(err(r#"{"max_batch": 0}"#).contains("max_batch"));
         assert!(err(r#"{"load_qps": -1}"#).contains("load_qps"));
         assert!(err(r#"{"load_qps": "x"}"#).starts_with("jellyfish: invalid params"));
+        assert!(err(r#"{"loads": []}"#).contains("loads"));
+        assert!(err(r#"{"overload_batch": "all"}"#).contains("unknown variant `all`"));
     }
 
     #[test]

@@ -12,11 +12,13 @@
 //! file per load, `r` in requests per µs, content `{"-1": <model index>}`):
 //! `{"reference": {"test_rate-0.0002_pi.json": {"-1": 7}, ...}, "index_models": [...]}`.
 //!
-//! Online, the host's load estimate (`view.load_qps`) selects the bucket: the
-//! smallest table load at or above the estimate (the highest one beyond the
-//! table), as RAMSIS picks the policy generated for the smallest load ≥ the
-//! estimate. That model then serves like Jellyfish+: work-conserving, the
-//! largest batch from the head that still meets the head's deadline, no drops.
+//! Online, the host's load estimate (`view.load_qps`, or a fixed `load_qps`)
+//! selects the bucket: the smallest table load at or above the estimate (the
+//! highest one beyond the table), as RAMSIS picks the policy generated for the
+//! smallest load ≥ the estimate. That model then serves work-conserving, with no
+//! drops, at a batch chosen by `batching`: by default the largest batch from the
+//! head that still meets the head's deadline; with `"reference"` as the RAMSIS
+//! artifact's `StaticInstPi` does (see [`Batching::Reference`]).
 //! A model the table names but this worker has not loaded falls back to the
 //! most accurate loaded model that the table allows at a higher load (a less
 //! accurate one), else the fastest loaded model.
@@ -39,6 +41,31 @@ pub struct Params {
     pub index_models: Option<Vec<String>>,
     /// The largest batch served; default each model's profile.
     pub max_batch: Option<u32>,
+    /// A fixed app load in requests per second instead of the host's estimate.
+    /// The RAMSIS artifact runs each constant-load experiment with the one
+    /// policy made for that load (`run_sim.py`, `trace == "constant"`).
+    pub load_qps: Option<f64>,
+    /// How the batch is sized.
+    pub batching: Batching,
+}
+
+/// How a ModelSwitching worker sizes its batch.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Batching {
+    /// The largest batch from the head that still meets the head's deadline
+    /// (at least 1).
+    #[default]
+    Deadline,
+    /// The RAMSIS artifact's `StaticInstPi` (`model_selector.py`,
+    /// `set_aggressive_max_batch_size`): with `r = λ_b / K` for the bucket's
+    /// table load `λ_b`, each model's largest batch `b ≤ N` with `b / L(b) ≥ r`
+    /// and `L(b) ≤ SLO/2`; the cap is that of the most accurate model that has
+    /// one (`N`, the largest batch, when none has), whatever model the table
+    /// names; a free worker then takes `min(queue, cap)` from the head without
+    /// looking at deadlines. This is how the artifact both built its tables and
+    /// ran ModelSwitching.
+    Reference,
 }
 
 /// Load buckets: `(load_qps, model id)`, increasing load.
@@ -117,6 +144,10 @@ pub struct ModelSwitching {
     config: Config,
     table: Table,
     max_batch: Option<u32>,
+    load_qps: Option<f64>,
+    /// Per table row, the reference batch cap (empty unless `batching` is
+    /// [`Batching::Reference`]).
+    reference_caps: Vec<u32>,
     /// The model chosen at the last decision, to log switches once.
     current: Option<u32>,
 }
@@ -126,6 +157,31 @@ impl ModelSwitching {
     pub fn table(&self) -> &Table {
         &self.table
     }
+
+    /// The reference batch cap for table load `load` (requests/s): see
+    /// [`Batching::Reference`]. `n` is the largest batch considered.
+    pub fn reference_cap(config: &Config, load: f64, n: u32) -> u32 {
+        let per_worker = load / f64::from(config.workers.max(1));
+        let largest = |m: &sluice_sdk::Model| {
+            (1..=n.min(m.max_batch()))
+                .filter(|&b| {
+                    let l = m.latency(b).unwrap_or(u64::MAX);
+                    // b / L(b) >= r with L in µs and r in req/s; L(b) <= SLO/2.
+                    f64::from(b) * 1e6 >= per_worker * l as f64 && l.saturating_mul(2) <= config.slo
+                })
+                .max()
+        };
+        // np.argmax over accuracy · mask: the first most accurate model that has a batch.
+        let mut best: Option<(f64, u32)> = None;
+        for m in &config.models {
+            if let Some(b) = largest(m) {
+                if best.is_none_or(|(acc, _)| m.accuracy > acc) {
+                    best = Some((m.accuracy, b));
+                }
+            }
+        }
+        best.map_or(n, |(_, b)| b)
+    }
 }
 
 impl Policy for ModelSwitching {
@@ -134,12 +190,33 @@ impl Policy for ModelSwitching {
         if params.max_batch == Some(0) {
             return Err("model-switching: param `max_batch` must be at least 1".into());
         }
+        if let Some(load) = params.load_qps {
+            if !(load.is_finite() && load >= 0.0) {
+                return Err(format!("model-switching: param `load_qps` must be a non-negative number, got {load}"));
+            }
+        }
         let table = Table::from_params(&params, &config).map_err(|e| format!("model-switching: {e}"))?;
-        Ok(ModelSwitching { config, table, max_batch: params.max_batch, current: None })
+        let reference_caps = match params.batching {
+            Batching::Deadline => Vec::new(),
+            Batching::Reference => {
+                let n =
+                    params.max_batch.unwrap_or_else(|| config.models.iter().map(|m| m.max_batch()).max().unwrap_or(1));
+                table.rows().iter().map(|&(load, _)| Self::reference_cap(&config, load, n)).collect()
+            }
+        };
+        Ok(ModelSwitching {
+            config,
+            table,
+            max_batch: params.max_batch,
+            load_qps: params.load_qps,
+            reference_caps,
+            current: None,
+        })
     }
 
     fn decide(&mut self, view: &View) -> Decision {
-        let load = if view.load_qps >= 0.0 { view.load_qps } else { 0.0 };
+        let load = self.load_qps.unwrap_or(view.load_qps);
+        let load = if load >= 0.0 { load } else { 0.0 };
         let chosen = self
             .table
             .lookup(load, &view.loaded)
@@ -156,7 +233,11 @@ impl Policy for ModelSwitching {
         if view.queue.is_empty() {
             return Decision::Idle;
         }
-        let mut batch = helpers::largest_feasible_batch(model, view);
+        let mut batch = match self.reference_caps.get(self.table.bucket(load)) {
+            // The artifact's StaticInstPi: min(queue, cap), deadlines not looked at.
+            Some(&cap) => cap.min(model.max_batch()).min(u32::try_from(view.queue.len()).unwrap_or(u32::MAX)).max(1),
+            None => helpers::largest_feasible_batch(model, view),
+        };
         if let Some(cap) = self.max_batch {
             batch = batch.min(cap);
         }
@@ -224,6 +305,30 @@ mod tests {
     }
 
     #[test]
+    fn reference_batching_caps_by_the_most_accurate_sustaining_model() {
+        // One worker. SLO/2 = 75 ms: best (40 + 20(b−1) ms) up to b = 2 (28.6 req/s
+        // at b = 2), mid (20 + 10(b−1)) up to 6 (60 req/s), fast (10 + 5(b−1))
+        // up to 8 (profile's largest: 177.8 req/s).
+        let c = config(SLO, models(), TABLE);
+        assert_eq!(ModelSwitching::reference_cap(&c, 20.0, 8), 2, "best sustains 20 req/s with b = 2");
+        assert_eq!(ModelSwitching::reference_cap(&c, 50.0, 8), 6, "mid: 5/60 ms = 83, 6/70 ms = 86 req/s");
+        assert_eq!(ModelSwitching::reference_cap(&c, 150.0, 8), 8, "fast only");
+        assert_eq!(ModelSwitching::reference_cap(&c, 1000.0, 8), 8, "none: N");
+        // Served: min(queue, cap) from the head with the table's model, even when the
+        // head cannot make its deadline any more.
+        let params = r#"{"table": [[20, "best"], [1000, "fast"]], "batching": "reference", "load_qps": 20}"#;
+        let mut h = harness(params);
+        let v = h.view(1_000_000, 0.0, queue(10));
+        assert_eq!(h.decide_checked(&v), Ok(Decision::serve_head(2, 2)));
+        let params = r#"{"table": [[20, "best"], [1000, "mid"]], "batching": "reference", "load_qps": 900}"#;
+        let mut h = harness(params);
+        let v = h.view(0, 0.0, queue(3));
+        assert_eq!(h.decide_checked(&v), Ok(Decision::serve_head(1, 3)), "a short queue is taken whole");
+        let v = h.view(0, 0.0, queue(20));
+        assert_eq!(h.decide_checked(&v), Ok(Decision::serve_head(1, 8)), "cap N = 8 at 1000 req/s");
+    }
+
+    #[test]
     fn reads_the_reference_format() {
         let params = r#"{"reference": {"test_rate-0.0002_pi.json": {"-1": 2},
                                         "test_rate-0.001_pi.json": {"-1": 1},
@@ -268,6 +373,8 @@ mod tests {
         assert!(err(r#"{"reference": {"x.json": {"-1": 0}}}"#).contains("x.json"));
         assert!(err(r#"{"reference": {"test_rate-1_pi.json": {"-1": 9}}}"#).contains("index 9"));
         assert!(err(&TABLE.replace('}', r#", "max_batch": 0}"#)).contains("max_batch"));
+        assert!(err(&TABLE.replace('}', r#", "load_qps": -5}"#)).contains("load_qps"));
+        assert!(err(&TABLE.replace('}', r#", "batching": "x"}"#)).contains("unknown variant `x`"));
     }
 
     #[test]
