@@ -94,7 +94,7 @@ async fn uploads_that_are_not_policies_are_refused_with_a_reason() {
 async fn misbehaving_policies_are_contained_and_answered_by_the_fallback() {
     let server = TestServer::start(CONFIG).await.unwrap();
     let mut c = server.client().await;
-    let bytes = std::fs::read(policies_dir().join("misbehave.wasm")).unwrap();
+    let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
     let r = upload(&mut c, "mis", &bytes).await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let (mut faults, mut reviving) = (0, 0);
@@ -136,6 +136,8 @@ async fn misbehaving_policies_are_contained_and_answered_by_the_fallback() {
 async fn unbind_mode_replaces_a_faulty_policy_with_the_safe_one() {
     let server = TestServer::start(CONFIG).await.unwrap();
     let mut c = server.client().await;
+    let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
+    assert_eq!(upload(&mut c, "misbehave", &bytes).await.status, 201);
     let r = swap(&mut c, "strict", "misbehave", json!({ "mode": "trap" })).await;
     assert_eq!(r.status, 200);
     // Each trap is one fault; the instance is re-made off the worker meanwhile (the

@@ -20,7 +20,7 @@ async fn a_reinit_that_spins_stalls_nothing_but_its_own_policy() {
     );
     let server = TestServer::start(&config).await.unwrap();
     let mut c = server.client().await;
-    let bytes = std::fs::read(policies_dir().join("misbehave.wasm")).unwrap();
+    let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
     let auth = format!("Bearer {TOKEN}");
     let r = c
         .request("POST", "/admin/policies?name=mis", &[("authorization", &auth), ("content-type", "application/wasm")], &bytes)

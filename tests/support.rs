@@ -21,10 +21,22 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is in the workspace").to_path_buf()
 }
 
+/// Where `cargo xtask policies` puts the test fixtures (not built-ins: the tests
+/// upload them); fails clearly when they are missing.
+pub fn fixtures_dir() -> PathBuf {
+    let dir = root().join("target/fixtures");
+    assert!(
+        dir.join("misbehave.wasm").exists(),
+        "{}/misbehave.wasm is missing: run `cargo xtask policies` (cargo xtask test does)",
+        dir.display()
+    );
+    dir
+}
+
 /// Where `cargo xtask policies` puts the components; fails clearly when they are missing.
 pub fn policies_dir() -> PathBuf {
     let dir = root().join("target/policies");
-    for name in ["jellyfish", "fixed", "misbehave"] {
+    for name in ["jellyfish", "fixed"] {
         assert!(
             dir.join(format!("{name}.wasm")).exists(),
             "{}/{name}.wasm is missing: run `cargo xtask policies` (cargo xtask test does)",

@@ -3,7 +3,8 @@
 //! - `setup`: install what is missing (cmake and libclang-dev from Debian for the
 //!   HiGHS build, the Wasm target, the project venv with ONNX Runtime, the
 //!   batch-dynamic ImageNet models). Idempotent.
-//! - `policies`: build the built-in policies and test fixtures into `target/policies/`.
+//! - `policies`: build the built-in policies into `target/policies/` and the test
+//!   fixtures into `target/fixtures/`.
 //! - `test`: setup, policies, fmt, clippy, then every test.
 //! - `demo`: setup, build, start `sluice serve` on the embedded default, send real
 //!   image tensors, swap the policy under traffic, and print what happened.
@@ -29,7 +30,7 @@ struct Cli {
 enum Task {
     /// Install what is missing: Wasm target, venv with onnxruntime, models.
     Setup,
-    /// Build the built-in policies and fixtures into target/policies/.
+    /// Build the built-in policies into target/policies/ and the fixtures into target/fixtures/.
     Policies,
     /// Setup, build policies, check formatting and lints, run every test.
     Test,

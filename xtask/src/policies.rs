@@ -24,7 +24,8 @@ pub const BUILTIN: &[&str] = &[
     "ramsis",
 ];
 
-/// Test fixtures built the same way (crates under `tests/fixtures/<name>`).
+/// Test fixtures built the same way (crates under `tests/fixtures/<name>`), into
+/// `target/fixtures/`: the tests upload them; no server offers them as built-ins.
 pub const FIXTURES: &[&str] = &["misbehave"];
 
 /// The guest target. Not `wasm32-wasip2`: through std that imports 13 WASI
@@ -40,7 +41,8 @@ const PROFILE: &str = "policy";
 const COMPONENT_HEADER: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
 
 /// Builds the policies `names` (package `policy-<name>` each) in one cargo
-/// invocation and copies each component to `<root>/target/policies/<name>.wasm`.
+/// invocation and copies each component to `<root>/target/policies/<name>.wasm`
+/// (fixtures: `<root>/target/fixtures/<name>.wasm`).
 /// Returns those paths, in the order of `names`.
 ///
 /// Fails if cargo fails or if an output is not a component (which means the
@@ -64,11 +66,17 @@ pub fn build_policies(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
     // relative to where cargo ran, i.e. `root`).
     let target = std::env::var_os("CARGO_TARGET_DIR").map(|dir| root.join(dir)).unwrap_or_else(|| root.join("target"));
     let built = target.join(TARGET).join(PROFILE);
-    let out_dir = target.join("policies");
-    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-
     let mut paths = Vec::with_capacity(names.len());
     for name in names {
+        // Fixtures are not built-ins: a server's `builtin_policy_dir` must not offer
+        // a policy that misbehaves on purpose. They go to `target/fixtures/`, and a
+        // copy left in `target/policies/` by an older checkout is removed.
+        let fixture = FIXTURES.contains(name);
+        let out_dir = target.join(if fixture { "fixtures" } else { "policies" });
+        std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+        if fixture {
+            let _ = std::fs::remove_file(target.join("policies").join(format!("{name}.wasm")));
+        }
         let from = built.join(format!("policy_{}.wasm", name.replace('-', "_")));
         let to = out_dir.join(format!("{name}.wasm"));
         let bytes = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;

@@ -59,14 +59,20 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         }
         (&Method::POST, ["v2", "models", app, "infer"]) => {
             let arrived = std::time::Instant::now();
-            let target = target(state, app)?;
-            // An overloaded app refuses before the body costs memory and parsing.
-            if let Err(e) = target.precheck() {
-                return Err(discard_body(state, req, admit_error(e)).await);
-            }
+            // Errors found before the body is read (an unknown app, an overloaded
+            // one, a bad framing header, no room to read it) are answered after
+            // reading it, so a client still sending sees the answer, not a reset.
+            let admitted = target(state, app).and_then(|t| t.precheck().map_err(admit_error).map(|()| t));
+            let early = admitted.and_then(|t| {
+                let budget = crate::api::reserve_body(state, &req)?;
+                Ok((t, budget, binary::header_length(&req)?))
+            });
+            let (target, budget, json_len) = match early {
+                Ok(x) => x,
+                Err(e) => return Err(discard_body(state, req, e).await),
+            };
             let (request, data) = {
-                let _budget = crate::api::reserve_body(state, &req)?;
-                let json_len = binary::header_length(&req)?;
+                let _budget = budget;
                 let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
                 (parse_off_thread::<InferRequest>(json).await?, data)
             };
