@@ -238,6 +238,12 @@ pub struct SystemSpec {
     /// `beta = 1.0`: capacity headroom of the first solve (the reference's `beta`).
     #[serde(default = "one")]
     pub beta: f64,
+    /// `min_beta = 0.2`: the demand factor below which a plan is not sought (the
+    /// ladder's floor: Loki and the baselines shed demand down to it when even their
+    /// fastest plan cannot serve it all). A sweep far past a system's capacity lowers
+    /// it; at the floor the first plan fails and the run stops with an error.
+    #[serde(default = "default_min_beta")]
+    pub min_beta: f64,
     /// `min_demand_qps = 1`: the demand the MILP is given at least (the reference's
     /// pipeline ILP clamps to 50, which hides hardware scaling off-peak; not
     /// followed by default, see the README).
@@ -287,6 +293,9 @@ fn default_policy() -> String {
 }
 fn one() -> f64 {
     1.0
+}
+fn default_min_beta() -> f64 {
+    Ladder::default().min_beta
 }
 fn default_decay() -> f64 {
     1.6
@@ -513,7 +522,7 @@ pub struct PipelineResult {
     pub fanout: Vec<FanoutResult>,
     /// Time-weighted mean of workers allocated (placed or still draining).
     pub workers_mean: f64,
-    /// Fewest and most workers allocated at once.
+    /// Fewest workers allocated at once, from the first plan on (the off-peak low).
     pub workers_min: u32,
     /// Most workers allocated at once.
     pub workers_max: u32,
@@ -999,7 +1008,7 @@ impl<'a> PipelineSim<'a> {
             slo_ms: self.run.slo_ms,
             comm_latency_ms: 0.0,
             scaling: s.allocator.scaling().expect("a Loki scaling"),
-            ladder: Ladder { beta: s.beta, ..Ladder::default() },
+            ladder: Ladder { beta: s.beta, min_beta: s.min_beta, ..Ladder::default() },
             solver: SolverSettings::default(),
         };
         let started = Instant::now();
@@ -1046,7 +1055,7 @@ impl<'a> PipelineSim<'a> {
             batch_sizes: self.batch_sizes(),
             objective: proteus::Objective::Accuracy,
             formulation: proteus::Formulation::Aggregated,
-            ladder: Ladder { beta: self.run.system.beta, ..Ladder::default() },
+            ladder: Ladder { beta: self.run.system.beta, min_beta: self.run.system.min_beta, ..Ladder::default() },
             solver: SolverSettings::default(),
             variants: proteus::Variants::All,
             pinned: None,
@@ -1216,13 +1225,18 @@ impl<'a> PipelineSim<'a> {
         }
         // Nodes in plan order, replica by replica (Plan::routing_workers' order).
         let mut workers = Vec::new();
+        // Per node, the requests/s its worker sustains at its batch size, before the
+        // routing headroom (for the backup table).
+        let mut full_capacity = Vec::new();
         self.node_slot.clear();
         for (h, &(t, k, _, batch, latency)) in p.hosted.iter().enumerate() {
             let accuracy = self.task_models[t][k].accuracy;
-            let capacity_qps = batch as f64 * 1e6 / latency.max(1) as f64 * self.run.system.routing_utilization;
+            let full = batch as f64 * 1e6 / latency.max(1) as f64;
+            let capacity_qps = full * self.run.system.routing_utilization;
             for &i in &assigned[h] {
                 self.slots[i].node = Some(workers.len());
                 self.node_slot.push(Some(i));
+                full_capacity.push(full);
                 workers.push(loki::routing::Worker {
                     task: t,
                     variant: k,
@@ -1233,7 +1247,11 @@ impl<'a> PipelineSim<'a> {
             }
         }
         self.tables = match &p.shares {
-            None => most_accurate_first(self.pipeline, &workers, demand),
+            None => {
+                let mut tables = most_accurate_first(self.pipeline, &workers, demand);
+                tables.backup = full_capacity_backup(&tables, &workers, &full_capacity);
+                tables
+            }
             Some(shares) => self.share_tables(p, shares, &workers, &assigned),
         };
         self.node_slot.resize(self.tables.nodes.len(), None);
@@ -1312,8 +1330,12 @@ impl<'a> PipelineSim<'a> {
         self.workers_area += self.workers_now as f64 * now.saturating_sub(self.workers_since) as f64;
         self.workers_since = now;
         self.workers_now = self.slots.iter().filter(|s| s.state != SlotState::Free).count() as u32;
-        self.workers_min = self.workers_min.min(self.workers_now);
-        self.workers_max = self.workers_max.max(self.workers_now);
+        // Before the first plan is applied no worker exists yet; counting that instant
+        // made `workers_min` 0 in every run. The extremes are over what plans used.
+        if self.replans > 0 {
+            self.workers_min = self.workers_min.min(self.workers_now);
+            self.workers_max = self.workers_max.max(self.workers_now);
+        }
     }
 
     fn arrive(&mut self) {
@@ -1718,6 +1740,38 @@ impl<'a> PipelineSim<'a> {
         };
         (r, self.windows)
     }
+}
+
+/// The backup table (Loki §5.1–5.2) measured against each worker's full capacity:
+/// per task, the workers whose routed rate (`tables.incoming`) is below the rate they
+/// sustain at their batch size, most accurate first (ties: lower node).
+///
+/// `most_accurate_first` computes leftovers against the capacities it is given, which
+/// here are cut to `routing_utilization` of the real ones so that routing leaves
+/// queueing headroom. With that cut and β = 1.2 (0.8 × 1.2 < 1) the routed demand
+/// exceeds the cut capacity of every task, no worker has anything left, and rerouting
+/// could never fire. The paper lists "workers with left-over capacity" after
+/// saturating them, and the reference's `remaining_capacity` starts from the worker's
+/// `peak_throughput` and is lowered by what MostAccurateFirst routed to it — the real
+/// capacity, not a routing share — so the backup table is rebuilt from that here.
+fn full_capacity_backup(tables: &RoutingTables, workers: &[loki::routing::Worker], full: &[f64]) -> Vec<Vec<Backup>> {
+    let mut backup: Vec<Vec<Backup>> = vec![Vec::new(); tables.backup.len()];
+    for (node, w) in workers.iter().enumerate() {
+        let leftover = full[node] - tables.incoming.get(node).copied().unwrap_or(0.0);
+        // Under a thousandth of a request per second is rounding, not capacity.
+        if leftover > 1e-3 {
+            backup[w.task].push(Backup {
+                node,
+                leftover_qps: leftover,
+                latency_us: w.latency_us,
+                accuracy: w.accuracy,
+            });
+        }
+    }
+    for list in &mut backup {
+        list.sort_by(|a, b| b.accuracy.total_cmp(&a.accuracy).then(a.node.cmp(&b.node)));
+    }
+    backup
 }
 
 /// Whether an experiment file is a pipeline experiment (it has a `[pipeline]` table).
