@@ -391,3 +391,58 @@ mod tests {
         assert!(Invalid::Duplicate(3).to_string().contains('3'));
     }
 }
+
+/// Property-based fuzzing of decision validation: whatever a policy answers,
+/// `check_decision` does not panic, and what it accepts is safe for the host to
+/// apply (the model exists and is loaded, indices in range and distinct, the batch
+/// within the model's profile).
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn decision() -> impl Strategy<Value = Decision> {
+        let index = prop_oneof![0u32..12, any::<u32>()];
+        prop_oneof![
+            Just(Decision::Idle),
+            any::<u64>().prop_map(Decision::WaitUntil),
+            (prop_oneof![0u32..4, any::<u32>()], prop::collection::vec(index.clone(), 0..12), prop::collection::vec(index, 0..6))
+                .prop_map(|(model, take, drop)| Decision::Dispatch(Dispatch { model, take, drop })),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn accepted_decisions_are_safe_to_apply(
+            latencies in prop::collection::vec(prop::collection::vec(1u64..100_000, 0..5), 0..4),
+            loaded in prop::collection::vec(0u32..5, 0..4),
+            queue_len in 0usize..10,
+            now in any::<u64>(),
+            d in decision(),
+        ) {
+            let models: Vec<Model> = latencies
+                .into_iter()
+                .enumerate()
+                .map(|(i, latency)| Model { id: i as u32, name: format!("m{i}"), accuracy: 0.5, latency })
+                .collect();
+            let queue = (0..queue_len as u64).map(|id| Pending { id, arrival: 0, deadline: 1 }).collect();
+            let view = View { now, worker: 0, workers: 1, load_qps: 0.0, loaded, queue };
+            if check_decision(&models, &view, &d).is_ok() {
+                if let Decision::Dispatch(x) = &d {
+                    let model = &models[x.model as usize];
+                    prop_assert!(view.loaded.contains(&x.model));
+                    prop_assert!(x.take.len() <= model.latency.len());
+                    let mut all: Vec<u32> = x.take.iter().chain(&x.drop).copied().collect();
+                    prop_assert!(all.iter().all(|&i| (i as usize) < view.queue.len()));
+                    all.sort_unstable();
+                    all.dedup();
+                    prop_assert_eq!(all.len(), x.take.len() + x.drop.len());
+                    prop_assert!(!all.is_empty());
+                }
+                if let Decision::WaitUntil(t) = d {
+                    prop_assert!(t > view.now);
+                }
+            }
+        }
+    }
+}

@@ -375,3 +375,89 @@ params = { model = "m" }
         assert_eq!(c.apps[0].executor, Some(ExecutorKind::Onnx));
     }
 }
+
+/// Property-based fuzzing of config and profile parsing: the repository's own
+/// configs and profiles are the seeds, mutated line by line. No text panics either
+/// parser; every refusal names its file.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn seeds(dirs: &[&str]) -> Vec<String> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut out = Vec::new();
+        for d in dirs {
+            for e in std::fs::read_dir(root.join(d)).expect("seed directory").flatten() {
+                if e.path().extension().is_some_and(|x| x == "toml") {
+                    out.push(std::fs::read_to_string(e.path()).expect("a seed"));
+                }
+            }
+        }
+        out.sort();
+        assert!(!out.is_empty());
+        out
+    }
+
+    /// Values that have broken parsers: wrong types, extremes, empty.
+    const TOKENS: &[&str] = &[
+        "0", "-1", "1e400", "nan", "inf", "\"\"", "[]", "{}", "18446744073709551616", "\"../../../etc/passwd\"", "[[app]]",
+        "true", "\"\\u0000\"", "0.0", "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]",
+    ];
+
+    /// Deletes, duplicates or swaps a line, or replaces the value after a `=`.
+    fn mutate(text: &str, ops: &[(u8, usize, u8)]) -> String {
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        for &(op, at, pick) in ops {
+            if lines.is_empty() {
+                break;
+            }
+            let at = at % lines.len();
+            match op % 4 {
+                0 => {
+                    lines.remove(at);
+                }
+                1 => {
+                    let l = lines[at].clone();
+                    lines.insert(at, l);
+                }
+                2 => {
+                    let other = (at + pick as usize) % lines.len();
+                    lines.swap(at, other);
+                }
+                _ => {
+                    if let Some((key, _)) = lines[at].split_once('=') {
+                        lines[at] = format!("{key}= {}", TOKENS[pick as usize % TOKENS.len()]);
+                    }
+                }
+            }
+        }
+        lines.join("\n")
+    }
+
+    proptest! {
+        #[test]
+        fn no_config_panics_the_parser(
+            seed in any::<prop::sample::Index>(),
+            ops in prop::collection::vec((any::<u8>(), any::<usize>(), any::<u8>()), 0..6),
+        ) {
+            let seeds = seeds(&["examples"]);
+            let text = mutate(&seeds[seed.index(seeds.len())], &ops);
+            if let Err(e) = Config::parse(&text, "fuzz.toml", Path::new("/nonexistent")) {
+                prop_assert!(e.to_string().contains("fuzz.toml"), "{e}");
+            }
+        }
+
+        #[test]
+        fn no_profile_panics_the_parser(
+            seed in any::<prop::sample::Index>(),
+            ops in prop::collection::vec((any::<u8>(), any::<usize>(), any::<u8>()), 0..6),
+        ) {
+            let seeds = seeds(&["profiles", "examples/profiles"]);
+            let text = mutate(&seeds[seed.index(seeds.len())], &ops);
+            if let Err(e) = sluice_core::profile::Profile::parse(&text, "fuzz-profile.toml") {
+                prop_assert!(e.to_string().contains("fuzz-profile.toml"), "{e}");
+            }
+        }
+    }
+}

@@ -717,3 +717,89 @@ fn model_metadata(app: &Arc<App>) -> Result<Response<Body>, ApiError> {
         }
     }))
 }
+
+/// Property-based fuzzing of request parsing (JSON and binary tensors): seeds from
+/// `tests/fuzz-corpus/requests/`, mutated. No body panics the parser; a body it
+/// accepts is exactly the app's input.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn seeds() -> Vec<Vec<u8>> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fuzz-corpus/requests");
+        let mut out: Vec<Vec<u8>> = std::fs::read_dir(&dir)
+            .expect("the seed corpus")
+            .filter_map(|e| std::fs::read(e.ok()?.path()).ok())
+            .collect();
+        out.sort();
+        assert!(out.len() >= 4, "seeds in {}", dir.display());
+        out
+    }
+
+    /// Values that have broken parsers: out of every range, not numbers at all.
+    const TOKENS: &[&str] = &[
+        "1e39", "-1e400", "NaN", "Infinity", "18446744073709551616", "-0", "[]", "[[[[[[[[[[1]]]]]]]]]]", "null",
+        "\"\\u0000\"", "{}", "1.7976931348623157e308", "3.4028236e38", "\"binary_data_size\"", "-1",
+    ];
+
+    /// One mutation: flip a byte, cut, splice a token in, or duplicate a span.
+    fn mutate(body: &mut Vec<u8>, op: u8, at: usize, byte: u8) {
+        if body.is_empty() {
+            body.push(byte);
+            return;
+        }
+        let at = at % body.len();
+        match op % 4 {
+            0 => body[at] ^= byte | 1,
+            1 => body.truncate(at),
+            2 => {
+                let token = TOKENS[byte as usize % TOKENS.len()].as_bytes();
+                body.splice(at..(at + 1).min(body.len()), token.iter().copied());
+            }
+            _ => {
+                let span: Vec<u8> = body[at..].iter().take(32).copied().collect();
+                body.splice(at..at, span);
+            }
+        }
+    }
+
+    fn parse(body: &[u8], json_len: Option<usize>) -> Result<Tensor, ApiError> {
+        let spec = InputSpec { name: "x".into(), datatype: "FP32".into(), shape: vec![4] };
+        let (json, data) = binary::split(Bytes::copy_from_slice(body), json_len)?;
+        let request: InferRequest = parse_json(&json)?;
+        to_tensor("fuzz", &spec, request.inputs, data)
+    }
+
+    proptest! {
+        #[test]
+        fn no_body_panics_the_parser_and_what_it_accepts_is_the_input(
+            seed in any::<prop::sample::Index>(),
+            mutations in prop::collection::vec((any::<u8>(), any::<usize>(), any::<u8>()), 0..6),
+            tail in prop::collection::vec(any::<u8>(), 0..40),
+            framed in any::<bool>(),
+        ) {
+            let seeds = seeds();
+            let mut body = seeds[seed.index(seeds.len())].clone();
+            for (op, at, byte) in mutations {
+                mutate(&mut body, op, at, byte);
+            }
+            // Binary framing: the JSON header's length, then the tensor bytes.
+            let json_len = framed.then_some(body.len());
+            if framed {
+                body.extend(&tail);
+            }
+            match parse(&body, json_len) {
+                Ok(t) => {
+                    prop_assert_eq!(&t.shape, &vec![1, 4]);
+                    prop_assert_eq!(t.data.len(), 4);
+                    prop_assert!(t.data.first_non_finite().is_none());
+                }
+                Err(e) => {
+                    prop_assert!(!e.message.is_empty());
+                    prop_assert!(e.status.is_client_error(), "{} {}", e.status, e.message);
+                }
+            }
+        }
+    }
+}
