@@ -74,6 +74,15 @@ impl Client {
         let mut buf = Vec::with_capacity(head.len() + body.len());
         buf.extend_from_slice(head.as_bytes());
         buf.extend_from_slice(body);
+        // A kept-alive connection the server closed while it sat idle (servers close
+        // idle keep-alive connections; sluice after `header_read_timeout_ms`) is
+        // replaced before sending, as HTTP clients' pools do: the server never saw
+        // this request, so this is not a retry.
+        let mut probe = [0u8; 1];
+        match self.stream.get_ref().try_read(&mut probe) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            _ => *self = Client::connect(self.addr).await?,
+        }
         self.stream.get_mut().write_all(&buf).await?;
         let mut line = String::new();
         if self.stream.read_line(&mut line).await? == 0 {
