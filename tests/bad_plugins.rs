@@ -77,7 +77,23 @@ async fn uploads_that_are_not_policies_are_refused_with_a_reason() {
         assert_eq!(r.status, 400, "{bad_name}");
         assert!(r.json()["error"].as_str().unwrap().contains("invalid policy name"), "{bad_name}: {}", r.json());
     }
-    let r = upload(&mut c, "jellyfish", &std::fs::read(policies_dir().join("fixed.wasm")).unwrap()).await;
+    // A component built against another version of the contract is refused before
+    // it is compiled, naming both versions.
+    let fixed = std::fs::read(policies_dir().join("fixed.wasm")).unwrap();
+    let other = String::from_utf8_lossy(&fixed).contains("sluice:policy/types@0.1.0");
+    assert!(other, "the component names its contract");
+    let mut newer = fixed.clone();
+    for at in (0..newer.len().saturating_sub(25)).filter(|&i| &fixed[i..i + 25] == b"sluice:policy/types@0.1.0") {
+        newer[at + 20..at + 25].copy_from_slice(b"0.2.0");
+    }
+    let r = upload(&mut c, "from-the-future", &newer).await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let err = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        err.contains("built against sluice:policy@0.2.0") && err.contains("implements sluice:policy@0.1.0"),
+        "{err}"
+    );
+    let r = upload(&mut c, "jellyfish", &fixed).await;
     assert_eq!(r.status, 409, "a built-in cannot be replaced");
     // Nothing refused was stored.
     let list = admin(&mut c, "GET", "/admin/policies", b"").await.json();
@@ -153,7 +169,10 @@ async fn unbind_mode_replaces_a_faulty_policy_with_the_safe_one() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     assert_eq!(status["policy"], json!("safe"), "{status}");
-    assert!(status["unbound_reason"].as_str().unwrap().contains("3 faults"), "{status}");
+    let reason = status["unbound_reason"].as_str().unwrap();
+    assert!(reason.contains("3 faults"), "{status}");
+    // The policy's panic message is kept, not only the trap.
+    assert!(reason.contains("misbehave: asked to trap"), "{status}");
     assert_eq!(status["counters"]["faults"], json!(3), "no more faults once unbound");
     // The other app is untouched.
     assert_eq!(app_status(&mut c, "emu").await["policy"], json!("jellyfish"));

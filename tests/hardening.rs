@@ -23,7 +23,12 @@ async fn a_reinit_that_spins_stalls_nothing_but_its_own_policy() {
     let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
     let auth = format!("Bearer {TOKEN}");
     let r = c
-        .request("POST", "/admin/policies?name=mis", &[("authorization", &auth), ("content-type", "application/wasm")], &bytes)
+        .request(
+            "POST",
+            "/admin/policies?name=mis",
+            &[("authorization", &auth), ("content-type", "application/wasm")],
+            &bytes,
+        )
         .await
         .unwrap();
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
@@ -153,7 +158,8 @@ async fn read_until_closed(s: &mut tokio::net::TcpStream, within: Duration) -> (
     }
 }
 
-const TIMEOUTS: &str = "header_read_timeout_ms = 600\nbody_read_timeout_ms = 300\nidle_timeout_ms = 200\nmax_connections = 4\n";
+const TIMEOUTS: &str =
+    "header_read_timeout_ms = 600\nbody_read_timeout_ms = 300\nidle_timeout_ms = 200\nmax_connections = 4\n";
 
 /// Slow and idle sockets used to be held forever, and ~1,100 idle connections ran
 /// the process out of descriptors. Now idle connections close, heads and bodies
@@ -161,7 +167,12 @@ const TIMEOUTS: &str = "header_read_timeout_ms = 600\nbody_read_timeout_ms = 300
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_idle_and_excess_connections_are_cut_off() {
     use tokio::io::AsyncWriteExt as _;
-    let server = TestServer::start(&format!("{TIMEOUTS}{}", emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\""))).await.unwrap();
+    let server = TestServer::start(&format!(
+        "{TIMEOUTS}{}",
+        emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\"")
+    ))
+    .await
+    .unwrap();
     let addr = server.addr;
 
     // An idle connection that never sends a byte is closed.
@@ -170,10 +181,11 @@ async fn slow_idle_and_excess_connections_are_cut_off() {
     assert!(closed, "an idle connection is closed");
 
     // A kept-alive connection that goes quiet after a request is closed too.
-    let mut c = server.client().await;
-    assert_eq!(c.get("/v2/health/live").await.unwrap().status, 200);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(c.get("/v2/health/live").await.is_err(), "the quiet keep-alive connection was closed");
+    let mut quiet = tokio::net::TcpStream::connect(addr).await.unwrap();
+    quiet.write_all(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let (answer, closed) = read_until_closed(&mut quiet, Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(closed, "the quiet keep-alive connection was closed after its answer");
 
     // A head sent a byte every 100 ms (always active, never complete) is cut off.
     let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -325,5 +337,26 @@ async fn bodies_beyond_the_reading_budget_are_refused() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(served, "the budget is released");
+    server.stop().await.unwrap();
+}
+
+/// Failed admin logins are throttled per client address: after ten in a minute,
+/// that address gets 429 whatever it sends, while inference is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_admin_logins_are_throttled() {
+    let server =
+        TestServer::start(&emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\"")).await.unwrap();
+    let mut c = server.client().await;
+    for i in 0..10 {
+        let r = c.request("GET", "/admin/apps/emu", &[("authorization", "Bearer wrong")], b"").await.unwrap();
+        assert_eq!(r.status, 401, "attempt {i}");
+    }
+    let r = c.request("GET", "/admin/apps/emu", &[("authorization", "Bearer wrong")], b"").await.unwrap();
+    assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.json()["error"].as_str().unwrap().contains("too many failed admin logins"), "{}", r.json());
+    // Even the right token waits out the window from this address.
+    assert_eq!(admin(&mut c, "GET", "/admin/apps/emu", b"").await.status, 429);
+    let r = c.post_json("/v2/models/emu/infer", &small_infer(1)).await.unwrap();
+    assert_eq!(r.status, 200, "inference is not throttled");
     server.stop().await.unwrap();
 }

@@ -406,7 +406,11 @@ mod fuzz {
         prop_oneof![
             Just(Decision::Idle),
             any::<u64>().prop_map(Decision::WaitUntil),
-            (prop_oneof![0u32..4, any::<u32>()], prop::collection::vec(index.clone(), 0..12), prop::collection::vec(index, 0..6))
+            (
+                prop_oneof![0u32..4, any::<u32>()],
+                prop::collection::vec(index.clone(), 0..12),
+                prop::collection::vec(index, 0..6)
+            )
                 .prop_map(|(model, take, drop)| Decision::Dispatch(Dispatch { model, take, drop })),
         ]
     }

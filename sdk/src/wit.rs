@@ -64,6 +64,8 @@ impl<P: Policy> Slot<P> {
     /// Builds the policy; on failure the slot stays as it was (a second `init`
     /// of the same instance replaces the policy only when it succeeds).
     pub fn init(&self, config: sdk::Config) -> Result<(), String> {
+        #[cfg(target_arch = "wasm32")]
+        install_panic_hook();
         let policy = P::init(config)?;
         *self.0.borrow_mut() = Some(policy);
         Ok(())
@@ -97,6 +99,22 @@ impl<P: Policy> Slot<P> {
 // vectors' contents (the element types differ, so each list is rebuilt; at the
 // queue depths policies see, 32 entries of 24 bytes, that is noise next to the
 // canonical-ABI lift itself).
+/// The first words of the log line a panicking policy writes just before it
+/// traps (`panic = "abort"`): the host keeps that line as the fault's detail.
+pub const PANIC_PREFIX: &str = "policy panicked: ";
+
+/// Sends a panic's message to the host's log before the instance aborts, so the
+/// fault the host records says why (a trap alone only says where).
+#[cfg(target_arch = "wasm32")]
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            crate::log::log(crate::log::Level::Error, &format!("{PANIC_PREFIX}{info}"));
+        }));
+    });
+}
+
 #[cfg(target_arch = "wasm32")]
 mod convert {
     use super::bindings::sluice::policy::types as w;

@@ -161,7 +161,12 @@ fn main() -> Result<()> {
     let resnet = per_worker([103605.0, 279099.0, 491613.0, 872197.0]);
     let inception = per_worker([80840.0, 163788.0, 298797.0, 597055.0]);
     let scenarios = [
-        Scenario { policy: "fixed", params: "{ model = \"resnet50\" }", models: &["resnet50"], capacity: WORKERS * resnet },
+        Scenario {
+            policy: "fixed",
+            params: "{ model = \"resnet50\" }",
+            models: &["resnet50"],
+            capacity: WORKERS * resnet,
+        },
         // Jellyfish picks between the two by load; at overload it serves the faster.
         Scenario {
             policy: "jellyfish",
@@ -174,7 +179,9 @@ fn main() -> Result<()> {
     for s in &scenarios {
         let server = Server::spawn(s)?;
         let start_rss = server.rss_mib();
-        let (at, over) = runtime.block_on(async { Ok::<_, anyhow::Error>((phase(&server, s.capacity).await?, phase(&server, 5.0 * s.capacity).await?)) })?;
+        let (at, over) = runtime.block_on(async {
+            Ok::<_, anyhow::Error>((phase(&server, s.capacity).await?, phase(&server, 5.0 * s.capacity).await?))
+        })?;
         rows.push((s, start_rss, at, over));
     }
     println!(

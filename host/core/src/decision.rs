@@ -155,9 +155,12 @@ pub fn ask(policy: &mut Bound, view: &sdk::View, cx: &Context) -> Asked {
     });
     let mut asked = match checked {
         Ok(decision) => Asked { decision, fault: None, by_safe: matches!(policy, Bound::Safe), decide_time },
-        Err(fault) => {
-            Asked { decision: sdk::helpers::safe_decision(cx.models, view), fault: Some(fault), by_safe: true, decide_time }
-        }
+        Err(fault) => Asked {
+            decision: sdk::helpers::safe_decision(cx.models, view),
+            fault: Some(fault),
+            by_safe: true,
+            decide_time,
+        },
     };
     if cx.draining && matches!(asked.decision, sdk::Decision::Idle) {
         asked.decision = sdk::helpers::safe_decision(cx.models, view);

@@ -224,6 +224,9 @@ pub struct HostState {
     memory_denied: bool,
     log_window: Instant,
     log_lines: u32,
+    /// The panic message the SDK's hook logged just before a trap (kept even when
+    /// the log itself is rate-limited), taken into the fault's detail.
+    panic: Option<String>,
 }
 
 impl wasmtime::ResourceLimiter for HostState {
@@ -244,6 +247,9 @@ impl wasmtime::ResourceLimiter for HostState {
 
 impl PolicyImports for HostState {
     fn log(&mut self, level: u8, message: String) {
+        if let Some(m) = message.strip_prefix(sluice_sdk::wit::PANIC_PREFIX) {
+            self.panic = Some(m.chars().take(MAX_LOG_LINE).collect());
+        }
         let now = Instant::now();
         if now.duration_since(self.log_window) >= Duration::from_secs(1) {
             self.log_window = now;
@@ -385,6 +391,12 @@ impl PolicyEngine {
         }
         let started = Instant::now();
         let invalid = |reason: String| PolicyError::Invalid { name: name.to_string(), reason };
+        // The world and its version are read first: a wrong upload is refused in
+        // microseconds, not after a compilation of tens of milliseconds. (Text
+        // format, for tests and experiments, is left to the compiler.)
+        if bytes.starts_with(b"\0asm") {
+            check_world(bytes).map_err(invalid)?;
+        }
         let component = Component::new(&self.engine, bytes).map_err(|e| invalid(format!("{e:#}")))?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| invalid(format!("{e:#}")))?;
         let pre = PolicyPre::new(instance_pre).map_err(|e| invalid(format!("{e:#}")))?;
@@ -524,6 +536,7 @@ impl PolicyInstance {
             memory_denied: false,
             log_window: Instant::now(),
             log_lines: 0,
+            panic: None,
         };
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| s);
@@ -541,7 +554,7 @@ impl PolicyInstance {
             Ok(Ok(())) => Ok((store, bindings, status)),
             Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
             Err(e) => {
-                let fault = classify(&store, e, init_budget);
+                let fault = classify(&mut store, e, init_budget);
                 Err(PolicyError::Init { name, reason: fault.to_string() })
             }
         }
@@ -635,7 +648,7 @@ impl PolicyInstance {
             Ok(d) => Ok(from_wit_decision(d)),
             Err(e) => {
                 self.poisoned = true;
-                Err(classify(&self.store, e, self.binding.limits.call_budget))
+                Err(classify(&mut self.store, e, self.binding.limits.call_budget))
             }
         }
     }
@@ -660,7 +673,7 @@ impl PolicyInstance {
             }
             Err(e) => {
                 self.poisoned = true;
-                Err(classify(&self.store, e, self.binding.limits.call_budget))
+                Err(classify(&mut self.store, e, self.binding.limits.call_budget))
             }
         }
     }
@@ -681,18 +694,96 @@ impl PolicyInstance {
         };
         self.bindings.call_observe(&mut self.store, o).map_err(|e| {
             self.poisoned = true;
-            classify(&self.store, e, self.binding.limits.call_budget)
+            classify(&mut self.store, e, self.binding.limits.call_budget)
         })
     }
 }
 
-fn classify(store: &Store<HostState>, e: wasmtime::Error, budget: Duration) -> PolicyFault {
+/// The contract's package and the version this host implements (`wit/policy.wit`).
+pub const CONTRACT: &str = "sluice:policy";
+/// See [`CONTRACT`].
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
+/// What a policy component may import besides the contract's own interfaces.
+const WORLD_IMPORTS: &[&str] = &["log", "shared-get", "shared-put"];
+
+/// What a policy component must export (`status` is optional).
+const WORLD_EXPORTS: &[&str] = &["init", "decide", "observe"];
+
+/// Reads a component's top-level imports and exports (without compiling it) and
+/// checks them against the `policy` world of this host's contract version.
+fn check_world(bytes: &[u8]) -> Result<(), String> {
+    use wasmparser::{Encoding, Parser, Payload};
+    let (mut depth, mut imports, mut exports) = (0usize, Vec::new(), Vec::new());
+    for payload in Parser::new(0).parse_all(bytes) {
+        let payload = payload.map_err(|e| format!("not a WebAssembly binary: {e}"))?;
+        match payload {
+            Payload::Version { encoding: Encoding::Module, .. } if depth == 0 => {
+                return Err("a core WebAssembly module, not a component: build it with the sluice SDK \
+                            (`cargo build --target wasm32-unknown-unknown` linked by wasm-component-ld)"
+                    .into());
+            }
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentImportSection(r) if depth == 0 => {
+                for i in r {
+                    let i = i.map_err(|e| format!("unreadable import: {e}"))?;
+                    // Type imports (the contract's records, named after them) are
+                    // checked structurally by the linker; functions and instances
+                    // are what a component needs the host to provide.
+                    if !matches!(i.ty, wasmparser::ComponentTypeRef::Type(_)) {
+                        imports.push(i.name.name.to_string());
+                    }
+                }
+            }
+            Payload::ComponentExportSection(r) if depth == 0 => {
+                for e in r {
+                    exports.push(e.map_err(|e| format!("unreadable export: {e}"))?.name.name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    let ours = format!("{CONTRACT}/");
+    for name in &imports {
+        if let Some(rest) = name.strip_prefix(&ours) {
+            let version = rest.split_once('@').map_or("(none)", |(_, v)| v);
+            if version != CONTRACT_VERSION {
+                return Err(format!(
+                    "built against {CONTRACT}@{version} (it imports `{name}`); this host implements \
+                     {CONTRACT}@{CONTRACT_VERSION}"
+                ));
+            }
+        } else if !WORLD_IMPORTS.contains(&name.as_str()) {
+            return Err(format!(
+                "imports `{name}`, which the policy world does not provide (a policy may import only {}): \
+                 build for wasm32-unknown-unknown, not a WASI target",
+                WORLD_IMPORTS.join(", ")
+            ));
+        }
+    }
+    for want in WORLD_EXPORTS {
+        if !exports.iter().any(|e| e == want) {
+            return Err(format!(
+                "does not export `{want}` of the policy world {CONTRACT}@{CONTRACT_VERSION} (exports: {})",
+                if exports.is_empty() { "none".to_string() } else { exports.join(", ") }
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn classify(store: &mut Store<HostState>, e: wasmtime::Error, budget: Duration) -> PolicyFault {
     if store.data().memory_denied {
         return PolicyFault::Memory(store.data().memory_cap);
     }
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => PolicyFault::Timeout(budget),
-        _ => PolicyFault::Trap(format!("{e:#}")),
+        // A panic's own message says why; the trap (and its Wasm backtrace) where.
+        _ => match store.data_mut().panic.take() {
+            Some(why) => PolicyFault::Trap(format!("{why} ({e:#})")),
+            None => PolicyFault::Trap(format!("{e:#}")),
+        },
     }
 }
 

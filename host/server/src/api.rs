@@ -159,3 +159,65 @@ pub(crate) fn registry_error(e: RegistryError) -> ApiError {
         _ => ApiError::bad_request(e.to_string()),
     }
 }
+
+/// The peer address of a request's connection (put in its extensions by the
+/// server's accept loop).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub std::net::SocketAddr);
+
+/// Failed admin logins allowed per client address per window before it is refused.
+pub const LOGIN_FAILURES_ALLOWED: u32 = 10;
+
+/// The window failed admin logins are counted over.
+pub const LOGIN_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Addresses tracked at most (beyond it, expired entries are swept, then the
+/// oldest dropped: memory stays bounded whatever the attacker's address space).
+const LOGIN_TRACKED_MAX: usize = 4096;
+
+/// Failed admin logins per client address: after [`LOGIN_FAILURES_ALLOWED`] in a
+/// [`LOGIN_WINDOW`], that address gets 429 until the window ends, whatever token it
+/// sends, so a token cannot be guessed at line rate. Failures are logged at most
+/// once a second.
+#[derive(Default)]
+pub struct LoginGuard {
+    failures: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
+    last_log: parking_lot::Mutex<Option<std::time::Instant>>,
+}
+
+impl LoginGuard {
+    /// Seconds until `ip` may try again, when it has failed too often.
+    pub fn blocked(&self, ip: std::net::IpAddr) -> Option<u64> {
+        let map = self.failures.lock();
+        let (start, n) = map.get(&ip)?;
+        let left = LOGIN_WINDOW.checked_sub(start.elapsed())?;
+        (*n >= LOGIN_FAILURES_ALLOWED).then(|| left.as_secs().max(1))
+    }
+
+    /// Counts a failed login from `ip`.
+    pub fn failed(&self, ip: std::net::IpAddr, why: &str) {
+        let now = std::time::Instant::now();
+        let n = {
+            let mut map = self.failures.lock();
+            if map.len() >= LOGIN_TRACKED_MAX && !map.contains_key(&ip) {
+                map.retain(|_, (start, _)| start.elapsed() < LOGIN_WINDOW);
+                if map.len() >= LOGIN_TRACKED_MAX {
+                    if let Some(oldest) = map.iter().min_by_key(|(_, (start, _))| *start).map(|(k, _)| *k) {
+                        map.remove(&oldest);
+                    }
+                }
+            }
+            let entry = map.entry(ip).or_insert((now, 0));
+            if entry.0.elapsed() >= LOGIN_WINDOW {
+                *entry = (now, 0);
+            }
+            entry.1 += 1;
+            entry.1
+        };
+        let mut last = self.last_log.lock();
+        if last.is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(1)) {
+            *last = Some(now);
+            tracing::warn!(%ip, failures = n, "failed admin login: {why}");
+        }
+    }
+}

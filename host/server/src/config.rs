@@ -401,8 +401,21 @@ mod fuzz {
 
     /// Values that have broken parsers: wrong types, extremes, empty.
     const TOKENS: &[&str] = &[
-        "0", "-1", "1e400", "nan", "inf", "\"\"", "[]", "{}", "18446744073709551616", "\"../../../etc/passwd\"", "[[app]]",
-        "true", "\"\\u0000\"", "0.0", "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]",
+        "0",
+        "-1",
+        "1e400",
+        "nan",
+        "inf",
+        "\"\"",
+        "[]",
+        "{}",
+        "18446744073709551616",
+        "\"../../../etc/passwd\"",
+        "[[app]]",
+        "true",
+        "\"\\u0000\"",
+        "0.0",
+        "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]",
     ];
 
     /// Deletes, duplicates or swaps a line, or replaces the value after a `=`.

@@ -136,7 +136,8 @@ fn queue_gauges(state: &State, out: &mut String) {
     for (name, app) in &state.apps {
         let _ = writeln!(out, "sluice_queue_depth{{app=\"{name}\"}} {}", app.queued.load(Ordering::Relaxed));
     }
-    let _ = writeln!(out, "# HELP sluice_in_flight Requests in running batches, by app.\n# TYPE sluice_in_flight gauge");
+    let _ =
+        writeln!(out, "# HELP sluice_in_flight Requests in running batches, by app.\n# TYPE sluice_in_flight gauge");
     for (name, app) in &state.apps {
         let running: usize = app.workers.iter().map(|w| w.in_flight.load(Ordering::Relaxed)).sum();
         let _ = writeln!(out, "sluice_in_flight{{app=\"{name}\"}} {running}");
@@ -163,21 +164,32 @@ fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), ApiError> {
             "admin API disabled: set admin_token in the config or SLUICE_ADMIN_TOKEN",
         ));
     };
+    let ip = req.extensions().get::<crate::api::Peer>().map(|p| p.0.ip());
+    if let Some(wait) = ip.and_then(|ip| state.logins.blocked(ip)) {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("too many failed admin logins from this address; retry in {wait} s"),
+        ));
+    }
     let given = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
+    let refused = match given {
         // Constant-time comparison: the token must not leak through timing.
         Some(g)
             if g.len() == token.len() && g.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0 =>
         {
-            Ok(())
+            return Ok(());
         }
-        Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid admin token")),
-        None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "admin API requires `Authorization: Bearer <token>`")),
+        Some(_) => "invalid admin token",
+        None => "admin API requires `Authorization: Bearer <token>`",
+    };
+    if let Some(ip) = ip {
+        state.logins.failed(ip, refused);
     }
+    Err(ApiError::new(StatusCode::UNAUTHORIZED, refused))
 }
 
 /// An Open Inference Protocol inference request.
@@ -739,8 +751,21 @@ mod fuzz {
 
     /// Values that have broken parsers: out of every range, not numbers at all.
     const TOKENS: &[&str] = &[
-        "1e39", "-1e400", "NaN", "Infinity", "18446744073709551616", "-0", "[]", "[[[[[[[[[[1]]]]]]]]]]", "null",
-        "\"\\u0000\"", "{}", "1.7976931348623157e308", "3.4028236e38", "\"binary_data_size\"", "-1",
+        "1e39",
+        "-1e400",
+        "NaN",
+        "Infinity",
+        "18446744073709551616",
+        "-0",
+        "[]",
+        "[[[[[[[[[[1]]]]]]]]]]",
+        "null",
+        "\"\\u0000\"",
+        "{}",
+        "1.7976931348623157e308",
+        "3.4028236e38",
+        "\"binary_data_size\"",
+        "-1",
     ];
 
     /// One mutation: flip a byte, cut, splice a token in, or duplicate a span.

@@ -55,8 +55,8 @@ pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future
             // Reap finished connections so the set does not grow with every one served.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
+                let (stream, peer) = match accepted {
+                    Ok(a) => a,
                     Err(e) => {
                         // Out of file descriptors and the like: keep serving the others,
                         // without filling the log.
@@ -73,7 +73,7 @@ pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future
                     }
                     continue;
                 };
-                connections.spawn(serve(stream, state.clone(), close_rx.clone(), permit, limits));
+                connections.spawn(serve(stream, peer, state.clone(), close_rx.clone(), permit, limits));
             }
         }
     }
@@ -129,6 +129,7 @@ fn descriptor_limit() -> Option<u64> {
 /// Serves one connection until it ends, is idle too long, or the server closes.
 async fn serve(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     state: Arc<State>,
     mut close: tokio::sync::watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
@@ -140,7 +141,8 @@ async fn serve(
     activity.touch();
     let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
     let busy = activity.clone();
-    let service = hyper::service::service_fn(move |req| {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(crate::api::Peer(peer));
         let state = state.clone();
         let guard = busy.begin();
         async move {
@@ -244,7 +246,9 @@ impl Activity {
     }
 
     fn idle_for(&self) -> Duration {
-        Duration::from_millis((epoch().elapsed().as_millis() as u64).saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+        Duration::from_millis(
+            (epoch().elapsed().as_millis() as u64).saturating_sub(self.last_ms.load(Ordering::Relaxed)),
+        )
     }
 
     fn begin(self: &Arc<Self>) -> InFlight {

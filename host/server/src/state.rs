@@ -49,6 +49,8 @@ pub struct State {
     pub pipelines: BTreeMap<String, Arc<PipelineApp>>,
     /// KiB of request bodies being read and parsed at once (`body_budget_bytes`).
     pub body_budget: Arc<tokio::sync::Semaphore>,
+    /// Failed admin logins per client address.
+    pub logins: crate::api::LoginGuard,
 }
 
 /// How an app's models are (re)loaded.
@@ -171,6 +173,7 @@ impl State {
             allocation_view: parking_lot::Mutex::new(view),
             pipelines,
             body_budget: Arc::new(tokio::sync::Semaphore::new(body_budget_kib)),
+            logins: crate::api::LoginGuard::default(),
         });
         for p in state.pipelines.values() {
             tokio::spawn(crate::pipeline::control_loop(Arc::downgrade(p)));

@@ -19,9 +19,9 @@ use crate::app::{App, WorkerControl, WorkerStart};
 use sluice_core::clock::Clock as _;
 use sluice_core::decision::Bound;
 use sluice_core::decision::{self, Context, Next};
-use sluice_core::runtime::PolicyFault;
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{DropReason, Reply, Request, Served};
+use sluice_core::runtime::PolicyFault;
 
 /// What the worker does after a decision.
 enum Step {
