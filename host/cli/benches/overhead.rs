@@ -21,17 +21,19 @@
 //! Prints a table, then one JSON line.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use parking_lot::Mutex;
 use serde_json::json;
 use sluice_loadgen::{self as loadgen, Client, LoadArgs};
+
+mod common;
 
 const RATES: [f64; 2] = [1_000.0, 5_000.0];
 const SECONDS: f64 = 5.0;
@@ -59,25 +61,7 @@ impl Server {
             }
         }
         // Cargo builds the `sluice` binary (bench profile = release) for every bench target.
-        let exe = env!("CARGO_BIN_EXE_sluice");
-        let config = root.join("examples/bench-zero.toml");
-        let mut child = Command::new(exe)
-            .args(["serve", "--config"])
-            .arg(&config)
-            .args(["--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("spawn {exe}"))?;
-        let mut stdout = BufReader::new(child.stdout.take().context("server stdout")?);
-        let mut line = String::new();
-        stdout.read_line(&mut line)?;
-        let Some(addr) = line.trim().strip_prefix("sluice listening on http://") else {
-            let _ = child.kill();
-            bail!("server did not start (first stdout line: {line:?})");
-        };
-        let addr = addr.parse().with_context(|| format!("address in {line:?}"))?;
+        let (child, addr, stdout) = common::start_server(&root.join("examples/bench-zero.toml"))?;
         Ok(Server { child, addr, _stdout: stdout })
     }
 

@@ -18,14 +18,16 @@
 //! Prints a table, then one JSON line.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde_json::json;
 use sluice_loadgen::{self as loadgen, LoadArgs};
+
+mod common;
 
 const SECONDS: f64 = 10.0;
 const SLO_MS: f64 = 400.0;
@@ -64,7 +66,7 @@ impl Server {
         let dir = tempfile::tempdir()?;
         let models: Vec<String> = s.models.iter().map(|m| format!("\"{m}\"")).collect();
         let config = format!(
-            "listen = \"127.0.0.1:0\"\nbuiltin_policy_dir = \"{root}/target/policies\"\npolicy_dir = \"{dir}/policies\"\n\n\
+            "builtin_policy_dir = \"{root}/target/policies\"\npolicy_dir = \"{dir}/policies\"\n\n\
              [[app]]\nname = \"img\"\nslo_ms = {SLO_MS}\nworkers = {WORKERS}\nrouter = \"shortest-queue\"\nexecutor = \"emulated\"\n\
              profile = \"{root}/profiles/imagenet-light-cpu.toml\"\nmodels = [{}]\nmax_batch = 4\nmax_queue = 1024\n\
              policy = \"{}\"\nparams = {}\ninput = {{ name = \"data_0\", datatype = \"FP32\", shape = [3, 224, 224] }}\n",
@@ -76,23 +78,7 @@ impl Server {
         );
         let path = dir.path().join("overload.toml");
         std::fs::write(&path, config)?;
-        let exe = env!("CARGO_BIN_EXE_sluice");
-        let mut child = Command::new(exe)
-            .args(["serve", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("spawn {exe}"))?;
-        let mut stdout = BufReader::new(child.stdout.take().context("server stdout")?);
-        let mut line = String::new();
-        stdout.read_line(&mut line)?;
-        let Some(addr) = line.trim().strip_prefix("sluice listening on http://") else {
-            let _ = child.kill();
-            bail!("server did not start (first stdout line: {line:?})");
-        };
-        let addr = addr.parse().with_context(|| format!("address in {line:?}"))?;
+        let (child, addr, stdout) = common::start_server(&path)?;
         Ok(Server { child, addr, _stdout: stdout, _dir: dir })
     }
 

@@ -1,0 +1,34 @@
+//! What the benches that run the real `sluice serve` share: starting it as a
+//! separate process and finding its address.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+/// Starts `sluice serve --config <config> --listen 127.0.0.1:0` (the binary cargo
+/// builds for every bench target) and reads the address it prints. The returned
+/// stdout must be kept open while the server runs.
+pub fn start_server(config: &Path) -> Result<(Child, SocketAddr, BufReader<ChildStdout>)> {
+    let exe = env!("CARGO_BIN_EXE_sluice");
+    let mut child = Command::new(exe)
+        .args(["serve", "--config"])
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("spawn {exe}"))?;
+    let mut stdout = BufReader::new(child.stdout.take().context("server stdout")?);
+    let mut line = String::new();
+    stdout.read_line(&mut line)?;
+    let Some(addr) = line.trim().strip_prefix("sluice listening on http://") else {
+        let _ = child.kill();
+        bail!("server did not start (first stdout line: {line:?})");
+    };
+    let addr = addr.parse().with_context(|| format!("address in {line:?}"))?;
+    Ok((child, addr, stdout))
+}
