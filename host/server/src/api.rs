@@ -165,6 +165,10 @@ pub(crate) fn registry_error(e: RegistryError) -> ApiError {
 #[derive(Clone, Copy, Debug)]
 pub struct Peer(pub std::net::SocketAddr);
 
+/// Marks a request that came in on the separate admin listener (`admin_listen`).
+#[derive(Clone, Copy, Debug)]
+pub struct AdminListener;
+
 /// Failed admin logins allowed per client address per window before it is refused.
 pub const LOGIN_FAILURES_ALLOWED: u32 = 10;
 

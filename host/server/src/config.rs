@@ -30,6 +30,11 @@ pub struct Config {
     /// `listen = "127.0.0.1:8080"`: address of the HTTP server (`--listen` overrides).
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// `admin_listen = "127.0.0.1:9090"`: serve `/admin` (and `/metrics`) on this
+    /// address only, e.g. one not reachable from clients (`--admin-listen`
+    /// overrides). Without it, `/admin` is served on `listen`.
+    #[serde(default)]
+    pub admin_listen: Option<SocketAddr>,
     /// `admin_token = "..."`: bearer token for `/admin`; `SLUICE_ADMIN_TOKEN` overrides.
     /// Without either, the admin API answers 403 to everything.
     #[serde(default)]

@@ -35,6 +35,19 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
     let path = req.uri().path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let method = req.method().clone();
+    // With a separate admin listener, each listener serves its own half.
+    if state.config.admin_listen.is_some() {
+        let on_admin = req.extensions().get::<crate::api::AdminListener>().is_some();
+        let admin_route = matches!(segments.as_slice(), ["admin", ..] | ["metrics"]);
+        if on_admin && !admin_route {
+            return Err(ApiError::not_found(format!(
+                "no route for {method} {path} on the admin listener (it serves /admin and /metrics)"
+            )));
+        }
+        if !on_admin && segments.first() == Some(&"admin") {
+            return Err(ApiError::not_found(format!("no route for {method} {path}")));
+        }
+    }
     match (&method, segments.as_slice()) {
         (&Method::GET, ["v2", "health", "live"]) => ok(json!({ "live": true })),
         (&Method::GET, ["v2", "health", "ready"]) => {

@@ -42,6 +42,18 @@ const REFUSAL_TIME: Duration = Duration::from_secs(1);
 
 /// Serves HTTP on `listener` until `shutdown` resolves, then drains gracefully.
 pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    run_with_admin(listener, None, state, shutdown).await
+}
+
+/// As [`run`], with the admin API on a listener of its own (`admin_listen`): it
+/// serves only `/admin` and `/metrics`, and `listener` no longer serves `/admin`.
+/// Both count against `max_connections`.
+pub async fn run_with_admin(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    state: Arc<State>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let limits = Limits::of(&state.config);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -54,7 +66,8 @@ pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future
             _ = &mut shutdown => break,
             // Reap finished connections so the set does not grow with every one served.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => {
+            accepted = accept(&listener, admin.as_ref()) => {
+                let (accepted, via_admin) = accepted;
                 let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
@@ -73,17 +86,32 @@ pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future
                     }
                     continue;
                 };
-                connections.spawn(serve(stream, peer, state.clone(), close_rx.clone(), permit, limits));
+                connections.spawn(serve(stream, peer, via_admin, state.clone(), close_rx.clone(), permit, limits));
             }
         }
     }
     drop(listener);
+    drop(admin);
     tracing::info!("shutting down: not accepting new requests, draining queues");
     state.drain(Duration::from_millis(state.config.shutdown_grace_ms)).await;
     let _ = close_tx.send(true);
     let _ =
         tokio::time::timeout(Duration::from_secs(5), async { while connections.join_next().await.is_some() {} }).await;
     Ok(())
+}
+
+/// The next connection on either listener, and whether it came on the admin one.
+async fn accept(
+    main: &TcpListener,
+    admin: Option<&TcpListener>,
+) -> (std::io::Result<(TcpStream, std::net::SocketAddr)>, bool) {
+    match admin {
+        None => (main.accept().await, false),
+        Some(admin) => tokio::select! {
+            a = main.accept() => (a, false),
+            a = admin.accept() => (a, true),
+        },
+    }
 }
 
 /// The connection limits of the config.
@@ -130,6 +158,7 @@ fn descriptor_limit() -> Option<u64> {
 async fn serve(
     stream: TcpStream,
     peer: std::net::SocketAddr,
+    via_admin: bool,
     state: Arc<State>,
     mut close: tokio::sync::watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
@@ -143,6 +172,9 @@ async fn serve(
     let busy = activity.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(crate::api::Peer(peer));
+        if via_admin {
+            req.extensions_mut().insert(crate::api::AdminListener);
+        }
         let state = state.clone();
         let guard = busy.begin();
         async move {

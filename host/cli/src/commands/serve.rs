@@ -15,6 +15,9 @@ pub struct ServeArgs {
     /// Listen address, overriding the config (`127.0.0.1:0` picks a free port).
     #[arg(long)]
     pub listen: Option<std::net::SocketAddr>,
+    /// Serve `/admin` and `/metrics` on this address only, overriding `admin_listen`.
+    #[arg(long)]
+    pub admin_listen: Option<std::net::SocketAddr>,
     /// Log every accepted arrival (`app,arrival_us`) for `sluice sim` to replay.
     #[arg(long)]
     pub record_arrivals: Option<PathBuf>,
@@ -43,6 +46,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs {
         config,
         listen,
+        admin_listen,
         record_arrivals,
         policy_dir,
         builtin_policy_dir,
@@ -59,6 +63,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // directory, as on any command line).
     if let Some(addr) = listen {
         config.listen = addr;
+    }
+    if let Some(addr) = admin_listen {
+        config.admin_listen = Some(addr);
     }
     if let Some(d) = policy_dir {
         config.policy_dir = d;
@@ -87,13 +94,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let addr = config.listen;
+        let config_admin = config.admin_listen;
         let state = sluice_server::state::State::build(config).await?;
         if let Some(path) = &record_arrivals {
             state.record_arrivals(path).with_context(|| format!("--record-arrivals {}", path.display()))?;
         }
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        // Printed on stdout (logs go to stderr) so scripts can find the port.
+        let admin = match config_admin {
+            Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen on {a}"))?),
+            None => None,
+        };
+        // Printed on stdout (logs go to stderr) so scripts can find the ports.
         println!("sluice listening on http://{}", listener.local_addr()?);
+        if let Some(a) = &admin {
+            println!("sluice admin listening on http://{}", a.local_addr()?);
+        }
         let shutdown = async {
             let ctrl_c = tokio::signal::ctrl_c();
             #[cfg(unix)]
@@ -105,6 +120,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             #[cfg(not(unix))]
             let _ = ctrl_c.await;
         };
-        sluice_server::server::run(listener, state, shutdown).await
+        sluice_server::server::run_with_admin(listener, admin, state, shutdown).await
     })
 }
