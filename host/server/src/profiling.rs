@@ -411,6 +411,14 @@ fn utc_date(t: SystemTime) -> String {
     format!("{year:04}-{month:02}-{day:02}")
 }
 
+/// Load average per core above which the machine counts as busy for profiling.
+const BUSY_LOAD_PER_CORE: f64 = 0.25;
+
+/// The 1-minute load average (`/proc/loadavg`; None where it does not exist).
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,12 +486,4 @@ mod tests {
         std::env::set_current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")).unwrap();
         run(cli.args).unwrap();
     }
-}
-
-/// Load average per core above which the machine counts as busy for profiling.
-const BUSY_LOAD_PER_CORE: f64 = 0.25;
-
-/// The 1-minute load average (`/proc/loadavg`; None where it does not exist).
-fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
 }
