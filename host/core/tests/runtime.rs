@@ -9,7 +9,7 @@ use sluice_core::runtime::{Binding, CompiledPolicy, Limits, PolicyEngine, Policy
 use sluice_sdk::{Config, Model, Pending, View};
 
 fn compiled(engine: &Arc<PolicyEngine>) -> Arc<CompiledPolicy> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/policies/misbehave.wasm");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/fixtures/misbehave.wasm");
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask policies`)", path.display()));
     engine.compile("misbehave", &bytes).expect("compile")
 }
