@@ -211,7 +211,10 @@ impl Simulation {
             };
             let slo_us = (spec.slo_ms * 1000.0).round() as u64;
             let params = spec.params_json(base).with_context(|| format!("app {}", spec.name))?;
-            let limits = Limits { call_budget: std::time::Duration::from_millis(50), ..Limits::default() };
+            // The budget is wall time while the simulation's is virtual: generous, so a
+            // busy machine (a descheduled thread) cannot turn into a policy fault and
+            // change the results, while a runaway policy is still stopped.
+            let limits = Limits { call_budget: std::time::Duration::from_secs(1), ..Limits::default() };
             let all: Vec<u32> = (0..models.len() as u32).collect();
             let mut workers = Vec::new();
             // One binding per app and run: its instances share one config and store.
