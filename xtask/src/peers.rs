@@ -175,7 +175,8 @@ impl Drop for Running {
         // whatever is left; the group is ours (`process_group(0)` at spawn).
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Bounded: MLServer would otherwise finish its whole backlog first.
+        let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 break;

@@ -133,12 +133,24 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
             (idle.clone(), open.clone(), path.clone(), args.body.clone(), args.addr, args.timeout);
         tasks.spawn(async move {
             let work = async {
-                let mut c = match client {
-                    Some(c) => c,
-                    None => Client::connect(addr).await?,
+                let post = |mut c: Client| {
+                    let (path, body) = (path.clone(), body.clone());
+                    async move {
+                        let r = c.request("POST", &path, &[("content-type", "application/json")], &body).await?;
+                        Ok::<_, anyhow::Error>((c, r.status))
+                    }
                 };
-                let r = c.request("POST", &path, &[("content-type", "application/json")], &body).await?;
-                Ok::<_, anyhow::Error>((c, r.status))
+                match client {
+                    // A kept-alive connection the server has closed while it sat idle
+                    // (uvicorn closes them after 5 s) fails before any answer: send
+                    // again on a fresh one, as HTTP clients do, so the server's
+                    // keep-alive timeout is not counted as its error.
+                    Some(c) => match post(c).await {
+                        Ok(done) => Ok(done),
+                        Err(_) => post(Client::connect(addr).await?).await,
+                    },
+                    None => post(Client::connect(addr).await?).await,
+                }
             };
             let (status, keep) = match tokio::time::timeout(timeout, work).await {
                 Ok(Ok((c, status))) => (status, Some(c)),
