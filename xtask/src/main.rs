@@ -9,8 +9,11 @@
 //! - `demo`: setup, build, start `sluice serve` on the embedded default, send real
 //!   image tensors, swap the policy under traffic, and print what happened.
 //! - `bench`: the benchmarks recorded in BENCHMARKS.md.
+//! - `peers`: sluice against MLServer and Ray Serve on the same model, from their
+//!   own venv (`target/peers-venv`); ~20 minutes, not part of `test` or `bench`.
 
 mod demo;
+mod peers;
 mod policies;
 
 use std::path::{Path, PathBuf};
@@ -38,6 +41,8 @@ enum Task {
     Demo,
     /// Run the benchmarks (figures go to stdout; record them in BENCHMARKS.md).
     Bench,
+    /// sluice against MLServer and Ray Serve on ResNet-50 (BENCHMARKS.md §8).
+    Peers(peers::PeersArgs),
 }
 
 fn main() -> Result<()> {
@@ -65,6 +70,7 @@ fn main() -> Result<()> {
                 "sluice",
             ]))
         }
+        Task::Peers(args) => peers::run(&root, &args),
     }
 }
 
@@ -106,7 +112,7 @@ fn debian_installed(package: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn setup(root: &Path) -> Result<()> {
+pub(crate) fn setup(root: &Path) -> Result<()> {
     // 0. Debian packages for the HiGHS build, from the Debian archive.
     let missing: Vec<&str> = DEBIAN_PACKAGES.iter().copied().filter(|p| !debian_installed(p)).collect();
     if !missing.is_empty() {

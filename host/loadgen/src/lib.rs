@@ -2,12 +2,15 @@
 //! (`sluice loadgen`).
 //!
 //! Start here: [`Client`] (one keep-alive connection), [`run`] with [`LoadArgs`]
-//! (a whole load run), [`Summary`] (what it measured).
+//! (a whole load run), [`Summary`] (what it measured), [`poisson::run_poisson`]
+//! (Poisson open loop against any HTTP server, per-request records).
 //!
 //! It drives the demo (real image tensors, policy swaps under traffic) and the
 //! host-overhead benchmark, and integration tests use [`Client`]. Open loop
 //! (`--rate`, arrivals on a fixed schedule over a pool of keep-alive connections) or
 //! closed loop (`--concurrency` clients back to back).
+
+pub mod poisson;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -90,6 +93,7 @@ impl Client {
         }
         let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).context("bad status line")?;
         let mut len = 0usize;
+        let mut chunked = false;
         let mut headers = Vec::new();
         loop {
             line.clear();
@@ -102,11 +106,44 @@ impl Client {
                 if k.eq_ignore_ascii_case("content-length") {
                     len = v.trim().parse().context("bad content-length")?;
                 }
+                if k.eq_ignore_ascii_case("transfer-encoding") && v.to_ascii_lowercase().contains("chunked") {
+                    chunked = true;
+                }
                 headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
             }
         }
-        let mut body = vec![0; len];
-        self.stream.read_exact(&mut body).await?;
+        let body = if chunked {
+            // Servers that stream their answers (Ray Serve's proxy) send them chunked:
+            // `SIZE-IN-HEX\r\n DATA \r\n` ... `0\r\n` then trailers up to an empty line.
+            // Reading only a content-length would leave the chunks on the connection
+            // and break the next request on it.
+            let mut body = Vec::new();
+            loop {
+                line.clear();
+                self.stream.read_line(&mut line).await?;
+                let size = line.trim_end().split(';').next().unwrap_or("");
+                let size =
+                    usize::from_str_radix(size.trim(), 16).with_context(|| format!("bad chunk size {line:?}"))?;
+                if size == 0 {
+                    loop {
+                        line.clear();
+                        if self.stream.read_line(&mut line).await? == 0 || line.trim_end().is_empty() {
+                            break;
+                        }
+                    }
+                    break body;
+                }
+                let at = body.len();
+                body.resize(at + size, 0);
+                self.stream.read_exact(&mut body[at..]).await?;
+                let mut crlf = [0u8; 2];
+                self.stream.read_exact(&mut crlf).await?;
+            }
+        } else {
+            let mut body = vec![0; len];
+            self.stream.read_exact(&mut body).await?;
+            body
+        };
         Ok(HttpResponse { status, body, headers })
     }
 
@@ -441,5 +478,43 @@ pub fn print_summary(s: &Summary) {
             sw["install_us"].as_f64().unwrap_or(0.0),
             sw["max_slot_hold_us"].as_f64().unwrap_or(0.0),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A chunked answer is read whole, and the connection stays usable for the next
+    /// request (the chunks are not left on it).
+    #[tokio::test]
+    async fn reads_chunked_answers_and_keeps_the_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.expect("accept");
+            let mut s = BufReader::new(s);
+            for _ in 0..2 {
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    s.read_line(&mut line).await.expect("read");
+                    if line.trim_end().is_empty() {
+                        break;
+                    }
+                }
+                let answer =
+                    "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3;x=y\r\n:1}\r\n0\r\n\r\n";
+                s.get_mut().write_all(answer.as_bytes()).await.expect("write");
+            }
+        });
+        let mut c = Client::connect(addr).await.expect("connect");
+        for _ in 0..2 {
+            let r = c.get("/").await.expect("request");
+            assert_eq!(r.status, 200);
+            assert_eq!(r.body, b"{\"a\":1}");
+        }
+        server.await.expect("server");
     }
 }
