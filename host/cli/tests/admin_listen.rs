@@ -1,11 +1,11 @@
 //! `admin_listen`: the admin API on an address of its own. The real `sluice serve`
 //! process, both listeners on loopback.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use sluice_loadgen::Client;
+
+mod common;
 
 #[test]
 fn the_admin_api_is_served_only_on_its_own_listener() {
@@ -18,24 +18,9 @@ fn the_admin_api_is_served_only_on_its_own_listener() {
         root = root.display(),
         dir = dir.path().display()
     );
-    let path = dir.path().join("c.toml");
-    std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut addr = |prefix: &str| {
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        line.trim().strip_prefix(prefix).unwrap_or_else(|| panic!("{line:?}")).parse::<std::net::SocketAddr>().unwrap()
-    };
-    let main = addr("sluice listening on http://");
-    let admin = addr("sluice admin listening on http://");
+    let (mut child, mut out) = common::serve(&config, dir.path());
+    let main = common::address(&mut out, "sluice listening on http://");
+    let admin = common::address(&mut out, "sluice admin listening on http://");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         rt.block_on(async {

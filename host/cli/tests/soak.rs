@@ -7,13 +7,14 @@
 //! `SLUICE_SOAK_RATE` req/s (default 400). The full soak is ten minutes:
 //! `SLUICE_SOAK_SECONDS=600 cargo test --release -p sluice --test soak`.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use serde_json::Value;
 use sluice_loadgen::{Client, LoadArgs};
+
+mod common;
 
 const TOKEN: &str = "soak-token";
 
@@ -72,21 +73,9 @@ fn a_steady_load_with_a_swap_every_second_loses_nothing_and_leaks_nothing() {
         root = root.display(),
         dir = dir.path().display()
     );
-    let path = dir.path().join("soak.toml");
-    std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (child, mut out) = common::serve(&config, dir.path());
     let server = Server(child);
-    let addr: std::net::SocketAddr =
-        line.trim().strip_prefix("sluice listening on http://").expect("the server's address").parse().unwrap();
+    let addr = common::address(&mut out, "sluice listening on http://");
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
