@@ -116,12 +116,8 @@ pub struct WorkQueue {
 impl WorkQueue {
     /// Appends a request and wakes the workers waiting on this queue.
     pub fn push(&self, request: Request) {
-        let mut items = self.items.lock();
-        let at = items.len() - items.iter().rev().take_while(|r| r.deadline > request.deadline).count();
-        items.insert(at, request);
-        self.len.store(items.len(), Ordering::Relaxed);
-        drop(items);
-        self.notify.notify_waiters();
+        // Always admitted, so never handed back.
+        let _ = self.push_if(request, |_| true);
     }
 
     /// Appends a request if `admit(queued)` agrees, judged under the queue's lock

@@ -248,7 +248,9 @@ impl wasmtime::ResourceLimiter for HostState {
 impl PolicyImports for HostState {
     fn log(&mut self, level: u8, message: String) {
         if let Some(m) = message.strip_prefix(sluice_sdk::wit::PANIC_PREFIX) {
-            self.panic = Some(m.chars().take(MAX_LOG_LINE).collect());
+            let mut m = m.to_string();
+            truncate_at_char(&mut m, MAX_LOG_LINE);
+            self.panic = Some(m);
         }
         let now = Instant::now();
         if now.duration_since(self.log_window) >= Duration::from_secs(1) {
@@ -260,13 +262,7 @@ impl PolicyImports for HostState {
             return;
         }
         let mut message = message;
-        if message.len() > MAX_LOG_LINE {
-            let mut cut = MAX_LOG_LINE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-        }
+        truncate_at_char(&mut message, MAX_LOG_LINE);
         let tag = &*self.tag;
         match level {
             0 => tracing::error!(target: "sluice::policy", policy = tag, "{message}"),
@@ -661,12 +657,7 @@ impl PolicyInstance {
         match f.call(&mut self.store, ()) {
             Ok((mut s,)) => {
                 // A policy's status goes into admin answers: capped like its logs.
-                if s.len() > MAX_STATUS {
-                    let mut cut = MAX_STATUS;
-                    while !s.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    s.truncate(cut);
+                if truncate_at_char(&mut s, MAX_STATUS) {
                     s.push_str("…(truncated)");
                 }
                 Ok(Some(s))
@@ -697,6 +688,19 @@ impl PolicyInstance {
             classify(&mut self.store, e, self.binding.limits.call_budget)
         })
     }
+}
+
+/// Cuts `s` to at most `max` bytes at a character boundary; whether it was cut.
+fn truncate_at_char(s: &mut String, max: usize) -> bool {
+    if s.len() <= max {
+        return false;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    s.truncate(cut);
+    true
 }
 
 /// The contract's package and the version this host implements (`wit/policy.wit`).

@@ -140,15 +140,12 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
                         Ok::<_, anyhow::Error>((c, r.status))
                     }
                 };
+                // A kept-alive connection the server closed while it sat idle
+                // (uvicorn closes them after 5 s) is replaced by `Client::request`
+                // before it sends, so the server's keep-alive timeout is not counted
+                // as its error, and a request is never sent twice.
                 match client {
-                    // A kept-alive connection the server has closed while it sat idle
-                    // (uvicorn closes them after 5 s) fails before any answer: send
-                    // again on a fresh one, as HTTP clients do, so the server's
-                    // keep-alive timeout is not counted as its error.
-                    Some(c) => match post(c).await {
-                        Ok(done) => Ok(done),
-                        Err(_) => post(Client::connect(addr).await?).await,
-                    },
+                    Some(c) => post(c).await,
                     None => post(Client::connect(addr).await?).await,
                 }
             };

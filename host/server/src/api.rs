@@ -186,7 +186,7 @@ const LOGIN_TRACKED_MAX: usize = 4096;
 #[derive(Default)]
 pub struct LoginGuard {
     failures: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
-    last_log: parking_lot::Mutex<Option<std::time::Instant>>,
+    log: RateLimitedLog,
 }
 
 impl LoginGuard {
@@ -218,10 +218,34 @@ impl LoginGuard {
             entry.1 += 1;
             entry.1
         };
-        let mut last = self.last_log.lock();
-        if last.is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(1)) {
-            *last = Some(now);
-            tracing::warn!(%ip, failures = n, "failed admin login: {why}");
-        }
+        self.log.warn(
+            |suppressed| tracing::warn!(%ip, failures = n, "failed admin login: {why} ({suppressed} more not logged)"),
+        );
+    }
+}
+
+/// A warning written at most once a second; the ones in between are counted and
+/// the count goes with the next line written. For what an attacker or a faulting
+/// policy can repeat at line rate (failed accepts, logins, policy faults).
+#[derive(Default)]
+pub struct RateLimitedLog {
+    state: parking_lot::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl RateLimitedLog {
+    /// Calls `log` with the number of warnings not written since the last one,
+    /// unless one was written less than a second ago.
+    pub fn warn(&self, log: impl FnOnce(u64)) {
+        let now = std::time::Instant::now();
+        let suppressed = {
+            let mut state = self.state.lock();
+            if state.0.is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1)) {
+                state.1 += 1;
+                return;
+            }
+            state.0 = Some(now);
+            std::mem::take(&mut state.1)
+        };
+        log(suppressed);
     }
 }

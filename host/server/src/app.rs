@@ -220,8 +220,8 @@ pub struct App {
     /// (answered 503) and exit; see [`App::abort`].
     pub aborted: AtomicBool,
     abort_notify: tokio::sync::Notify,
-    /// When a fault was last logged, and how many were not since.
-    fault_log: Mutex<(Option<Instant>, u64)>,
+    /// Fault lines in the log: at most one a second.
+    fault_log: crate::api::RateLimitedLog,
     /// Which worker gets the next request.
     pub router: Router,
     next_id: Arc<AtomicU64>,
@@ -356,7 +356,7 @@ impl App {
             draining: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
             abort_notify: tokio::sync::Notify::new(),
-            fault_log: Mutex::new((None, 0)),
+            fault_log: crate::api::RateLimitedLog::default(),
             router,
             next_id,
             engine,
@@ -644,26 +644,15 @@ impl App {
         let n = self.counters.faults_since_bind.fetch_add(1, Ordering::Relaxed) + 1;
         // Counted always, logged at most once a second per app: a policy that
         // faults on every decision must not fill the log.
-        let suppressed = {
-            let mut last = self.fault_log.lock();
-            let now = Instant::now();
-            if last.0.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
-                last.1 += 1;
-                None
-            } else {
-                last.0 = Some(now);
-                Some(std::mem::take(&mut last.1))
-            }
-        };
-        if let Some(suppressed) = suppressed {
+        self.fault_log.warn(|suppressed| {
             tracing::warn!(
                 app = self.name(),
                 policy,
                 kind,
                 faults = n,
                 "policy fault answered by the safe policy: {detail} ({suppressed} more faults since the last line)"
-            );
-        }
+            )
+        });
         if self.config.fail_mode == FailMode::Unbind && n >= self.config.unbind_after {
             let mut b = self.binding.lock();
             if b.generation == generation && b.unbound_reason.is_none() {

@@ -58,7 +58,7 @@ pub async fn run_with_admin(
     let limits = Limits::of(&state.config);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
-    let mut accept_errors = RateLimitedLog::default();
+    let accept_errors = crate::api::RateLimitedLog::default();
     let mut connections = JoinSet::new();
     let (close_tx, close_rx) = tokio::sync::watch::channel(false);
     loop {
@@ -236,26 +236,6 @@ async fn refuse(mut stream: TcpStream, limit: usize, _permit: OwnedSemaphorePerm
         Ok::<_, std::io::Error>(())
     })
     .await;
-}
-
-/// A warning logged at most once a second, with how many were not.
-#[derive(Default)]
-struct RateLimitedLog {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl RateLimitedLog {
-    fn warn(&mut self, log: impl FnOnce(u64)) {
-        let now = Instant::now();
-        if self.last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
-            self.suppressed += 1;
-            return;
-        }
-        log(self.suppressed);
-        self.last = Some(now);
-        self.suppressed = 0;
-    }
 }
 
 /// When a connection last moved a byte, and how many of its requests are in

@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use sluice_sim::model_switching::{build, BuildArgs, Setup};
 use sluice_sim::{run_experiment, stats::RunResult, Accounting, Experiment};
 
+#[allow(dead_code)] // the shared fixtures also serve the other simulator tests
+mod common;
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -17,22 +20,10 @@ fn load(name: &str) -> (Experiment, PathBuf) {
     Experiment::load(&root().join("examples/experiments").join(name)).unwrap()
 }
 
-const MODELS: [&str; 9] = [
-    "shufflenet_v2_x0_5",
-    "mobilenet_v3_large",
-    "efficientnet_b0",
-    "efficientnet_b2",
-    "efficientnet_b3",
-    "efficientnet_b4",
-    "efficientnet_v2_s",
-    "efficientnet_v2_m",
-    "efficientnet_v2_l",
-];
-
 fn build_args(setup: Setup, loads: Vec<f64>, seed: u64) -> BuildArgs {
     BuildArgs {
         profile: root().join("profiles/ramsis-image-cpu.toml"),
-        models: MODELS.iter().map(|m| m.to_string()).collect(),
+        models: common::PARETO_MODELS.iter().map(|m| m.to_string()).collect(),
         slo_ms: 150.0,
         workers: 60,
         loads,

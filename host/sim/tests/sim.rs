@@ -148,17 +148,7 @@ fn model_switching_table_matches_the_reference_away_from_boundaries() {
             "../shared/data/ramsis/model_switching_tables/image_cloud_cpu_ModelSwitching_instances-60_150ms_0.01",
         ))
         .unwrap();
-    let pareto = [
-        "shufflenet_v2_x0_5",
-        "mobilenet_v3_large",
-        "efficientnet_b0",
-        "efficientnet_b2",
-        "efficientnet_b3",
-        "efficientnet_b4",
-        "efficientnet_v2_s",
-        "efficientnet_v2_m",
-        "efficientnet_v2_l",
-    ];
+    let pareto = common::PARETO_MODELS;
     let args = BuildArgs {
         profile: root.join("profiles/ramsis-image-cpu.toml"),
         models: pareto.iter().map(|s| s.to_string()).collect(),

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+#[allow(dead_code)] // the shared fixtures also serve the other simulator tests
 mod common;
 
 use sluice_sim::{report, run_experiment, stats::write_outputs};

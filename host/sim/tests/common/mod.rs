@@ -37,3 +37,17 @@ pub fn experiment(dir: &Path, body: &str) -> (Experiment, PathBuf) {
     std::fs::write(&path, text).unwrap();
     Experiment::load(&path).unwrap()
 }
+
+/// The Pareto-optimal image models of the RAMSIS artifact's ModelSwitching tables,
+/// in increasing latency (its 1-based table indices follow this order).
+pub const PARETO_MODELS: [&str; 9] = [
+    "shufflenet_v2_x0_5",
+    "mobilenet_v3_large",
+    "efficientnet_b0",
+    "efficientnet_b2",
+    "efficientnet_b3",
+    "efficientnet_b4",
+    "efficientnet_v2_s",
+    "efficientnet_v2_m",
+    "efficientnet_v2_l",
+];
