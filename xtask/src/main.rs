@@ -96,13 +96,15 @@ pub(crate) fn venv_python(root: &Path) -> PathBuf {
 }
 
 /// Python packages the project needs: onnxruntime for its shared library, onnx for the
-/// model architectures, numpy for both, tritonclient for the OIP conformance test.
+/// model architectures, numpy for both, tritonclient (HTTP and gRPC) for the OIP conformance tests.
 /// matplotlib for the photograph in its sample data (the demo's real image tensors).
-const PY_PACKAGES: &[&str] = &["onnxruntime==1.31.1", "onnx", "numpy", "tritonclient[http]", "matplotlib"];
+const PY_PACKAGES: &[&str] = &["onnxruntime==1.31.1", "onnx", "numpy", "tritonclient[http,grpc]", "matplotlib"];
 
 /// Debian packages the build needs: cmake and libclang for the HiGHS C++ build behind
-/// the allocator (good_lp's `highs` feature; DESIGN.md, toolchain facts).
-const DEBIAN_PACKAGES: &[&str] = &["cmake", "libclang-dev"];
+/// the allocator (good_lp's `highs` feature; DESIGN.md, toolchain facts); protoc for the
+/// KServe v2 gRPC front and etcd-client (tonic-prost-build runs it); etcd for the
+/// cluster tests, which start real etcd members.
+const DEBIAN_PACKAGES: &[&str] = &["cmake", "libclang-dev", "protobuf-compiler", "etcd-server"];
 
 fn debian_installed(package: &str) -> bool {
     Command::new("dpkg-query")
@@ -137,7 +139,7 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
     let python = venv_python(root);
     let have_packages = python.exists()
         && Command::new(&python)
-            .args(["-c", "import onnxruntime, onnx, numpy, tritonclient.http, matplotlib"])
+            .args(["-c", "import onnxruntime, onnx, numpy, tritonclient.http, tritonclient.grpc, matplotlib"])
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
