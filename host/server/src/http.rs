@@ -586,8 +586,7 @@ async fn infer(
     // stopped abnormally. The client still gets the shutdown's documented 503, and
     // the request is counted.
     let Ok(reply) = rx.await else {
-        tracing::error!(app = app.name(), "a worker stopped without answering a request");
-        app.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        app.count_unanswered();
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the request's worker stopped before serving it"));
     };
     match reply {
