@@ -40,7 +40,8 @@ struct Photo {
 fn photos() -> Vec<Photo> {
     let dir = root().join("models/imagenet-trained");
     let meta: Value = serde_json::from_slice(
-        &std::fs::read(dir.join("samples.json")).expect("models/imagenet-trained/samples.json: run `cargo xtask setup`"),
+        &std::fs::read(dir.join("samples.json"))
+            .expect("models/imagenet-trained/samples.json: run `cargo xtask setup`"),
     )
     .unwrap();
     assert_eq!(meta["shape"], json!([1, 3, 260, 260]), "samples.json: the family's input");

@@ -211,9 +211,9 @@ fn skimage_wheel(root: &Path, python: &Path) -> Result<PathBuf> {
     let version = SKIMAGE_WHEEL.rsplit("==").next().unwrap_or_default();
     let find = || -> Option<PathBuf> {
         std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).find(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.starts_with(&format!("scikit_image-{version}-")) && n.ends_with(".whl")
-            })
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("scikit_image-{version}-")) && n.ends_with(".whl"))
         })
     };
     if let Some(found) = find() {
