@@ -354,7 +354,9 @@ impl AppConfig {
                 return Err(invalid("expire_after_ms", "expected a non-negative number of milliseconds"));
             }
         }
-        if !(self.max_batch_wait_ms.is_finite() && self.max_batch_wait_ms >= 0.0 && self.max_batch_wait_ms < self.slo_ms)
+        if !(self.max_batch_wait_ms.is_finite()
+            && self.max_batch_wait_ms >= 0.0
+            && self.max_batch_wait_ms < self.slo_ms)
         {
             return Err(invalid("max_batch_wait_ms", "expected a non-negative number of milliseconds below slo_ms"));
         }

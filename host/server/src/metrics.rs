@@ -123,7 +123,12 @@ impl Metrics {
             "Policy faults by app, policy and kind (trap, timeout, memory, invalid: answered by the safe policy; reinit: a failed re-instantiation; stalled: requests expired while the policy dispatched nothing).",
             &self.faults.lock(),
         );
-        counter(&mut out, "sluice_policy_swaps_total", "Completed hot swaps of an app's policy, by app and the policy swapped in.", &self.swaps.lock());
+        counter(
+            &mut out,
+            "sluice_policy_swaps_total",
+            "Completed hot swaps of an app's policy, by app and the policy swapped in.",
+            &self.swaps.lock(),
+        );
         let c = &self.connections;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let _ = writeln!(

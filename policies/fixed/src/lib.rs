@@ -178,7 +178,12 @@ mod tests {
     #[test]
     fn one_request_at_a_time_where_batching_does_not_pay() {
         // ResNet-50 on this machine's CPU: a batch of b costs about b singles.
-        let cpu = vec![Model { id: 0, name: "resnet50".into(), accuracy: 0.76, latency: vec![97_000, 216_000, 385_000, 786_000] }];
+        let cpu = vec![Model {
+            id: 0,
+            name: "resnet50".into(),
+            accuracy: 0.76,
+            latency: vec![97_000, 216_000, 385_000, 786_000],
+        }];
         let mut h = Harness::<Fixed>::new(config(2_000_000, cpu, r#"{"model":"resnet50"}"#)).expect("init");
         let v = h.view(0, 10.0, (0..6).map(|i| pending(i, 0, 2_000_000)).collect());
         assert_eq!(h.decide(&v), Decision::serve(0, vec![0]));
