@@ -284,21 +284,19 @@ impl AppConfig {
 
     /// The `config` record the app's policy instances are initialised with (`worker`
     /// is set per instance, see [`crate::runtime::Binding`]).
+    ///
     /// The host's settings for policies that honour them (`sdk::HostSettings`) go
     /// into `params` under `sdk::HOST_PARAMS_KEY` when any differs from its default,
     /// so the contract stays as it is and params without them are passed untouched.
     pub fn policy_config(&self, models: &[sdk::Model], params: &str) -> sdk::Config {
         let host = sdk::HostSettings { max_batch_wait_us: (self.max_batch_wait_ms * 1000.0).round() as u64 };
-        let with_host = (host != sdk::HostSettings::default())
-            .then(|| match serde_json::from_str::<serde_json::Value>(params) {
-                Ok(serde_json::Value::Object(mut o)) => {
-                    o.insert(sdk::HOST_PARAMS_KEY.into(), serde_json::json!(host));
-                    Some(serde_json::Value::Object(o).to_string())
-                }
-                _ => None,
-            })
-            .flatten();
-        let params = with_host.unwrap_or_else(|| params.to_string());
+        let mut params = params.to_string();
+        if host != sdk::HostSettings::default() {
+            if let Ok(serde_json::Value::Object(mut o)) = serde_json::from_str(&params) {
+                o.insert(sdk::HOST_PARAMS_KEY.into(), serde_json::json!(host));
+                params = serde_json::Value::Object(o).to_string();
+            }
+        }
         sdk::Config {
             app: self.name.clone(),
             slo: self.slo_us(),
