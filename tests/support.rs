@@ -99,6 +99,12 @@ impl TestServer {
             config.replace("{dir}", &dir.path().display().to_string()).replace("{root}", &root().display().to_string())
         );
         let config = sluice_server::config::Config::parse(&text, "test config", dir.path())?;
+        Self::serve(config, dir).await
+    }
+
+    /// Builds and serves an already parsed config on `127.0.0.1:0`; `dir` is kept
+    /// alive with the server.
+    pub async fn serve(config: sluice_server::config::Config, dir: tempfile::TempDir) -> Result<TestServer> {
         let state = State::build(config).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;

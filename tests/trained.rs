@@ -17,15 +17,10 @@
 //! uniform, academic gown, suit and Windsor tie, within the top 5 (`top` in
 //! samples.json; make_trained.py explains the margins).
 
-use std::sync::Arc;
-
-use anyhow::Result;
 use serde_json::{json, Value};
 use sluice_e2e::*;
 use sluice_loadgen::Client;
 use sluice_server::config::{Config, DEFAULT_CONFIG};
-use sluice_server::state::State;
-use tokio::sync::oneshot;
 
 const VARIANTS: [&str; 3] = ["efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2"];
 
@@ -64,31 +59,15 @@ fn photos() -> Vec<Photo> {
         .collect()
 }
 
-/// The embedded default config served on `127.0.0.1:0`.
-struct DefaultServer {
-    addr: std::net::SocketAddr,
-    shutdown: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<()>>,
-    _dir: tempfile::TempDir,
-}
-
-async fn start_default() -> DefaultServer {
+/// The embedded default config served on `127.0.0.1:0`, with the test's own admin
+/// token and uploaded-policy directory.
+async fn start_default() -> TestServer {
     policies_dir(); // fails clearly when the built-in components are missing
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::parse(DEFAULT_CONFIG, "<embedded default config>", &root()).expect("the default parses");
     config.admin_token = Some(TOKEN.into());
     config.policy_dir = dir.path().join("policies");
-    let state: Arc<State> = State::build(config).await.expect("the default config's apps build");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (shutdown, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        sluice_server::server::run(listener, state, async {
-            let _ = rx.await;
-        })
-        .await
-    });
-    DefaultServer { addr, shutdown, task, _dir: dir }
+    TestServer::serve(config, dir).await.expect("the default config's apps build")
 }
 
 /// Sends `photo` to the default app; returns the variant that served it and the
@@ -128,7 +107,7 @@ fn check(photo: &Photo, variant: &str, top: &[usize]) {
 async fn the_default_config_classifies_photos_with_every_trained_variant() {
     let photos = photos();
     let server = start_default().await;
-    let mut c = Client::connect(server.addr).await.unwrap();
+    let mut c = server.client().await;
 
     // The app advertises the trained family with the published accuracies (what the
     // demo's loadgen averages and prints).
@@ -171,6 +150,5 @@ async fn the_default_config_classifies_photos_with_every_trained_variant() {
         }
     }
 
-    let _ = server.shutdown.send(());
-    server.task.await.unwrap().unwrap();
+    server.stop().await.unwrap();
 }
