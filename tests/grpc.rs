@@ -122,20 +122,31 @@ async fn typed_contents_versions_and_framing_errors() {
     // What is wrong is named, with the HTTP front's words.
     let raw16: Vec<u8> = [1f32, 2., 3., 4.].iter().flat_map(|x| x.to_le_bytes()).collect();
     let cases: Vec<(ModelInferRequest, tonic::Code, &str)> = vec![
-        (request(vec![typed(vec![1, 4], vec![1., 2., 3.])], vec![]), tonic::Code::InvalidArgument, "needs 4 elements, contents has 3"),
+        (
+            request(vec![typed(vec![1, 4], vec![1., 2., 3.])], vec![]),
+            tonic::Code::InvalidArgument,
+            "needs 4 elements, contents has 3",
+        ),
         (
             request(vec![InferInputTensor { contents: None, ..typed(vec![1, 4], vec![]) }], vec![raw16[..12].to_vec()]),
             tonic::Code::InvalidArgument,
             "needs 16 bytes; raw_input_contents has 12",
         ),
-        (request(vec![typed(vec![1, 4], vec![1., 2., 3., 4.])], vec![raw16.clone()]), tonic::Code::InvalidArgument, "both contents and raw_input_contents"),
+        (
+            request(vec![typed(vec![1, 4], vec![1., 2., 3., 4.])], vec![raw16.clone()]),
+            tonic::Code::InvalidArgument,
+            "both contents and raw_input_contents",
+        ),
         (
             request(vec![InferInputTensor { contents: None, ..typed(vec![1, 4], vec![]) }], vec![]),
             tonic::Code::InvalidArgument,
             "no contents (nor raw_input_contents)",
         ),
         (
-            request(vec![InferInputTensor { contents: None, ..typed(vec![1, 4], vec![]) }], vec![raw16.clone(), raw16.clone()]),
+            request(
+                vec![InferInputTensor { contents: None, ..typed(vec![1, 4], vec![]) }],
+                vec![raw16.clone(), raw16.clone()],
+            ),
             tonic::Code::InvalidArgument,
             "raw_input_contents has 2 entries for 1 inputs",
         ),
@@ -145,12 +156,18 @@ async fn typed_contents_versions_and_framing_errors() {
             "a batch of 2000 samples; emu takes 1 to 1024 per request",
         ),
         (
-            ModelInferRequest { model_version: "small".into(), ..request(vec![typed(vec![1, 4], vec![1., 2., 3., 4.])], vec![]) },
+            ModelInferRequest {
+                model_version: "small".into(),
+                ..request(vec![typed(vec![1, 4], vec![1., 2., 3., 4.])], vec![])
+            },
             tonic::Code::InvalidArgument,
             "sluice's policy picks the variant",
         ),
         (
-            ModelInferRequest { model_version: "huge".into(), ..request(vec![typed(vec![1, 4], vec![1., 2., 3., 4.])], vec![]) },
+            ModelInferRequest {
+                model_version: "huge".into(),
+                ..request(vec![typed(vec![1, 4], vec![1., 2., 3., 4.])], vec![])
+            },
             tonic::Code::NotFound,
             "emu has no version `huge`",
         ),

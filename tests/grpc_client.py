@@ -72,7 +72,7 @@ def main():
     one_sample = grpcclient.InferInput(input_name, [1, 4], "FP32")
     one_sample.set_data_from_numpy(data)
     for i in range(calls):
-        client.async_infer(slow, [one_sample], callback=lambda r, e, i=i: callback(i, r, e), request_id=str(i))
+        client.async_infer(slow, [one_sample], callback=lambda result, error, i=i: callback(i, result, error), request_id=str(i))
     assert done.wait(60), f"only {len(answers)} of {calls} calls answered"
     codes = {}
     for i, got in answers.items():

@@ -122,9 +122,10 @@ async fn binary_tensors_in_and_out_and_their_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn versions_index_config_stats_and_batches() {
-    let server = TestServer::start(&emu_app("zero", "slo_ms = 100\nworkers = 1\nmax_queue = 8\npolicy = \"jellyfish\""))
-        .await
-        .unwrap();
+    let server =
+        TestServer::start(&emu_app("zero", "slo_ms = 100\nworkers = 1\nmax_queue = 8\npolicy = \"jellyfish\""))
+            .await
+            .unwrap();
     let mut c = server.client().await;
     // A version is a variant: metadata and readiness per variant.
     let r = c.get("/v2/models/emu/versions/medium").await.unwrap();
@@ -134,7 +135,10 @@ async fn versions_index_config_stats_and_batches() {
     assert_eq!(c.get("/v2/models/emu/versions/medium/ready").await.unwrap().status, 200);
     let r = c.get("/v2/models/emu/versions/huge").await.unwrap();
     assert_eq!(r.status, 404);
-    assert!(r.json()["error"].as_str().unwrap().contains("emu has no version `huge` (its versions: small, medium, large)"));
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("emu has no version `huge` (its versions: small, medium, large)"));
     // Inference pinned to a variant is refused, naming why and what to do.
     let r = c.post_json("/v2/models/emu/versions/small/infer", &small_infer(1)).await.unwrap();
     assert_eq!(r.status, 400);
@@ -173,7 +177,10 @@ async fn versions_index_config_stats_and_batches() {
     // More samples than the queue can ever hold: refused, naming the limit.
     let r = c.post_json("/v2/models/emu/infer", &batch(9)).await.unwrap();
     assert_eq!(r.status, 400);
-    assert!(r.json()["error"].as_str().unwrap().contains("a batch of 9 samples; emu takes 1 to 8 per request (its max_queue)"));
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("a batch of 9 samples; emu takes 1 to 8 per request (its max_queue)"));
 
     // The configuration and statistics, from the config and the counters.
     let config = c.get("/v2/models/emu/config").await.unwrap().json();

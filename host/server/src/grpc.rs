@@ -273,7 +273,8 @@ impl GrpcInferenceService for Service {
                     answer.model_version
                 ))));
             }
-            let (contents, bytes) = if raw { (None, Some(Bytes::from(t.data.to_le_bytes()))) } else { (Some(contents(&t)), None) };
+            let (contents, bytes) =
+                if raw { (None, Some(Bytes::from(t.data.to_le_bytes()))) } else { (Some(contents(&t)), None) };
             raw_outputs.extend(bytes);
             outputs.push(model_infer_response::InferOutputTensor {
                 name: t.name.clone(),
@@ -298,12 +299,12 @@ impl GrpcInferenceService for Service {
         let c = self.target(&r.name)?.config(&r.version).map_err(status)?;
         let data_type = |d: &str| -> i32 {
             let t = match DataType::from_oip(d) {
-            Some(DataType::F32) => proto::DataType::TypeFp32,
-            Some(DataType::F64) => proto::DataType::TypeFp64,
-            Some(DataType::I32) => proto::DataType::TypeInt32,
-            Some(DataType::I64) => proto::DataType::TypeInt64,
-            Some(DataType::U8) => proto::DataType::TypeUint8,
-            None => proto::DataType::TypeInvalid,
+                Some(DataType::F32) => proto::DataType::TypeFp32,
+                Some(DataType::F64) => proto::DataType::TypeFp64,
+                Some(DataType::I32) => proto::DataType::TypeInt32,
+                Some(DataType::I64) => proto::DataType::TypeInt64,
+                Some(DataType::U8) => proto::DataType::TypeUint8,
+                None => proto::DataType::TypeInvalid,
             };
             t as i32
         };
@@ -319,19 +320,23 @@ impl GrpcInferenceService for Service {
                 input: c
                     .inputs
                     .iter()
-                    .map(|(name, d, dims)| ModelInput { name: name.clone(), data_type: data_type(d), dims: dims.clone() })
+                    .map(|(name, d, dims)| ModelInput {
+                        name: name.clone(),
+                        data_type: data_type(d),
+                        dims: dims.clone(),
+                    })
                     .collect(),
                 output: c
                     .outputs
                     .iter()
-                    .map(|(name, d, dims)| ModelOutput { name: name.clone(), data_type: data_type(d), dims: dims.clone() })
+                    .map(|(name, d, dims)| ModelOutput {
+                        name: name.clone(),
+                        data_type: data_type(d),
+                        dims: dims.clone(),
+                    })
                     .collect(),
                 dynamic_batching: Some(ModelDynamicBatching::default()),
-                parameters: c
-                    .parameters
-                    .into_iter()
-                    .map(|(k, v)| (k, ModelParameter { string_value: v }))
-                    .collect(),
+                parameters: c.parameters.into_iter().map(|(k, v)| (k, ModelParameter { string_value: v })).collect(),
             }),
         }))
     }
@@ -421,10 +426,7 @@ fn decode_inputs(
             let data = match raw.next() {
                 Some(bytes) => {
                     if input.contents.is_some() {
-                        return Err(bad(format!(
-                            "input `{}`: both contents and raw_input_contents given",
-                            input.name
-                        )));
+                        return Err(bad(format!("input `{}`: both contents and raw_input_contents given", input.name)));
                     }
                     Data::Bytes { bytes, declared: None, source: "raw_input_contents" }
                 }

@@ -341,7 +341,8 @@ fn decode_inputs(app: &str, inputs: Vec<InputTensor>, binary: Bytes) -> Result<V
     let mut rest = binary;
     let mut out = Vec::with_capacity(inputs.len());
     for input in inputs {
-        let size = binary::data_size(input.parameters.as_ref()).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
+        let size =
+            binary::data_size(input.parameters.as_ref()).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
         let data = match (input.data, size) {
             (Some(_), Some(_)) => {
                 return Err(bad(format!("input `{}`: both `data` and binary_data_size given", input.name)));
@@ -413,7 +414,8 @@ fn binary_outputs<'a>(
 ) -> impl Fn(&str) -> bool + 'a {
     let all_binary = binary::flag(parameters, "binary_data_output");
     move |name: &str| {
-        all_binary || outputs.iter().flatten().any(|o| o.name == name && binary::flag(o.parameters.as_ref(), "binary_data"))
+        all_binary
+            || outputs.iter().flatten().any(|o| o.name == name && binary::flag(o.parameters.as_ref(), "binary_data"))
     }
 }
 
@@ -513,7 +515,9 @@ fn model_config(target: &Target, version: &str) -> Result<Response<Body>, ApiErr
     let c = target.config(version)?;
     let tensors = |ts: &[(String, String, Vec<i64>)]| -> Vec<Value> {
         ts.iter()
-            .map(|(name, datatype, dims)| json!({ "name": name, "data_type": format!("TYPE_{datatype}"), "dims": dims }))
+            .map(
+                |(name, datatype, dims)| json!({ "name": name, "data_type": format!("TYPE_{datatype}"), "dims": dims }),
+            )
             .collect()
     };
     let parameters: serde_json::Map<String, Value> =
@@ -583,7 +587,8 @@ fn repository_index(state: &State, body: &[u8]) -> Result<Response<Body>, ApiErr
         ready: bool,
     }
     // tritonclient sends an empty body.
-    let request: IndexRequest = if body.iter().all(u8::is_ascii_whitespace) { IndexRequest::default() } else { parse_json(body)? };
+    let request: IndexRequest =
+        if body.iter().all(u8::is_ascii_whitespace) { IndexRequest::default() } else { parse_json(body)? };
     let entries: Vec<Value> = infer::repository_index(state, request.ready)
         .into_iter()
         .map(|e| json!({ "name": e.name, "version": e.version, "state": e.state, "reason": e.reason }))

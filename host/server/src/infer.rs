@@ -275,7 +275,10 @@ pub(crate) fn to_tensor(
         }
         Data::Typed(data) => {
             if data.len() != n {
-                return Err(bad(format!("input `{name}`: shape {given:?} needs {n} elements, contents has {}", data.len())));
+                return Err(bad(format!(
+                    "input `{name}`: shape {given:?} needs {n} elements, contents has {}",
+                    data.len()
+                )));
             }
             data
         }
@@ -370,11 +373,7 @@ async fn app_infer(
     if let Some(e) = failed {
         return Err(e);
     }
-    let outputs = if served.len() == 1 {
-        served[0].outputs.clone()
-    } else {
-        concat_outputs(app.name(), &served)?
-    };
+    let outputs = if served.len() == 1 { served[0].outputs.clone() } else { concat_outputs(app.name(), &served)? };
     let first = &served[0];
     let mut parameters = json!({
         "variant": first.variant,
@@ -684,7 +683,13 @@ impl Target {
                     ("slo_ms".into(), app.config.slo_ms.to_string()),
                     ("workers".into(), app.workers.len().to_string()),
                     ("policy".into(), app.binding.lock().policy.clone()),
-                    ("router".into(), serde_json::to_value(app.config.router).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()),
+                    (
+                        "router".into(),
+                        serde_json::to_value(app.config.router)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default(),
+                    ),
                     ("max_queue".into(), app.config.max_queue.to_string()),
                     ("variants".into(), m.versions.join(",")),
                 ],
