@@ -194,8 +194,8 @@ impl Service {
         GrpcInferenceServiceServer::new(Service { state })
     }
 
-    fn target(&self, name: &str) -> Result<Target, Status> {
-        target(&self.state, name).map_err(status)
+    fn target(&self, name: &str) -> Result<Target, ApiError> {
+        target(&self.state, name)
     }
 }
 
@@ -212,7 +212,7 @@ impl GrpcInferenceService for Service {
 
     async fn model_ready(&self, req: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
         let r = req.into_inner();
-        let ready = self.target(&r.name)?.ready(&r.version).map_err(status)?;
+        let ready = self.target(&r.name).and_then(|t| t.ready(&r.version)).map_err(status)?;
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 
@@ -232,7 +232,7 @@ impl GrpcInferenceService for Service {
         req: Request<ModelMetadataRequest>,
     ) -> Result<Response<ModelMetadataResponse>, Status> {
         let r = req.into_inner();
-        let m = self.target(&r.name)?.metadata(&r.version).map_err(status)?;
+        let m = self.target(&r.name).and_then(|t| t.metadata(&r.version)).map_err(status)?;
         let tensors = |ts: Vec<(String, String, Vec<i64>)>| {
             ts.into_iter()
                 .map(|(name, datatype, shape)| model_metadata_response::TensorMetadata { name, datatype, shape })
@@ -251,7 +251,7 @@ impl GrpcInferenceService for Service {
         // The message is in: its arrival is now (tonic has read and decoded it).
         let arrived = Instant::now();
         let r = req.into_inner();
-        let target = self.target(&r.model_name)?;
+        let target = self.target(&r.model_name).map_err(status)?;
         if !r.model_version.is_empty() {
             target.check_version(&r.model_version).map_err(status)?;
             return Err(status(pinned_version(&r.model_name, &r.model_version)));
@@ -296,7 +296,7 @@ impl GrpcInferenceService for Service {
 
     async fn model_config(&self, req: Request<ModelConfigRequest>) -> Result<Response<ModelConfigResponse>, Status> {
         let r = req.into_inner();
-        let c = self.target(&r.name)?.config(&r.version).map_err(status)?;
+        let c = self.target(&r.name).and_then(|t| t.config(&r.version)).map_err(status)?;
         let data_type = |d: &str| -> i32 {
             let t = match DataType::from_oip(d) {
                 Some(DataType::F32) => proto::DataType::TypeFp32,
@@ -349,7 +349,7 @@ impl GrpcInferenceService for Service {
         let apps: Vec<_> = if r.name.is_empty() {
             self.state.apps.values().cloned().collect()
         } else {
-            match self.target(&r.name)? {
+            match self.target(&r.name).map_err(status)? {
                 Target::App(app) => {
                     Target::App(app.clone()).check_version(&r.version).map_err(status)?;
                     vec![app]

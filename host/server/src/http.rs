@@ -538,17 +538,16 @@ fn model_config(target: &Target, version: &str) -> Result<Response<Body>, ApiErr
 /// The statistics extension, in Triton's JSON form: every app, or one.
 fn statistics(state: &State, name: Option<&str>, version: &str) -> Result<Response<Body>, ApiError> {
     let apps: Vec<&Arc<App>> = match name {
-        Some(name) => match target(state, name)? {
-            Target::App(app) => {
-                Target::App(app.clone()).check_version(version)?;
-                vec![app_of(state, name)?]
-            }
-            Target::Pipeline(_) => {
+        Some(name) => {
+            let t = target(state, name)?;
+            if matches!(t, Target::Pipeline(_)) {
                 return Err(ApiError::bad_request(format!(
                     "pipeline {name} has no statistics of its own: ask for its task apps' ({name}.<task>) in /metrics"
-                )))
+                )));
             }
-        },
+            t.check_version(version)?;
+            vec![app_of(state, name)?]
+        }
         None => state.apps.values().collect(),
     };
     let duration = |count: u64, ns: u64| json!({ "count": count, "ns": ns });
