@@ -180,6 +180,44 @@ async fn unbind_mode_replaces_a_faulty_policy_with_the_safe_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_that_never_dispatches_is_counted_as_faulting_and_unbound() {
+    let server = TestServer::start(CONFIG).await.unwrap();
+    let mut c = server.client().await;
+    let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
+    assert_eq!(upload(&mut c, "misbehave", &bytes).await.status, 201);
+    assert_eq!(swap(&mut c, "strict", "misbehave", json!({ "mode": "never" })).await.status, 200);
+    // Every answer of the policy is a valid `idle`; the requests expire at their
+    // deadline. Each 16 expired without a dispatch is one `stalled` fault, and three
+    // faults unbind it (unbind_after = 3): 48 requests, sent at once, do it.
+    let sends = (0..48u64).map(|i| {
+        let addr = server.addr;
+        tokio::spawn(async move {
+            let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+            c.post_json("/v2/models/strict/infer", &small_infer(i)).await.unwrap().status
+        })
+    });
+    let mut statuses = Vec::new();
+    for s in sends {
+        statuses.push(s.await.unwrap());
+    }
+    assert!(statuses.iter().all(|&s| s != 200 && s != 500), "expired, answered with their status: {statuses:?}");
+    let mut status = app_status(&mut c, "strict").await;
+    for _ in 0..200 {
+        if status["policy"] == json!("safe") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        status = app_status(&mut c, "strict").await;
+    }
+    assert_eq!(status["policy"], json!("safe"), "{status}");
+    let reason = status["unbound_reason"].as_str().unwrap();
+    assert!(reason.contains("stalled") && reason.contains("expire without dispatching"), "{status}");
+    // The safe policy serves again.
+    assert_eq!(serves(&mut c, "strict", 3).await, vec!["safe"; 3]);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploaded_policies_survive_a_restart() {
     let keep = tempfile::tempdir().unwrap();
     let bytes = std::fs::read(policies_dir().join("fixed.wasm")).unwrap();

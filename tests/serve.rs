@@ -135,6 +135,22 @@ async fn two_apps_every_request_answered_once_by_a_loaded_variant() {
     let metrics = String::from_utf8(c.get("/metrics").await.unwrap().body).unwrap();
     assert!(metrics.contains("sluice_requests_total{app=\"imagenet\""), "{metrics}");
     assert!(metrics.contains("sluice_policy_decide_seconds_count{app=\"emu\"}"));
+    // The metrics and the admin view count the same answers (docs/host.md, Metrics).
+    for app in server.state.apps.values() {
+        let sum = |prefix: &str| -> u64 {
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("sluice_requests_total{") && l.contains(&format!("app=\"{}\"", app.name())))
+                .filter(|l| l.split("outcome=\"").nth(1).is_some_and(|o| o.starts_with(prefix)))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+                .sum()
+        };
+        let c = &app.counters;
+        assert_eq!(sum("served") + sum("late"), c.served.load(Ordering::Relaxed), "{}: {metrics}", app.name());
+        assert_eq!(sum("late"), c.late.load(Ordering::Relaxed), "{}", app.name());
+        assert_eq!(sum("dropped-"), c.dropped.load(Ordering::Relaxed), "{}", app.name());
+        assert_eq!(sum("rejected"), c.rejected.load(Ordering::Relaxed), "{}", app.name());
+    }
     server.stop().await.unwrap();
 }
 

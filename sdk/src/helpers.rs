@@ -78,6 +78,48 @@ pub fn largest_batch_within(model: &Model, budget: Micros, cap: u32) -> u32 {
     (1..=cap).rev().find(|&b| model.latency(b).is_some_and(|l| l <= budget)).unwrap_or(0)
 }
 
+/// How much a larger batch must cut the cost per request, against a batch of one,
+/// to be worth its added latency ([`paying_batch`]): 5 %, past the noise of a
+/// profile measured over a few dozen runs.
+pub const BATCH_GAIN_MIN: f64 = 0.05;
+
+/// The batch size to serve when up to `max` requests could go together: 1 when
+/// batching does not pay on `model` (no size up to `max` serves a request for
+/// [`BATCH_GAIN_MIN`] less than a batch of one: on a CPU a ResNet-50 batch costs
+/// about as much as its requests served one by one, so a batch there only adds
+/// latency), otherwise the smallest size whose cost per request is within
+/// [`BATCH_GAIN_MIN`] of the cheapest (on a GPU, usually the largest). Returns
+/// `max` unchanged when it is 0 or 1 or the profile has gaps.
+pub fn paying_batch(model: &Model, max: u32) -> u32 {
+    let max = max.min(model.max_batch());
+    let per_request = |b: u32| model.latency(b).map(|l| l as f64 / f64::from(b));
+    let Some(one) = per_request(1) else { return max };
+    let costs: Option<Vec<f64>> = (1..=max).map(per_request).collect();
+    let Some(costs) = costs else { return max };
+    let best = costs.iter().copied().fold(one, f64::min);
+    if max <= 1 || best > one * (1.0 - BATCH_GAIN_MIN) {
+        return max.min(1);
+    }
+    (1..=max).find(|&b| costs[b as usize - 1] <= best * (1.0 + BATCH_GAIN_MIN)).unwrap_or(max)
+}
+
+/// When a policy honouring the host's batching window
+/// ([`HostSettings::max_batch_wait_us`](crate::HostSettings)) should look again
+/// instead of serving now: the queue holds fewer than `target` requests, the head
+/// has waited less than `max_wait` since its arrival, and serving a batch of
+/// `target` after the wait still meets the head's deadline. Returns the instant to
+/// wait until (the arrival of another request wakes the policy sooner), or `None`
+/// to serve now.
+pub fn batch_window(model: &Model, view: &View, max_wait: Micros, target: u32) -> Option<Micros> {
+    let head = view.queue.first()?;
+    if max_wait == 0 || view.queue.len() as u64 >= u64::from(target) {
+        return None;
+    }
+    let latest_start = head.deadline.checked_sub(model.latency(target)?)?;
+    let until = head.arrival.saturating_add(max_wait).min(latest_start);
+    (until > view.now).then_some(until)
+}
+
 /// Checks a single-model policy's `model` param at `init`: it must name a model of
 /// the app with a latency profile. The error names the policy, the model and the
 /// valid names.
@@ -289,6 +331,40 @@ mod tests {
                 .map(|(i, &deadline)| Pending { id: i as u64, arrival: 0, deadline })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn batches_only_when_batching_pays() {
+        // A GPU-like profile: per request 10, 7.5, 6.7, 6.25 → the cheapest (6.25) is
+        // only reached at 4, and 3 is not within 5 % of it.
+        let gpu = model(0, 0.7, &[10, 15, 20, 25]);
+        assert_eq!(paying_batch(&gpu, 4), 4);
+        assert_eq!(paying_batch(&gpu, 2), 2);
+        assert_eq!(paying_batch(&gpu, 9), 4, "capped by the profile");
+        // ResNet-50 on this machine's CPU (profiles/imagenet-light-cpu.toml p50):
+        // 97, 108, 96, 98 ms per request: a batch saves nothing.
+        let cpu = model(1, 0.76, &[96_749, 216_466, 385_146, 786_373]);
+        assert_eq!(paying_batch(&cpu, 4), 1);
+        // Saturating: 10, 6, 5.67, 5.5 per request → 2 is not within 5 % of 5.5, 3 is.
+        let flat = model(2, 0.7, &[10, 12, 17, 22]);
+        assert_eq!(paying_batch(&flat, 4), 3);
+        assert_eq!(paying_batch(&flat, 1), 1);
+        assert_eq!(paying_batch(&flat, 0), 0);
+    }
+
+    #[test]
+    fn the_batch_window_waits_only_while_the_head_can_still_make_it() {
+        let m = model(0, 0.7, &[10, 15, 20, 25]);
+        // Head arrived at 0, deadline 100; now 2, one request queued, window 30.
+        let mut v = view(2, &[100]);
+        assert_eq!(batch_window(&m, &v, 30, 4), Some(30), "until arrival + window");
+        assert_eq!(batch_window(&m, &v, 0, 4), None, "no window: serve now");
+        assert_eq!(batch_window(&m, &v, 500, 4), Some(75), "capped so a batch of 4 still meets 100");
+        v.now = 30;
+        assert_eq!(batch_window(&m, &v, 30, 4), None, "the window is over");
+        let full = view(2, &[100, 100, 100, 100]);
+        assert_eq!(batch_window(&m, &full, 30, 4), None, "the batch is full");
+        assert_eq!(batch_window(&m, &view(2, &[]), 30, 4), None);
     }
 
     #[test]

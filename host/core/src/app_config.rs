@@ -67,6 +67,12 @@ pub struct AppConfig {
     /// answers.
     #[serde(default)]
     pub expire_after_ms: Option<f64>,
+    /// `max_batch_wait_ms = 5`: how long a policy may hold the head of the queue
+    /// waiting for a batch to fill when batching pays (Triton's `max_queue_delay`);
+    /// handed to policies that honour it (`sdk::HostSettings`, e.g. `fixed`).
+    /// Default 0: never wait for a batch.
+    #[serde(default)]
+    pub max_batch_wait_ms: f64,
     /// `load_window_ms = 500`: window of the arrival-rate estimate given to policies.
     #[serde(default = "default_load_window")]
     pub load_window_ms: u64,
@@ -278,14 +284,28 @@ impl AppConfig {
 
     /// The `config` record the app's policy instances are initialised with (`worker`
     /// is set per instance, see [`crate::runtime::Binding`]).
+    /// The host's settings for policies that honour them (`sdk::HostSettings`) go
+    /// into `params` under `sdk::HOST_PARAMS_KEY` when any differs from its default,
+    /// so the contract stays as it is and params without them are passed untouched.
     pub fn policy_config(&self, models: &[sdk::Model], params: &str) -> sdk::Config {
+        let host = sdk::HostSettings { max_batch_wait_us: (self.max_batch_wait_ms * 1000.0).round() as u64 };
+        let with_host = (host != sdk::HostSettings::default())
+            .then(|| match serde_json::from_str::<serde_json::Value>(params) {
+                Ok(serde_json::Value::Object(mut o)) => {
+                    o.insert(sdk::HOST_PARAMS_KEY.into(), serde_json::json!(host));
+                    Some(serde_json::Value::Object(o).to_string())
+                }
+                _ => None,
+            })
+            .flatten();
+        let params = with_host.unwrap_or_else(|| params.to_string());
         sdk::Config {
             app: self.name.clone(),
             slo: self.slo_us(),
             workers: self.workers,
             worker: 0,
             models: models.to_vec(),
-            params: params.to_string(),
+            params,
         }
     }
 
@@ -333,6 +353,10 @@ impl AppConfig {
             if !(e.is_finite() && e >= 0.0) {
                 return Err(invalid("expire_after_ms", "expected a non-negative number of milliseconds"));
             }
+        }
+        if !(self.max_batch_wait_ms.is_finite() && self.max_batch_wait_ms >= 0.0 && self.max_batch_wait_ms < self.slo_ms)
+        {
+            return Err(invalid("max_batch_wait_ms", "expected a non-negative number of milliseconds below slo_ms"));
         }
         if let Some(w) = &self.weights {
             if self.router != RouterMode::Weighted {
@@ -395,6 +419,19 @@ mod tests {
             "name = \"a\"\nslo_ms = 100\nworkers = 3\nprofile = \"p.toml\"\npolicy = \"x\"\n{extra}"
         ))
         .unwrap()
+    }
+
+    #[test]
+    fn the_batching_window_reaches_policies_in_params() {
+        let a = app("max_batch_wait_ms = 4.5");
+        a.validate().unwrap();
+        let c = a.policy_config(&[], r#"{"model":"m"}"#);
+        assert_eq!(c.host_settings().max_batch_wait_us, 4500);
+        assert_eq!(c.params::<serde_json::Value>().unwrap(), serde_json::json!({"model": "m"}));
+        // Unset: params pass untouched (not even re-serialised).
+        assert_eq!(app("").policy_config(&[], r#"{ "model": "m" }"#).params, r#"{ "model": "m" }"#);
+        let e = app("max_batch_wait_ms = 100").validate().unwrap_err().to_string();
+        assert!(e.contains("max_batch_wait_ms") && e.contains("below slo_ms"), "{e}");
     }
 
     #[test]

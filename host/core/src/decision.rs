@@ -27,6 +27,14 @@ impl Bound {
     }
 }
 
+/// Requests a policy may let expire without dispatching or dropping anything before
+/// it is counted as faulting ([`PolicyFault::Stalled`]). A policy that serves too
+/// slowly still dispatches, and one that sheds load drops: only a policy that has
+/// stopped acting on its queue reaches this. Sixteen is past the odd request a
+/// deliberate wait loses, and low enough that a stuck policy is seen within about
+/// one SLO of traffic on a busy worker.
+pub const STALL_LIMIT: u64 = 16;
+
 /// What the decision core needs to know about a queued request.
 pub trait Queued {
     /// Its id, arrival and deadline as the policy sees them.
@@ -178,7 +186,7 @@ pub fn apply<Q: Queued>(
     items: &mut Vec<Q>,
     expired: Vec<Q>,
     asked: Option<(&sdk::View, Asked)>,
-    policy: &Bound,
+    policy: &mut Bound,
     cx: &Context,
 ) -> Decided<Q> {
     let mut out = Decided {
@@ -189,7 +197,10 @@ pub fn apply<Q: Queued>(
         by_safe: matches!(policy, Bound::Safe),
         decide_time: None,
     };
-    let Some((view, asked)) = asked else { return out };
+    let Some((view, asked)) = asked else {
+        out.fault = watch_stall(policy, &out);
+        return out;
+    };
     out.fault = asked.fault;
     out.by_safe = asked.by_safe;
     out.decide_time = Some(asked.decide_time);
@@ -214,7 +225,27 @@ pub fn apply<Q: Queued>(
         }
         sdk::Decision::Idle => Next::Idle { expire_at: items.first().map(|r| r.pending().deadline + cx.expire_us + 1) },
     };
+    if out.fault.is_none() {
+        out.fault = watch_stall(policy, &out);
+    }
     out
+}
+
+/// Counts the requests that expired while the component policy neither dispatched nor
+/// dropped; at [`STALL_LIMIT`] the decision carries a [`PolicyFault::Stalled`] (and
+/// the count starts again). The safe policy and a decision that acted reset it.
+fn watch_stall<Q>(policy: &mut Bound, d: &Decided<Q>) -> Option<PolicyFault> {
+    let Bound::Wasm(instance) = policy else { return None };
+    if d.by_safe || !d.dropped.is_empty() || matches!(d.next, Next::Run { .. } | Next::Again) {
+        instance.expired_idle = 0;
+        return None;
+    }
+    instance.expired_idle += d.expired.len() as u64;
+    if instance.expired_idle < STALL_LIMIT {
+        return None;
+    }
+    let n = std::mem::take(&mut instance.expired_idle);
+    Some(PolicyFault::Stalled(n))
 }
 
 /// Removes the requests at each list of `indices` of `view` from `items`, in the

@@ -99,10 +99,16 @@ pub enum PolicyFault {
     /// caused it was counted when it happened.
     #[error("re-instantiating after a fault; the safe policy decides meanwhile")]
     Reviving,
+    /// The policy let this many requests expire in its queue without dispatching or
+    /// dropping anything meanwhile: every answer was valid, but a policy that never
+    /// serves is broken all the same, and counting it lets `fail_mode = "unbind"` act.
+    #[error("let {0} requests expire without dispatching or dropping any")]
+    Stalled(u64),
 }
 
 impl PolicyFault {
-    /// Short label for metrics (`trap`, `timeout`, `memory`, `invalid`).
+    /// Short label for metrics (`trap`, `timeout`, `memory`, `invalid`, `reinit`,
+    /// `reviving`, `stalled`).
     pub fn kind(&self) -> &'static str {
         match self {
             PolicyFault::Trap(_) => "trap",
@@ -111,6 +117,7 @@ impl PolicyFault {
             PolicyFault::Invalid(_) => "invalid",
             PolicyFault::Reinit(_) => "reinit",
             PolicyFault::Reviving => "reviving",
+            PolicyFault::Stalled(_) => "stalled",
         }
     }
 }
@@ -481,6 +488,9 @@ pub struct PolicyInstance {
     revivals: u64,
     /// How long the last instantiation + init took.
     pub init_time: Duration,
+    /// Requests expired in this worker's queue since the policy last dispatched or
+    /// dropped ([`crate::decision::STALL_LIMIT`]).
+    pub(crate) expired_idle: u64,
 }
 
 /// Where a poisoned instance's re-instantiation stands ([`Limits::background_reinit`]).
@@ -514,6 +524,7 @@ impl PolicyInstance {
             revival: Revival::Idle { failures: 0, retry_at: None },
             revivals: 0,
             init_time: started.elapsed(),
+            expired_idle: 0,
         })
     }
 

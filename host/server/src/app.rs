@@ -430,7 +430,7 @@ impl App {
 
     fn queue_full(&self) -> AdmitError {
         self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        self.metrics.request(self.name(), "", "rejected");
+        self.metrics.request(self.name(), "", "rejected-queue-full");
         AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue }
     }
 
@@ -555,6 +555,14 @@ impl App {
         self.counters.rejected.fetch_add(1, Ordering::Relaxed);
         self.metrics.request(self.name(), "", "rejected-shutdown");
         r.answer(Reply::Rejected { message: "server shut down before the request could be served".into() });
+    }
+
+    /// Counts an accepted request whose worker stopped without answering it (the edge
+    /// answers it with the shutdown's 503): rejected, as at shutdown.
+    pub fn count_unanswered(&self) {
+        tracing::error!(app = self.name(), "a worker stopped without answering a request");
+        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        self.metrics.request(self.name(), "", "rejected-shutdown");
     }
 
     /// Wakes every worker so it re-decides (after a swap, a model change or at shutdown).

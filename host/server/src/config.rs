@@ -16,8 +16,9 @@ pub use sluice_alloc::config::{AllocatorConfig, DeviceConfig, ForecasterKind};
 pub use sluice_core::app_config::{AppConfig, ExecutorKind, FailMode, InputSpec};
 pub use sluice_core::router::RouterMode;
 
-/// The embedded default: app `imagenet`, the light ImageNet family on the onnx
-/// executor, served on 127.0.0.1:8080.
+/// The embedded default: app `imagenet`, the trained ImageNet family
+/// (EfficientNet-Lite0/1/2, `models/imagenet-trained`) on the onnx executor, served
+/// on 127.0.0.1:8080.
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
 
 /// Why a configuration could not be used (core's error for the files sluice reads).

@@ -352,21 +352,24 @@ async fn app_infer(
     for rx in receivers {
         // Every answer is awaited, so each sample's outcome is counted before the
         // client hears back, even once one failed.
-        let already_failed = failed.is_some();
-        match (rx.await, already_failed) {
-            (Ok(Reply::Served(s)), _) => served.push(s),
-            (_, true) => {}
-            (Ok(reply), false) => failed = Some(reply_error(app, reply, id)),
+        match rx.await {
+            Ok(Reply::Served(s)) => served.push(s),
+            Ok(reply) => {
+                if failed.is_none() {
+                    failed = Some(reply_error(app, reply, id));
+                }
+            }
             // Workers answer every request, at shutdown too; a closed channel means a
             // worker stopped abnormally. The client still gets the shutdown's
-            // documented 503, and the request is counted.
-            (Err(_), false) => {
-                tracing::error!(app = app.name(), "a worker stopped without answering a request");
-                app.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                failed = Some(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the request's worker stopped before serving it",
-                ));
+            // documented 503, and the request is counted (each part of a batched one).
+            Err(_) => {
+                app.count_unanswered();
+                if failed.is_none() {
+                    failed = Some(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the request's worker stopped before serving it",
+                    ));
+                }
             }
         }
     }

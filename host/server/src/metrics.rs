@@ -55,25 +55,33 @@ pub struct Metrics {
 
 /// Families rendered as histograms: name, help text, buckets.
 const HISTOGRAMS: &[(&str, &str, &[f64])] = &[
-    ("sluice_queue_seconds", "Time from arrival to the start of the batch that served the request.", LATENCY_BUCKETS),
-    ("sluice_latency_seconds", "End-to-end latency from arrival to response.", LATENCY_BUCKETS),
-    ("sluice_batch_size", "Requests per executed batch.", BATCH_BUCKETS),
-    ("sluice_policy_decide_seconds", "Time of one policy decide call.", DECIDE_BUCKETS),
+    (
+        "sluice_queue_seconds",
+        "Time from arrival to the start of the batch that served the request, by app.",
+        LATENCY_BUCKETS,
+    ),
+    ("sluice_latency_seconds", "Latency from arrival to the served answer, by app.", LATENCY_BUCKETS),
+    ("sluice_batch_size", "Requests per executed batch, by app and model.", BATCH_BUCKETS),
+    ("sluice_policy_decide_seconds", "Time of one policy decide call, by app.", DECIDE_BUCKETS),
     (
         "sluice_allocator_solve_seconds",
-        "Wall time of one allocation (every solve down the demand ladder), by outcome.",
+        "Wall time of one allocation (every solve down the demand ladder), by solver status.",
         LATENCY_BUCKETS,
     ),
 ];
 
 impl Metrics {
-    /// Counts one answered request. `outcome` is `served`, `late`, `dropped` or `rejected`.
+    /// Counts one answered request. `outcome` is `served`, `late`, `dropped-<reason>`
+    /// (`DropReason::as_str`) or `rejected-<why>` (`queue-full`, `overload`,
+    /// `shutdown`): the admin view's `served`, `late`, `dropped` and `rejected`
+    /// counters are these summed over models and reasons.
     pub fn request(&self, app: &str, model: &str, outcome: &str) {
         let key = vec![("app", app.to_string()), ("model", model.to_string()), ("outcome", outcome.to_string())];
         *self.requests.lock().entry(key).or_default() += 1;
     }
 
-    /// Counts one policy fault of `kind` (`trap`, `timeout`, `memory`, `invalid`).
+    /// Counts one policy fault of `kind` (`PolicyFault::kind`: `trap`, `timeout`,
+    /// `memory`, `invalid`, `reinit`, `stalled`).
     pub fn fault(&self, app: &str, policy: &str, kind: &str) {
         let key = vec![("app", app.to_string()), ("policy", policy.to_string()), ("kind", kind.to_string())];
         *self.faults.lock().entry(key).or_default() += 1;
@@ -115,16 +123,16 @@ impl Metrics {
         counter(
             &mut out,
             "sluice_requests_total",
-            "Answered requests by app, model and outcome.",
+            "Answered requests by app, model (empty when none served it) and outcome: served, late, dropped-{policy,expired,executor-error}, rejected-{queue-full,overload,shutdown}.",
             &self.requests.lock(),
         );
         counter(
             &mut out,
             "sluice_policy_faults_total",
-            "Policy calls answered by the safe fallback, by kind.",
+            "Policy faults by app, policy and kind (trap, timeout, memory, invalid: answered by the safe policy; reinit: a failed re-instantiation; stalled: requests expired while the policy dispatched nothing).",
             &self.faults.lock(),
         );
-        counter(&mut out, "sluice_policy_swaps_total", "Completed hot swaps of an app's policy.", &self.swaps.lock());
+        counter(&mut out, "sluice_policy_swaps_total", "Completed hot swaps of an app's policy, by app and the policy swapped in.", &self.swaps.lock());
         let c = &self.connections;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let _ = writeln!(

@@ -176,7 +176,7 @@ fn decide(
     let asked = view.as_ref().map(|v| decision::ask(&mut slot.current, v, &cx));
     let d = {
         let mut items = handle.queue.items.lock();
-        let d = decision::apply(&mut items, expired, view.as_ref().zip(asked), &slot.current, &cx);
+        let d = decision::apply(&mut items, expired, view.as_ref().zip(asked), &mut slot.current, &cx);
         handle.queue.sync_len(&items);
         d
     };

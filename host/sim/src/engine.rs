@@ -219,14 +219,7 @@ impl Simulation {
             let mut workers = Vec::new();
             // One binding per app and run: its instances share one config and store.
             let binding = compiled.as_ref().map(|c| {
-                let config = sdk::Config {
-                    app: spec.name.clone(),
-                    slo: slo_us,
-                    workers: spec.workers,
-                    worker: 0,
-                    models: models.clone(),
-                    params: params.clone(),
-                };
+                let config = spec.policy_config(&models, &params);
                 Binding::per_worker(c.clone(), config, limits, device_models.clone().map(std::sync::Arc::new))
             });
             for w in 0..spec.workers {

@@ -3,7 +3,12 @@
 //! Start here: [`Fixed`] (the policy) and [`Params`] (its `params` JSON). A
 //! baseline and a debugging aid: it shows what one variant alone achieves. The
 //! batch is the largest that still meets the head's deadline
-//! ([`helpers::largest_feasible_batch`]); nothing is dropped. When the named
+//! ([`helpers::largest_feasible_batch`]) when batching pays on the model, and one
+//! request at a time when it does not ([`helpers::paying_batch`]: on a CPU a
+//! ResNet-50 batch costs about its requests served one by one, so a batch only
+//! adds latency); nothing is dropped. With the app's `max_batch_wait_ms` set it
+//! holds a short queue up to that long for the batch to fill
+//! ([`helpers::batch_window`]), as long as the head still meets its deadline. When the named
 //! model is not loaded on this worker (the allocator moved it) the worker falls
 //! back to [`helpers::safe_decision`] and logs one warning per such episode.
 //!
@@ -13,7 +18,7 @@
 //! that choose variants per device (InfAdapter's experiment, docs/allocator.md).
 
 use serde::Deserialize;
-use sluice_sdk::{helpers, log, Config, Decision, Level, Policy, View};
+use sluice_sdk::{helpers, log, Config, Decision, Level, Micros, Model, Policy, View};
 
 /// The policy's parameters: `{"model": "<variant name>"}` or `{"allocated": true}`.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -36,12 +41,27 @@ pub struct Fixed {
     /// Set while the model is not loaded here and the fallback was announced;
     /// cleared when it is loaded again, so each episode warns once.
     warned: bool,
+    /// The app's batching window (`max_batch_wait_ms`), µs; 0: none.
+    max_wait: Micros,
 }
 
 impl Fixed {
     /// The id of the model this policy serves with (None: the loaded one).
     pub fn model(&self) -> Option<u32> {
         self.model
+    }
+
+    /// Serves the head of the queue with `model`: after the batching window, in the
+    /// largest feasible batch if batching pays, else one request.
+    fn serve(&self, model: &Model, view: &View) -> Decision {
+        if let Some(head) = view.queue.first() {
+            let budget = head.deadline.saturating_sub(view.now);
+            let target = helpers::paying_batch(model, helpers::largest_batch_within(model, budget, model.max_batch()));
+            if let Some(until) = helpers::batch_window(model, view, self.max_wait, target) {
+                return Decision::WaitUntil(until);
+            }
+        }
+        Decision::serve_head(model.id, helpers::paying_batch(model, helpers::largest_feasible_batch(model, view)))
     }
 }
 
@@ -52,7 +72,8 @@ impl Policy for Fixed {
             if let Some(name) = params.model {
                 return Err(format!("fixed: give `model` (`{name}`) or `allocated`, not both"));
             }
-            return Ok(Fixed { config, model: None, warned: false });
+            let max_wait = config.host_settings().max_batch_wait_us;
+            return Ok(Fixed { config, model: None, warned: false, max_wait });
         }
         let Some(name) = params.model else {
             return Err(format!("fixed: missing param `model` (one of: {})", config.model_names()));
@@ -64,7 +85,8 @@ impl Policy for Fixed {
             return Err(format!("fixed: model `{name}` has an empty latency profile"));
         }
         let model = Some(model.id);
-        Ok(Fixed { config, model, warned: false })
+        let max_wait = config.host_settings().max_batch_wait_us;
+        Ok(Fixed { config, model, warned: false, max_wait })
     }
 
     fn decide(&mut self, view: &View) -> Decision {
@@ -76,7 +98,7 @@ impl Policy for Fixed {
                 .filter(|m| helpers::is_loaded(&view.loaded, m.id) && m.max_batch() > 0)
                 .max_by(|a, b| a.accuracy.total_cmp(&b.accuracy));
             return match (best, view.queue.is_empty()) {
-                (Some(m), false) => Decision::serve_head(m.id, helpers::largest_feasible_batch(m, view)),
+                (Some(m), false) => self.serve(m, view),
                 _ => Decision::Idle,
             };
         };
@@ -94,8 +116,7 @@ impl Policy for Fixed {
             return helpers::safe_decision(&self.config.models, view);
         }
         self.warned = false;
-        let model = &self.config.models[id as usize];
-        Decision::serve_head(id, helpers::largest_feasible_batch(model, view))
+        self.serve(&self.config.models[id as usize], view)
     }
 }
 
@@ -152,6 +173,31 @@ mod tests {
         assert_eq!(h.decide(&v), Decision::serve(1, vec![0, 1, 2, 3]));
         let v = h.view(0, 100.0, vec![]);
         assert_eq!(h.decide(&v), Decision::Idle);
+    }
+
+    #[test]
+    fn one_request_at_a_time_where_batching_does_not_pay() {
+        // ResNet-50 on this machine's CPU: a batch of b costs about b singles.
+        let cpu = vec![Model { id: 0, name: "resnet50".into(), accuracy: 0.76, latency: vec![97_000, 216_000, 385_000, 786_000] }];
+        let mut h = Harness::<Fixed>::new(config(2_000_000, cpu, r#"{"model":"resnet50"}"#)).expect("init");
+        let v = h.view(0, 10.0, (0..6).map(|i| pending(i, 0, 2_000_000)).collect());
+        assert_eq!(h.decide(&v), Decision::serve(0, vec![0]));
+    }
+
+    #[test]
+    fn the_apps_batching_window_holds_a_short_queue_while_the_head_can_wait() {
+        // max_batch_wait_ms = 20, as the host passes it.
+        let params = r#"{"model":"resnet18","sluice":{"max_batch_wait_us":20000}}"#;
+        let mut h = harness(params);
+        // One request arrived at 0, now 5 ms: wait until 20 ms for the batch of 4.
+        assert_eq!(h.decide(&h.view(5_000, 100.0, queue(0, 1))), Decision::WaitUntil(20_000));
+        // Four queued: the batch is full, serve now.
+        assert_eq!(h.decide(&h.view(5_000, 100.0, queue(0, 4))), Decision::serve(0, vec![0, 1, 2, 3]));
+        // The window is over: serve what there is.
+        assert_eq!(h.decide(&h.view(20_000, 100.0, queue(0, 2))), Decision::serve(0, vec![0, 1]));
+        // Without the host setting: never wait.
+        let mut h = harness(r#"{"model":"resnet18"}"#);
+        assert_eq!(h.decide(&h.view(5_000, 100.0, queue(0, 1))), Decision::serve(0, vec![0]));
     }
 
     #[test]
