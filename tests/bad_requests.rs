@@ -31,13 +31,13 @@ async fn bad_requests_get_clear_client_errors() {
             "wrong shape",
             tensor("x", "FP32", json!([1, 5]), json!([1, 2, 3, 4, 5])).to_string(),
             400,
-            "shape [1, 5] but the app expects [1, 4]",
+            "shape [1, 5] but the app expects [-1, 4]",
         ),
         (
-            "batch in one request",
-            tensor("x", "FP32", json!([2, 4]), json!([1, 2, 3, 4, 5, 6, 7, 8])).to_string(),
+            "a batch short of data",
+            tensor("x", "FP32", json!([2, 4]), json!([1, 2, 3, 4, 5, 6, 7])).to_string(),
             400,
-            "one sample per request",
+            "shape [2, 4] needs 8 elements, data has 7",
         ),
         (
             "data vs shape",

@@ -27,6 +27,14 @@ async fn tritonclient_checks_health_and_infers() {
     assert_eq!(seen["id"], json!("oip-1"));
     assert!(seen["versions"].as_array().unwrap().contains(&seen["model_version"]), "{seen}");
     assert_eq!(seen["binary_sum"], json!(10.0), "binary tensors both ways: {seen}");
+    let sums: Vec<f64> = seen["rows"].as_array().unwrap().iter().map(|r| r[1].as_f64().unwrap()).collect();
+    assert_eq!(sums, vec![4.0, 8.0, 12.0], "a batch of three samples: {seen}");
+    assert_eq!(seen["config"]["max_batch_size"], json!(1024));
+    assert_eq!(seen["config"]["input"][0], json!({ "name": "x", "data_type": "TYPE_FP32", "dims": [4] }));
+    assert_eq!(seen["index"].as_array().unwrap().len(), 3, "one entry per variant: {}", seen["index"]);
+    // 1 JSON + 2 binary + 3 batched samples served.
+    assert_eq!(seen["stats"]["inference_count"], json!(6), "{}", seen["stats"]);
+    assert_eq!(seen["stats"]["inference_stats"]["success"]["count"], json!(6));
 
     // Readiness turns off while draining; liveness stays.
     let mut c = server.client().await;
@@ -109,5 +117,85 @@ async fn binary_tensors_in_and_out_and_their_errors() {
         let err = r.json()["error"].as_str().unwrap_or_default().to_string();
         assert!(err.contains(needle), "error `{err}` should mention `{needle}`");
     }
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_index_config_stats_and_batches() {
+    let server =
+        TestServer::start(&emu_app("zero", "slo_ms = 100\nworkers = 1\nmax_queue = 8\npolicy = \"jellyfish\""))
+            .await
+            .unwrap();
+    let mut c = server.client().await;
+    // A version is a variant: metadata and readiness per variant.
+    let r = c.get("/v2/models/emu/versions/medium").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["versions"], json!(["medium"]));
+    assert_eq!(r.json()["inputs"][0]["shape"], json!([-1, 4]));
+    assert_eq!(c.get("/v2/models/emu/versions/medium/ready").await.unwrap().status, 200);
+    let r = c.get("/v2/models/emu/versions/huge").await.unwrap();
+    assert_eq!(r.status, 404);
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("emu has no version `huge` (its versions: small, medium, large)"));
+    // Inference pinned to a variant is refused, naming why and what to do.
+    let r = c.post_json("/v2/models/emu/versions/small/infer", &small_infer(1)).await.unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"].as_str().unwrap().contains("sluice's policy picks the variant"), "{}", r.json());
+    assert_eq!(c.post_json("/v2/models/emu/versions/huge/infer", &small_infer(1)).await.unwrap().status, 404);
+    // Model repository control is not sluice's: 501 naming the admin API.
+    let r = c.request("POST", "/v2/repository/models/emu/load", &[], b"").await.unwrap();
+    assert_eq!(r.status, 501);
+    assert!(r.json()["error"].as_str().unwrap().contains("/admin/apps/"));
+
+    // The repository index: every variant, READY when a worker has it loaded.
+    let r = c.request("POST", "/v2/repository/index", &[], b"{\"ready\": true}").await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let index = r.json();
+    assert!(!index.as_array().unwrap().is_empty());
+    for m in index.as_array().unwrap() {
+        assert_eq!((m["name"].as_str(), m["state"].as_str()), (Some("emu"), Some("READY")), "{m}");
+    }
+    let r = c.request("POST", "/v2/repository/index", &[], b"{\"ready\": 3}").await.unwrap();
+    assert_eq!(r.status, 400);
+
+    // A batch: B samples queued as B requests, one answer stacked in order.
+    let batch = |b: usize| {
+        let data: Vec<f64> = (0..b).flat_map(|i| [i as f64; 4]).collect();
+        json!({ "id": "b", "inputs": [{ "name": "x", "datatype": "FP32", "shape": [b, 4], "data": data }] })
+    };
+    let r = c.post_json("/v2/models/emu/infer", &batch(5)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let body = r.json();
+    assert_eq!(body["outputs"][0]["shape"], json!([5, 2]));
+    let data = body["outputs"][0]["data"].as_array().unwrap();
+    let sums: Vec<f64> = data.chunks(2).map(|row| row[1].as_f64().unwrap()).collect();
+    assert_eq!(sums, vec![0.0, 4.0, 8.0, 12.0, 16.0]);
+    assert_eq!(body["parameters"]["samples"], json!(5));
+    assert_eq!(body["parameters"]["variants"].as_array().unwrap().len(), 5);
+    // More samples than the queue can ever hold: refused, naming the limit.
+    let r = c.post_json("/v2/models/emu/infer", &batch(9)).await.unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("a batch of 9 samples; emu takes 1 to 8 per request (its max_queue)"));
+
+    // The configuration and statistics, from the config and the counters.
+    let config = c.get("/v2/models/emu/config").await.unwrap().json();
+    assert_eq!(config["max_batch_size"], json!(8));
+    assert_eq!(config["parameters"]["policy"]["string_value"], json!("jellyfish"));
+    let stats = c.get("/v2/models/emu/stats").await.unwrap().json();
+    let s = &stats["model_stats"][0];
+    assert_eq!(s["inference_count"], json!(5));
+    assert_eq!(s["inference_stats"]["success"]["count"], json!(5));
+    assert!(s["execution_count"].as_u64().unwrap() >= 1, "{s}");
+    assert!(s["inference_stats"]["success"]["ns"].as_u64().unwrap() > 0, "{s}");
+    let all = c.get("/v2/models/stats").await.unwrap().json();
+    assert_eq!(all["model_stats"].as_array().unwrap().len(), 1);
+    assert_eq!(c.get("/v2/models/nope/stats").await.unwrap().status, 404);
+    let counters = &server.state.apps["emu"].counters;
+    assert_eq!(counters.accepted.load(std::sync::atomic::Ordering::Relaxed), 5);
     server.stop().await.unwrap();
 }

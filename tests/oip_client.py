@@ -36,7 +36,24 @@ def main():
     default_named = client.infer(app, [inp], outputs=[httpclient.InferRequestedOutput("output")]).as_numpy("output")
     assert default_none.dtype == np.float32 and default_named.dtype == np.float32
     assert np.array_equal(default_none, arr) and np.array_equal(default_named, arr), (default_none, arr)
+    # A batch of three samples (the metadata's -1): one row per sample, in order.
+    batch = np.array([[1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]], dtype=np.float32)
+    inp = httpclient.InferInput(input_name, list(batch.shape), "FP32")
+    inp.set_data_from_numpy(batch)
+    rows = client.infer(app, [inp]).as_numpy("output")
+    # The extensions: a variant's readiness and metadata, the model configuration,
+    # the repository index, statistics.
+    version = meta["versions"][0]
+    assert client.is_model_ready(app, version), "variant not ready"
+    assert client.get_model_metadata(app, version)["versions"] == [version]
+    config = client.get_model_config(app)
+    index = client.get_model_repository_index()
+    stats = client.get_inference_statistics(app)["model_stats"][0]
     print(json.dumps({
+        "rows": rows.tolist(),
+        "config": config,
+        "index": index,
+        "stats": stats,
         "shape": list(arr.shape),
         "sum": float(arr[0, 1]),
         "model_name": response["model_name"],

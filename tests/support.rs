@@ -68,6 +68,8 @@ pub fn emulated_profile(scale: f64) -> String {
 pub struct TestServer {
     /// Its address.
     pub addr: SocketAddr,
+    /// Its gRPC address ([`TestServer::start_with_grpc`]).
+    pub grpc: Option<SocketAddr>,
     /// Its state (apps, counters).
     pub state: Arc<State>,
     shutdown: Option<oneshot::Sender<()>>,
@@ -86,6 +88,16 @@ impl TestServer {
     /// As [`TestServer::start`], keeping uploaded policies in `policy_dir` (to test
     /// that they survive a restart) instead of the temp dir.
     pub async fn start_with_policy_dir(config: &str, policy_dir: Option<&Path>) -> Result<TestServer> {
+        Self::start_inner(config, policy_dir, false).await
+    }
+
+    /// As [`TestServer::start`], serving the KServe v2 gRPC protocol too (on
+    /// `grpc`, another `127.0.0.1:0` port).
+    pub async fn start_with_grpc(config: &str) -> Result<TestServer> {
+        Self::start_inner(config, None, true).await
+    }
+
+    async fn start_inner(config: &str, policy_dir: Option<&Path>, grpc: bool) -> Result<TestServer> {
         let dir = tempfile::tempdir()?;
         let policy_dir = policy_dir.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("policies"));
         std::fs::write(dir.path().join("emulated.toml"), emulated_profile(1.0))?;
@@ -108,15 +120,18 @@ impl TestServer {
         let state = State::build(config).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let grpc = if grpc { Some(tokio::net::TcpListener::bind("127.0.0.1:0").await?) } else { None };
+        let grpc_addr = grpc.as_ref().map(|l| l.local_addr()).transpose()?;
         let (tx, rx) = oneshot::channel::<()>();
         let s = state.clone();
         let task = tokio::spawn(async move {
-            sluice_server::server::run(listener, s, async {
+            let listeners = sluice_server::server::Listeners { main: listener, admin: None, grpc };
+            sluice_server::server::run_listeners(listeners, s, async {
                 let _ = rx.await;
             })
             .await
         });
-        Ok(TestServer { addr, state, shutdown: Some(tx), task: Some(task), dir })
+        Ok(TestServer { addr, grpc: grpc_addr, state, shutdown: Some(tx), task: Some(task), dir })
     }
 
     /// A new client connection.

@@ -36,6 +36,11 @@ pub struct Config {
     /// overrides). Without it, `/admin` is served on `listen`.
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
+    /// `grpc_listen = "127.0.0.1:8081"`: also serve the KServe v2 gRPC protocol
+    /// (`inference.GRPCInferenceService`, what `tritonclient.grpc` speaks) on this
+    /// address (`--grpc-listen` overrides). Off without it.
+    #[serde(default)]
+    pub grpc_listen: Option<SocketAddr>,
     /// `admin_token = "..."`: bearer token for `/admin`; `SLUICE_ADMIN_TOKEN` overrides.
     /// Without either, the admin API answers 403 to everything.
     #[serde(default)]

@@ -14,14 +14,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::{app_of, json_response, ok, parse_json, read_body, ApiError, Body};
-use crate::app::{AdmitError, App};
+use crate::app::App;
 use crate::binary;
-use crate::config::InputSpec;
-use crate::pipeline::PipelineApp;
+use crate::infer::{self, pinned_version, target, Data, Input, Target};
 use crate::state::State;
-use sluice_core::executor::OUTPUT_NAME;
-use sluice_core::queue::{DropReason, Reply};
-use sluice_core::tensor::{DataType, Tensor, TensorData};
+use sluice_core::tensor::{Tensor, TensorData};
 
 /// Routes one request.
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
@@ -56,26 +53,49 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             Ok(json_response(status, &json!({ "ready": ready })))
         }
         (&Method::GET, ["v2"]) => {
-            ok(json!({ "name": "sluice", "version": env!("CARGO_PKG_VERSION"), "extensions": [] }))
+            ok(json!({ "name": "sluice", "version": env!("CARGO_PKG_VERSION"), "extensions": crate::grpc::EXTENSIONS }))
         }
-        (&Method::GET, ["v2", "models", app]) => match state.pipelines.get(*app) {
-            Some(p) => pipeline_metadata(p),
-            None => model_metadata(app_of(state, app)?),
-        },
-        (&Method::GET, ["v2", "models", app, "ready"]) => {
-            let ready = match state.pipelines.get(*app) {
-                Some(p) => p.accepting.load(Ordering::Acquire),
-                None => app_of(state, app)?.accepting.load(Ordering::Acquire),
+        (&Method::GET, ["v2", "models", "stats"]) => statistics(state, None, ""),
+        (&Method::GET, ["v2", "models", app]) => metadata(&target(state, app)?, ""),
+        (&Method::GET, ["v2", "models", app, "versions", v]) => metadata(&target(state, app)?, v),
+        (&Method::GET, ["v2", "models", app, "ready"]) => ready(&target(state, app)?, ""),
+        (&Method::GET, ["v2", "models", app, "versions", v, "ready"]) => ready(&target(state, app)?, v),
+        (&Method::GET, ["v2", "models", app, "config"]) => model_config(&target(state, app)?, ""),
+        (&Method::GET, ["v2", "models", app, "versions", v, "config"]) => model_config(&target(state, app)?, v),
+        (&Method::GET, ["v2", "models", app, "stats"]) => statistics(state, Some(app), ""),
+        (&Method::GET, ["v2", "models", app, "versions", v, "stats"]) => statistics(state, Some(app), v),
+        (&Method::POST, ["v2", "models", app, "versions", v, "infer"]) => {
+            // The policy picks the variant: a version-pinned inference is refused
+            // (404 for a version the app does not have), after reading the body.
+            let e = match target(state, app).and_then(|t| t.check_version(v)) {
+                Ok(()) => pinned_version(app, v),
+                Err(e) => e,
             };
-            let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-            Ok(json_response(status, &json!({ "name": app, "ready": ready })))
+            Err(discard_body(state, req, e).await)
+        }
+        (&Method::POST, ["v2", "repository", "index"]) => {
+            let body = {
+                let _budget = crate::api::reserve_body(state, &req)?;
+                read_body(state, req).await?
+            };
+            repository_index(state, &body)
+        }
+        (&Method::POST, ["v2", "repository", "models", m, action @ ("load" | "unload")]) => {
+            let e = ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                format!(
+                    "cannot {action} `{m}`: sluice serves the apps of its config; change a worker's models with \
+                     PUT /admin/apps/{{app}}/workers/{{w}}/models"
+                ),
+            );
+            Err(discard_body(state, req, e).await)
         }
         (&Method::POST, ["v2", "models", app, "infer"]) => {
             let arrived = std::time::Instant::now();
             // Errors found before the body is read (an unknown app, an overloaded
             // one, a bad framing header, no room to read it) are answered after
             // reading it, so a client still sending sees the answer, not a reset.
-            let admitted = target(state, app).and_then(|t| t.precheck().map_err(admit_error).map(|()| t));
+            let admitted = target(state, app).and_then(|t| t.precheck().map(|()| t));
             let early = admitted.and_then(|t| {
                 let budget = crate::api::reserve_body(state, &req)?;
                 Ok((t, budget, binary::header_length(&req)?))
@@ -89,7 +109,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                 let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
                 (parse_off_thread::<InferRequest>(json).await?, data)
             };
-            target.infer(request, data, arrived).await
+            infer(&target, request, data, arrived).await
         }
         (&Method::POST, ["infer"]) => {
             let arrived = std::time::Instant::now();
@@ -106,7 +126,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                 outputs: request.outputs,
                 parameters: request.parameters,
             };
-            target.infer(request, data, arrived).await
+            infer(&target, request, data, arrived).await
         }
         (&Method::GET, ["metrics"]) => {
             let mut text = state.metrics.render();
@@ -163,9 +183,15 @@ fn allowed(route: &[&str]) -> Option<&'static str> {
         ["v2"]
         | ["v2", "health", "live" | "ready"]
         | ["v2", "models", _]
-        | ["v2", "models", _, "ready"]
+        | ["v2", "models", _, "ready" | "config" | "stats"]
+        | ["v2", "models", _, "versions", _]
+        | ["v2", "models", _, "versions", _, "ready" | "config" | "stats"]
         | ["metrics"] => Some("GET"),
-        ["v2", "models", _, "infer"] | ["infer"] => Some("POST"),
+        ["v2", "models", _, "infer"]
+        | ["v2", "models", _, "versions", _, "infer"]
+        | ["v2", "repository", "index"]
+        | ["v2", "repository", "models", _, "load" | "unload"]
+        | ["infer"] => Some("POST"),
         _ => None,
     }
 }
@@ -302,120 +328,39 @@ impl<'de> Deserialize<'de> for FlatNumbers {
     }
 }
 
-/// Checks a request's tensor against the app's input and converts it.
-fn to_tensor(app: &str, spec: &InputSpec, inputs: Vec<InputTensor>, binary: Bytes) -> Result<Tensor, ApiError> {
+/// The request's inputs in the shared form ([`infer::Input`]): JSON data, or this
+/// input's share of the binary data after the JSON (the extension's inputs take
+/// their `binary_data_size` bytes in input order).
+fn decode_inputs(app: &str, inputs: Vec<InputTensor>, binary: Bytes) -> Result<Vec<Input>, ApiError> {
     let bad = |m: String| ApiError::bad_request(format!("app {app}: {m}"));
-    let mut inputs = inputs;
-    if inputs.len() != 1 {
-        return Err(bad(format!("expected exactly 1 input tensor (`{}`), got {}", spec.name, inputs.len())));
-    }
-    let input = inputs.pop().expect("one input");
-    if !binary.is_empty() && input.parameters.as_ref().and_then(|p| p.get("binary_data_size")).is_none() {
+    if !binary.is_empty()
+        && !inputs.iter().any(|i| i.parameters.as_ref().and_then(|p| p.get("binary_data_size")).is_some())
+    {
         return Err(bad(format!("{} bytes of binary data but no input has binary_data_size", binary.len())));
     }
-    if input.name != spec.name {
-        return Err(bad(format!("unknown input `{}`; expected `{}`", input.name, spec.name)));
+    let mut rest = binary;
+    let mut out = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let size =
+            binary::data_size(input.parameters.as_ref()).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
+        let data = match (input.data, size) {
+            (Some(_), Some(_)) => {
+                return Err(bad(format!("input `{}`: both `data` and binary_data_size given", input.name)));
+            }
+            (None, None) => return Err(bad(format!("input `{}`: no `data` (nor binary_data_size)", input.name))),
+            (Some(FlatNumbers(values)), None) => Data::Numbers(values),
+            (None, Some(size)) => {
+                let bytes = rest.split_to(size.min(rest.len()));
+                Data::Bytes { bytes, declared: Some(size), source: "binary_data_size" }
+            }
+        };
+        let shape = input.shape.iter().map(|d| i64::try_from(*d).unwrap_or(i64::MAX)).collect();
+        out.push(Input { name: input.name, datatype: input.datatype, shape, data });
     }
-    let datatype = DataType::from_oip(&input.datatype)
-        .ok_or_else(|| bad(format!("input `{}`: unknown datatype `{}`", input.name, input.datatype)))?;
-    if datatype.oip_name() != spec.datatype {
-        return Err(bad(format!(
-            "input `{}`: datatype {} but the app expects {}",
-            input.name, input.datatype, spec.datatype
-        )));
+    if !rest.is_empty() {
+        return Err(bad(format!("the body carries {} bytes after the inputs' binary data", rest.len())));
     }
-    // One sample per request: `[1, ...spec]` or `[...spec]`.
-    let shape = if input.shape.len() == spec.shape.len() {
-        let mut s = vec![1];
-        s.extend(&input.shape);
-        s
-    } else {
-        input.shape.clone()
-    };
-    if shape.len() != spec.shape.len() + 1 || shape[0] != 1 || shape[1..] != spec.shape[..] {
-        let mut want = vec![1];
-        want.extend(&spec.shape);
-        return Err(bad(format!(
-            "input `{}`: shape {:?} but the app expects {:?} (one sample per request; sluice forms batches itself)",
-            input.name, input.shape, want
-        )));
-    }
-    let n: usize = shape.iter().product();
-    let size = binary::data_size(input.parameters.as_ref()).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
-    let data = match (input.data, size) {
-        (Some(_), Some(_)) => {
-            return Err(bad(format!("input `{}`: both `data` and binary_data_size given", input.name)));
-        }
-        (None, None) => return Err(bad(format!("input `{}`: no `data` (nor binary_data_size)", input.name))),
-        (Some(FlatNumbers(values)), None) => {
-            if values.len() != n {
-                return Err(bad(format!(
-                    "input `{}`: shape {:?} needs {n} elements, data has {}",
-                    input.name,
-                    input.shape,
-                    values.len()
-                )));
-            }
-            convert(datatype, values).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?
-        }
-        (None, Some(size)) => {
-            // One input per request, so its bytes are all the binary data there is.
-            let want = n * TensorData::width(datatype);
-            if size != want || binary.len() != size {
-                return Err(bad(format!(
-                    "input `{}`: shape {:?} of {} needs {want} bytes; binary_data_size is {size} and the body carries {}",
-                    input.name,
-                    input.shape,
-                    datatype.oip_name(),
-                    binary.len()
-                )));
-            }
-            let data = TensorData::from_le_bytes(datatype, &binary)
-                .map_err(|m| bad(format!("input `{}`: {m}", input.name)))?;
-            if let Some(i) = data.first_non_finite() {
-                return Err(bad(format!("input `{}`: element {i} is not a finite number", input.name)));
-            }
-            data
-        }
-    };
-    Ok(Tensor { name: input.name, shape, data })
-}
-
-fn convert(datatype: DataType, values: Vec<f64>) -> Result<TensorData, String> {
-    let int = |v: f64, lo: f64, hi: f64| -> Result<f64, String> {
-        if v.fract() != 0.0 || v < lo || v > hi {
-            Err(format!("{v} is not a valid {}", datatype.oip_name()))
-        } else {
-            Ok(v)
-        }
-    };
-    Ok(match datatype {
-        // JSON numbers parse as f64; one beyond the FP32 range would become ±inf (and
-        // an output of `null`s, which is not valid JSON tensor data): refuse it.
-        DataType::F32 => {
-            if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite() || v.abs() > f32::MAX as f64) {
-                return Err(format!("element {i}: {v:e} is outside the FP32 range"));
-            }
-            TensorData::F32(values.into_iter().map(|v| v as f32).collect())
-        }
-        DataType::F64 => TensorData::F64(values),
-        DataType::I32 => TensorData::I32(
-            values
-                .into_iter()
-                .map(|v| int(v, i32::MIN as f64, i32::MAX as f64).map(|v| v as i32))
-                .collect::<Result<_, _>>()?,
-        ),
-        // Above 2^53 a JSON number is not exact in f64; refuse rather than corrupt.
-        DataType::I64 => TensorData::I64(
-            values
-                .into_iter()
-                .map(|v| int(v, -9007199254740992.0, 9007199254740992.0).map(|v| v as i64))
-                .collect::<Result<_, _>>()?,
-        ),
-        DataType::U8 => {
-            TensorData::U8(values.into_iter().map(|v| int(v, 0.0, 255.0).map(|v| v as u8)).collect::<Result<_, _>>()?)
-        }
-    })
+    Ok(out)
 }
 
 fn tensor_json(t: &Tensor) -> Value {
@@ -427,48 +372,6 @@ fn tensor_json(t: &Tensor) -> Value {
         TensorData::U8(v) => json!(v),
     };
     json!({ "name": t.name, "datatype": t.datatype().oip_name(), "shape": t.shape, "data": data })
-}
-
-/// Whom an inference request is for: an app, or a pipeline.
-enum Target {
-    App(Arc<App>),
-    Pipeline(Arc<PipelineApp>),
-}
-
-/// The app or pipeline `name`; a pipeline's task apps take no requests of their own.
-fn target(state: &State, name: &str) -> Result<Target, ApiError> {
-    if let Some(p) = state.pipelines.get(name) {
-        return Ok(Target::Pipeline(p.clone()));
-    }
-    if let Some((pipeline, _)) = name.split_once('.').filter(|(p, _)| state.pipelines.contains_key(*p)) {
-        return Err(ApiError::not_found(format!(
-            "app `{name}` is a task of pipeline `{pipeline}`: send requests to `{pipeline}`"
-        )));
-    }
-    Ok(Target::App(app_of(state, name)?.clone()))
-}
-
-impl Target {
-    async fn infer(
-        self,
-        request: InferRequest,
-        data: Bytes,
-        arrived: std::time::Instant,
-    ) -> Result<Response<Body>, ApiError> {
-        match self {
-            Target::App(app) => infer(&app, request, data, arrived).await,
-            Target::Pipeline(p) => pipeline_infer(&p, request, data).await,
-        }
-    }
-
-    /// Whether a request would be admitted now (apps only: a pipeline's tasks
-    /// judge their intermediate requests by its early dropping).
-    fn precheck(&self) -> Result<(), AdmitError> {
-        match self {
-            Target::App(app) => app.precheck(),
-            Target::Pipeline(_) => Ok(()),
-        }
-    }
 }
 
 /// Bodies larger than this are parsed on the blocking pool: parsing a JSON image
@@ -505,15 +408,14 @@ async fn discard_body(state: &State, req: Request<Incoming>, error: ApiError) ->
 
 /// Which outputs go back in binary: every output when the request says
 /// `binary_data_output`, or the requested ones that say `binary_data`.
-fn binary_outputs(request: &InferRequest) -> impl Fn(&str) -> bool + '_ {
-    let all_binary = binary::flag(request.parameters.as_ref(), "binary_data_output");
+fn binary_outputs<'a>(
+    parameters: Option<&'a Value>,
+    outputs: &'a Option<Vec<RequestedOutput>>,
+) -> impl Fn(&str) -> bool + 'a {
+    let all_binary = binary::flag(parameters, "binary_data_output");
     move |name: &str| {
         all_binary
-            || request
-                .outputs
-                .iter()
-                .flatten()
-                .any(|o| o.name == name && binary::flag(o.parameters.as_ref(), "binary_data"))
+            || outputs.iter().flatten().any(|o| o.name == name && binary::flag(o.parameters.as_ref(), "binary_data"))
     }
 }
 
@@ -557,189 +459,140 @@ fn respond(body: Value, tail: Vec<u8>) -> Result<Response<Body>, ApiError> {
     Ok(r)
 }
 
-fn admit_error(e: AdmitError) -> ApiError {
-    match e {
-        AdmitError::QueueFull { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
-        AdmitError::ShuttingDown(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        AdmitError::WouldMissDeadline { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
-    }
-}
-
+/// Runs an inference through the shared path ([`crate::infer`]) and answers it in
+/// the HTTP form (JSON, or JSON and a binary tail).
 async fn infer(
-    app: &Arc<App>,
-    mut request: InferRequest,
-    binary_data: Bytes,
+    target: &Target,
+    request: InferRequest,
+    data: Bytes,
     arrived: std::time::Instant,
 ) -> Result<Response<Body>, ApiError> {
-    for o in request.outputs.iter().flatten() {
-        if o.name != OUTPUT_NAME {
-            return Err(ApiError::bad_request(format!(
-                "app {}: unknown output `{}`; every variant answers with `{OUTPUT_NAME}`",
-                app.name(),
-                o.name
-            )));
-        }
-    }
-    let tensor = to_tensor(app.name(), &app.input, std::mem::take(&mut request.inputs), binary_data)?;
-    let rx = app.submit_arrived(tensor, arrived).map_err(admit_error)?;
-    // Workers answer every request, at shutdown too; a closed channel means a worker
-    // stopped abnormally. The client still gets the shutdown's documented 503, and
-    // the request is counted.
-    let Ok(reply) = rx.await else {
-        app.count_unanswered();
-        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the request's worker stopped before serving it"));
+    let InferRequest { id, inputs, outputs, parameters } = request;
+    let requested: Vec<&str> = outputs.iter().flatten().map(|o| o.name.as_str()).collect();
+    target.check_outputs(&requested)?;
+    let inputs = decode_inputs(target.name(), inputs, data)?;
+    let answer = target.infer(id.as_deref(), inputs, arrived).await?;
+    let what = match target {
+        Target::App(_) => format!("{}: variant {}", target.describe(), answer.model_version),
+        Target::Pipeline(_) => target.describe(),
     };
-    match reply {
-        Reply::Served(s) => {
-            let what = format!("app {}: variant {}", app.name(), s.variant);
-            let (outputs, tail) = encode_outputs(&what, &s.outputs, binary_outputs(&request))?;
-            let body = json!({
-            "model_name": app.name(),
-            "model_version": s.variant,
-            "id": request.id,
-            "outputs": outputs,
-            "parameters": {
-                "variant": s.variant,
-                "policy": s.policy,
-                "worker": s.worker,
-                "batch_size": s.batch_size,
-                "queue_us": s.queue_us,
-                "latency_us": s.latency_us,
-                "deadline_us": s.deadline_us,
-                "deadline_met": s.deadline_met,
-            }
-            });
-            respond(body, tail)
-        }
-        Reply::Dropped { reason: DropReason::ExecutorError, detail, .. } => Err(ApiError::internal(detail)),
-        Reply::Dropped { reason, detail, policy } => Err(ApiError {
-            status: StatusCode::GATEWAY_TIMEOUT,
-            message: format!("app {}: request dropped ({}): {detail}", app.name(), reason.as_str()),
-            extra: Some(json!({ "dropped": true, "reason": reason.as_str(), "policy": policy, "id": request.id })),
-            allow: None,
-        }),
-        Reply::Rejected { message } => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)),
-    }
-}
-
-/// A pipeline request: answered once every intermediate request is served or
-/// dropped. The outputs are one tensor per sink task (named after it), the sink's
-/// answers stacked along the first dimension; the parameters say which variants
-/// served each task, the path accuracy, and every drop with its task and reason.
-/// Nothing served at all: 504 naming the task and reason of a drop (503 when the
-/// server shut down first).
-async fn pipeline_infer(
-    p: &Arc<PipelineApp>,
-    mut request: InferRequest,
-    data: Bytes,
-) -> Result<Response<Body>, ApiError> {
-    let sinks: Vec<&str> = p.graph.sinks().into_iter().map(|t| p.graph.tasks[t].name.as_str()).collect();
-    for o in request.outputs.iter().flatten() {
-        if !sinks.contains(&o.name.as_str()) {
-            return Err(ApiError::bad_request(format!(
-                "pipeline {}: unknown output `{}`; its outputs are its last tasks: {}",
-                p.name(),
-                o.name,
-                sinks.join(", ")
-            )));
-        }
-    }
-    let tensor = to_tensor(p.name(), &p.input, std::mem::take(&mut request.inputs), data)?;
-    let answer = p.infer(tensor).await.map_err(admit_error)?;
-    let params = json!({
-        "pipeline": true,
-        "variants": answer.variants,
-        "accuracy": answer.accuracy(),
-        "paths": answer.paths.len(),
-        "late_paths": answer.late_paths,
-        "dropped": answer.drops,
-        "rerouted": answer.rerouted,
-        "rejected": answer.rejected,
-        "early_drop": p.config.early_drop.as_str(),
-        "latency_us": answer.latency_us,
-        "deadline_us": answer.deadline_us,
-        "deadline_met": answer.deadline_met(),
-    });
-    if answer.paths.is_empty() {
-        let Some((task, reason)) = answer.first_drop() else {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("pipeline {}: the server shut down before the request could be served", p.name()),
-            ));
-        };
-        return Err(ApiError {
-            status: StatusCode::GATEWAY_TIMEOUT,
-            message: format!("pipeline {}: request dropped at task {task} ({reason})", p.name()),
-            extra: Some(
-                json!({ "dropped": true, "task": task, "reason": reason, "id": request.id, "parameters": params }),
-            ),
-            allow: None,
-        });
-    }
-    let mut stacked = Vec::new();
-    for (task, outputs) in &answer.outputs {
-        let refs: Vec<&Tensor> = outputs.iter().collect();
-        let mut t = Tensor::concat(&refs)
-            .map_err(|e| ApiError::internal(format!("pipeline {}: task {task}: outputs: {e}", p.name())))?;
-        t.name = task.clone();
-        stacked.push(t);
-    }
-    let what = format!("pipeline {}", p.name());
-    let (outputs, tail) = encode_outputs(&what, &stacked, binary_outputs(&request))?;
+    let (outputs, tail) = encode_outputs(&what, &answer.outputs, binary_outputs(parameters.as_ref(), &outputs))?;
     let body = json!({
-        "model_name": p.name(),
-        "model_version": "pipeline",
-        "id": request.id,
+        "model_name": answer.model_name,
+        "model_version": answer.model_version,
+        "id": id,
         "outputs": outputs,
-        "parameters": params,
+        "parameters": answer.parameters,
     });
     respond(body, tail)
 }
 
-fn pipeline_metadata(p: &Arc<PipelineApp>) -> Result<Response<Body>, ApiError> {
-    let mut shape: Vec<i64> = vec![-1];
-    shape.extend(p.input.shape.iter().map(|d| *d as i64));
-    let outputs: Vec<Value> = p
-        .graph
-        .sinks()
-        .into_iter()
-        .map(|t| json!({ "name": p.graph.tasks[t].name, "datatype": "FP32", "shape": [-1, -1] }))
-        .collect();
+/// Model metadata in the HTTP form.
+fn metadata(target: &Target, version: &str) -> Result<Response<Body>, ApiError> {
+    let m = target.metadata(version)?;
+    let tensors = |ts: &[(String, String, Vec<i64>)]| -> Vec<Value> {
+        ts.iter().map(|(name, datatype, shape)| json!({ "name": name, "datatype": datatype, "shape": shape })).collect()
+    };
     ok(json!({
-        "name": p.name(),
-        "versions": ["pipeline"],
-        "platform": "sluice-pipeline",
-        "inputs": [{ "name": p.input.name, "datatype": p.input.datatype, "shape": shape }],
-        "outputs": outputs,
-        "parameters": {
-            "slo_ms": p.problem.slo_ms,
-            "workers": p.problem.workers,
-            "early_drop": p.config.early_drop.as_str(),
-            "tasks": p.graph.tasks.iter().map(|t| json!({ "name": t.name, "models": t.models,
-                "children": t.children.iter().map(|&c| p.graph.tasks[c].name.clone()).collect::<Vec<_>>() })).collect::<Vec<_>>(),
-        }
+        "name": m.name,
+        "versions": m.versions,
+        "platform": m.platform,
+        "inputs": tensors(&m.inputs),
+        "outputs": tensors(&m.outputs),
+        "parameters": m.parameters,
     }))
 }
 
-fn model_metadata(app: &Arc<App>) -> Result<Response<Body>, ApiError> {
-    let mut shape: Vec<i64> = vec![-1];
-    shape.extend(app.input.shape.iter().map(|d| *d as i64));
+/// Readiness of a target (or one of its variants): 200 or 503 with `{name, ready}`.
+fn ready(target: &Target, version: &str) -> Result<Response<Body>, ApiError> {
+    let ready = target.ready(version)?;
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    Ok(json_response(status, &json!({ "name": target.name(), "ready": ready })))
+}
+
+/// The model configuration extension, in Triton's JSON form.
+fn model_config(target: &Target, version: &str) -> Result<Response<Body>, ApiError> {
+    let c = target.config(version)?;
+    let tensors = |ts: &[(String, String, Vec<i64>)]| -> Vec<Value> {
+        ts.iter()
+            .map(
+                |(name, datatype, dims)| json!({ "name": name, "data_type": format!("TYPE_{datatype}"), "dims": dims }),
+            )
+            .collect()
+    };
+    let parameters: serde_json::Map<String, Value> =
+        c.parameters.iter().map(|(k, v)| (k.clone(), json!({ "string_value": v }))).collect();
     ok(json!({
-        "name": app.name(),
-        "versions": app.models.iter().map(|m| m.name.clone()).collect::<Vec<_>>(),
-        "platform": format!("sluice-{}", match app.config.executor {
-            Some(crate::config::ExecutorKind::Onnx) => "onnx",
-            _ => "emulated",
-        }),
-        "inputs": [{ "name": app.input.name, "datatype": app.input.datatype, "shape": shape }],
-        "outputs": [{ "name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, -1] }],
-        "parameters": {
-            "slo_ms": app.config.slo_ms,
-            "workers": app.workers.len(),
-            "policy": app.binding.lock().policy.clone(),
-            "variants": app.models.iter().map(|m| json!({ "name": m.name, "accuracy": m.accuracy })).collect::<Vec<_>>(),
-        }
+        "name": c.name,
+        "platform": c.platform,
+        "backend": "sluice",
+        "max_batch_size": c.max_batch_size,
+        "version_policy": { "all": {} },
+        "input": tensors(&c.inputs),
+        "output": tensors(&c.outputs),
+        "dynamic_batching": {},
+        "parameters": parameters,
     }))
+}
+
+/// The statistics extension, in Triton's JSON form: every app, or one.
+fn statistics(state: &State, name: Option<&str>, version: &str) -> Result<Response<Body>, ApiError> {
+    let apps: Vec<&Arc<App>> = match name {
+        Some(name) => {
+            let t = target(state, name)?;
+            if matches!(t, Target::Pipeline(_)) {
+                return Err(ApiError::bad_request(format!(
+                    "pipeline {name} has no statistics of its own: ask for its task apps' ({name}.<task>) in /metrics"
+                )));
+            }
+            t.check_version(version)?;
+            vec![app_of(state, name)?]
+        }
+        None => state.apps.values().collect(),
+    };
+    let duration = |count: u64, ns: u64| json!({ "count": count, "ns": ns });
+    let stats: Vec<Value> = apps
+        .into_iter()
+        .map(|app| {
+            let s = infer::stats(state, app);
+            json!({
+                "name": s.name,
+                "version": "",
+                "last_inference": 0,
+                "inference_count": s.served,
+                "execution_count": s.executions,
+                "inference_stats": {
+                    "success": duration(s.served, s.latency_ns),
+                    "fail": duration(s.failed, 0),
+                    "queue": duration(s.served, s.queue_ns),
+                    "compute_input": duration(0, 0),
+                    "compute_infer": duration(s.served, s.latency_ns.saturating_sub(s.queue_ns)),
+                    "compute_output": duration(0, 0),
+                    "cache_hit": duration(0, 0),
+                    "cache_miss": duration(0, 0),
+                },
+                "batch_stats": [],
+            })
+        })
+        .collect();
+    ok(json!({ "model_stats": stats }))
+}
+
+/// The repository index extension: `[{name, version, state, reason}]`.
+fn repository_index(state: &State, body: &[u8]) -> Result<Response<Body>, ApiError> {
+    #[derive(Deserialize, Default)]
+    struct IndexRequest {
+        #[serde(default)]
+        ready: bool,
+    }
+    // tritonclient sends an empty body.
+    let request: IndexRequest =
+        if body.iter().all(u8::is_ascii_whitespace) { IndexRequest::default() } else { parse_json(body)? };
+    let entries: Vec<Value> = infer::repository_index(state, request.ready)
+        .into_iter()
+        .map(|e| json!({ "name": e.name, "version": e.version, "state": e.state, "reason": e.reason }))
+        .collect();
+    ok(Value::Array(entries))
 }
 
 /// Property-based fuzzing of request parsing (JSON and binary tensors): seeds from
@@ -802,10 +655,10 @@ mod fuzz {
     }
 
     fn parse(body: &[u8], json_len: Option<usize>) -> Result<Tensor, ApiError> {
-        let spec = InputSpec { name: "x".into(), datatype: "FP32".into(), shape: vec![4] };
+        let spec = crate::config::InputSpec { name: "x".into(), datatype: "FP32".into(), shape: vec![4] };
         let (json, data) = binary::split(Bytes::copy_from_slice(body), json_len)?;
         let request: InferRequest = parse_json(&json)?;
-        to_tensor("fuzz", &spec, request.inputs, data)
+        infer::to_tensor("fuzz", &spec, decode_inputs("fuzz", request.inputs, data)?, (1, "one sample"))
     }
 
     proptest! {

@@ -108,6 +108,15 @@ impl Metrics {
         h.count += 1;
     }
 
+    /// The observation count and sum of the histogram family `name` over every
+    /// label set that includes `labels` (the statistics extension reads them).
+    pub fn histogram_totals(&self, name: &str, labels: &[(&str, &str)]) -> (u64, f64) {
+        let map = self.histograms.lock();
+        map.iter()
+            .filter(|((n, l), _)| *n == name && labels.iter().all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v)))
+            .fold((0, 0.0), |(count, sum), (_, h)| (count + h.count, sum + h.sum))
+    }
+
     /// Renders everything in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();

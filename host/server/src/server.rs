@@ -1,4 +1,5 @@
-//! Running the HTTP server until shutdown, then draining.
+//! Running the HTTP server (and the gRPC one beside it, [`crate::grpc`]) until
+//! shutdown, then draining.
 //!
 //! Start here: [`crate::state::State::build`] then [`run`], which mirrors mini-redis's
 //! `server::run(listener, shutdown)`: tests bind `127.0.0.1:0` and pass their own
@@ -54,9 +55,39 @@ pub async fn run_with_admin(
     state: Arc<State>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    run_listeners(Listeners { main: listener, admin, grpc: None }, state, shutdown).await
+}
+
+/// The listeners a server serves.
+pub struct Listeners {
+    /// HTTP: the Open Inference Protocol, `/infer`, `/metrics`, and `/admin` unless
+    /// `admin` is given.
+    pub main: TcpListener,
+    /// `/admin` and `/metrics` only (`admin_listen`).
+    pub admin: Option<TcpListener>,
+    /// The KServe v2 gRPC protocol (`grpc_listen`, [`crate::grpc`]).
+    pub grpc: Option<TcpListener>,
+}
+
+/// As [`run_with_admin`], with gRPC beside HTTP when `listeners.grpc` is given. All
+/// listeners share `max_connections`; at shutdown gRPC stops taking calls with HTTP,
+/// the queues drain (answering the calls in progress), then both close.
+pub async fn run_listeners(
+    listeners: Listeners,
+    state: Arc<State>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let Listeners { main: listener, admin, grpc } = listeners;
     tokio::pin!(shutdown);
     let limits = Limits::of(&state.config);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let grpc = grpc.map(|l| {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(crate::grpc::serve(l, state.clone(), slots.clone(), async move {
+            let _ = stopped.await;
+        }));
+        (stop, task)
+    });
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let accept_errors = crate::api::RateLimitedLog::default();
     let mut connections = JoinSet::new();
@@ -93,10 +124,24 @@ pub async fn run_with_admin(
     drop(listener);
     drop(admin);
     tracing::info!("shutting down: not accepting new requests, draining queues");
+    // gRPC stops taking calls now and finishes those in progress as the queues drain.
+    let grpc = grpc.map(|(stop, task)| {
+        let _ = stop.send(());
+        task
+    });
     state.drain(Duration::from_millis(state.config.shutdown_grace_ms)).await;
     let _ = close_tx.send(true);
-    let _ =
-        tokio::time::timeout(Duration::from_secs(5), async { while connections.join_next().await.is_some() {} }).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while connections.join_next().await.is_some() {}
+        if let Some(task) = grpc {
+            match task.await {
+                Ok(Err(e)) => tracing::warn!("{e}"),
+                Err(e) => tracing::warn!("gRPC server task: {e}"),
+                Ok(Ok(())) => {}
+            }
+        }
+    })
+    .await;
     Ok(())
 }
 

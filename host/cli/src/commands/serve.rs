@@ -1,5 +1,6 @@
 //! `sluice serve`: builds the apps of a config and serves them until SIGINT or
-//! SIGTERM ([`sluice_server::server::run`]), then drains.
+//! SIGTERM ([`sluice_server::server::run_listeners`]: HTTP, and gRPC with
+//! `--grpc-listen`), then drains.
 
 use std::path::PathBuf;
 
@@ -18,6 +19,9 @@ pub struct ServeArgs {
     /// Serve `/admin` and `/metrics` on this address only, overriding `admin_listen`.
     #[arg(long)]
     pub admin_listen: Option<std::net::SocketAddr>,
+    /// Also serve the KServe v2 gRPC protocol on this address, overriding `grpc_listen`.
+    #[arg(long)]
+    pub grpc_listen: Option<std::net::SocketAddr>,
     /// Log every accepted arrival (`app,arrival_us`) for `sluice sim` to replay.
     #[arg(long)]
     pub record_arrivals: Option<PathBuf>,
@@ -47,6 +51,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         config,
         listen,
         admin_listen,
+        grpc_listen,
         record_arrivals,
         policy_dir,
         builtin_policy_dir,
@@ -66,6 +71,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(addr) = admin_listen {
         config.admin_listen = Some(addr);
+    }
+    if let Some(addr) = grpc_listen {
+        config.grpc_listen = Some(addr);
     }
     if let Some(d) = policy_dir {
         config.policy_dir = d;
@@ -95,6 +103,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let addr = config.listen;
         let config_admin = config.admin_listen;
+        let config_grpc = config.grpc_listen;
         let state = sluice_server::state::State::build(config).await?;
         if let Some(path) = &record_arrivals {
             state.record_arrivals(path).with_context(|| format!("--record-arrivals {}", path.display()))?;
@@ -104,10 +113,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen on {a}"))?),
             None => None,
         };
+        let grpc = match config_grpc {
+            Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen on {a}"))?),
+            None => None,
+        };
         // Printed on stdout (logs go to stderr) so scripts can find the ports.
         println!("sluice listening on http://{}", listener.local_addr()?);
         if let Some(a) = &admin {
             println!("sluice admin listening on http://{}", a.local_addr()?);
+        }
+        if let Some(g) = &grpc {
+            println!("sluice gRPC listening on {}", g.local_addr()?);
         }
         let shutdown = async {
             let ctrl_c = tokio::signal::ctrl_c();
@@ -120,6 +136,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             #[cfg(not(unix))]
             let _ = ctrl_c.await;
         };
-        sluice_server::server::run_with_admin(listener, admin, state, shutdown).await
+        let listeners = sluice_server::server::Listeners { main: listener, admin, grpc };
+        sluice_server::server::run_listeners(listeners, state, shutdown).await
     })
 }

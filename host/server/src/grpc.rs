@@ -1,0 +1,505 @@
+//! The KServe v2 gRPC front (`inference.GRPCInferenceService`, the protocol
+//! `tritonclient.grpc` speaks), beside the HTTP one on `grpc_listen`.
+//!
+//! Start here: [`serve`] (the listener, connection limit and graceful shutdown) and
+//! [`Service`] (one method per RPC). Inference goes through the same path as HTTP
+//! ([`crate::infer`]: admission, deadline, batches, the one answer), and errors are
+//! the same [`ApiError`]s with the same messages, mapped to gRPC codes by
+//! [`status`]: 400 → INVALID_ARGUMENT, 404 → NOT_FOUND, 429 (overload) →
+//! RESOURCE_EXHAUSTED, 503 (shutdown) → UNAVAILABLE, 504 (a drop; the reason is in
+//! the message and the `sluice-drop-reason` metadata) → DEADLINE_EXCEEDED, 500 →
+//! INTERNAL. The protocol file is `host/server/proto/grpc_predict_v2.proto`; what is
+//! and is not served is in docs/host.md, "Protocol".
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use hyper::StatusCode;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::transport::server::Connected;
+use tonic::{Code, Request, Response, Status};
+
+use crate::api::ApiError;
+use crate::infer::{self, pinned_version, target, Data, Input, Target};
+use crate::metrics::Metrics;
+use crate::state::State;
+use sluice_core::tensor::{DataType, Tensor, TensorData};
+
+/// The types and stubs generated from `proto/grpc_predict_v2.proto` (package
+/// `inference`); a Rust client uses `grpc_inference_service_client`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto {
+    tonic::include_proto!("inference");
+}
+
+use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use proto::infer_parameter::ParameterChoice;
+use proto::*;
+
+/// The protocol extensions both fronts serve (`GET /v2`, `ServerMetadata`).
+pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_repository", "model_configuration", "statistics"];
+
+/// Serves gRPC on `listener` until `shutdown` resolves, then finishes the calls in
+/// progress (h2 GOAWAY: no new calls on open connections) and returns. Each
+/// connection holds one of `slots` (the `max_connections` the HTTP front shares);
+/// one over the limit is closed at once and counted as refused.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<State>,
+    slots: Arc<Semaphore>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Counted>>(16);
+    let metrics = state.metrics.clone();
+    // The accept loop: tonic takes connections from a stream; this one applies the
+    // connection limit and counts them first.
+    let accept = tokio::spawn(async move {
+        let errors = crate::api::RateLimitedLog::default();
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    errors.warn(|n| tracing::warn!("gRPC accept failed: {e} ({n} more not logged)"));
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                // No HTTP/2 answer can be written before the handshake: closing is
+                // the refusal (the client sees UNAVAILABLE).
+                metrics.connections.refused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            metrics.connections.open.fetch_add(1, Ordering::Relaxed);
+            let conn = Counted { inner: stream, _permit: permit, metrics: metrics.clone() };
+            if tx.send(Ok(conn)).await.is_err() {
+                break;
+            }
+        }
+    });
+    let config = &state.config;
+    let service = GrpcInferenceServiceServer::new(Service { state: state.clone() })
+        .max_decoding_message_size(config.max_body_bytes)
+        .max_encoding_message_size(usize::MAX);
+    let result = tonic::transport::Server::builder()
+        // Dead peers are found by keep-alive pings; an idle connection is closed by
+        // its age bound, so a client that never closes cannot hold a slot forever.
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .max_connection_age(std::time::Duration::from_millis(config.idle_timeout_ms.max(1000) * 10))
+        .add_service(service)
+        .serve_with_incoming_shutdown(Incoming(rx), shutdown)
+        .await;
+    accept.abort();
+    result.map_err(|e| anyhow::anyhow!("gRPC server: {e}"))
+}
+
+/// The connections the accept loop admitted, as tonic takes them.
+struct Incoming(tokio::sync::mpsc::Receiver<std::io::Result<Counted>>);
+
+impl tokio_stream::Stream for Incoming {
+    type Item = std::io::Result<Counted>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// A connection that holds its slot and counts as open until dropped.
+struct Counted {
+    inner: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.metrics.connections.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Connected for Counted {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The gRPC status of an error the shared path returned: the same message, the
+/// code that matches its HTTP status.
+pub fn status(e: ApiError) -> Status {
+    let code = match e.status {
+        StatusCode::BAD_REQUEST => Code::InvalidArgument,
+        StatusCode::NOT_FOUND => Code::NotFound,
+        StatusCode::REQUEST_TIMEOUT | StatusCode::GATEWAY_TIMEOUT => Code::DeadlineExceeded,
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+        StatusCode::NOT_IMPLEMENTED => Code::Unimplemented,
+        StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
+        StatusCode::INTERNAL_SERVER_ERROR => Code::Internal,
+        _ => Code::Unknown,
+    };
+    let mut status = Status::new(code, e.message);
+    if let Some(reason) = e.extra.as_ref().and_then(|x| x.get("reason")).and_then(Value::as_str) {
+        if let Ok(v) = reason.parse() {
+            status.metadata_mut().insert("sluice-drop-reason", v);
+        }
+    }
+    status
+}
+
+/// The gRPC service over a server's state.
+pub struct Service {
+    state: Arc<State>,
+}
+
+impl Service {
+    /// The service for `state` (tests mount it on a server of their own).
+    pub fn new(state: Arc<State>) -> GrpcInferenceServiceServer<Service> {
+        GrpcInferenceServiceServer::new(Service { state })
+    }
+
+    fn target(&self, name: &str) -> Result<Target, ApiError> {
+        target(&self.state, name)
+    }
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for Service {
+    async fn server_live(&self, _: Request<ServerLiveRequest>) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<ServerReadyRequest>) -> Result<Response<ServerReadyResponse>, Status> {
+        let ready = self.state.apps.values().all(|a| a.accepting.load(Ordering::Acquire));
+        Ok(Response::new(ServerReadyResponse { ready }))
+    }
+
+    async fn model_ready(&self, req: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
+        let r = req.into_inner();
+        let ready = self.target(&r.name).and_then(|t| t.ready(&r.version)).map_err(status)?;
+        Ok(Response::new(ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<ServerMetadataRequest>,
+    ) -> Result<Response<ServerMetadataResponse>, Status> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: "sluice".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        req: Request<ModelMetadataRequest>,
+    ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let r = req.into_inner();
+        let m = self.target(&r.name).and_then(|t| t.metadata(&r.version)).map_err(status)?;
+        let tensors = |ts: Vec<(String, String, Vec<i64>)>| {
+            ts.into_iter()
+                .map(|(name, datatype, shape)| model_metadata_response::TensorMetadata { name, datatype, shape })
+                .collect()
+        };
+        Ok(Response::new(ModelMetadataResponse {
+            name: m.name,
+            versions: m.versions,
+            platform: m.platform,
+            inputs: tensors(m.inputs),
+            outputs: tensors(m.outputs),
+        }))
+    }
+
+    async fn model_infer(&self, req: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
+        // The message is in: its arrival is now (tonic has read and decoded it).
+        let arrived = Instant::now();
+        let r = req.into_inner();
+        let target = self.target(&r.model_name).map_err(status)?;
+        if !r.model_version.is_empty() {
+            target.check_version(&r.model_version).map_err(status)?;
+            return Err(status(pinned_version(&r.model_name, &r.model_version)));
+        }
+        target.precheck().map_err(status)?;
+        let requested: Vec<&str> = r.outputs.iter().map(|o| o.name.as_str()).collect();
+        target.check_outputs(&requested).map_err(status)?;
+        let raw = !r.raw_input_contents.is_empty();
+        let inputs = decode_inputs(target.name(), r.inputs, r.raw_input_contents).map_err(status)?;
+        let id = (!r.id.is_empty()).then_some(r.id.as_str());
+        let answer = target.infer(id, inputs, arrived).await.map_err(status)?;
+        let mut outputs = Vec::with_capacity(answer.outputs.len());
+        let mut raw_outputs = Vec::new();
+        for t in answer.outputs {
+            if let Some(i) = t.data.first_non_finite() {
+                return Err(status(ApiError::internal(format!(
+                    "{}: variant {} produced a non-finite output (element {i})",
+                    target.describe(),
+                    answer.model_version
+                ))));
+            }
+            let (contents, bytes) =
+                if raw { (None, Some(Bytes::from(t.data.to_le_bytes()))) } else { (Some(contents(&t)), None) };
+            raw_outputs.extend(bytes);
+            outputs.push(model_infer_response::InferOutputTensor {
+                name: t.name.clone(),
+                datatype: t.datatype().oip_name().into(),
+                shape: t.shape.iter().map(|d| *d as i64).collect(),
+                parameters: HashMap::new(),
+                contents,
+            });
+        }
+        Ok(Response::new(ModelInferResponse {
+            model_name: answer.model_name,
+            model_version: answer.model_version,
+            id: r.id,
+            parameters: answer.parameters.into_iter().map(|(k, v)| (k, parameter(v))).collect(),
+            outputs,
+            raw_output_contents: raw_outputs,
+        }))
+    }
+
+    async fn model_config(&self, req: Request<ModelConfigRequest>) -> Result<Response<ModelConfigResponse>, Status> {
+        let r = req.into_inner();
+        let c = self.target(&r.name).and_then(|t| t.config(&r.version)).map_err(status)?;
+        let data_type = |d: &str| -> i32 {
+            let t = match DataType::from_oip(d) {
+                Some(DataType::F32) => proto::DataType::TypeFp32,
+                Some(DataType::F64) => proto::DataType::TypeFp64,
+                Some(DataType::I32) => proto::DataType::TypeInt32,
+                Some(DataType::I64) => proto::DataType::TypeInt64,
+                Some(DataType::U8) => proto::DataType::TypeUint8,
+                None => proto::DataType::TypeInvalid,
+            };
+            t as i32
+        };
+        Ok(Response::new(ModelConfigResponse {
+            config: Some(proto::ModelConfig {
+                name: c.name,
+                platform: c.platform,
+                backend: "sluice".into(),
+                version_policy: Some(ModelVersionPolicy {
+                    policy_choice: Some(model_version_policy::PolicyChoice::All(model_version_policy::All {})),
+                }),
+                max_batch_size: c.max_batch_size,
+                input: c
+                    .inputs
+                    .iter()
+                    .map(|(name, d, dims)| ModelInput {
+                        name: name.clone(),
+                        data_type: data_type(d),
+                        dims: dims.clone(),
+                    })
+                    .collect(),
+                output: c
+                    .outputs
+                    .iter()
+                    .map(|(name, d, dims)| ModelOutput {
+                        name: name.clone(),
+                        data_type: data_type(d),
+                        dims: dims.clone(),
+                    })
+                    .collect(),
+                dynamic_batching: Some(ModelDynamicBatching::default()),
+                parameters: c.parameters.into_iter().map(|(k, v)| (k, ModelParameter { string_value: v })).collect(),
+            }),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        req: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let r = req.into_inner();
+        let apps: Vec<_> = if r.name.is_empty() {
+            self.state.apps.values().cloned().collect()
+        } else {
+            match self.target(&r.name).map_err(status)? {
+                Target::App(app) => {
+                    Target::App(app.clone()).check_version(&r.version).map_err(status)?;
+                    vec![app]
+                }
+                Target::Pipeline(_) => {
+                    return Err(status(ApiError::bad_request(format!(
+                        "pipeline {} has no statistics of its own: ask for its task apps' ({}.<task>)",
+                        r.name, r.name
+                    ))))
+                }
+            }
+        };
+        let d = |count: u64, ns: u64| Some(StatisticDuration { count, ns });
+        let model_stats = apps
+            .iter()
+            .map(|app| {
+                let s = infer::stats(&self.state, app);
+                ModelStatistics {
+                    name: s.name,
+                    version: String::new(),
+                    last_inference: 0,
+                    inference_count: s.served,
+                    execution_count: s.executions,
+                    inference_stats: Some(InferStatistics {
+                        success: d(s.served, s.latency_ns),
+                        fail: d(s.failed, 0),
+                        queue: d(s.served, s.queue_ns),
+                        compute_input: d(0, 0),
+                        compute_infer: d(s.served, s.latency_ns.saturating_sub(s.queue_ns)),
+                        compute_output: d(0, 0),
+                        cache_hit: d(0, 0),
+                        cache_miss: d(0, 0),
+                    }),
+                    batch_stats: Vec::new(),
+                }
+            })
+            .collect();
+        Ok(Response::new(ModelStatisticsResponse { model_stats }))
+    }
+
+    async fn repository_index(
+        &self,
+        req: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let r = req.into_inner();
+        let models = infer::repository_index(&self.state, r.ready)
+            .into_iter()
+            .map(|e| repository_index_response::ModelIndex {
+                name: e.name,
+                version: e.version,
+                state: e.state.into(),
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+}
+
+/// The request's inputs in the shared form: `raw_input_contents` (one entry per
+/// input, in order; tritonclient's default) or each input's typed `contents`.
+fn decode_inputs(
+    app: &str,
+    inputs: Vec<model_infer_request::InferInputTensor>,
+    raw: Vec<Bytes>,
+) -> Result<Vec<Input>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(format!("app {app}: {m}"));
+    if !raw.is_empty() && raw.len() != inputs.len() {
+        return Err(bad(format!("raw_input_contents has {} entries for {} inputs", raw.len(), inputs.len())));
+    }
+    let mut raw = raw.into_iter();
+    inputs
+        .into_iter()
+        .map(|input| {
+            let data = match raw.next() {
+                Some(bytes) => {
+                    if input.contents.is_some() {
+                        return Err(bad(format!("input `{}`: both contents and raw_input_contents given", input.name)));
+                    }
+                    Data::Bytes { bytes, declared: None, source: "raw_input_contents" }
+                }
+                None => typed(&input).map_err(|m| bad(format!("input `{}`: {m}", input.name)))?,
+            };
+            Ok(Input { name: input.name, datatype: input.datatype, shape: input.shape, data })
+        })
+        .collect()
+}
+
+/// An input's typed contents: the field its datatype takes (UINT8 travels in
+/// `uint_contents`, as Triton sends it).
+fn typed(input: &model_infer_request::InferInputTensor) -> Result<Data, String> {
+    let c = input.contents.clone().unwrap_or_default();
+    let Some(datatype) = DataType::from_oip(&input.datatype) else {
+        // The shared check names the unknown datatype.
+        return Ok(Data::Typed(TensorData::F32(Vec::new())));
+    };
+    let filled: Vec<&str> = [
+        ("bool_contents", c.bool_contents.len()),
+        ("int_contents", c.int_contents.len()),
+        ("int64_contents", c.int64_contents.len()),
+        ("uint_contents", c.uint_contents.len()),
+        ("uint64_contents", c.uint64_contents.len()),
+        ("fp32_contents", c.fp32_contents.len()),
+        ("fp64_contents", c.fp64_contents.len()),
+        ("bytes_contents", c.bytes_contents.len()),
+    ]
+    .into_iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(f, _)| f)
+    .collect();
+    let (field, data) = match datatype {
+        DataType::F32 => ("fp32_contents", TensorData::F32(c.fp32_contents)),
+        DataType::F64 => ("fp64_contents", TensorData::F64(c.fp64_contents)),
+        DataType::I32 => ("int_contents", TensorData::I32(c.int_contents)),
+        DataType::I64 => ("int64_contents", TensorData::I64(c.int64_contents)),
+        DataType::U8 => {
+            let bytes: Result<Vec<u8>, _> = c.uint_contents.iter().map(|v| u8::try_from(*v)).collect();
+            ("uint_contents", TensorData::U8(bytes.map_err(|_| "uint_contents: a value is outside UINT8".to_string())?))
+        }
+    };
+    if filled.is_empty() {
+        return Err("no contents (nor raw_input_contents)".into());
+    }
+    if filled != [field] {
+        return Err(format!("datatype {} takes {field}; the request filled {}", input.datatype, filled.join(", ")));
+    }
+    Ok(Data::Typed(data))
+}
+
+/// A tensor's typed contents (answering a request that sent typed contents).
+fn contents(t: &Tensor) -> InferTensorContents {
+    let mut c = InferTensorContents::default();
+    match &t.data {
+        TensorData::F32(v) => c.fp32_contents = v.clone(),
+        TensorData::F64(v) => c.fp64_contents = v.clone(),
+        TensorData::I32(v) => c.int_contents = v.clone(),
+        TensorData::I64(v) => c.int64_contents = v.clone(),
+        TensorData::U8(v) => c.uint_contents = v.iter().map(|x| u32::from(*x)).collect(),
+    }
+    c
+}
+
+/// A response parameter: scalars as themselves, anything else as its JSON text.
+fn parameter(v: Value) -> InferParameter {
+    let choice = match v {
+        Value::Bool(b) => ParameterChoice::BoolParam(b),
+        Value::Number(n) if n.is_i64() => ParameterChoice::Int64Param(n.as_i64().unwrap_or_default()),
+        Value::Number(n) if n.is_u64() => ParameterChoice::Uint64Param(n.as_u64().unwrap_or_default()),
+        Value::Number(n) => ParameterChoice::DoubleParam(n.as_f64().unwrap_or_default()),
+        Value::String(s) => ParameterChoice::StringParam(s),
+        other => ParameterChoice::StringParam(other.to_string()),
+    };
+    InferParameter { parameter_choice: Some(choice) }
+}
