@@ -22,8 +22,17 @@ fn json(out: &Output) -> serde_json::Value {
 fn expectations(workers: u32) -> (f64, f64) {
     let w = workers.to_string();
     let v = json(&sluice(&[
-        "ramsis", "gen", "--profile", "profiles/ramsis-image-cpu.toml", "--slo", "150ms", "--load", "2000", "--workers",
-        &w, "--json",
+        "ramsis",
+        "gen",
+        "--profile",
+        "profiles/ramsis-image-cpu.toml",
+        "--slo",
+        "150ms",
+        "--load",
+        "2000",
+        "--workers",
+        &w,
+        "--json",
     ]));
     (v["expected_accuracy"].as_f64().unwrap(), v["expected_violation"].as_f64().unwrap())
 }

@@ -21,7 +21,12 @@ fn sluice() -> Command {
 }
 
 fn ok(out: Output) -> String {
-    assert!(out.status.success(), "stdout: {}\nstderr: {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -108,7 +113,19 @@ fn bench_compares_on_the_standard_scenarios() {
     let out_dir = dir.path().join("bench");
     let out = ok(sluice()
         .current_dir(root())
-        .args(["policy", "bench", "--against", "jellyfish", "--duration", "3", "--scale", "0.1", "--workers", "6", "--out"])
+        .args([
+            "policy",
+            "bench",
+            "--against",
+            "jellyfish",
+            "--duration",
+            "3",
+            "--scale",
+            "0.1",
+            "--workers",
+            "6",
+            "--out",
+        ])
         .arg(&out_dir)
         .arg(template_wasm())
         .output()

@@ -15,8 +15,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use std::sync::Mutex;
 use serde::Serialize;
+use std::sync::Mutex;
 
 use crate::{run_experiment, Experiment};
 
@@ -316,7 +316,8 @@ where
     F: Fn(u32) -> Result<Point, String> + Sync,
 {
     let points = evals.points();
-    let within = points.iter().filter(|p| p.violation <= targets.violation).max_by(|a, b| a.accuracy.total_cmp(&b.accuracy));
+    let within =
+        points.iter().filter(|p| p.violation <= targets.violation).max_by(|a, b| a.accuracy.total_cmp(&b.accuracy));
     let best = within.or_else(|| points.iter().min_by(|a, b| a.violation.total_cmp(&b.violation))).copied();
     PlanError::Unreachable { targets, max_workers, best }
 }
@@ -503,7 +504,9 @@ mod tests {
     #[test]
     fn capacity_bound_and_curve() {
         // 10 requests in 50 ms: 200 requests/s per worker.
-        let tables = vec![vec![10_000.0, 20_000.0, 30_000.0, 40_000.0, 50_000.0, 60_000.0, 70_000.0, 80_000.0, 90_000.0, 50_000.0]];
+        let tables = vec![vec![
+            10_000.0, 20_000.0, 30_000.0, 40_000.0, 50_000.0, 60_000.0, 70_000.0, 80_000.0, 90_000.0, 50_000.0,
+        ]];
         assert_eq!(capacity_lower_bound(&tables, 100_000.0, 2000.0, 0.0), 10);
         assert_eq!(capacity_lower_bound(&tables, 100_000.0, 2000.0, 0.5), 5);
         let w = curve_workers(10, 40, 1024, 8);

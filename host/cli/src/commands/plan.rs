@@ -187,10 +187,8 @@ fn setting(args: &PlanArgs) -> Result<Setting> {
             best.accuracy
         );
     }
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
-        .max(1);
+    let threads =
+        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)).max(1);
     Ok(Setting { models: chosen.iter().map(|m| m.name.clone()).collect(), specs: chosen, profile, targets, threads })
 }
 
@@ -270,11 +268,8 @@ where
 
 /// A simulated policy's setting; the policy must exist (a clear error otherwise).
 fn sim_point(args: &PlanArgs, s: &Setting, policy: &str) -> Result<SimPoint> {
-    let component = if policy.ends_with(".wasm") {
-        PathBuf::from(policy)
-    } else {
-        args.policies.join(format!("{policy}.wasm"))
-    };
+    let component =
+        if policy.ends_with(".wasm") { PathBuf::from(policy) } else { args.policies.join(format!("{policy}.wasm")) };
     if !component.is_file() {
         let mut known: Vec<String> = std::fs::read_dir(&args.policies)
             .map(|d| {
@@ -372,10 +367,19 @@ fn print_text(args: &PlanArgs, s: &Setting, planned: &[Planned]) {
         let what = if p.method == "mdp" { "expected" } else { "simulated" };
         println!(
             "  {}: {} workers ({what} accuracy {:.4}, violation {:.5}); {} evaluations in {:.2} s, capacity bound {}",
-            p.policy, p.plan.workers, p.plan.point.accuracy, p.plan.point.violation, p.evaluations, p.seconds, p.lower_bound
+            p.policy,
+            p.plan.workers,
+            p.plan.point.accuracy,
+            p.plan.point.violation,
+            p.evaluations,
+            p.seconds,
+            p.lower_bound
         );
         if let Some(v) = p.verify.filter(|_| p.method == "mdp") {
-            println!("    simulated at {} workers: accuracy {:.4}, violation {:.5}", v.workers, v.accuracy, v.violation);
+            println!(
+                "    simulated at {} workers: accuracy {:.4}, violation {:.5}",
+                v.workers, v.accuracy, v.violation
+            );
         }
         for (a, b) in &p.plan.non_monotone {
             println!("    note: {a} workers met the targets but {b} did not; the plan is above {b}");
@@ -423,10 +427,18 @@ fn svg(args: &PlanArgs, planned: &[Planned]) -> String {
     let xs = planned.iter().flat_map(|p| p.curve.iter().map(|c| c.workers as f64));
     let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
     if lo.is_finite() {
-        series.push(Series { label: format!("target {}", args.accuracy), points: vec![(lo, args.accuracy), (hi, args.accuracy)] });
+        series.push(Series {
+            label: format!("target {}", args.accuracy),
+            points: vec![(lo, args.accuracy), (hi, args.accuracy)],
+        });
     }
     line_chart(
-        &format!("Accuracy vs workers: {:.0} QPS, SLO {:.0} ms, violation ≤ {}", args.load, args.slo / 1e3, args.violation),
+        &format!(
+            "Accuracy vs workers: {:.0} QPS, SLO {:.0} ms, violation ≤ {}",
+            args.load,
+            args.slo / 1e3,
+            args.violation
+        ),
         "workers",
         "accuracy",
         &series,

@@ -79,17 +79,19 @@ fn send(args: &ServerArgs, method: &str, path: &str, body: (&str, &[u8]), what: 
     let addr = address(&args.server)?;
     let token = token(args)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let r: HttpResponse = rt.block_on(async {
-        let mut client = Client::connect(addr).await?;
-        let auth = format!("Bearer {token}");
-        client
-            .request(method, path, &[("authorization", auth.as_str()), ("content-type", content_type)], body)
-            .await
-    })
-    .with_context(|| format!("{what}: {method} http://{addr}{path}"))?;
+    let r: HttpResponse = rt
+        .block_on(async {
+            let mut client = Client::connect(addr).await?;
+            let auth = format!("Bearer {token}");
+            client
+                .request(method, path, &[("authorization", auth.as_str()), ("content-type", content_type)], body)
+                .await
+        })
+        .with_context(|| format!("{what}: {method} http://{addr}{path}"))?;
     let json = r.json();
     if !(200..300).contains(&r.status) {
-        let message = json["error"].as_str().map(String::from).unwrap_or_else(|| String::from_utf8_lossy(&r.body).into());
+        let message =
+            json["error"].as_str().map(String::from).unwrap_or_else(|| String::from_utf8_lossy(&r.body).into());
         let hint = match r.status {
             401 => " (check SLUICE_ADMIN_TOKEN)",
             403 => " (the server's admin API is off: start it with admin_token or SLUICE_ADMIN_TOKEN)",
@@ -116,15 +118,11 @@ pub fn upload(args: UploadArgs) -> Result<()> {
     let bytes = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let name = match &args.name {
         Some(n) => n.clone(),
-        None => args
-            .file
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .map(|s| s.replace('_', "-"))
-            .context("give --name")?,
+        None => args.file.file_stem().and_then(|s| s.to_str()).map(|s| s.replace('_', "-")).context("give --name")?,
     };
     check_name(&name)?;
-    let r = send(&args.server, "POST", &format!("/admin/policies?name={name}"), ("application/wasm", &bytes), "upload")?;
+    let r =
+        send(&args.server, "POST", &format!("/admin/policies?name={name}"), ("application/wasm", &bytes), "upload")?;
     println!(
         "uploaded `{}` ({} bytes, sha256 {}, compiled in {:.1} ms)",
         r["name"].as_str().unwrap_or(&name),
@@ -153,7 +151,13 @@ pub fn swap(args: SwapArgs) -> Result<()> {
         }
     };
     let body = json!({ "policy": args.policy, "params": params }).to_string();
-    let r = send(&args.server, "PUT", &format!("/admin/apps/{}/policy", args.app), ("application/json", body.as_bytes()), "swap")?;
+    let r = send(
+        &args.server,
+        "PUT",
+        &format!("/admin/apps/{}/policy", args.app),
+        ("application/json", body.as_bytes()),
+        "swap",
+    )?;
     println!("app `{}` now runs `{}`: {}", args.app, args.policy, r);
     Ok(())
 }

@@ -250,7 +250,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         args.duration,
         args.seed
     );
-    println!("  {:<16} {:>22} {:>22}", "scenario", format!("{label} acc / viol"), format!("{against_label} acc / viol"));
+    println!(
+        "  {:<16} {:>22} {:>22}",
+        "scenario",
+        format!("{label} acc / viol"),
+        format!("{against_label} acc / viol")
+    );
     for g in &groups {
         let cell = |p: &str| {
             rows.iter().find(|r| &r.scenario == g && r.policy == p).map_or("-".to_string(), |r| {

@@ -65,7 +65,8 @@ pub fn standard_view(models: &[sluice_sdk::Model], queue: u32) -> View {
 /// Runs `sluice policy check`.
 pub fn run(args: CheckArgs) -> Result<()> {
     let bytes = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let interface = runtime::component_interface(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
+    let interface =
+        runtime::component_interface(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
     let world = format!("{}@{}", runtime::CONTRACT, runtime::CONTRACT_VERSION);
     if let Err(why) = runtime::check_world(&bytes) {
         bail!(
