@@ -135,7 +135,8 @@ fn component(policy: &str, builtin: &Path) -> Result<String> {
 
 /// Runs `sluice policy bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
-    if !(args.duration.is_finite() && args.duration > 0.0) || !(args.scale.is_finite() && args.scale > 0.0) {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(args.duration) || !positive(args.scale) {
         bail!("--duration and --scale must be positive");
     }
     let builtin = standard::builtin_dir(args.policies.as_deref());
