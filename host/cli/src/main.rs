@@ -30,6 +30,10 @@ enum Command {
     Ramsis(commands::ramsis::RamsisArgs),
     /// Spread-drop guarantees: the maximum sustainable rates of Theorems 1 and 2.
     SpreadDrop(commands::spread_drop::SpreadDropArgs),
+    /// Capacity planning: the fewest workers that meet an accuracy and a violation target.
+    Plan(commands::plan::PlanArgs),
+    /// A policy author's toolchain: new, build, check, bench, upload, swap.
+    Policy(commands::policy::PolicyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,5 +54,7 @@ fn main() -> anyhow::Result<()> {
         Command::Allocate(args) => commands::allocate::run(args),
         Command::Ramsis(args) => commands::ramsis::run(args),
         Command::SpreadDrop(args) => commands::spread_drop::run(args),
+        Command::Plan(args) => commands::plan::run(args),
+        Command::Policy(args) => commands::policy::run(args),
     }
 }

@@ -725,9 +725,19 @@ const WORLD_IMPORTS: &[&str] = &["log", "shared-get", "shared-put"];
 /// What a policy component must export (`status` is optional).
 const WORLD_EXPORTS: &[&str] = &["init", "decide", "observe"];
 
-/// Reads a component's top-level imports and exports (without compiling it) and
-/// checks them against the `policy` world of this host's contract version.
-fn check_world(bytes: &[u8]) -> Result<(), String> {
+/// A component's top-level imports (functions and instances; type imports are
+/// left out) and exports, read without compiling it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ComponentInterface {
+    /// Import names, in the binary's order.
+    pub imports: Vec<String>,
+    /// Export names, in the binary's order.
+    pub exports: Vec<String>,
+}
+
+/// Reads a component's top-level imports and exports (without compiling it): what
+/// [`check_world`] checks, and what `sluice policy check` reports.
+pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, String> {
     use wasmparser::{Encoding, Parser, Payload};
     let (mut depth, mut imports, mut exports) = (0usize, Vec::new(), Vec::new());
     for payload in Parser::new(0).parse_all(bytes) {
@@ -759,6 +769,13 @@ fn check_world(bytes: &[u8]) -> Result<(), String> {
             _ => {}
         }
     }
+    Ok(ComponentInterface { imports, exports })
+}
+
+/// Checks a component's imports and exports against the `policy` world of this
+/// host's contract version (what an upload is refused for, before compiling).
+pub fn check_world(bytes: &[u8]) -> Result<(), String> {
+    let ComponentInterface { imports, exports } = component_interface(bytes)?;
     let ours = format!("{CONTRACT}/");
     for name in &imports {
         if let Some(rest) = name.strip_prefix(&ours) {

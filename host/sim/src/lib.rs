@@ -6,7 +6,8 @@
 //! `AppConfig`), [`run_experiment`] (every run of its sweep), [`engine`] (the event
 //! loop over `sluice_core`'s router, decision core and policy runtime, on a
 //! `VirtualClock`), [`stats`] (what a run measures), [`report`] (report.md and
-//! plots), [`model_switching`] (the ModelSwitching baseline's table).
+//! plots), [`model_switching`] (the ModelSwitching baseline's table), [`plan`] (capacity
+//! planning: the fewest workers for an accuracy and a violation target).
 //!
 //! Determinism: a run is a function of the experiment and its seed — arrivals and
 //! sampled latencies come from [`rng::Rng`], policies read no clock — so
@@ -18,6 +19,7 @@ pub mod engine;
 pub mod experiment;
 pub mod model_switching;
 pub mod pipeline;
+pub mod plan;
 pub mod report;
 pub mod rng;
 pub mod stats;

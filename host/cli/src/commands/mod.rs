@@ -4,6 +4,8 @@
 pub mod allocate;
 pub mod loadgen;
 pub mod model_switching;
+pub mod plan;
+pub mod policy;
 pub mod profile;
 pub mod ramsis;
 pub mod serve;
