@@ -176,6 +176,11 @@ pub struct Simulation {
     apps: Vec<AppState>,
     rng: Rng,
     events: BinaryHeap<Scheduled>,
+    /// Per app, its next arrival (time, sequence number), kept beside the heap: one
+    /// arrival at a time is due per app, so it need not go through the heap, and
+    /// its sequence number is taken when it is scheduled, as for any event, so the
+    /// order of events is the same as if it did.
+    next_arrivals: Vec<Option<(u64, u64)>>,
     /// Virtual time: the time of the event being processed.
     clock: VirtualClock,
     seq: u64,
@@ -338,6 +343,7 @@ impl Simulation {
             apps,
             rng,
             events: BinaryHeap::new(),
+            next_arrivals: Vec::new(),
             clock: VirtualClock::default(),
             seq: 0,
             duration_us,
@@ -358,10 +364,11 @@ impl Simulation {
             sim.alloc = Some(alloc);
             sim.schedule(TICK_US, Event::AllocTick);
         }
+        sim.next_arrivals = vec![None; sim.apps.len()];
         for a in 0..sim.apps.len() {
             if let Some(first) = sim.apps[a].arrivals.first() {
                 let at = first.at;
-                sim.schedule(at, Event::Arrival { app: a });
+                sim.schedule_arrival(a, at);
             }
         }
         Ok(sim)
@@ -371,6 +378,25 @@ impl Simulation {
         // Ties break by insertion order, which keeps runs deterministic.
         self.seq += 1;
         self.events.push(Scheduled { at, seq: self.seq, event });
+    }
+
+    fn schedule_arrival(&mut self, app: usize, at: u64) {
+        self.seq += 1;
+        self.next_arrivals[app] = Some((at, self.seq));
+    }
+
+    /// The next event: the heap's earliest or an app's next arrival, whichever
+    /// comes first by (time, sequence number).
+    fn next_event(&mut self) -> Option<(u64, Event)> {
+        let arrival = self.next_arrivals.iter().enumerate().filter_map(|(a, x)| x.map(|k| (k, a))).min();
+        let heap = self.events.peek().map(|s| (s.at, s.seq));
+        match (arrival, heap) {
+            (Some((k, app)), h) if h.is_none_or(|h| k < h) => {
+                self.next_arrivals[app] = None;
+                Some((k.0, Event::Arrival { app }))
+            }
+            _ => self.events.pop().map(|s| (s.at, s.event)),
+        }
     }
 
     /// Runs to completion: every arrival, then every queued request is served,
@@ -387,7 +413,7 @@ impl Simulation {
     pub fn run_events(&mut self, control: Option<&ReplayControl>) -> bool {
         let total: u64 = self.apps.iter().map(|a| a.arrivals.len() as u64).sum();
         let mut polled = 0u32;
-        while let Some(Scheduled { at: now, event, .. }) = self.events.pop() {
+        while let Some((now, event)) = self.next_event() {
             if !self.drain && now >= self.duration_us {
                 break;
             }
@@ -495,7 +521,7 @@ impl Simulation {
         let next = app.arrivals.get(i + 1).map(|x| x.at);
         let shared = app.spec.router == RouterMode::Shared;
         if let Some(next) = next {
-            self.schedule(next, Event::Arrival { app: a });
+            self.schedule_arrival(a, next);
         }
         if shared {
             // Idle workers pull from the one queue, lowest index first.
