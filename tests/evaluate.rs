@@ -236,7 +236,11 @@ async fn bad_evaluations_are_refused_with_the_reason() {
         (json!({ "policy": "fixed", "params": [1] }), 400, "params must be a JSON object"),
         (json!({ "policy": "nope" }), 404, "nope"),
         (json!({ "policy": "fixed", "against": "yesterday" }), 400, "against"),
-        (json!({ "policy": "fixed", "promote_if": { "accuracy_gain_min": 0.01, "violation_max": 3 } }), 400, "violation_max"),
+        (
+            json!({ "policy": "fixed", "promote_if": { "accuracy_gain_min": 0.01, "violation_max": 3 } }),
+            400,
+            "violation_max",
+        ),
         (
             json!({ "policy": "fixed", "against": { "policy": "jellyfish" }, "promote_if": { "accuracy_gain_min": 0, "violation_max": 0.1 } }),
             400,

@@ -91,7 +91,8 @@ fn speed(root: &Path, arrivals: Arc<Vec<u64>>) -> Result<(Vec<Speed>, serde_json
     let grid = std::fs::read_to_string(root.join("examples/experiments/ramsis-image-60.json"))
         .context("the RAMSIS grid examples/experiments/ramsis-image-60.json")?;
     let ramsis = PolicyUnderTest { name: "ramsis".into(), compiled: Some(cache.get("ramsis")?), params: grid };
-    let jellyfish = PolicyUnderTest { name: "jellyfish".into(), compiled: Some(cache.get("jellyfish")?), params: "{}".into() };
+    let jellyfish =
+        PolicyUnderTest { name: "jellyfish".into(), compiled: Some(cache.get("jellyfish")?), params: "{}".into() };
     let safe = PolicyUnderTest { name: "safe".into(), compiled: None, params: "{}".into() };
     let job = |policy: PolicyUnderTest| ReplayJob {
         app: app.clone(),

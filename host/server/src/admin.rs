@@ -222,8 +222,9 @@ fn pipeline_of<'a>(state: &'a State, name: &str) -> Result<&'a Arc<crate::pipeli
 }
 
 fn evaluation_of(state: &State, id: &str) -> Result<Arc<crate::evaluate::Evaluation>, ApiError> {
-    let n: u64 =
-        id.parse().map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("evaluation id `{id}` is not a number")))?;
+    let n: u64 = id
+        .parse()
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("evaluation id `{id}` is not a number")))?;
     state.evaluations.get(n).ok_or_else(|| {
         ApiError::not_found(format!(
             "no evaluation {n} (finished ones are kept up to evaluations_kept = {})",

@@ -191,9 +191,7 @@ impl Evaluations {
     /// Short views of every evaluation remembered, oldest first.
     pub fn list(&self) -> Vec<Value> {
         let all: Vec<Arc<Evaluation>> = self.store.lock().all.values().cloned().collect();
-        all.iter()
-            .map(|e| json!({ "id": e.id, "app": e.app, "status": e.status(), "request": e.request }))
-            .collect()
+        all.iter().map(|e| json!({ "id": e.id, "app": e.app, "status": e.status(), "request": e.request })).collect()
     }
 
     /// Forgets a finished evaluation; false when it is running or unknown.
@@ -359,9 +357,10 @@ pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Va
     let now = app.clock.now();
     let from = now.saturating_sub((req.window_s * 1e6) as u64);
     let ring_app = app.clone();
-    let mut arrivals = tokio::task::spawn_blocking(move || ring_app.ring.get().map(|r| r.since(from)).unwrap_or_default())
-        .await
-        .map_err(ApiError::internal)?;
+    let mut arrivals =
+        tokio::task::spawn_blocking(move || ring_app.ring.get().map(|r| r.since(from)).unwrap_or_default())
+            .await
+            .map_err(ApiError::internal)?;
     let Some(&first) = arrivals.first() else {
         return Err(conflict(format!(
             "app {app_name}: no arrivals recorded in the last {} s; nothing to replay",
@@ -388,7 +387,13 @@ pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Va
         window_s: req.window_s,
         started_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         controls: [ReplayControl::default(), ReplayControl::default()],
-        progress: Mutex::new(Progress { status: Status::Running, result: None, error: None, promotion: None, wall_ms: None }),
+        progress: Mutex::new(Progress {
+            status: Status::Running,
+            result: None,
+            error: None,
+            promotion: None,
+            wall_ms: None,
+        }),
     });
     evaluations.claim(evaluation.clone()).map_err(|running| busy(app_name, running))?;
     let parallel = evaluations.threads > 1;

@@ -81,7 +81,13 @@ pub fn replay(job: &ReplayJob, control: &ReplayControl) -> Result<ReplayResult, 
     app.params_file = None;
     app.arrivals = Some(ArrivalSpec::Recorded { file: PathBuf::from("<recorded window>") });
     let exp = experiment(job, app.clone());
-    let run = RunSpec { index: 0, policy_label: job.policy.name.clone(), seed: 1, apps: vec![app], allocator: exp.allocator.clone() };
+    let run = RunSpec {
+        index: 0,
+        policy_label: job.policy.name.clone(),
+        seed: 1,
+        apps: vec![app],
+        allocator: exp.allocator.clone(),
+    };
     let profile_path = PathBuf::from(&run.apps[0].profile);
     let profile = Profile::load(&profile_path).map_err(|e| failed(e.into()))?;
     let profiles = BTreeMap::from([(profile_path, profile)]);

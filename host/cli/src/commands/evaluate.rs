@@ -61,7 +61,9 @@ pub fn run(args: EvaluateArgs) -> Result<()> {
         None => None,
         Some(p) => {
             let text = match p.strip_prefix('@') {
-                Some(file) => std::fs::read_to_string(file).with_context(|| format!("--params @{file}: cannot read"))?,
+                Some(file) => {
+                    std::fs::read_to_string(file).with_context(|| format!("--params @{file}: cannot read"))?
+                }
                 None => p.clone(),
             };
             let v: serde_json::Value =
