@@ -22,6 +22,8 @@ enum Command {
     Loadgen(sluice_loadgen::LoadArgs),
     /// Simulate an experiment in virtual time with the real policy components.
     Sim(commands::sim::SimArgs),
+    /// What-if: replay a recorded arrival log with a candidate policy and the current one.
+    Evaluate(commands::evaluate::EvaluateArgs),
     /// ModelSwitching: build its load → model table by simulation.
     ModelSwitching(commands::model_switching::ModelSwitchingArgs),
     /// Solve an allocation problem (Proteus, InfAdapter) with the MILP allocator.
@@ -50,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::Profile(args) => commands::profile::run(args),
         Command::Loadgen(args) => commands::loadgen::run(args),
         Command::Sim(args) => commands::sim::run(args),
+        Command::Evaluate(args) => commands::evaluate::run(args),
         Command::ModelSwitching(args) => commands::model_switching::run(args),
         Command::Allocate(args) => commands::allocate::run(args),
         Command::Ramsis(args) => commands::ramsis::run(args),

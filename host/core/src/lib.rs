@@ -16,8 +16,9 @@
 //! - [`demand`]: per-second demand and the allocator's forecasters (EWMA, peaks).
 //! - [`pipeline`]: apps whose requests flow through a rooted tree of tasks (Loki).
 //! - [`profile`]: model latency/accuracy profiles.
-//! - The seams: [`clock::Clock`] (wall or virtual time) and
-//!   [`executor::Executor`] (what runs a batch).
+//! - The seams: [`clock::Clock`] (wall or virtual time),
+//!   [`executor::Executor`] (what runs a batch) and [`whatif::Replayer`] (a
+//!   window of recorded arrivals replayed with another policy).
 
 pub mod app_config;
 pub mod clock;
@@ -32,4 +33,5 @@ pub mod registry;
 pub mod router;
 pub mod runtime;
 pub mod tensor;
+pub mod whatif;
 pub mod workload;

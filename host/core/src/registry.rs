@@ -141,6 +141,11 @@ impl Registry {
         Ok(registry)
     }
 
+    /// The engine the registry compiles with (instances of its policies come from it).
+    pub fn engine(&self) -> &Arc<PolicyEngine> {
+        &self.engine
+    }
+
     /// The compiled policy `name`, compiling a built-in on first use.
     pub fn get(&self, name: &str) -> Result<Arc<CompiledPolicy>, RegistryError> {
         if let Some(c) = self.entries.read().get(name).and_then(|e| e.compiled.clone()) {

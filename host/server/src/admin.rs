@@ -1,5 +1,6 @@
 //! The admin API (behind the bearer token): upload and list policies, hot-swap an
-//! app's policy, inspect an app, change a worker's loaded models.
+//! app's policy, inspect an app, change a worker's loaded models, and what-if
+//! evaluations ([`crate::evaluate`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -129,6 +130,25 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             tracing::info!(app = a.name(), policy = report.policy, generation = report.generation, "policy swapped");
             ok(serde_json::to_value(report).unwrap_or(Value::Null))
         }
+        (&Method::POST, ["apps", app, "evaluate"]) => {
+            let app = app.to_string();
+            let body = read_body(state, req).await?;
+            let started = crate::evaluate::start(state, &app, &body).await?;
+            Ok(with_status(StatusCode::ACCEPTED, started))
+        }
+        (&Method::GET, ["evaluations"]) => ok(json!({ "evaluations": state.evaluations.list() })),
+        (&Method::GET, ["evaluations", id]) => ok(evaluation_of(state, id)?.view()),
+        (&Method::DELETE, ["evaluations", id]) => {
+            let e = evaluation_of(state, id)?;
+            if e.status() == crate::evaluate::Status::Running {
+                e.cancel();
+                tracing::info!(app = e.app, evaluation = e.id, "what-if evaluation cancelled");
+                Ok(with_status(StatusCode::ACCEPTED, json!({ "id": e.id, "status": "cancelling" })))
+            } else {
+                state.evaluations.forget(e.id);
+                ok(json!({ "id": e.id, "status": "forgotten" }))
+            }
+        }
         (&Method::PUT, ["apps", app, "workers", w, "models"]) => {
             let w: usize = w
                 .parse()
@@ -201,6 +221,18 @@ fn pipeline_of<'a>(state: &'a State, name: &str) -> Result<&'a Arc<crate::pipeli
     })
 }
 
+fn evaluation_of(state: &State, id: &str) -> Result<Arc<crate::evaluate::Evaluation>, ApiError> {
+    let n: u64 = id
+        .parse()
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("evaluation id `{id}` is not a number")))?;
+    state.evaluations.get(n).ok_or_else(|| {
+        ApiError::not_found(format!(
+            "no evaluation {n} (finished ones are kept up to evaluations_kept = {})",
+            state.config.evaluations_kept
+        ))
+    })
+}
+
 fn with_status(status: StatusCode, body: Value) -> Response<Body> {
     let mut r = ok(body).unwrap_or_else(|e| Response::new(Body::from(e.message)));
     *r.status_mut() = status;
@@ -268,5 +300,6 @@ fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
         },
         "swap_max_wait_us": load(&c.swap_max_wait_ns) as f64 / 1e3,
         "shared_store_bytes": b.shared.as_ref().map(|s| s.bytes()),
+        "arrival_ring": a.ring.get().map(|r| r.view()),
     }))
 }

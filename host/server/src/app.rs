@@ -228,6 +228,86 @@ pub struct App {
     engine: Arc<PolicyEngine>,
     /// Where accepted arrivals are logged (`sluice serve --record-arrivals`).
     pub recorder: std::sync::OnceLock<Arc<ArrivalLog>>,
+    /// The recent arrivals what-if evaluations replay (`arrival_ring`; set by
+    /// [`crate::state::State::build`] for the config's apps).
+    pub ring: std::sync::OnceLock<ArrivalRing>,
+}
+
+/// Entries of one lazily allocated chunk of an [`ArrivalRing`] (512 KiB): the ring
+/// costs memory as it fills, not at start-up, and one allocation per 64 Ki arrivals.
+const RING_CHUNK: usize = 1 << 16;
+
+/// A bounded ring of an app's most recent arrival times (µs on the host clock),
+/// which what-if evaluations replay (`POST /admin/apps/{app}/evaluate`).
+///
+/// Lock-free on the request path: an arrival takes a slot with one `fetch_add` and
+/// stores its time into it. Memory is bounded by the capacity (8 bytes an entry),
+/// allocated a chunk at a time as the ring first fills. A snapshot taken while
+/// arrivals are written may miss the last few (a slot taken but not yet stored) or
+/// see a slot about to be overwritten; it sorts and filters by time, so neither
+/// matters to a window of minutes.
+pub struct ArrivalRing {
+    /// Arrivals recorded so far (the next slot is `head % capacity`).
+    head: AtomicU64,
+    capacity: usize,
+    /// Stored times are µs + 1, so 0 marks a slot never written.
+    chunks: Box<[std::sync::OnceLock<Box<[AtomicU64]>>]>,
+}
+
+impl ArrivalRing {
+    /// A ring of `capacity` entries (0: recording off).
+    pub fn new(capacity: usize) -> ArrivalRing {
+        let chunks = (0..capacity.div_ceil(RING_CHUNK)).map(|_| std::sync::OnceLock::new()).collect();
+        ArrivalRing { head: AtomicU64::new(0), capacity, chunks }
+    }
+
+    /// Records an arrival at `at` µs.
+    pub fn record(&self, at: u64) {
+        if self.capacity == 0 {
+            return;
+        }
+        let slot = (self.head.fetch_add(1, Ordering::Relaxed) % self.capacity as u64) as usize;
+        let chunk = self.chunks[slot / RING_CHUNK]
+            .get_or_init(|| (0..RING_CHUNK).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into_boxed_slice());
+        chunk[slot % RING_CHUNK].store(at + 1, Ordering::Release);
+    }
+
+    /// The recorded arrival times at or after `from` µs, in order.
+    pub fn since(&self, from: u64) -> Vec<u64> {
+        let mut out: Vec<u64> = self
+            .chunks
+            .iter()
+            .filter_map(|c| c.get())
+            .flat_map(|c| c.iter())
+            .map(|t| t.load(Ordering::Acquire))
+            .filter(|&t| t > from)
+            .map(|t| t - 1)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Arrivals recorded since start-up (those beyond the capacity were overwritten).
+    pub fn recorded(&self) -> u64 {
+        self.head.load(Ordering::Relaxed)
+    }
+
+    /// Its capacity, in arrivals.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// What it holds and costs, for the admin view.
+    pub fn view(&self) -> serde_json::Value {
+        let allocated = self.chunks.iter().filter(|c| c.get().is_some()).count() * RING_CHUNK;
+        serde_json::json!({
+            "capacity": self.capacity,
+            "held": self.recorded().min(self.capacity as u64),
+            "recorded": self.recorded(),
+            "bytes_max": self.capacity * 8,
+            "bytes": allocated * 8,
+        })
+    }
 }
 
 /// A log of accepted arrivals, `app,arrival_us` per line, that `sluice sim` replays
@@ -361,6 +441,7 @@ impl App {
             next_id,
             engine,
             recorder: std::sync::OnceLock::new(),
+            ring: std::sync::OnceLock::new(),
         });
         Ok((app, starts))
     }
@@ -482,6 +563,10 @@ impl App {
         }
         if let Some(log) = self.recorder.get() {
             log.record(self.name(), now);
+        }
+        // Client requests only: a pipeline's intermediate ones are not the app's load.
+        if let (Some(ring), None) = (self.ring.get(), worker) {
+            ring.record(now);
         }
         let (tx, rx) = oneshot::channel();
         let request = Request {

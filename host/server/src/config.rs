@@ -83,6 +83,21 @@ pub struct Config {
     /// limit (lowered, with a warning, when it is not).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// `arrival_ring = 2000000`: per app, how many of its most recent arrivals the
+    /// host keeps for what-if evaluations (`POST /admin/apps/{app}/evaluate`), 8
+    /// bytes each, allocated as the ring fills (the default holds 10 minutes at
+    /// 3,300 req/s in 16 MB); 0 turns recording off.
+    #[serde(default = "default_arrival_ring")]
+    pub arrival_ring: usize,
+    /// `evaluations_kept = 32`: finished what-if evaluations kept for
+    /// `GET /admin/evaluations/{id}`; the oldest finished one is forgotten first.
+    #[serde(default = "default_evaluations_kept")]
+    pub evaluations_kept: usize,
+    /// `evaluation_threads = 1`: threads one evaluation replays on: 1 replays the
+    /// candidate and then the current policy, 2 both at once (half the wall time,
+    /// at the cost of a second core taken from the serving workers meanwhile).
+    #[serde(default = "default_evaluation_threads")]
+    pub evaluation_threads: usize,
     /// `[[app]]`: the served applications.
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
@@ -203,6 +218,18 @@ fn default_idle_timeout() -> u64 {
 fn default_max_connections() -> usize {
     1024
 }
+fn default_arrival_ring() -> usize {
+    2_000_000
+}
+fn default_evaluations_kept() -> usize {
+    32
+}
+fn default_evaluation_threads() -> usize {
+    1
+}
+
+/// The largest `arrival_ring`: 2 GiB of arrival times per app.
+pub const MAX_ARRIVAL_RING: usize = 1 << 28;
 impl Config {
     /// Reads and validates a config file; relative paths are resolved against its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -267,6 +294,18 @@ impl Config {
             if value == 0 {
                 return Err(invalid(field.into(), "expected at least 1"));
             }
+        }
+        if self.arrival_ring > MAX_ARRIVAL_RING {
+            return Err(invalid(
+                "arrival_ring".into(),
+                &format!("expected 0 (off) to {MAX_ARRIVAL_RING} arrivals (8 bytes each)"),
+            ));
+        }
+        if !(1..=10_000).contains(&self.evaluations_kept) {
+            return Err(invalid("evaluations_kept".into(), "expected 1 to 10000"));
+        }
+        if !(1..=2).contains(&self.evaluation_threads) {
+            return Err(invalid("evaluation_threads".into(), "expected 1 or 2"));
         }
         if self.body_budget_bytes < self.max_body_bytes {
             return Err(invalid("body_budget_bytes".into(), "must be at least max_body_bytes (one largest body)"));

@@ -7,7 +7,8 @@
 //! - [`config::Config`]: listen address, admin token, and the `[[app]]`s.
 //! - [`state::State::build`] and [`server::run`]: build the apps and serve HTTP
 //!   until a shutdown future resolves, then drain.
-//! - [`http::handle`]: the request path's front door; [`admin`]: the control path;
+//! - [`http::handle`]: the request path's front door; [`admin`]: the control path
+//!   ([`evaluate`]: what-if replays of recent arrivals with another policy);
 //!   [`api`]: what both share at the edge (`ApiError`).
 //! - [`app::App`]: admission, routing, hot swap; [`worker::run`]: the decision loop.
 //! - [`executor`]: ONNX Runtime and the emulated executor behind
@@ -19,6 +20,7 @@ pub mod api;
 pub mod app;
 pub mod binary;
 pub mod config;
+pub mod evaluate;
 pub mod executor;
 pub mod grpc;
 pub mod http;

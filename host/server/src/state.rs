@@ -51,6 +51,8 @@ pub struct State {
     pub body_budget: Arc<tokio::sync::Semaphore>,
     /// Failed admin logins per client address.
     pub logins: crate::api::LoginGuard,
+    /// What-if evaluations and the replayer that runs them ([`State::set_replayer`]).
+    pub evaluations: crate::evaluate::Evaluations,
 }
 
 /// How an app's models are (re)loaded.
@@ -133,6 +135,7 @@ impl State {
                     .set_weights(&a.weights(app_config))
                     .map_err(|e| anyhow::anyhow!("app {}: the allocator's first plan: {e}", app_config.name))?;
             }
+            let _ = app.ring.set(crate::app::ArrivalRing::new(config.arrival_ring));
             apps.insert(app_config.name.clone(), app.clone());
             sources.insert(app_config.name.clone(), source);
             starts.push((app, ws));
@@ -161,6 +164,7 @@ impl State {
             std::env::var("SLUICE_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(config.admin_token.clone());
         let view = allocator.as_ref().map(|a| a.to_json());
         let with_devices = allocator.is_some();
+        let evaluations = crate::evaluate::Evaluations::new(config.evaluations_kept, config.evaluation_threads);
         let state = Arc::new(State {
             apps,
             registry,
@@ -174,6 +178,7 @@ impl State {
             pipelines,
             body_budget: Arc::new(tokio::sync::Semaphore::new(body_budget_kib)),
             logins: crate::api::LoginGuard::default(),
+            evaluations,
         });
         for p in state.pipelines.values() {
             tokio::spawn(crate::pipeline::control_loop(Arc::downgrade(p)));
@@ -216,6 +221,14 @@ impl State {
         .map_err(|e| format!("{e:#}"))?;
         a.set_worker_models(w, model_set(loaded)).await?;
         Ok(ids)
+    }
+
+    /// Gives the host what replays what-if evaluations (`sluice serve` gives the
+    /// simulator's); without one, `POST /admin/apps/{app}/evaluate` answers 501.
+    pub fn set_replayer(&self, replayer: Arc<dyn sluice_core::whatif::Replayer>) {
+        if !self.evaluations.set_replayer(replayer) {
+            tracing::warn!("a replayer was already set; keeping the first");
+        }
     }
 
     /// Logs every accepted arrival of every app to `path` (for `sluice sim`).

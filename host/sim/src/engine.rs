@@ -3,7 +3,7 @@
 //! ([`decision::decide`]) and policy runtime (the same `.wasm` instances), all
 //! from `sluice_core`.
 
-use std::cmp::Reverse;
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
 
@@ -25,6 +25,7 @@ use sluice_core::demand::DemandMonitor;
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
+use sluice_core::whatif::ReplayControl;
 use sluice_core::workload::ArrivalSpec;
 
 /// A simulated request.
@@ -105,6 +106,49 @@ struct AppState {
     overloaded: Option<String>,
 }
 
+/// An event in the queue, ordered earliest first, ties by insertion order.
+///
+/// The event travels in the heap itself: a side table of payloads keyed by sequence
+/// number (a `BTreeMap`, before) cost an insertion and a removal per event, a third
+/// of a run's time at 2,000 req/s.
+struct Scheduled {
+    at: u64,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Reversed: `BinaryHeap` is a max-heap and the earliest event comes first.
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// What a caller gives a run instead of drawing it from the experiment (what-if
+/// replays: the live host's recorded arrivals, its workers' models, the params of
+/// the policy under test). Per app, in the run's app order; `None` keeps the
+/// experiment's.
+#[derive(Clone, Debug, Default)]
+pub struct Given {
+    /// Arrivals, replacing the app's arrival process.
+    pub arrivals: Vec<Option<Vec<Arrival>>>,
+    /// Per worker, the model ids it has loaded (default: every model).
+    pub loaded: Vec<Option<Vec<Vec<u32>>>>,
+    /// The policy's params as a JSON object, replacing `params`/`params_file`.
+    pub params: Vec<Option<String>>,
+}
+
 enum Event {
     Arrival {
         app: usize,
@@ -131,10 +175,14 @@ pub struct Simulation {
     alloc: Option<AllocState>,
     apps: Vec<AppState>,
     rng: Rng,
-    events: BinaryHeap<Reverse<(u64, u64)>>,
+    events: BinaryHeap<Scheduled>,
+    /// Per app, its next arrival (time, sequence number), kept beside the heap: one
+    /// arrival at a time is due per app, so it need not go through the heap, and
+    /// its sequence number is taken when it is scheduled, as for any event, so the
+    /// order of events is the same as if it did.
+    next_arrivals: Vec<Option<(u64, u64)>>,
     /// Virtual time: the time of the event being processed.
     clock: VirtualClock,
-    payloads: BTreeMap<u64, Event>,
     seq: u64,
     duration_us: u64,
     window_us: u64,
@@ -156,11 +204,24 @@ impl Simulation {
         profiles: &BTreeMap<PathBuf, Profile>,
         cache: &mut PolicyCache,
     ) -> Result<Simulation> {
+        Simulation::with_given(exp, base, run, profiles, cache, &Given::default())
+    }
+
+    /// As [`Simulation::new`], with the arrivals, loaded models or params of some apps
+    /// given rather than drawn from the experiment.
+    pub fn with_given(
+        exp: &Experiment,
+        base: &Path,
+        run: &RunSpec,
+        profiles: &BTreeMap<PathBuf, Profile>,
+        cache: &mut PolicyCache,
+        given: &Given,
+    ) -> Result<Simulation> {
         let duration_us = (exp.duration_s * 1e6) as u64;
         let mut rng = Rng::new(run.seed);
         let mut apps = Vec::new();
         let pool = DevicePool::load(&exp.devices).map_err(|e| anyhow::anyhow!(e))?;
-        for spec in &run.apps {
+        for (index, spec) in run.apps.iter().enumerate() {
             let profile = &profiles[&base.join(&spec.profile)];
             let selected = profile
                 .policy_models(spec.models.as_deref(), spec.latency_percentile, spec.max_batch)
@@ -202,15 +263,22 @@ impl Simulation {
             };
             let arrival_spec =
                 spec.arrivals.clone().with_context(|| format!("app {}: arrivals: required", spec.name))?;
-            let arrivals = generate(&arrival_spec, &spec.name, base, duration_us, &mut rng)
-                .with_context(|| format!("app {}", spec.name))?;
+            let arrivals = match given.arrivals.get(index).and_then(Option::as_ref) {
+                Some(a) => a.clone(),
+                None => generate(&arrival_spec, &spec.name, base, duration_us, &mut rng)
+                    .with_context(|| format!("app {}", spec.name))?,
+            };
             // `safe` is the host's built-in fallback, run natively (no component).
             let compiled = match spec.policy.as_str() {
                 "safe" => None,
                 name => Some(cache.get(name).with_context(|| format!("app {}", spec.name))?),
             };
             let slo_us = (spec.slo_ms * 1000.0).round() as u64;
-            let params = spec.params_json(base).with_context(|| format!("app {}", spec.name))?;
+            let params = match given.params.get(index).and_then(Option::as_ref) {
+                Some(p) => p.clone(),
+                None => spec.params_json(base).with_context(|| format!("app {}", spec.name))?,
+            };
+            let given_loaded = given.loaded.get(index).and_then(Option::as_ref);
             // The budget is wall time while the simulation's is virtual: generous, so a
             // busy machine (a descheduled thread) cannot turn into a policy fault and
             // change the results, while a runaway policy is still stopped.
@@ -231,7 +299,11 @@ impl Simulation {
                     None => Bound::Safe,
                 };
                 // On devices a worker loads what the allocator's plan puts on it.
-                let loaded = if pool.is_some() { Vec::new() } else { all.clone() };
+                let loaded = match given_loaded.and_then(|l| l.get(w as usize)) {
+                    Some(ids) => ids.iter().copied().filter(|&id| (id as usize) < models.len()).collect(),
+                    None if pool.is_some() => Vec::new(),
+                    None => all.clone(),
+                };
                 workers.push(Worker { policy, loaded, busy: 0, timer_token: 0 });
             }
             let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
@@ -264,8 +336,8 @@ impl Simulation {
             apps,
             rng,
             events: BinaryHeap::new(),
+            next_arrivals: Vec::new(),
             clock: VirtualClock::default(),
-            payloads: BTreeMap::new(),
             seq: 0,
             duration_us,
             window_us: (exp.window_s * 1e6).max(1.0) as u64,
@@ -285,10 +357,11 @@ impl Simulation {
             sim.alloc = Some(alloc);
             sim.schedule(TICK_US, Event::AllocTick);
         }
+        sim.next_arrivals = vec![None; sim.apps.len()];
         for a in 0..sim.apps.len() {
             if let Some(first) = sim.apps[a].arrivals.first() {
                 let at = first.at;
-                sim.schedule(at, Event::Arrival { app: a });
+                sim.schedule_arrival(a, at);
             }
         }
         Ok(sim)
@@ -297,21 +370,58 @@ impl Simulation {
     fn schedule(&mut self, at: u64, event: Event) {
         // Ties break by insertion order, which keeps runs deterministic.
         self.seq += 1;
-        self.events.push(Reverse((at, self.seq)));
-        self.payloads.insert(self.seq, event);
+        self.events.push(Scheduled { at, seq: self.seq, event });
+    }
+
+    fn schedule_arrival(&mut self, app: usize, at: u64) {
+        self.seq += 1;
+        self.next_arrivals[app] = Some((at, self.seq));
+    }
+
+    /// The next event: the heap's earliest or an app's next arrival, whichever
+    /// comes first by (time, sequence number).
+    fn next_event(&mut self) -> Option<(u64, Event)> {
+        let arrival = self.next_arrivals.iter().enumerate().filter_map(|(a, x)| x.map(|k| (k, a))).min();
+        let heap = self.events.peek().map(|s| (s.at, s.seq));
+        match (arrival, heap) {
+            (Some((k, app)), h) if h.is_none_or(|h| k < h) => {
+                self.next_arrivals[app] = None;
+                Some((k.0, Event::Arrival { app }))
+            }
+            _ => self.events.pop().map(|s| (s.at, s.event)),
+        }
     }
 
     /// Runs to completion: every arrival, then every queued request is served,
     /// dropped or expired (no new arrivals after the duration). Returns, per app, its
     /// result, time series, and the wall seconds spent inside `decide`.
     pub fn run(mut self) -> Vec<(RunResult, Vec<WindowRow>, f64)> {
-        while let Some(Reverse((now, seq))) = self.events.pop() {
+        self.run_events(None);
+        self.results()
+    }
+
+    /// Processes events until none is left, the run overloads, or `control` (polled
+    /// every [`POLL_EVENTS`] events) is cancelled; reports the share of arrivals
+    /// processed into it. False when cancelled.
+    pub fn run_events(&mut self, control: Option<&ReplayControl>) -> bool {
+        let total: u64 = self.apps.iter().map(|a| a.arrivals.len() as u64).sum();
+        let mut polled = 0u32;
+        while let Some((now, event)) = self.next_event() {
             if !self.drain && now >= self.duration_us {
                 break;
             }
+            if let Some(c) = control {
+                polled += 1;
+                if polled == POLL_EVENTS {
+                    polled = 0;
+                    if c.cancelled() {
+                        return false;
+                    }
+                    c.report(self.apps.iter().map(|a| a.next_arrival as u64).sum(), total);
+                }
+            }
             // Every handler reads the time from the clock, as the live worker does.
             self.clock.set(now);
-            let Some(event) = self.payloads.remove(&seq) else { continue };
             match event {
                 Event::Arrival { app } => self.arrive(app),
                 Event::Done { app, worker, model, batch, started } => {
@@ -334,6 +444,19 @@ impl Simulation {
                 break;
             }
         }
+        if let Some(c) = control {
+            c.report(total, total);
+        }
+        true
+    }
+
+    /// App `a`'s statistics so far.
+    pub fn stats(&self, a: usize) -> &Stats {
+        &self.apps[a].stats
+    }
+
+    /// Per app: its result, time series, and the wall seconds spent inside `decide`.
+    pub fn results(&self) -> Vec<(RunResult, Vec<WindowRow>, f64)> {
         let duration_us = self.duration_us;
         let window_us = self.window_us;
         let weakly_hard = self.weakly_hard;
@@ -391,7 +514,7 @@ impl Simulation {
         let next = app.arrivals.get(i + 1).map(|x| x.at);
         let shared = app.spec.router == RouterMode::Shared;
         if let Some(next) = next {
-            self.schedule(next, Event::Arrival { app: a });
+            self.schedule_arrival(a, next);
         }
         if shared {
             // Idle workers pull from the one queue, lowest index first.
@@ -483,6 +606,10 @@ impl Simulation {
         }
     }
 }
+
+/// Events between two looks at a [`ReplayControl`]: often enough that a cancel
+/// lands within about a millisecond, rarely enough to cost nothing measurable.
+const POLL_EVENTS: u32 = 4096;
 
 /// The allocator looks at the demand this often (virtual µs).
 const TICK_US: u64 = 1_000_000;

@@ -7,7 +7,8 @@
 //! loop over `sluice_core`'s router, decision core and policy runtime, on a
 //! `VirtualClock`), [`stats`] (what a run measures), [`report`] (report.md and
 //! plots), [`model_switching`] (the ModelSwitching baseline's table), [`plan`] (capacity
-//! planning: the fewest workers for an accuracy and a violation target).
+//! planning: the fewest workers for an accuracy and a violation target), [`whatif`] (the
+//! live host's recorded arrivals replayed with a candidate policy).
 //!
 //! Determinism: a run is a function of the experiment and its seed — arrivals and
 //! sampled latencies come from [`rng::Rng`], policies read no clock — so
@@ -23,6 +24,7 @@ pub mod plan;
 pub mod report;
 pub mod rng;
 pub mod stats;
+pub mod whatif;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,6 +49,18 @@ impl PolicyCache {
     /// A cache over `builtin_dir` (policies by name) and `base` (relative `.wasm` paths).
     pub fn new(builtin_dir: PathBuf, base: PathBuf) -> Result<PolicyCache> {
         Ok(PolicyCache { engine: PolicyEngine::new()?, builtin_dir, base, compiled: BTreeMap::new() })
+    }
+
+    /// A cache over an existing engine (policies compiled by it can be
+    /// [`PolicyCache::insert`]ed).
+    pub fn with_engine(engine: Arc<PolicyEngine>, builtin_dir: PathBuf, base: PathBuf) -> PolicyCache {
+        PolicyCache { engine, builtin_dir, base, compiled: BTreeMap::new() }
+    }
+
+    /// Makes `policy` (an app's `policy` value) resolve to `compiled`, which must
+    /// come from this cache's engine.
+    pub fn insert(&mut self, policy: &str, compiled: Arc<CompiledPolicy>) {
+        self.compiled.insert(policy.to_string(), compiled);
     }
 
     /// The engine instances are created in.

@@ -117,7 +117,14 @@ impl Stats {
     /// A batch of `size` ran on `model`.
     pub fn batch(&mut self, model: &str, size: usize) {
         *self.batch_sizes.entry(size).or_default() += 1;
-        *self.model_mix.entry(model.to_string()).or_default() += size as u64;
+        // Looked up by `&str` first: a `String` per batch was a measurable share of a
+        // million-request replay.
+        match self.model_mix.get_mut(model) {
+            Some(n) => *n += size as u64,
+            None => {
+                self.model_mix.insert(model.to_string(), size as u64);
+            }
+        }
     }
 
     /// The deterministic result, and the time series by arrival window.
@@ -266,6 +273,65 @@ impl Stats {
             .collect();
         (result, rows)
     }
+}
+
+impl Stats {
+    /// What a what-if replay reports: the median and p99 latency (ms) of the served
+    /// requests, and per window of `window_us` (by arrival) its requests, on-time
+    /// accuracy, violation rate, drops and latency percentiles.
+    pub fn replay_summary(&self, window_us: u64) -> (f64, f64, Vec<sluice_core::whatif::SeriesPoint>) {
+        let window_us = window_us.max(1);
+        let mut all: Vec<u64> = Vec::with_capacity(self.fates.len());
+        let mut series = Vec::new();
+        let mut i = 0;
+        // Requests are numbered in arrival order, so each window is one run of ids.
+        while i < self.fates.len() {
+            let w = self.arrivals[i] / window_us;
+            let start = i;
+            while i < self.fates.len() && self.arrivals[i] / window_us == w {
+                i += 1;
+            }
+            let mut latencies: Vec<u64> = Vec::new();
+            let (mut on_time, mut dropped, mut accuracy) = (0u64, 0u64, 0.0);
+            for j in start..i {
+                let f = self.fates[j];
+                if served(f) {
+                    latencies.push(self.latency_us[j]);
+                }
+                match f {
+                    Fate::OnTime => {
+                        on_time += 1;
+                        accuracy += self.accuracy[j];
+                    }
+                    Fate::Dropped | Fate::Expired => dropped += 1,
+                    _ => {}
+                }
+            }
+            let n = (i - start) as u64;
+            all.extend_from_slice(&latencies);
+            latencies.sort_unstable();
+            series.push(sluice_core::whatif::SeriesPoint {
+                start_s: (w * window_us) as f64 / 1e6,
+                requests: n,
+                accuracy: if on_time > 0 { accuracy / on_time as f64 } else { 0.0 },
+                violation_rate: (n - on_time) as f64 / n as f64,
+                dropped,
+                p50_ms: percentile_ms(&latencies, 0.50),
+                p99_ms: percentile_ms(&latencies, 0.99),
+            });
+        }
+        all.sort_unstable();
+        (percentile_ms(&all, 0.50), percentile_ms(&all, 0.99), series)
+    }
+}
+
+/// The `q` quantile (nearest rank) of sorted latencies in µs, in ms; 0 with none.
+fn percentile_ms(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1] as f64 / 1000.0
 }
 
 fn served(f: Fate) -> bool {

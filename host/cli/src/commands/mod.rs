@@ -2,6 +2,7 @@
 //! that does the work.
 
 pub mod allocate;
+pub mod evaluate;
 pub mod loadgen;
 pub mod model_switching;
 pub mod plan;

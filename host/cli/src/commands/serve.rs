@@ -105,6 +105,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let config_admin = config.admin_listen;
         let config_grpc = config.grpc_listen;
         let state = sluice_server::state::State::build(config).await?;
+        // What-if evaluations replay through the simulator (the server does not
+        // import it: this is where the two meet).
+        state.set_replayer(std::sync::Arc::new(sluice_sim::whatif::SimReplayer));
         if let Some(path) = &record_arrivals {
             state.record_arrivals(path).with_context(|| format!("--record-arrivals {}", path.display()))?;
         }

@@ -1,0 +1,472 @@
+//! What-if evaluations in the live host: `POST /admin/apps/{app}/evaluate` replays
+//! a window of the app's recorded arrivals (its [`crate::app::ArrivalRing`]) with a
+//! candidate policy and with the current one, off the request path, and may
+//! promote the candidate through the ordinary hot swap.
+//!
+//! Start here: [`Evaluations`] (the store, the per-app slot and the replayer given
+//! at start-up), [`start`] (checks, snapshot, the background thread), [`Evaluation`]
+//! (one evaluation's progress, result and promotion record).
+//!
+//! The replay itself is the simulator's (`sluice_sim::whatif::SimReplayer`), reached
+//! through core's [`Replayer`] seam so this crate does not import the simulator;
+//! without one (a host built by a test that gives none) the route answers 501.
+//!
+//! Bounds: one evaluation at a time per app (a second gets 409 naming the first);
+//! each runs on a thread of its own, on 1 or 2 cores (`evaluation_threads`); a
+//! cancel (`DELETE /admin/evaluations/{id}`) lands within a few thousand simulated
+//! events; at most `evaluations_kept` finished ones are remembered.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use hyper::StatusCode;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{app_of, registry_error, ApiError};
+use crate::app::{App, SwapReport};
+use crate::state::State;
+use sluice_core::clock::Clock as _;
+use sluice_core::whatif::{
+    compare, Comparison, PolicyUnderTest, PromoteIf, ReplayControl, ReplayError, ReplayJob, Replayer,
+};
+
+/// The longest window an evaluation may replay (a day).
+pub const MAX_WINDOW_S: f64 = 86_400.0;
+
+/// Width of the time series an evaluation reports: a minute.
+const SERIES_WINDOW_US: u64 = 60_000_000;
+
+/// The body of `POST /admin/apps/{app}/evaluate`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluateRequest {
+    /// The candidate: a built-in or uploaded policy name.
+    pub policy: String,
+    /// Its params, a JSON object (default `{}`).
+    #[serde(default)]
+    pub params: Option<Value>,
+    /// Seconds of recent arrivals to replay (default 600).
+    #[serde(default = "default_window")]
+    pub window_s: f64,
+    /// What to compare against: `"current"` (the default: the app's binding), or
+    /// `{"policy": "...", "params": {...}}`.
+    #[serde(default)]
+    pub against: Option<Value>,
+    /// Promote the candidate when the replay says so.
+    #[serde(default)]
+    pub promote_if: Option<PromoteIf>,
+}
+
+fn default_window() -> f64 {
+    600.0
+}
+
+/// Where an evaluation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Replaying.
+    Running,
+    /// Replayed (and promoted or not, when asked).
+    Done,
+    /// The replay could not run (the error says why).
+    Failed,
+    /// Cancelled by `DELETE /admin/evaluations/{id}`.
+    Cancelled,
+}
+
+/// What a promotion decided and did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Promotion {
+    /// The rule asked for.
+    pub rule: PromoteIf,
+    /// Whether the candidate now serves.
+    pub promoted: bool,
+    /// Why, or why not, in words.
+    pub reason: String,
+    /// The swap, when there was one.
+    pub swap: Option<SwapReport>,
+}
+
+struct Progress {
+    status: Status,
+    result: Option<Comparison>,
+    error: Option<String>,
+    promotion: Option<Promotion>,
+    wall_ms: Option<f64>,
+}
+
+/// One evaluation.
+pub struct Evaluation {
+    /// Its id.
+    pub id: u64,
+    /// The app.
+    pub app: String,
+    request: Value,
+    requests: u64,
+    window_s: f64,
+    started_unix_ms: u64,
+    controls: [ReplayControl; 2],
+    progress: Mutex<Progress>,
+}
+
+impl Evaluation {
+    /// Where it is.
+    pub fn status(&self) -> Status {
+        self.progress.lock().status
+    }
+
+    /// Asks a running evaluation to stop.
+    pub fn cancel(&self) {
+        self.controls.iter().for_each(ReplayControl::cancel);
+    }
+
+    /// Its admin view: progress, the comparison when done, the promotion record.
+    pub fn view(&self) -> Value {
+        let p = self.progress.lock();
+        let progress = match p.status {
+            Status::Running => self.controls.iter().map(ReplayControl::fraction).sum::<f64>() / 2.0,
+            _ => 1.0,
+        };
+        json!({
+            "id": self.id,
+            "app": self.app,
+            "status": p.status,
+            "progress": progress,
+            "request": self.request,
+            "window_s": self.window_s,
+            "requests": self.requests,
+            "started_unix_ms": self.started_unix_ms,
+            "wall_ms": p.wall_ms,
+            "result": p.result,
+            "error": p.error,
+            "promotion": p.promotion,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Store {
+    all: BTreeMap<u64, Arc<Evaluation>>,
+    /// The running evaluation of each app (one at a time).
+    running: HashMap<String, u64>,
+}
+
+/// Every evaluation of the host, and the replayer that runs them.
+pub struct Evaluations {
+    replayer: OnceLock<Arc<dyn Replayer>>,
+    next_id: AtomicU64,
+    store: Mutex<Store>,
+    kept: usize,
+    threads: usize,
+}
+
+impl Evaluations {
+    /// An empty store keeping `kept` finished evaluations, replaying on `threads`
+    /// threads each.
+    pub fn new(kept: usize, threads: usize) -> Evaluations {
+        Evaluations {
+            replayer: OnceLock::new(),
+            next_id: AtomicU64::new(1),
+            store: Mutex::new(Store::default()),
+            kept: kept.max(1),
+            threads: threads.clamp(1, 2),
+        }
+    }
+
+    /// Gives the host its replayer (once, at start-up); false when it had one.
+    pub fn set_replayer(&self, replayer: Arc<dyn Replayer>) -> bool {
+        self.replayer.set(replayer).is_ok()
+    }
+
+    /// Evaluation `id`.
+    pub fn get(&self, id: u64) -> Option<Arc<Evaluation>> {
+        self.store.lock().all.get(&id).cloned()
+    }
+
+    /// Short views of every evaluation remembered, oldest first.
+    pub fn list(&self) -> Vec<Value> {
+        let all: Vec<Arc<Evaluation>> = self.store.lock().all.values().cloned().collect();
+        all.iter().map(|e| json!({ "id": e.id, "app": e.app, "status": e.status(), "request": e.request })).collect()
+    }
+
+    /// Forgets a finished evaluation; false when it is running or unknown.
+    pub fn forget(&self, id: u64) -> bool {
+        let mut s = self.store.lock();
+        match s.all.get(&id) {
+            Some(e) if e.status() != Status::Running => {
+                s.all.remove(&id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Registers a new evaluation of `app` unless one is running; the running one's
+    /// id otherwise.
+    fn claim(&self, e: Arc<Evaluation>) -> Result<(), u64> {
+        let mut s = self.store.lock();
+        if let Some(&id) = s.running.get(&e.app) {
+            return Err(id);
+        }
+        s.running.insert(e.app.clone(), e.id);
+        s.all.insert(e.id, e);
+        // Forget the oldest finished ones beyond the bound (running ones stay).
+        let finished: Vec<u64> =
+            s.all.iter().filter(|(_, e)| e.status() != Status::Running).map(|(id, _)| *id).collect();
+        let excess = finished.len().saturating_sub(self.kept);
+        for id in finished.into_iter().take(excess) {
+            s.all.remove(&id);
+        }
+        Ok(())
+    }
+
+    fn release(&self, e: &Evaluation) {
+        let mut s = self.store.lock();
+        if s.running.get(&e.app) == Some(&e.id) {
+            s.running.remove(&e.app);
+        }
+    }
+}
+
+fn conflict(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, message)
+}
+
+fn busy(app: &str, running: u64) -> ApiError {
+    ApiError {
+        status: StatusCode::CONFLICT,
+        message: format!("app {app}: evaluation {running} is running; one at a time per app"),
+        extra: Some(json!({ "running": running })),
+        allow: None,
+    }
+}
+
+fn params_of(v: Option<Value>, field: &str) -> Result<String, ApiError> {
+    match v {
+        None => Ok("{}".into()),
+        Some(v @ Value::Object(_)) => Ok(v.to_string()),
+        Some(other) => Err(ApiError::bad_request(format!("{field} must be a JSON object, got {other}"))),
+    }
+}
+
+/// What `against` names: the current binding, or another policy.
+enum Against {
+    Current,
+    Policy(String, String),
+}
+
+fn against_of(v: Option<Value>) -> Result<Against, ApiError> {
+    let bad = || ApiError::bad_request(r#"against: expected "current" or {"policy": "...", "params": {...}}"#);
+    match v {
+        None => Ok(Against::Current),
+        Some(Value::String(s)) if s == "current" => Ok(Against::Current),
+        Some(Value::Object(mut m)) => {
+            let policy = match m.remove("policy") {
+                Some(Value::String(p)) => p,
+                _ => return Err(bad()),
+            };
+            let params = params_of(m.remove("params"), "against.params")?;
+            if let Some(k) = m.keys().next() {
+                return Err(ApiError::bad_request(format!("against: unknown field `{k}`")));
+            }
+            Ok(Against::Policy(policy, params))
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// Resolves a policy name to what a replay runs (`safe` is the native fallback).
+async fn policy(state: &State, name: &str, params: String) -> Result<PolicyUnderTest, ApiError> {
+    if name == "safe" {
+        return Ok(PolicyUnderTest { name: name.into(), compiled: None, params });
+    }
+    let registry = state.registry.clone();
+    let n = name.to_string();
+    // A built-in's first use compiles it: off the async threads.
+    let compiled = tokio::task::spawn_blocking(move || registry.get(&n))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(registry_error)?;
+    Ok(PolicyUnderTest { name: name.into(), compiled: Some(compiled), params })
+}
+
+/// `POST /admin/apps/{app}/evaluate`: checks the request, snapshots the window and
+/// starts the replays on a thread of their own. Answers 202 with the evaluation's id.
+pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Value, ApiError> {
+    let req: EvaluateRequest = crate::api::parse_json(body)?;
+    let request_view: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let evaluations = &state.evaluations;
+    let Some(replayer) = evaluations.replayer.get().cloned() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "what-if evaluation is not available: this host was started without a simulator",
+        ));
+    };
+    let app = app_of(state, app_name)?.clone();
+    if let Some(&running) = evaluations.store.lock().running.get(app_name) {
+        return Err(busy(app_name, running));
+    }
+    if !(req.window_s.is_finite() && req.window_s > 0.0 && req.window_s <= MAX_WINDOW_S) {
+        return Err(ApiError::bad_request(format!("window_s: expected 0 < window_s <= {MAX_WINDOW_S}")));
+    }
+    let against = against_of(req.against)?;
+    if let Some(rule) = &req.promote_if {
+        rule.validate().map_err(ApiError::bad_request)?;
+        if !matches!(against, Against::Current) {
+            return Err(ApiError::bad_request(
+                "promote_if compares the candidate with the current policy: leave `against` out or \"current\"",
+            ));
+        }
+    }
+    let candidate_params = params_of(req.params, "params")?;
+    if app.device_models.is_some() {
+        return Err(conflict(format!(
+            "app {app_name} runs on [[device]]s: the allocator places its variants, which a replay does not model"
+        )));
+    }
+    let Some(ring) = app.ring.get() else {
+        return Err(conflict(format!("app {app_name} is a pipeline's task: its arrivals are not recorded")));
+    };
+    if ring.capacity() == 0 {
+        return Err(conflict("arrival recording is off (arrival_ring = 0 in the config)"));
+    }
+    let candidate = policy(state, &req.policy, candidate_params).await?;
+    let generation = app.binding.lock().generation;
+    let current = match against {
+        Against::Policy(name, params) => policy(state, &name, params).await?,
+        Against::Current => {
+            let b = app.binding.lock().clone();
+            let p = policy(state, &b.policy, b.params.clone()).await?;
+            if let (Some(c), Some(d)) = (&p.compiled, &b.digest) {
+                if &c.digest != d {
+                    return Err(conflict(format!(
+                        "app {app_name}: policy `{}` was replaced since it was bound (bound {d}, now {}); swap it again first",
+                        b.policy, c.digest
+                    )));
+                }
+            }
+            p
+        }
+    };
+    // The window, in order, from its first arrival (a few ms for a full ring).
+    let now = app.clock.now();
+    let from = now.saturating_sub((req.window_s * 1e6) as u64);
+    let ring_app = app.clone();
+    let mut arrivals =
+        tokio::task::spawn_blocking(move || ring_app.ring.get().map(|r| r.since(from)).unwrap_or_default())
+            .await
+            .map_err(ApiError::internal)?;
+    let Some(&first) = arrivals.first() else {
+        return Err(conflict(format!(
+            "app {app_name}: no arrivals recorded in the last {} s; nothing to replay",
+            req.window_s
+        )));
+    };
+    arrivals.iter_mut().for_each(|t| *t -= first);
+    let loaded: Vec<Vec<u32>> = app.workers.iter().map(|w| w.loaded.lock().clone()).collect();
+    let job = ReplayJob {
+        app: app.config.clone(),
+        loaded: Some(loaded),
+        duration_us: arrivals.last().copied().unwrap_or(0) + 1,
+        arrivals_us: Arc::new(arrivals),
+        series_window_us: SERIES_WINDOW_US,
+        engine: state.registry.engine().clone(),
+        policy: candidate,
+    };
+    let current_job = ReplayJob { policy: current, ..job.clone() };
+    let evaluation = Arc::new(Evaluation {
+        id: evaluations.next_id.fetch_add(1, Ordering::Relaxed),
+        app: app_name.to_string(),
+        request: request_view,
+        requests: job.arrivals_us.len() as u64,
+        window_s: req.window_s,
+        started_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        controls: [ReplayControl::default(), ReplayControl::default()],
+        progress: Mutex::new(Progress {
+            status: Status::Running,
+            result: None,
+            error: None,
+            promotion: None,
+            wall_ms: None,
+        }),
+    });
+    evaluations.claim(evaluation.clone()).map_err(|running| busy(app_name, running))?;
+    let parallel = evaluations.threads > 1;
+    let handle = tokio::runtime::Handle::current();
+    let (state2, e) = (state.clone(), evaluation.clone());
+    let rule = req.promote_if;
+    let spawned = std::thread::Builder::new().name(format!("sluice-evaluate-{}", e.id)).spawn(move || {
+        let started = Instant::now();
+        let outcome = compare(&*replayer, &job, &current_job, &e.controls, parallel);
+        let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+        let (status, result, error) = match outcome {
+            Ok(c) => (Status::Done, Some(c), None),
+            Err(ReplayError::Cancelled) => (Status::Cancelled, None, None),
+            Err(ReplayError::Failed(m)) => (Status::Failed, None, Some(m)),
+        };
+        let promotion = match (&result, rule) {
+            (Some(c), Some(rule)) => Some(handle.block_on(promote(&app, &job.policy, generation, c, rule))),
+            _ => None,
+        };
+        tracing::info!(
+            app = e.app,
+            evaluation = e.id,
+            status = ?status,
+            wall_ms,
+            promoted = promotion.as_ref().map(|p| p.promoted),
+            "what-if evaluation finished"
+        );
+        *e.progress.lock() = Progress { status, result, error, promotion, wall_ms: Some(wall_ms) };
+        state2.evaluations.release(&e);
+    });
+    if let Err(err) = spawned {
+        evaluation.progress.lock().status = Status::Failed;
+        evaluations.release(&evaluation);
+        return Err(ApiError::internal(format!("cannot start an evaluation thread: {err}")));
+    }
+    tracing::info!(app = app_name, evaluation = evaluation.id, policy = req.policy, "what-if evaluation started");
+    Ok(json!({
+        "id": evaluation.id,
+        "app": app_name,
+        "status": Status::Running,
+        "requests": evaluation.requests,
+        "location": format!("/admin/evaluations/{}", evaluation.id),
+    }))
+}
+
+/// Swaps the candidate in when `rule` holds and nobody swapped the app since the
+/// evaluation started; says why in every case.
+async fn promote(
+    app: &Arc<App>,
+    candidate: &PolicyUnderTest,
+    generation: u64,
+    c: &Comparison,
+    rule: PromoteIf,
+) -> Promotion {
+    let (ok, reason) = c.verdict(&rule);
+    let refused = |reason: String| Promotion { rule, promoted: false, reason, swap: None };
+    if !ok {
+        return refused(reason);
+    }
+    let now = app.binding.lock().generation;
+    if now != generation {
+        return refused(format!(
+            "not promoted: the app's policy changed while the replay ran (generation {generation} -> {now}); the comparison no longer holds"
+        ));
+    }
+    let Some(compiled) = candidate.compiled.clone() else {
+        return refused("not promoted: the candidate is the safe policy, which is not swapped in".into());
+    };
+    match app.swap_policy(compiled, candidate.params.clone()).await {
+        Ok(report) => {
+            tracing::info!(app = app.name(), policy = report.policy, generation = report.generation, "{reason}");
+            Promotion { rule, promoted: true, reason, swap: Some(report) }
+        }
+        Err(e) => refused(format!("not promoted: the swap failed, the app keeps its policy: {e}")),
+    }
+}

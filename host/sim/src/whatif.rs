@@ -1,0 +1,213 @@
+//! What-if replays: a window of arrivals the live host recorded, replayed in virtual
+//! time with a policy that is not serving, through the same engine `sluice sim`
+//! runs (so a replay of a recorded file gives what `sluice sim` gives on it).
+//!
+//! Start here: [`SimReplayer`] (the simulator behind `sluice_core::whatif::Replayer`,
+//! which `sluice serve` hands the live host), [`replay`] (one policy over one
+//! window), [`offline`] (`sluice evaluate`: a recorded file and a server config).
+//!
+//! A replay is an experiment of one app, built from the app's configuration: its
+//! profile's latencies at the app's percentile (`latency = "deterministic"`), the
+//! sluice accounting, queued requests finished after the last arrival (`drain`),
+//! seed 1, and each worker starting with the models it has loaded live.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _, Result};
+use sluice_core::app_config::AppConfig;
+use sluice_core::profile::Profile;
+use sluice_core::whatif::{
+    compare, Comparison, PolicyUnderTest, ReplayControl, ReplayError, ReplayJob, ReplayResult, Replayer,
+};
+use sluice_core::workload::ArrivalSpec;
+
+use crate::arrivals::{generate, Arrival};
+use crate::engine::{Given, Simulation};
+use crate::rng::Rng;
+use crate::{Accounting, Experiment, LatencyModel, PolicyCache, RunSpec, Sweep};
+
+/// The simulator as the live host's [`Replayer`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SimReplayer;
+
+impl Replayer for SimReplayer {
+    fn replay(&self, job: &ReplayJob, control: &ReplayControl) -> Result<ReplayResult, ReplayError> {
+        replay(job, control)
+    }
+}
+
+/// The one-app experiment a replay runs (the file `sluice sim` would read, minus
+/// the arrivals, which [`Given`] supplies).
+fn experiment(job: &ReplayJob, app: AppConfig) -> Experiment {
+    Experiment {
+        version: 1,
+        name: "what-if".into(),
+        seed: 1,
+        duration_s: job.duration_us.max(1) as f64 / 1e6,
+        builtin_policy_dir: PathBuf::new(),
+        latency: LatencyModel::Deterministic,
+        max_queue: 100_000,
+        window_s: job.series_window_us.max(1) as f64 / 1e6,
+        weakly_hard: None,
+        drain: true,
+        accounting: Accounting::Sluice,
+        config: None,
+        arrivals: BTreeMap::new(),
+        apps: vec![app],
+        devices: Vec::new(),
+        allocator: Default::default(),
+        sweep: Sweep::default(),
+        system_allocators: Vec::new(),
+    }
+}
+
+/// Replays `job` to the end (or until `control` is cancelled).
+pub fn replay(job: &ReplayJob, control: &ReplayControl) -> Result<ReplayResult, ReplayError> {
+    let failed = |e: anyhow::Error| ReplayError::Failed(format!("{e:#}"));
+    let mut app = job.app.clone();
+    let mut cache = PolicyCache::with_engine(job.engine.clone(), PathBuf::new(), PathBuf::new());
+    // The cache is looked up by the app's `policy`: a key no file can be named.
+    app.policy = match &job.policy.compiled {
+        Some(c) => {
+            let key = format!("what-if:{}", job.policy.name);
+            cache.insert(&key, c.clone());
+            key
+        }
+        None => "safe".into(),
+    };
+    app.params = None;
+    app.params_file = None;
+    app.arrivals = Some(ArrivalSpec::Recorded { file: PathBuf::from("<recorded window>") });
+    let exp = experiment(job, app.clone());
+    let run = RunSpec {
+        index: 0,
+        policy_label: job.policy.name.clone(),
+        seed: 1,
+        apps: vec![app],
+        allocator: exp.allocator.clone(),
+    };
+    let profile_path = PathBuf::from(&run.apps[0].profile);
+    let profile = Profile::load(&profile_path).map_err(|e| failed(e.into()))?;
+    let profiles = BTreeMap::from([(profile_path, profile)]);
+    let given = Given {
+        arrivals: vec![Some(job.arrivals_us.iter().map(|&at| Arrival { at, budget: None }).collect())],
+        loaded: vec![job.loaded.clone()],
+        params: vec![Some(job.policy.params.clone())],
+    };
+    let mut sim = Simulation::with_given(&exp, Path::new(""), &run, &profiles, &mut cache, &given).map_err(failed)?;
+    if !sim.run_events(Some(control)) {
+        return Err(ReplayError::Cancelled);
+    }
+    let (r, _, _) = sim.results().swap_remove(0);
+    let (p50_ms, p99_ms, series) = sim.stats(0).replay_summary(job.series_window_us);
+    Ok(ReplayResult {
+        policy: job.policy.name.clone(),
+        requests: r.requests,
+        served: r.served,
+        on_time: r.on_time,
+        dropped: r.dropped,
+        accuracy: r.accuracy,
+        violation_rate: r.violation_rate,
+        p50_ms,
+        p99_ms,
+        faults: r.faults,
+        overloaded: r.overloaded,
+        series,
+    })
+}
+
+/// What `sluice evaluate` compares.
+pub struct Offline<'a> {
+    /// The apps of the server config.
+    pub apps: &'a [AppConfig],
+    /// Which app (default: the only one).
+    pub app: Option<&'a str>,
+    /// The arrival log (`sluice serve --record-arrivals`).
+    pub recorded: &'a Path,
+    /// Only the last this many seconds of the log (default: all of it).
+    pub window_s: Option<f64>,
+    /// The candidate: a built-in name or a `.wasm` path.
+    pub candidate: &'a str,
+    /// Its params, a JSON object (default `{}`).
+    pub params: Option<String>,
+    /// Where built-in policies are.
+    pub builtin_dir: &'a Path,
+    /// Width of the time series' windows, seconds.
+    pub series_window_s: f64,
+    /// Run the two replays on two threads.
+    pub parallel: bool,
+}
+
+/// Replays a recorded file with the candidate and with the app's configured policy.
+/// Returns the app's name and the comparison.
+pub fn offline(o: &Offline) -> Result<(String, Comparison)> {
+    let app = match o.app {
+        Some(name) => o.apps.iter().find(|a| a.name == name).with_context(|| {
+            let known: Vec<&str> = o.apps.iter().map(|a| a.name.as_str()).collect();
+            format!("--app {name}: no such app in the config (apps: {})", known.join(", "))
+        })?,
+        None => match o.apps {
+            [one] => one,
+            _ => bail!("the config has {} apps: say which with --app", o.apps.len()),
+        },
+    };
+    let all = generate(
+        &ArrivalSpec::Recorded { file: o.recorded.to_path_buf() },
+        &app.name,
+        Path::new(""),
+        u64::MAX,
+        &mut Rng::new(1),
+    )?;
+    let arrivals = window(all.iter().map(|a| a.at), o.window_s.map(|s| (s * 1e6) as u64));
+    if arrivals.is_empty() {
+        bail!("{}: no arrivals of app {}", o.recorded.display(), app.name);
+    }
+    let mut cache = PolicyCache::new(o.builtin_dir.to_path_buf(), PathBuf::new())?;
+    let mut policy = |name: &str, params: String| -> Result<PolicyUnderTest> {
+        let compiled = if name == "safe" { None } else { Some(cache.get(name)?) };
+        Ok(PolicyUnderTest { name: name.to_string(), compiled, params })
+    };
+    let candidate = policy(o.candidate, o.params.clone().unwrap_or_else(|| "{}".into()))?;
+    let current = policy(&app.policy, app.params_json(Path::new("")).with_context(|| format!("app {}", app.name))?)?;
+    let job = ReplayJob {
+        app: app.clone(),
+        loaded: None,
+        duration_us: arrivals.last().copied().unwrap_or(0) + 1,
+        arrivals_us: Arc::new(arrivals),
+        series_window_us: (o.series_window_s * 1e6).max(1.0) as u64,
+        engine: cache.engine().clone(),
+        policy: candidate,
+    };
+    let current_job = ReplayJob { policy: current, ..job.clone() };
+    let controls = [ReplayControl::default(), ReplayControl::default()];
+    let c = compare(&SimReplayer, &job, &current_job, &controls, o.parallel).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((app.name.clone(), c))
+}
+
+/// The arrivals (µs, in order) of the last `window_us` before the last one (all of
+/// them without a window), from the first of them: the times a replay starts at 0.
+pub fn window(times: impl Iterator<Item = u64>, window_us: Option<u64>) -> Vec<u64> {
+    let mut t: Vec<u64> = times.collect();
+    t.sort_unstable();
+    let Some(&last) = t.last() else { return t };
+    let from = window_us.map_or(0, |w| last.saturating_sub(w));
+    let start = t.partition_point(|&x| x < from);
+    let first = t.get(start).copied().unwrap_or(0);
+    t.drain(..start);
+    t.iter_mut().for_each(|x| *x -= first);
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_keeps_the_last_arrivals_from_zero() {
+        assert_eq!(window([30, 10, 20, 50].into_iter(), None), vec![0, 10, 20, 40]);
+        assert_eq!(window([30, 10, 20, 50].into_iter(), Some(25)), vec![0, 20]);
+        assert!(window(std::iter::empty(), Some(5)).is_empty());
+    }
+}
