@@ -31,7 +31,6 @@ use sluice_alloc::{proteus, AnyPlan};
 use sluice_server::config::Config;
 use sluice_server::state::resolve_models;
 
-use crate::agent::read_key;
 use crate::election;
 use crate::keys::{decode, encode, route_key, AgentRecord, Assignment, DemandRecord, Keys, Placement, Route, RoutingTable};
 use crate::lease::KeptLease;
@@ -371,8 +370,9 @@ impl<'a> Leader<'a> {
         }
         for routes in table.apps.values_mut() {
             let total: f64 = routes.iter().map(|r| r.share).sum();
+            let n = routes.len() as f64;
             for r in routes.iter_mut() {
-                r.share = if total > 0.0 { r.share / total } else { 1.0 / routes.len() as f64 };
+                r.share = if total > 0.0 { r.share / total } else { 1.0 / n };
             }
         }
         let placement_rev = put.revision;

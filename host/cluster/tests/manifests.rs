@@ -149,10 +149,14 @@ fn the_kubernetes_manifests_are_well_formed_and_consistent() {
             assert_eq!(template.get(k), Some(v), "{what}: selector {k}={v} does not match the pod template");
         }
         let pod = s(w, &["spec", "template", "spec"]).unwrap_or_else(|| panic!("{what}: no pod spec"));
-        let volumes: BTreeMap<String, Value> = s(pod, &["volumes"])
+        let mut volumes: BTreeMap<String, Value> = s(pod, &["volumes"])
             .and_then(Value::as_sequence)
             .map(|vs| vs.iter().map(|v| (str_at(v, &["name"]), v.clone())).collect())
             .unwrap_or_default();
+        // A StatefulSet's claim templates are volumes too.
+        for t in s(w, &["spec", "volumeClaimTemplates"]).and_then(Value::as_sequence).into_iter().flatten() {
+            volumes.insert(str_at(t, &["metadata", "name"]), t.clone());
+        }
         let containers = s(pod, &["containers"]).and_then(Value::as_sequence).unwrap_or_else(|| panic!("{what}: no containers"));
         let mut ports = BTreeSet::new();
         for c in containers {

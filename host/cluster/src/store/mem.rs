@@ -262,18 +262,18 @@ impl Store for MemStore {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn leases_lapse_and_compaction_refuses_old_watches() {
         let s = MemStore::new();
-        let lease = s.grant(2).await.unwrap();
+        let lease = s.grant(1).await.unwrap();
         s.put("/k/a", b"1".to_vec(), Some(lease)).await.unwrap();
         let rev = s.put("/k/b", b"2".to_vec(), None).await.unwrap();
         let mut w = s.watch("/k/", rev + 1).await.unwrap();
-        tokio::time::advance(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
         s.keep_alive(lease).await.unwrap();
-        tokio::time::advance(Duration::from_millis(1500)).await;
-        assert!(s.get("/k/a").await.unwrap().is_some(), "renewed 1.5 s ago with a 2 s TTL");
-        tokio::time::advance(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(s.get("/k/a").await.unwrap().is_some(), "renewed 0.6 s ago with a 1 s TTL");
+        tokio::time::sleep(Duration::from_millis(600)).await;
         assert!(s.get("/k/a").await.unwrap().is_none(), "lapsed");
         let ev = w.next().await.unwrap().unwrap();
         assert_eq!((ev.kind, ev.kv.key.as_str()), (EventKind::Delete, "/k/a"));
