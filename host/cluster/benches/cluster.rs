@@ -71,7 +71,13 @@ fn ms(d: Option<Duration>) -> String {
     d.map_or("timed out".into(), |d| format!("{:.0} ms", d.as_secs_f64() * 1e3))
 }
 
-async fn single_process(dir: &std::path::Path, config: &str, rate: f64, secs: u64, conns: usize) -> anyhow::Result<LoadReport> {
+async fn single_process(
+    dir: &std::path::Path,
+    config: &str,
+    rate: f64,
+    secs: u64,
+    conns: usize,
+) -> anyhow::Result<LoadReport> {
     std::fs::write(dir.join("single.toml"), config)?;
     let mut child = std::process::Command::new(bin())
         .args(["serve", "--config"])
@@ -125,14 +131,18 @@ async fn main() -> anyhow::Result<()> {
     let before = c.routing().await.map_or(0, |t| t.epoch);
     let asked = Instant::now();
     c.ask_replan().await?;
-    let published = poll(Duration::from_secs(30), || async { c.routing().await.is_some_and(|t| t.epoch > before) }).await;
+    let published =
+        poll(Duration::from_secs(30), || async { c.routing().await.is_some_and(|t| t.epoch > before) }).await;
     let serving = poll(Duration::from_secs(30), || async { frontend_epoch(&c, "f1").await > before }).await;
     println!("  asked → routing published: {}   asked → frontend serving on it: {}", ms(published), ms(serving));
     let _ = asked;
     let before = c.routing().await.map_or(0, |t| t.epoch);
     let load = tokio::spawn(drive(fe, "img", 300.0, Duration::from_secs(12), 4));
     let stepped = poll(Duration::from_secs(12), || async { frontend_epoch(&c, "f1").await > before }).await;
-    println!("  load step 0 → 300 req/s → frontend serving on a plan for it: {} (1 s demand reports, period_s = 2)", ms(stepped));
+    println!(
+        "  load step 0 → 300 req/s → frontend serving on a plan for it: {} (1 s demand reports, period_s = 2)",
+        ms(stepped)
+    );
     let _ = load.await;
 
     println!("3. a dead agent (lease TTL 2 s)");
@@ -147,8 +157,15 @@ async fn main() -> anyhow::Result<()> {
     })
     .await
     .map(|_| killed.elapsed());
-    let served = poll(Duration::from_secs(30), || async { frontend_epoch(&c, "f1").await > before }).await.map(|_| killed.elapsed());
-    println!("  kill → lease gone: {}   kill → routing without it: {}   kill → frontend on it: {}", ms(gone), ms(rerouted), ms(served));
+    let served = poll(Duration::from_secs(30), || async { frontend_epoch(&c, "f1").await > before })
+        .await
+        .map(|_| killed.elapsed());
+    println!(
+        "  kill → lease gone: {}   kill → routing without it: {}   kill → frontend on it: {}",
+        ms(gone),
+        ms(rerouted),
+        ms(served)
+    );
     drop(c);
 
     println!("4. plan publication with simulated agents (1 device each, real etcd, in-process allocator)");
@@ -173,9 +190,10 @@ async fn main() -> anyhow::Result<()> {
             ready_timeout: Duration::from_secs(60),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let alloc = tokio::spawn(sluice_cluster::allocator::run(store.clone(), config, options, stats.clone(), async move {
-            let _ = stopped.await;
-        }));
+        let alloc =
+            tokio::spawn(sluice_cluster::allocator::run(store.clone(), config, options, stats.clone(), async move {
+                let _ = stopped.await;
+            }));
         // The first plan (all agents registered), then one asked for.
         let all = poll(Duration::from_secs(60), || async {
             let t = store.get(&keys.routing()).await.ok().flatten();

@@ -262,12 +262,8 @@ struct Agent {
 
 impl Agent {
     fn record(&self) -> AgentRecord {
-        let mut loaded: Vec<Loaded> = self
-            .models
-            .loaded()
-            .into_iter()
-            .map(|(device, app, variant)| Loaded { device, app, variant })
-            .collect();
+        let mut loaded: Vec<Loaded> =
+            self.models.loaded().into_iter().map(|(device, app, variant)| Loaded { device, app, variant }).collect();
         loaded.sort();
         AgentRecord {
             id: self.options.id.clone(),
@@ -303,29 +299,31 @@ impl Agent {
         let me = self.options.id.as_str();
         let mut wanted: BTreeSet<Loaded> = BTreeSet::new();
         if let Some(p) = placement {
-            wanted.extend(
-                p.of_agent(me).map(|a| Loaded { device: a.device, app: a.app.clone(), variant: a.variant.clone() }),
-            );
+            wanted.extend(p.of_agent(me).map(|a| Loaded {
+                device: a.device,
+                app: a.app.clone(),
+                variant: a.variant.clone(),
+            }));
         }
         if let Some(r) = routing {
             for (app, routes) in &r.apps {
-                wanted.extend(
-                    routes
-                        .iter()
-                        .filter(|x| x.agent == me)
-                        .map(|x| Loaded { device: x.device, app: app.clone(), variant: x.variant.clone() }),
-                );
+                wanted.extend(routes.iter().filter(|x| x.agent == me).map(|x| Loaded {
+                    device: x.device,
+                    app: app.clone(),
+                    variant: x.variant.clone(),
+                }));
             }
         }
-        let loaded: BTreeSet<Loaded> = self
-            .models
-            .loaded()
-            .into_iter()
-            .map(|(device, app, variant)| Loaded { device, app, variant })
-            .collect();
+        let loaded: BTreeSet<Loaded> =
+            self.models.loaded().into_iter().map(|(device, app, variant)| Loaded { device, app, variant }).collect();
         for w in wanted.difference(&loaded) {
             let Some(kind) = self.options.devices.get(w.device as usize).cloned() else {
-                tracing::error!(agent = me, "the placement names device {} but this agent has {}", w.device, self.options.devices.len());
+                tracing::error!(
+                    agent = me,
+                    "the placement names device {} but this agent has {}",
+                    w.device,
+                    self.options.devices.len()
+                );
                 continue;
             };
             let catalog = self.catalog.clone();
@@ -363,9 +361,9 @@ impl Agent {
                 .into_iter()
                 .map(|(device, app, variant)| Loaded { device, app, variant })
                 .collect();
-            let all = p
-                .of_agent(me)
-                .all(|a| now_loaded.contains(&Loaded { device: a.device, app: a.app.clone(), variant: a.variant.clone() }));
+            let all = p.of_agent(me).all(|a| {
+                now_loaded.contains(&Loaded { device: a.device, app: a.app.clone(), variant: a.variant.clone() })
+            });
             if all && p.epoch > self.ready_epoch {
                 self.ready_epoch = p.epoch;
             }

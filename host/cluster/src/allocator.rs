@@ -32,7 +32,9 @@ use sluice_server::config::Config;
 use sluice_server::state::resolve_models;
 
 use crate::election;
-use crate::keys::{decode, encode, route_key, AgentRecord, Assignment, DemandRecord, Keys, Placement, Route, RoutingTable};
+use crate::keys::{
+    decode, encode, route_key, AgentRecord, Assignment, DemandRecord, Keys, Placement, Route, RoutingTable,
+};
 use crate::lease::KeptLease;
 use crate::mirror::{Mirror, Snapshot};
 use crate::store::{Compare, Op, Store, Txn};
@@ -304,10 +306,7 @@ impl<'a> Leader<'a> {
             return Ok(false);
         }
         let epoch = self.epoch + 1;
-        let placement = Placement {
-            epoch,
-            assignments: assignments.iter().map(|(a, _)| a.clone()).collect(),
-        };
+        let placement = Placement { epoch, assignments: assignments.iter().map(|(a, _)| a.clone()).collect() };
         // 1. Placement N+1, while still leading.
         let put = self
             .store
@@ -387,7 +386,10 @@ impl<'a> Leader<'a> {
                 otherwise: vec![],
             })
             .await?;
-        anyhow::ensure!(published.succeeded, "no longer the leader, or the placement changed (routing {epoch} not published)");
+        anyhow::ensure!(
+            published.succeeded,
+            "no longer the leader, or the placement changed (routing {epoch} not published)"
+        );
         tracing::info!(epoch, routes = table.apps.values().map(Vec::len).sum::<usize>(), "published routing");
         self.routing = table;
         self.stats.replans.fetch_add(1, Ordering::Relaxed);
@@ -397,7 +399,11 @@ impl<'a> Leader<'a> {
     }
 
     /// One solve over the live devices (None: no plan).
-    async fn solve(&mut self, members: &[LiveDevice], demand: &BTreeMap<String, f64>) -> anyhow::Result<Option<proteus::Plan>> {
+    async fn solve(
+        &mut self,
+        members: &[LiveDevice],
+        demand: &BTreeMap<String, f64>,
+    ) -> anyhow::Result<Option<proteus::Plan>> {
         let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
         for d in members {
             *counts.entry(d.kind.as_str()).or_default() += 1;
@@ -469,7 +475,10 @@ fn assign(plan: &proteus::Plan, members: &[LiveDevice], previous: &Placement) ->
         });
         if let Some((j, m)) = hit {
             used.insert(j);
-            out[i] = Some((Assignment { agent: m.agent.clone(), device: m.device, app: app.into(), variant: variant.into() }, share));
+            out[i] = Some((
+                Assignment { agent: m.agent.clone(), device: m.device, app: app.into(), variant: variant.into() },
+                share,
+            ));
         }
     }
     // Pass 2: the rest, on free devices of their type.
@@ -481,7 +490,10 @@ fn assign(plan: &proteus::Plan, members: &[LiveDevice], previous: &Placement) ->
         match free {
             Some((j, m)) => {
                 used.insert(j);
-                out[i] = Some((Assignment { agent: m.agent.clone(), device: m.device, app: app.into(), variant: variant.into() }, share));
+                out[i] = Some((
+                    Assignment { agent: m.agent.clone(), device: m.device, app: app.into(), variant: variant.into() },
+                    share,
+                ));
             }
             None => tracing::warn!(device = %plan.devices[i].device, "the plan has more {kind} devices than are live"),
         }

@@ -52,23 +52,23 @@ pub async fn run(bin: &Path, policies: &Path, dir: &Path) -> anyhow::Result<Stri
     let killed_at = Instant::now();
     c.signal(&victim, "KILL")?;
     println!("  agent {victim} killed (SIGKILL)");
-    let moved = c
-        .wait_routing(Duration::from_secs(30), |t| t.apps.values().flatten().all(|r| r.agent != victim))
-        .await?;
+    let moved =
+        c.wait_routing(Duration::from_secs(30), |t| t.apps.values().flatten().all(|r| r.agent != victim)).await?;
     println!("  {} ({:.1} s after the kill)", show(&moved), killed_at.elapsed().as_secs_f64());
     let failovers = u64::from(moved.epoch > current.epoch);
     let report = load.await?;
     let end = c.routing().await.unwrap_or(moved);
     let replans = end.epoch.saturating_sub(first.epoch);
-    println!(
-        "answers: {}",
-        report.statuses.iter().map(|(s, n)| format!("{n}× {s}")).collect::<Vec<_>>().join(", ")
-    );
+    println!("answers: {}", report.statuses.iter().map(|(s, n)| format!("{n}× {s}")).collect::<Vec<_>>().join(", "));
     println!(
         "served by variant: {}",
         report.variants.iter().map(|(v, n)| format!("{v} {n}")).collect::<Vec<_>>().join(", ")
     );
-    println!("latency of 200s: p50 {:.1} ms, p99 {:.1} ms", report.quantile_us(0.5) as f64 / 1e3, report.quantile_us(0.99) as f64 / 1e3);
+    println!(
+        "latency of 200s: p50 {:.1} ms, p99 {:.1} ms",
+        report.quantile_us(0.5) as f64 / 1e3,
+        report.quantile_us(0.99) as f64 / 1e3
+    );
     for e in report.errors.iter().take(3) {
         println!("  e.g. {e}");
     }

@@ -114,11 +114,7 @@ impl EtcdCluster {
                     break;
                 }
                 if tokio::time::Instant::now() >= deadline {
-                    anyhow::bail!(
-                        "etcd member {} did not answer within {within:?} (log: {})",
-                        m.name,
-                        m.log.display()
-                    );
+                    anyhow::bail!("etcd member {} did not answer within {within:?} (log: {})", m.name, m.log.display());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

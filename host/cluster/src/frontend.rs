@@ -140,7 +140,12 @@ impl Frontend {
                 .filter(|r| r.variant == failed.variant && live.contains(&r.agent))
                 .filter(|r| !(r.addr == failed.addr && r.device == failed.device))
                 .max_by(|a, b| a.share.total_cmp(&b.share))
-                .map(|r| RemoteTarget { addr: r.addr.clone(), device: r.device, app: failed.app.clone(), variant: r.variant.clone() })
+                .map(|r| RemoteTarget {
+                    addr: r.addr.clone(),
+                    device: r.device,
+                    app: failed.app.clone(),
+                    variant: r.variant.clone(),
+                })
         })
     }
 
@@ -193,7 +198,12 @@ impl Frontend {
                     tracing::error!(app = %name, variant = %r.variant, "the routing table names a variant the app does not have");
                     continue;
                 };
-                let target = RemoteTarget { addr: r.addr.clone(), device: r.device, app: name.clone(), variant: r.variant.clone() };
+                let target = RemoteTarget {
+                    addr: r.addr.clone(),
+                    device: r.device,
+                    app: name.clone(),
+                    variant: r.variant.clone(),
+                };
                 let exec: Arc<dyn Executor> = Arc::new(RemoteExecutor::new(
                     target,
                     self.pool.clone(),
@@ -246,12 +256,8 @@ impl Frontend {
 
     /// Takes note of the live agents; traffic leaves the ones that are gone.
     fn set_live(&self, agents: &Snapshot) {
-        let live: BTreeSet<String> = agents
-            .kvs
-            .iter()
-            .filter_map(|(k, kv)| decode::<AgentRecord>(k, &kv.value).ok())
-            .map(|r| r.id)
-            .collect();
+        let live: BTreeSet<String> =
+            agents.kvs.iter().filter_map(|(k, kv)| decode::<AgentRecord>(k, &kv.value).ok()).map(|r| r.id).collect();
         let before = self.live.load();
         // While the store is unreachable, nothing is known to have died.
         if !agents.live && !before.is_empty() {
@@ -284,7 +290,11 @@ pub async fn run(
         .wait_for(options.first_plan_timeout, |s| read_key::<RoutingTable>(s, &key).is_some())
         .await
         .ok_or_else(|| {
-            anyhow::anyhow!("frontend {}: no routing table within {:?} (is an allocator running?)", options.id, options.first_plan_timeout)
+            anyhow::anyhow!(
+                "frontend {}: no routing table within {:?} (is an allocator running?)",
+                options.id,
+                options.first_plan_timeout
+            )
         })?;
     if let Some(a) = agents.wait_for(Duration::from_secs(5), |s| s.revision > 0).await {
         fe.set_live(&a);
@@ -335,7 +345,8 @@ async fn report(store: Arc<dyn Store>, fe: Arc<Frontend>, addr: String) {
     let arrivals = |app: &sluice_server::app::App| {
         app.counters.accepted.load(Ordering::Relaxed) + app.counters.rejected.load(Ordering::Relaxed)
     };
-    let mut last: BTreeMap<String, u64> = fe.state.apps.iter().map(|(n, a)| (n.clone(), arrivals(a.as_ref()))).collect();
+    let mut last: BTreeMap<String, u64> =
+        fe.state.apps.iter().map(|(n, a)| (n.clone(), arrivals(a.as_ref()))).collect();
     let mut at = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -358,7 +369,8 @@ async fn report(store: Arc<dyn Store>, fe: Arc<Frontend>, addr: String) {
         let now = tokio::time::Instant::now();
         let secs = now.duration_since(at).as_secs_f64().max(1e-3);
         at = now;
-        let at_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let at_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         for (name, app) in &fe.state.apps {
             let n = arrivals(app.as_ref());
             let before = last.insert(name.clone(), n).unwrap_or(n);

@@ -23,7 +23,8 @@ use crate::store::{EtcdStore, Store};
 /// `scale` × 1 ms for `small` at batch 1.
 pub fn emulated_profile(scale: f64) -> String {
     let models = [("small", 0.60, 1000.0, 250.0), ("medium", 0.70, 2000.0, 500.0), ("large", 0.80, 4000.0, 1000.0)];
-    let mut s = String::from("version = 1\nname = \"cluster-emulated\"\ndevice = \"emulated\"\nsource = \"synthetic\"\n");
+    let mut s =
+        String::from("version = 1\nname = \"cluster-emulated\"\ndevice = \"emulated\"\nsource = \"synthetic\"\n");
     for (name, acc, base, per) in models {
         let lat: Vec<String> =
             (1..=8).map(|b| format!("{}", ((base + per * (b - 1) as f64) * scale).round() as u64)).collect();
@@ -87,7 +88,11 @@ impl Cluster {
     /// Starts an etcd cluster of `etcd_members` under `dir` and writes `config` there
     /// (with `emulated.toml`).
     pub async fn start(bin: &Path, dir: &Path, etcd_members: usize, config: &str) -> anyhow::Result<Cluster> {
-        anyhow::ensure!(bin.exists(), "the sluice binary is not at {} (cargo build --release -p sluice)", bin.display());
+        anyhow::ensure!(
+            bin.exists(),
+            "the sluice binary is not at {} (cargo build --release -p sluice)",
+            bin.display()
+        );
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("emulated.toml"), emulated_profile(1.0))?;
         let path = dir.join("cluster.toml");
@@ -224,7 +229,11 @@ impl Cluster {
     }
 
     /// Polls the routing table until `f` holds (at most `within`).
-    pub async fn wait_routing(&self, within: Duration, f: impl Fn(&RoutingTable) -> bool) -> anyhow::Result<RoutingTable> {
+    pub async fn wait_routing(
+        &self,
+        within: Duration,
+        f: impl Fn(&RoutingTable) -> bool,
+    ) -> anyhow::Result<RoutingTable> {
         let deadline = Instant::now() + within;
         loop {
             if let Some(t) = self.routing().await {
@@ -232,7 +241,10 @@ impl Cluster {
                     return Ok(t);
                 }
             }
-            anyhow::ensure!(Instant::now() < deadline, "the routing table did not reach the expected state within {within:?}");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the routing table did not reach the expected state within {within:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

@@ -11,8 +11,8 @@
 //! - [`etcd_process::EtcdCluster`]: a local etcd cluster for tests, the demo and benches.
 
 pub mod agent;
-pub mod demo;
 pub mod allocator;
+pub mod demo;
 pub mod election;
 pub mod etcd_process;
 pub mod frontend;

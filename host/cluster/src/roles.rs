@@ -85,7 +85,9 @@ pub async fn serve(config: Config, options: RoleOptions, shutdown: impl Future<O
                 .await
                 .with_context(|| format!("cannot listen on {}", config.listen))?;
             let admin = match config.admin_listen {
-                Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen on {a}"))?),
+                Some(a) => {
+                    Some(tokio::net::TcpListener::bind(a).await.with_context(|| format!("cannot listen on {a}"))?)
+                }
                 None => None,
             };
             let local = listener.local_addr()?;

@@ -180,9 +180,13 @@ async fn a_mirror_relists_when_its_watch_revision_was_compacted() {
     all.put("/m/routing", b"1".to_vec(), None).await.unwrap();
     let m0 = EtcdStore::connect(std::slice::from_ref(&etcd.members[0].client_url)).await.unwrap();
     let mirror = Mirror::start(Arc::new(m0), "/m/".into());
-    mirror.wait_for(Duration::from_secs(10), |s| s.kvs.get("/m/routing").is_some_and(|kv| kv.value == b"1")).await.unwrap();
+    mirror
+        .wait_for(Duration::from_secs(10), |s| s.kvs.get("/m/routing").is_some_and(|kv| kv.value == b"1"))
+        .await
+        .unwrap();
     // Keep writing through the survivors only.
-    let survivors = EtcdStore::connect(&[etcd.members[1].client_url.clone(), etcd.members[2].client_url.clone()]).await.unwrap();
+    let survivors =
+        EtcdStore::connect(&[etcd.members[1].client_url.clone(), etcd.members[2].client_url.clone()]).await.unwrap();
     etcd.kill(0);
     let mut rev = 0;
     for v in 2..=4 {

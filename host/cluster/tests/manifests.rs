@@ -76,15 +76,25 @@ fn only(what: &str, v: &Value, allowed: &[&str]) {
 
 fn labels(v: Option<&Value>) -> BTreeMap<String, String> {
     v.and_then(Value::as_mapping)
-        .map(|m| {
-            m.iter().filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string()))).collect()
-        })
+        .map(|m| m.iter().filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string()))).collect())
         .unwrap_or_default()
 }
 
 const CONTAINER: &[&str] = &[
-    "name", "image", "command", "args", "env", "ports", "readinessProbe", "livenessProbe", "startupProbe",
-    "lifecycle", "resources", "volumeMounts", "securityContext", "imagePullPolicy",
+    "name",
+    "image",
+    "command",
+    "args",
+    "env",
+    "ports",
+    "readinessProbe",
+    "livenessProbe",
+    "startupProbe",
+    "lifecycle",
+    "resources",
+    "volumeMounts",
+    "securityContext",
+    "imagePullPolicy",
 ];
 const PROBE: &[&str] =
     &["httpGet", "tcpSocket", "exec", "periodSeconds", "initialDelaySeconds", "timeoutSeconds", "failureThreshold"];
@@ -157,7 +167,8 @@ fn the_kubernetes_manifests_are_well_formed_and_consistent() {
         for t in s(w, &["spec", "volumeClaimTemplates"]).and_then(Value::as_sequence).into_iter().flatten() {
             volumes.insert(str_at(t, &["metadata", "name"]), t.clone());
         }
-        let containers = s(pod, &["containers"]).and_then(Value::as_sequence).unwrap_or_else(|| panic!("{what}: no containers"));
+        let containers =
+            s(pod, &["containers"]).and_then(Value::as_sequence).unwrap_or_else(|| panic!("{what}: no containers"));
         let mut ports = BTreeSet::new();
         for c in containers {
             let cname = str_at(c, &["name"]);
@@ -179,12 +190,16 @@ fn the_kubernetes_manifests_are_well_formed_and_consistent() {
             }
             for m in s(c, &["volumeMounts"]).and_then(Value::as_sequence).into_iter().flatten() {
                 let vname = str_at(m, &["name"]);
-                let vol = volumes.get(&vname).unwrap_or_else(|| panic!("{what}: mounts volume `{vname}`, not declared"));
+                let vol =
+                    volumes.get(&vname).unwrap_or_else(|| panic!("{what}: mounts volume `{vname}`, not declared"));
                 if let Some(cm) = s(vol, &["configMap", "name"]).and_then(Value::as_str) {
                     match configmaps.get(cm) {
                         Some(map) => {
                             if let Some(sub) = s(m, &["subPath"]).and_then(Value::as_str) {
-                                assert!(s(map, &["data", sub]).is_some(), "{what}: subPath `{sub}` is not a key of {cm}");
+                                assert!(
+                                    s(map, &["data", sub]).is_some(),
+                                    "{what}: subPath `{sub}` is not a key of {cm}"
+                                );
                             }
                         }
                         // Created from profiles/ by the documented `kubectl create configmap`.

@@ -48,10 +48,8 @@ impl EtcdStore {
         if endpoints.is_empty() {
             return Err(StoreError::Refused("no etcd endpoints given".into()));
         }
-        let endpoints: Vec<String> = endpoints
-            .iter()
-            .map(|e| if e.contains("://") { e.clone() } else { format!("http://{e}") })
-            .collect();
+        let endpoints: Vec<String> =
+            endpoints.iter().map(|e| if e.contains("://") { e.clone() } else { format!("http://{e}") }).collect();
         // HTTP/2 keep-alive pings find a member that died without closing its
         // connections (SIGKILL, a partition) within about two seconds.
         let options = ConnectOptions::new()
@@ -138,7 +136,12 @@ impl Store for EtcdStore {
         })
     }
 
-    fn put<'a>(&'a self, key: &'a str, value: Vec<u8>, lease: Option<LeaseId>) -> BoxFuture<'a, Result<i64, StoreError>> {
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> BoxFuture<'a, Result<i64, StoreError>> {
         Box::pin(async move {
             let mut c = self.client.clone();
             let r = bounded("put", c.put(key, value, lease.map(|l| PutOptions::new().with_lease(l)))).await.map_err(
@@ -283,7 +286,8 @@ async fn pump(
                 Ok(None) | Err(_) => break,
             };
             if resp.compact_revision() > 0 {
-                let _ = tx.send(Err(StoreError::Compacted { requested: next, compacted: resp.compact_revision() })).await;
+                let _ =
+                    tx.send(Err(StoreError::Compacted { requested: next, compacted: resp.compact_revision() })).await;
                 return;
             }
             for ev in resp.events() {

@@ -120,7 +120,12 @@ impl Store for MemStore {
         Box::pin(async move { self.locked(|s| Ok(s.kvs.get(key).cloned())) })
     }
 
-    fn put<'a>(&'a self, key: &'a str, value: Vec<u8>, lease: Option<LeaseId>) -> BoxFuture<'a, Result<i64, StoreError>> {
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> BoxFuture<'a, Result<i64, StoreError>> {
         Box::pin(async move {
             self.locked(|s| {
                 if let Some(l) = lease {
@@ -150,7 +155,11 @@ impl Store for MemStore {
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>> {
         Box::pin(async move {
             self.locked(|s| {
-                let kvs = s.kvs.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v.clone());
+                let kvs = s
+                    .kvs
+                    .range(prefix.to_string()..)
+                    .take_while(|(k, _)| k.starts_with(prefix))
+                    .map(|(_, v)| v.clone());
                 Ok(Listing { kvs: kvs.collect(), revision: s.revision })
             })
         })

@@ -160,7 +160,12 @@ pub trait Store: Send + Sync + 'static {
     /// One key (None: absent).
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<KeyValue>, StoreError>>;
     /// Puts a value (bound to `lease` when given); returns the new revision.
-    fn put<'a>(&'a self, key: &'a str, value: Vec<u8>, lease: Option<LeaseId>) -> BoxFuture<'a, Result<i64, StoreError>>;
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> BoxFuture<'a, Result<i64, StoreError>>;
     /// Deletes a key (absent is fine); returns the new revision.
     fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<i64, StoreError>>;
     /// Every key under `prefix`, at one revision.

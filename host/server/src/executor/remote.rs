@@ -119,7 +119,12 @@ impl AgentPool {
     }
 
     /// Sends one request and reads the whole answer within `timeout`.
-    async fn send(&self, host_port: &str, req: Request<Full<Bytes>>, timeout: Duration) -> Result<(StatusCode, Option<usize>, Bytes), SendError> {
+    async fn send(
+        &self,
+        host_port: &str,
+        req: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Option<usize>, Bytes), SendError> {
         let attempt = async {
             let mut c = self.connection(host_port).await?;
             let resp = c.send_request(req).await.map_err(|e| SendError::Transport(format!("{host_port}: {e}")))?;
@@ -159,7 +164,12 @@ pub struct RemoteExecutor {
 impl RemoteExecutor {
     /// An executor sending batches to `target` through `pool`, each bounded by
     /// `timeout`, retrying once on `fallback`'s choice after a transport failure.
-    pub fn new(target: RemoteTarget, pool: Arc<AgentPool>, timeout: Duration, fallback: Option<Fallback>) -> RemoteExecutor {
+    pub fn new(
+        target: RemoteTarget,
+        pool: Arc<AgentPool>,
+        timeout: Duration,
+        fallback: Option<Fallback>,
+    ) -> RemoteExecutor {
         RemoteExecutor { target, pool, timeout, fallback }
     }
 
@@ -168,7 +178,13 @@ impl RemoteExecutor {
         &self.target
     }
 
-    async fn run_on(&self, target: &RemoteTarget, body: Bytes, json_len: usize, n: usize) -> Result<Vec<Vec<Tensor>>, SendError> {
+    async fn run_on(
+        &self,
+        target: &RemoteTarget,
+        body: Bytes,
+        json_len: usize,
+        n: usize,
+    ) -> Result<Vec<Vec<Tensor>>, SendError> {
         let req = Request::builder()
             .method(Method::POST)
             .uri(format!("/v2/models/{}/versions/{}/infer", target.app, target.variant))
@@ -200,7 +216,9 @@ impl Executor for RemoteExecutor {
             let (body, json_len) = encode_batch(&batch, self.target.device);
             let describe = |t: &RemoteTarget, e: SendError| match e {
                 SendError::Transport(m) => format!("agent {} (device {}): {m}", t.addr, t.device),
-                SendError::Status(s, m) => format!("agent {} (device {}) answered {}: {m}", t.addr, t.device, s.as_u16()),
+                SendError::Status(s, m) => {
+                    format!("agent {} (device {}) answered {}: {m}", t.addr, t.device, s.as_u16())
+                }
             };
             match self.run_on(&self.target, body.clone(), json_len, n).await {
                 Ok(out) => Ok(out),
@@ -254,10 +272,11 @@ struct WireTensor {
 
 /// One binary tensor from a JSON header entry and the bytes after the header.
 fn wire_tensor(t: WireTensor, data: &[u8]) -> Result<Tensor, String> {
-    let datatype =
-        DataType::from_oip(&t.datatype).ok_or_else(|| format!("tensor `{}`: unknown datatype `{}`", t.name, t.datatype))?;
-    let size = binary::data_size(t.parameters.as_ref())?
-        .ok_or_else(|| format!("tensor `{}`: the batch protocol carries tensors in binary (binary_data_size)", t.name))?;
+    let datatype = DataType::from_oip(&t.datatype)
+        .ok_or_else(|| format!("tensor `{}`: unknown datatype `{}`", t.name, t.datatype))?;
+    let size = binary::data_size(t.parameters.as_ref())?.ok_or_else(|| {
+        format!("tensor `{}`: the batch protocol carries tensors in binary (binary_data_size)", t.name)
+    })?;
     if size != data.len() {
         return Err(format!("tensor `{}`: binary_data_size is {size} but {} bytes follow", t.name, data.len()));
     }
@@ -338,10 +357,9 @@ impl AgentModels {
 
     /// Runs one batch on `device`'s `variant` of `app`.
     pub async fn run(&self, device: u32, app: &str, variant: &str, batch: Tensor) -> Result<Tensor, AgentError> {
-        let d = self
-            .devices
-            .get(device as usize)
-            .ok_or_else(|| AgentError::NotFound(format!("no device {device} (the agent has {})", self.devices.len())))?;
+        let d = self.devices.get(device as usize).ok_or_else(|| {
+            AgentError::NotFound(format!("no device {device} (the agent has {})", self.devices.len()))
+        })?;
         let (id, model) = d.loaded.lock().get(&(app.to_string(), variant.to_string())).cloned().ok_or_else(|| {
             AgentError::NotFound(format!("variant `{variant}` of app `{app}` is not loaded on device {device}"))
         })?;
@@ -357,7 +375,13 @@ impl AgentModels {
         self.batches.fetch_add(1, Ordering::Relaxed);
         let firsts: Vec<Tensor> = outputs
             .into_iter()
-            .map(|mut o| if o.is_empty() { Err(AgentError::Failed("a sample has no output".into())) } else { Ok(o.swap_remove(0)) })
+            .map(|mut o| {
+                if o.is_empty() {
+                    Err(AgentError::Failed("a sample has no output".into()))
+                } else {
+                    Ok(o.swap_remove(0))
+                }
+            })
             .collect::<Result<_, _>>()?;
         let refs: Vec<&Tensor> = firsts.iter().collect();
         Tensor::concat(&refs).map_err(|e| AgentError::Failed(e.to_string()))
@@ -421,11 +445,8 @@ async fn agent_handle(models: Arc<AgentModels>, req: Request<Incoming>) -> Respo
             json_ok(json!({ "ready": ready }), if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE })
         }
         (&Method::GET, ["v2", "agent", "loaded"]) => {
-            let loaded: Vec<Value> = models
-                .loaded()
-                .into_iter()
-                .map(|(d, a, v)| json!({ "device": d, "app": a, "variant": v }))
-                .collect();
+            let loaded: Vec<Value> =
+                models.loaded().into_iter().map(|(d, a, v)| json!({ "device": d, "app": a, "variant": v })).collect();
             json_ok(json!({ "loaded": loaded, "batches": models.batches.load(Ordering::Relaxed) }), StatusCode::OK)
         }
         (&Method::POST, ["v2", "models", app, "versions", variant, "infer"]) => {
@@ -439,7 +460,12 @@ async fn agent_handle(models: Arc<AgentModels>, req: Request<Incoming>) -> Respo
     }
 }
 
-async fn agent_infer(models: &AgentModels, app: &str, variant: &str, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, AgentError> {
+async fn agent_infer(
+    models: &AgentModels,
+    app: &str,
+    variant: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, AgentError> {
     let json_len = req
         .headers()
         .get(binary::HEADER)
@@ -547,9 +573,17 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve_agent(listener, models.clone(), async move { let _ = stopped.await; }, Duration::from_secs(1)));
+        let server = tokio::spawn(serve_agent(
+            listener,
+            models.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(1),
+        ));
         let pool = AgentPool::new();
-        let target = RemoteTarget { addr: format!("http://{addr}"), device: 1, app: "img".into(), variant: "small".into() };
+        let target =
+            RemoteTarget { addr: format!("http://{addr}"), device: 1, app: "img".into(), variant: "small".into() };
         let exec = RemoteExecutor::new(target.clone(), pool.clone(), Duration::from_secs(5), None);
         let sample = |v: f32| Tensor::new("x", vec![1, 2], TensorData::F32(vec![v, 1.0])).unwrap();
         let out = exec.run(3, vec![sample(1.0), sample(2.0), sample(5.0)]).await.unwrap();
@@ -580,7 +614,8 @@ mod tests {
         assert_eq!(out[0][0].data, TensorData::F32(vec![3.0, 5.0]));
         assert_eq!(pool.retried.load(Ordering::Relaxed), 1);
         // Without one: a clear error naming the agent.
-        let e = RemoteExecutor::new(dead, pool, Duration::from_secs(5), None).run(3, vec![sample(4.0)]).await.unwrap_err();
+        let e =
+            RemoteExecutor::new(dead, pool, Duration::from_secs(5), None).run(3, vec![sample(4.0)]).await.unwrap_err();
         assert!(e.to_string().contains(&format!("127.0.0.1:{dead_port}")), "{e}");
         let _ = stop.send(());
         server.await.unwrap();

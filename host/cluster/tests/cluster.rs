@@ -1,6 +1,6 @@
 //! sluice as a cluster of real processes on loopback (sluice_cluster::harness): a
-//! 3-member etcd cluster, an allocator, agents and a frontend, each `sluice serve
-//! --role ...`, under bounded load. Every request sent is answered exactly once
+//! 3-member etcd cluster, an allocator, agents and a frontend, each `cluster-node serve
+//! --role ...` (the roles `sluice serve --role` runs), under bounded load. Every request sent is answered exactly once
 //! (`lost == 0`, answers == sent); non-2xx answers carry their reason.
 //!
 //! Scenarios:
@@ -19,8 +19,10 @@ use std::time::Duration;
 
 use sluice_cluster::harness::{config_text, drive, workspace_root, Cluster, LoadReport};
 
+/// The crate's own role runner (`serve --role ...`, as `sluice serve --role`), so the
+/// test builds with this crate alone.
 fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_sluice"))
+    PathBuf::from(env!("CARGO_BIN_EXE_cluster-node"))
 }
 
 fn policies() -> PathBuf {
@@ -36,7 +38,11 @@ fn assert_accounted(what: &str, r: &LoadReport) {
     }
 }
 
-async fn start(dir: &std::path::Path, agents: &[(&str, usize)], allocators: &[&str]) -> (Cluster, std::net::SocketAddr) {
+async fn start(
+    dir: &std::path::Path,
+    agents: &[(&str, usize)],
+    allocators: &[&str],
+) -> (Cluster, std::net::SocketAddr) {
     let config = config_text(dir, &policies(), 4, 200, 1.0);
     let mut c = Cluster::start(&bin(), dir, 3, &config).await.unwrap();
     for a in allocators {
@@ -124,15 +130,19 @@ async fn frozen_agent_etcd_leader_loss_and_allocator_failover() {
     let again = c.wait_routing(Duration::from_secs(30), |t| t.epoch > moved.epoch).await.unwrap();
 
     // The leading allocator dies; the standby takes over and plans.
-    let leading = String::from_utf8(
-        c.store.get(&c.keys.election()).await.unwrap().expect("an allocator leads").value,
-    )
-    .unwrap();
+    let leading =
+        String::from_utf8(c.store.get(&c.keys.election()).await.unwrap().expect("an allocator leads").value).unwrap();
     c.signal(&leading, "KILL").unwrap();
     // Its lease (2 s) lapses, the standby is elected; a re-plan request shows it leads.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let now = c.store.get(&c.keys.election()).await.ok().flatten().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+        let now = c
+            .store
+            .get(&c.keys.election())
+            .await
+            .ok()
+            .flatten()
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
         if now.as_deref().is_some_and(|l| l != leading) {
             break;
         }
