@@ -9,10 +9,13 @@
 //! - `test`: setup, policies, fmt, clippy, then every test.
 //! - `demo`: setup, build, start `sluice serve` on the embedded default, send real
 //!   image tensors, swap the policy under traffic, and print what happened.
+//! - `cluster-demo`: setup, build, run sluice as a cluster on loopback (3 etcd
+//!   members, an allocator, two agents, a frontend) through a re-plan and an agent kill.
 //! - `bench`: the benchmarks recorded in BENCHMARKS.md.
 //! - `peers`: sluice against MLServer and Ray Serve on the same model, from their
 //!   own venv (`target/peers-venv`); ~20 minutes, not part of `test` or `bench`.
 
+mod cluster_demo;
 mod demo;
 mod peers;
 mod policies;
@@ -40,6 +43,8 @@ enum Task {
     Test,
     /// Setup, then run the demo on the embedded default config.
     Demo,
+    /// Setup, then run sluice as a cluster on loopback through a re-plan and an agent kill.
+    ClusterDemo,
     /// Run the benchmarks (figures go to stdout; record them in BENCHMARKS.md).
     Bench,
     /// sluice against MLServer and Ray Serve on ResNet-50 (BENCHMARKS.md §8).
@@ -57,6 +62,11 @@ fn main() -> Result<()> {
             build_all_policies(&root)?;
             run(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "sluice"]))?;
             demo::run(&root)
+        }
+        Task::ClusterDemo => {
+            setup(&root)?;
+            build_all_policies(&root)?;
+            cluster_demo::run(&root)
         }
         Task::Bench => {
             setup(&root)?;

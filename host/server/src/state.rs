@@ -386,7 +386,9 @@ async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow
     Ok((p, tasks))
 }
 
-fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSources)> {
+/// An app's variants (from its profile) and how to load each (cluster agents load them
+/// one by one as placements say).
+pub fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSources)> {
     let profile = Profile::load(&app.profile)?;
     let selected = profile
         .policy_models(app.models.as_deref(), app.latency_percentile, app.max_batch)

@@ -43,6 +43,39 @@ pub struct ServeArgs {
     /// Largest request body, overriding `max_body_bytes`.
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
+    /// Cluster roles (docs/cluster.md); without `--role`, one process plays them all.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// `sluice serve --role ...`: one role of a cluster coordinated through etcd.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// `agent` (runs batches on its devices), `frontend` (the apps' front, queues and
+    /// policies) or `allocator` (plans placement and routing; one leads by election).
+    #[arg(long, value_enum, requires = "etcd")]
+    pub role: Option<sluice_cluster::roles::Role>,
+    /// etcd endpoints, comma-separated (`http://10.0.0.1:2379,http://10.0.0.2:2379`).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// This process's id in the cluster (default: the host name and the pid).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// An agent's devices: their `[[device]]` types, comma-separated (`cpu,cpu`).
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<String>,
+    /// The address others reach this process at (default: the listen address).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// TTL of this process's lease in etcd, seconds: how soon its death is noticed.
+    #[arg(long, default_value_t = 3)]
+    pub lease_ttl: i64,
+    /// A frontend's bound on one batch on an agent, ms.
+    #[arg(long, default_value_t = 2000)]
+    pub batch_timeout_ms: u64,
+    /// The root of the cluster's keys in etcd.
+    #[arg(long, default_value = "/sluice/v1")]
+    pub etcd_prefix: String,
 }
 
 /// Runs `sluice serve`.
@@ -59,6 +92,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_grace_ms,
         max_connections,
         max_body_bytes,
+        cluster,
     } = args;
     let mut config = match &config {
         Some(path) => Config::load(path)?,
@@ -100,6 +134,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         config.max_body_bytes = n;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Some(role) = cluster.role {
+        let options = sluice_cluster::roles::RoleOptions {
+            role,
+            etcd: cluster.etcd,
+            id: cluster.id,
+            devices: cluster.devices,
+            advertise: cluster.advertise,
+            lease_ttl_s: cluster.lease_ttl,
+            batch_timeout: std::time::Duration::from_millis(cluster.batch_timeout_ms),
+            prefix: cluster.etcd_prefix,
+        };
+        return runtime.block_on(sluice_cluster::roles::serve(config, options, shutdown_signal()));
+    }
     runtime.block_on(async move {
         let addr = config.listen;
         let config_admin = config.admin_listen;
@@ -128,18 +175,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         if let Some(g) = &grpc {
             println!("sluice gRPC listening on {}", g.local_addr()?);
         }
-        let shutdown = async {
-            let ctrl_c = tokio::signal::ctrl_c();
-            #[cfg(unix)]
-            {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-                tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
-            }
-            #[cfg(not(unix))]
-            let _ = ctrl_c.await;
-        };
         let listeners = sluice_server::server::Listeners { main: listener, admin, grpc };
-        sluice_server::server::run_listeners(listeners, state, shutdown).await
+        sluice_server::server::run_listeners(listeners, state, shutdown_signal()).await
     })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }

@@ -2,11 +2,14 @@
 //!
 //! - [`onnx`]: real models through ONNX Runtime (the `ort` crate, CPU or CUDA).
 //! - [`emulated`]: waits the profiled latency and returns a deterministic output.
+//! - [`remote`]: batches sent to a cluster agent over the Open Inference Protocol,
+//!   and the agent's side (`serve_agent`).
 //!
 //! Both implement [`sluice_core::executor::Executor`] through [`LoadedModel`].
 
 pub mod emulated;
 pub mod onnx;
+pub mod remote;
 
 use std::path::PathBuf;
 use std::sync::Arc;

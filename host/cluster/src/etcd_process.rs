@@ -1,0 +1,169 @@
+//! Starting a real etcd cluster of local processes on loopback: what the cluster's
+//! tests, `cargo xtask cluster-demo` and the benchmarks run against. Each member
+//! gets free ports on 127.0.0.1, a data directory under the caller's directory and a
+//! log file beside it; dropping the cluster kills its members.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::store::{EtcdStore, Store};
+
+/// The etcd binary (`ETCD_BIN` overrides; Debian's `etcd-server` installs `/usr/bin/etcd`).
+pub fn etcd_binary() -> PathBuf {
+    std::env::var_os("ETCD_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"))
+}
+
+/// One member.
+pub struct Member {
+    /// Its name (`m0`, `m1`, ...).
+    pub name: String,
+    /// Its client URL.
+    pub client_url: String,
+    peer_url: String,
+    data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+/// A local etcd cluster (see the module docs).
+pub struct EtcdCluster {
+    /// The members, in start order.
+    pub members: Vec<Member>,
+    initial_cluster: String,
+}
+
+/// A free TCP port on 127.0.0.1 (bound, read, released: another process could take
+/// it in between, which a test would see as a member that does not start).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl EtcdCluster {
+    /// Starts `n` members (1 or 3, usually) under `dir` and waits until the cluster
+    /// answers (at most 30 s).
+    pub async fn start(dir: &Path, n: usize) -> anyhow::Result<EtcdCluster> {
+        anyhow::ensure!(n >= 1, "an etcd cluster needs at least one member");
+        let bin = etcd_binary();
+        anyhow::ensure!(bin.exists(), "etcd not found at {} (install etcd-server, or set ETCD_BIN)", bin.display());
+        let mut members = Vec::new();
+        for i in 0..n {
+            let name = format!("m{i}");
+            members.push(Member {
+                client_url: format!("http://127.0.0.1:{}", free_port()?),
+                peer_url: format!("http://127.0.0.1:{}", free_port()?),
+                data_dir: dir.join(format!("{name}.etcd")),
+                log: dir.join(format!("{name}.log")),
+                name,
+                child: None,
+            });
+        }
+        let initial_cluster =
+            members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect::<Vec<_>>().join(",");
+        let mut cluster = EtcdCluster { members, initial_cluster };
+        for i in 0..n {
+            cluster.spawn(i, "new")?;
+        }
+        cluster.wait_ready(Duration::from_secs(30)).await?;
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) -> anyhow::Result<()> {
+        let m = &mut self.members[i];
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log)?;
+        let child = Command::new(etcd_binary())
+            .arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(&m.data_dir)
+            .args(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url])
+            .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
+            .args(["--initial-cluster", &self.initial_cluster, "--initial-cluster-state", state])
+            .args(["--initial-cluster-token", "sluice-test"])
+            // Elections within about a second on loopback (the defaults: 100 ms, 1 s).
+            .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting {}: {e}", etcd_binary().display()))?;
+        m.child = Some(child);
+        Ok(())
+    }
+
+    /// The client URLs of every member (what roles get as `--etcd`).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// A store on every member.
+    pub async fn store(&self) -> anyhow::Result<EtcdStore> {
+        Ok(EtcdStore::connect(&self.endpoints()).await?)
+    }
+
+    /// Waits until a read through every live member succeeds.
+    pub async fn wait_ready(&self, within: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            loop {
+                let ok = match EtcdStore::connect(std::slice::from_ref(&m.client_url)).await {
+                    Ok(s) => s.get("/sluice/health").await.is_ok(),
+                    Err(_) => false,
+                };
+                if ok {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    anyhow::bail!("etcd member {} did not answer within {within:?} (log: {})", m.name, m.log.display());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of the member that leads now.
+    pub async fn leader(&self) -> anyhow::Result<usize> {
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            let Ok(mut c) = etcd_client::Client::connect([m.client_url.as_str()], None).await else { continue };
+            let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), c.status()).await else { continue };
+            let leader = s.leader();
+            for (i, other) in self.members.iter().enumerate() {
+                if other.child.is_none() {
+                    continue;
+                }
+                let Ok(mut oc) = etcd_client::Client::connect([other.client_url.as_str()], None).await else {
+                    continue;
+                };
+                if let Ok(Ok(os)) = tokio::time::timeout(Duration::from_secs(2), oc.status()).await {
+                    if os.header().map(|h| h.member_id()) == Some(leader) {
+                        return Ok(i);
+                    }
+                }
+            }
+        }
+        anyhow::bail!("no etcd member reports a leader")
+    }
+
+    /// Kills member `i` with SIGKILL.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data directory (after [`EtcdCluster::kill`]).
+    pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(self.members[i].child.is_none(), "member {i} is running");
+        self.spawn(i, "existing")
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}

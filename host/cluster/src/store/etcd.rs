@@ -1,0 +1,338 @@
+//! [`EtcdStore`]: the [`Store`] over a real etcd v3 cluster (`etcd-client`).
+//!
+//! Unary calls are bounded by [`OP_TIMEOUT`] (a store that does not answer is
+//! `Unavailable`, and the roles keep running on what they last read). A watch is a
+//! task pumping etcd's stream into a channel: when the stream breaks (the member it
+//! was on died, the connection dropped), the task opens a new one from the revision
+//! after the last event it passed on, so no event is lost or repeated; when etcd
+//! says the revision was compacted, the task ends the watch with
+//! [`StoreError::Compacted`] and the caller re-lists.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn as EtcdTxn,
+    TxnOp, WatchOptions,
+};
+
+use super::{
+    BoxFuture, Compare, Event, EventKind, KeyValue, LeaseId, Listing, Op, Store, StoreError, Txn, TxnOutcome, Watch,
+};
+
+/// How long one unary call may take before the store counts as unavailable. Long
+/// enough for an etcd leader election (election timeout 1 s by default) to finish,
+/// short enough that a role notices an unreachable store within a lease's TTL.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a broken watch keeps trying to re-open before it ends with
+/// `Unavailable` (the caller then re-lists and watches again, or keeps its state).
+const WATCH_RETRY_FOR: Duration = Duration::from_secs(15);
+
+/// The pause between two attempts to re-open a broken watch.
+const WATCH_RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Events a watch buffers before the pump waits for the reader.
+const WATCH_BUFFER: usize = 256;
+
+/// A [`Store`] on etcd v3 (3.4–3.6).
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+}
+
+impl EtcdStore {
+    /// Connects to the members at `endpoints` (`http://127.0.0.1:2379`, ...). The
+    /// connection is balanced over all of them, so losing one member (even the
+    /// leader) leaves the store usable while a quorum remains.
+    pub async fn connect(endpoints: &[String]) -> Result<EtcdStore, StoreError> {
+        if endpoints.is_empty() {
+            return Err(StoreError::Refused("no etcd endpoints given".into()));
+        }
+        let endpoints: Vec<String> =
+            endpoints.iter().map(|e| if e.contains("://") { e.clone() } else { format!("http://{e}") }).collect();
+        // HTTP/2 keep-alive pings find a member that died without closing its
+        // connections (SIGKILL, a partition) within about two seconds.
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
+            .with_require_leader(true);
+        let client = tokio::time::timeout(OP_TIMEOUT, Client::connect(&endpoints, Some(options)))
+            .await
+            .map_err(|_| StoreError::Unavailable(format!("connecting to {endpoints:?} timed out")))?
+            .map_err(map_err)?;
+        Ok(EtcdStore { client })
+    }
+}
+
+/// etcd's errors as the store's: transport trouble and timeouts are `Unavailable`,
+/// a lease etcd does not know is `LeaseExpired`, the rest `Refused`.
+fn map_err(e: etcd_client::Error) -> StoreError {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(s) => match s.code() {
+            tonic_code::Unavailable | tonic_code::DeadlineExceeded | tonic_code::Cancelled | tonic_code::Unknown => {
+                StoreError::Unavailable(s.message().to_string())
+            }
+            tonic_code::NotFound if s.message().contains("lease") => StoreError::LeaseExpired(0),
+            _ => StoreError::Refused(format!("{}: {}", code_name(s.code()), s.message())),
+        },
+        E::TransportError(t) => StoreError::Unavailable(t.to_string()),
+        E::IoError(io) => StoreError::Unavailable(io.to_string()),
+        E::LeaseKeepAliveError(m) if m.contains("not found") => StoreError::LeaseExpired(0),
+        other => StoreError::Unavailable(other.to_string()),
+    }
+}
+
+use tonic::Code as tonic_code;
+
+fn code_name(c: tonic_code) -> String {
+    format!("{c:?}")
+}
+
+/// A unary call under [`OP_TIMEOUT`].
+async fn bounded<T>(
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(OP_TIMEOUT, f).await {
+        Ok(r) => r.map_err(map_err),
+        Err(_) => Err(StoreError::Unavailable(format!("{what}: no answer within {} s", OP_TIMEOUT.as_secs()))),
+    }
+}
+
+fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        lease: kv.lease(),
+    }
+}
+
+fn compare(c: &Compare) -> EtcdCompare {
+    match c {
+        Compare::Absent(k) => EtcdCompare::create_revision(k.as_str(), CompareOp::Equal, 0),
+        Compare::Value(k, v) => EtcdCompare::value(k.as_str(), CompareOp::Equal, v.clone()),
+        Compare::ModRevision(k, r) => EtcdCompare::mod_revision(k.as_str(), CompareOp::Equal, *r),
+    }
+}
+
+fn op(o: &Op) -> TxnOp {
+    match o {
+        Op::Put { key, value, lease } => {
+            TxnOp::put(key.as_str(), value.clone(), lease.map(|l| PutOptions::new().with_lease(l)))
+        }
+        Op::Delete(k) => TxnOp::delete(k.as_str(), None),
+    }
+}
+
+impl Store for EtcdStore {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<KeyValue>, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            let r = bounded("get", c.get(key, None)).await?;
+            Ok(r.kvs().first().map(to_kv))
+        })
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> BoxFuture<'a, Result<i64, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            let r = bounded("put", c.put(key, value, lease.map(|l| PutOptions::new().with_lease(l)))).await.map_err(
+                |e| match (e, lease) {
+                    (StoreError::LeaseExpired(_), Some(l)) => StoreError::LeaseExpired(l),
+                    (e, _) => e,
+                },
+            )?;
+            Ok(r.header().map_or(0, |h| h.revision()))
+        })
+    }
+
+    fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<i64, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            let r = bounded("delete", c.delete(key, None)).await?;
+            Ok(r.header().map_or(0, |h| h.revision()))
+        })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            let r = bounded("list", c.get(prefix, Some(GetOptions::new().with_prefix()))).await?;
+            Ok(Listing { kvs: r.kvs().iter().map(to_kv).collect(), revision: r.header().map_or(0, |h| h.revision()) })
+        })
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnOutcome, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            let t = EtcdTxn::new()
+                .when(txn.when.iter().map(compare).collect::<Vec<_>>())
+                .and_then(txn.then.iter().map(op).collect::<Vec<_>>())
+                .or_else(txn.otherwise.iter().map(op).collect::<Vec<_>>());
+            let r = bounded("txn", c.txn(t)).await?;
+            Ok(TxnOutcome { succeeded: r.succeeded(), revision: r.header().map_or(0, |h| h.revision()) })
+        })
+    }
+
+    fn watch<'a>(&'a self, prefix: &'a str, from_revision: i64) -> BoxFuture<'a, Result<Watch, StoreError>> {
+        Box::pin(async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+            let (cancel, cancelled) = tokio::sync::oneshot::channel();
+            // Open the first stream here, so a caller learns at once that the store is
+            // down or the revision compacted.
+            let mut c = self.client.clone();
+            let first = open(&mut c, prefix, from_revision).await?;
+            tokio::spawn(pump(self.client.clone(), prefix.to_string(), from_revision, first, tx, cancelled));
+            Ok(Watch { rx, _cancel: Some(cancel) })
+        })
+    }
+
+    fn grant(&self, ttl_s: i64) -> BoxFuture<'_, Result<LeaseId, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            let r = bounded("lease grant", c.lease_grant(ttl_s, None)).await?;
+            if !r.error().is_empty() {
+                return Err(StoreError::Refused(format!("lease grant: {}", r.error())));
+            }
+            Ok(r.id())
+        })
+    }
+
+    fn keep_alive(&self, lease: LeaseId) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            // etcd-client sends the first keep-alive and reads its answer when it opens
+            // the stream, and says "lease not found" when the TTL came back as 0.
+            bounded("lease keep-alive", c.lease_keep_alive(lease)).await.map_err(|e| match e {
+                StoreError::LeaseExpired(_) => StoreError::LeaseExpired(lease),
+                e => e,
+            })?;
+            Ok(())
+        })
+    }
+
+    fn revoke(&self, lease: LeaseId) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            match bounded("lease revoke", c.lease_revoke(lease)).await {
+                Ok(_) | Err(StoreError::LeaseExpired(_)) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn compact(&self, revision: i64) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            bounded("compact", c.compact(revision, None)).await?;
+            Ok(())
+        })
+    }
+}
+
+/// Opens a watch stream on `prefix` from `from` (0: now), and reads its "created"
+/// answer: a compacted revision is refused there.
+async fn open(c: &mut Client, prefix: &str, from: i64) -> Result<(etcd_client::WatchStream, i64), StoreError> {
+    let options = WatchOptions::new().with_prefix().with_start_revision(from);
+    let mut stream = bounded("watch", c.watch(prefix, Some(options))).await?;
+    // The first answer confirms the watch (or cancels it at once, compacted).
+    let first = tokio::time::timeout(OP_TIMEOUT, stream.message())
+        .await
+        .map_err(|_| StoreError::Unavailable("watch: not confirmed in time".into()))?
+        .map_err(map_err)?
+        .ok_or_else(|| StoreError::Unavailable("watch: the stream closed at once".into()))?;
+    if first.compact_revision() > 0 {
+        return Err(StoreError::Compacted { requested: from, compacted: first.compact_revision() });
+    }
+    if first.canceled() {
+        return Err(StoreError::Refused(format!("watch cancelled: {}", first.cancel_reason())));
+    }
+    // Watching "from now", the first event to expect is after the created header's revision.
+    let next = if from > 0 { from } else { first.header().map_or(0, |h| h.revision()) + 1 };
+    // A created answer may already carry events; they are read by the pump's loop,
+    // since etcd sends them in later messages (created answers carry none).
+    Ok((stream, next))
+}
+
+/// Passes a watch's events on, re-opening the stream from the next revision when
+/// it breaks (see the module docs); ends on cancellation, compaction, or a store
+/// that stays unreachable for [`WATCH_RETRY_FOR`].
+async fn pump(
+    client: Client,
+    prefix: String,
+    _from: i64,
+    first: (etcd_client::WatchStream, i64),
+    tx: tokio::sync::mpsc::Sender<Result<Event, StoreError>>,
+    mut cancelled: tokio::sync::oneshot::Receiver<()>,
+) {
+    let (mut stream, mut next) = first;
+    loop {
+        // Read until the stream breaks.
+        loop {
+            let msg = tokio::select! {
+                _ = &mut cancelled => return,
+                m = stream.message() => m,
+            };
+            let resp = match msg {
+                Ok(Some(r)) => r,
+                Ok(None) | Err(_) => break,
+            };
+            if resp.compact_revision() > 0 {
+                let _ =
+                    tx.send(Err(StoreError::Compacted { requested: next, compacted: resp.compact_revision() })).await;
+                return;
+            }
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                let kind = match ev.event_type() {
+                    EventType::Put => EventKind::Put,
+                    EventType::Delete => EventKind::Delete,
+                };
+                let kv = to_kv(kv);
+                next = kv.mod_revision + 1;
+                if tx.send(Ok(Event { kind, kv })).await.is_err() {
+                    return;
+                }
+            }
+            if resp.canceled() {
+                // A member losing its leader cancels its watches (require_leader):
+                // re-open on another.
+                break;
+            }
+        }
+        // Re-open from the revision after the last event passed on.
+        let started = tokio::time::Instant::now();
+        stream = loop {
+            if tx.is_closed() {
+                return;
+            }
+            let mut c = client.clone();
+            match open(&mut c, &prefix, next).await {
+                Ok((s, _)) => break s,
+                Err(e @ StoreError::Compacted { .. }) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                Err(e) if started.elapsed() >= WATCH_RETRY_FOR => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(%prefix, next, "watch: re-opening: {e}");
+                    tokio::select! {
+                        _ = &mut cancelled => return,
+                        _ = tokio::time::sleep(WATCH_RETRY_PAUSE) => {}
+                    }
+                }
+            }
+        };
+    }
+}
