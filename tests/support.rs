@@ -110,17 +110,23 @@ impl TestServer {
             policies_dir().display(),
             config.replace("{dir}", &dir.path().display().to_string()).replace("{root}", &root().display().to_string())
         );
-        let config = sluice_server::config::Config::parse(&text, "test config", dir.path())?;
+        let mut config = sluice_server::config::Config::parse(&text, "test config", dir.path())?;
+        if grpc {
+            config.grpc_listen = Some("127.0.0.1:0".parse()?);
+        }
         Self::serve(config, dir).await
     }
 
-    /// Builds and serves an already parsed config on `127.0.0.1:0`; `dir` is kept
-    /// alive with the server.
+    /// Builds and serves an already parsed config on `127.0.0.1:0` (and gRPC on its
+    /// `grpc_listen`, if set); `dir` is kept alive with the server.
     pub async fn serve(config: sluice_server::config::Config, dir: tempfile::TempDir) -> Result<TestServer> {
+        let grpc = match config.grpc_listen {
+            Some(a) => Some(tokio::net::TcpListener::bind(a).await?),
+            None => None,
+        };
         let state = State::build(config).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let grpc = if grpc { Some(tokio::net::TcpListener::bind("127.0.0.1:0").await?) } else { None };
         let grpc_addr = grpc.as_ref().map(|l| l.local_addr()).transpose()?;
         let (tx, rx) = oneshot::channel::<()>();
         let s = state.clone();

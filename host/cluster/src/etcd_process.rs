@@ -20,6 +20,8 @@ pub struct Member {
     pub name: String,
     /// Its client URL.
     pub client_url: String,
+    /// Its client URLs on further addresses (see [`EtcdCluster::start_on`]).
+    pub extra_client_urls: Vec<String>,
     peer_url: String,
     data_dir: PathBuf,
     log: PathBuf,
@@ -36,13 +38,25 @@ pub struct EtcdCluster {
 /// A free TCP port on 127.0.0.1 (bound, read, released: another process could take
 /// it in between, which a test would see as a member that does not start).
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    free_port_on(std::net::Ipv4Addr::LOCALHOST.into())
+}
+
+/// A free TCP port on `ip` (as [`free_port`]).
+pub fn free_port_on(ip: std::net::IpAddr) -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind((ip, 0))?.local_addr()?.port())
 }
 
 impl EtcdCluster {
     /// Starts `n` members (1 or 3, usually) under `dir` and waits until the cluster
     /// answers (at most 30 s).
     pub async fn start(dir: &Path, n: usize) -> anyhow::Result<EtcdCluster> {
+        Self::start_on(dir, n, &[]).await
+    }
+
+    /// As [`EtcdCluster::start`], each member also serving clients on each address of
+    /// `also_on` (the partition tests' veth ends: a process in a namespace reaches
+    /// etcd there, [`EtcdCluster::endpoints_on`]).
+    pub async fn start_on(dir: &Path, n: usize, also_on: &[std::net::IpAddr]) -> anyhow::Result<EtcdCluster> {
         anyhow::ensure!(n >= 1, "an etcd cluster needs at least one member");
         let bin = etcd_binary();
         anyhow::ensure!(bin.exists(), "etcd not found at {} (install etcd-server, or set ETCD_BIN)", bin.display());
@@ -51,6 +65,10 @@ impl EtcdCluster {
             let name = format!("m{i}");
             members.push(Member {
                 client_url: format!("http://127.0.0.1:{}", free_port()?),
+                extra_client_urls: also_on
+                    .iter()
+                    .map(|ip| Ok(format!("http://{ip}:{}", free_port_on(*ip)?)))
+                    .collect::<std::io::Result<_>>()?,
                 peer_url: format!("http://127.0.0.1:{}", free_port()?),
                 data_dir: dir.join(format!("{name}.etcd")),
                 log: dir.join(format!("{name}.log")),
@@ -71,12 +89,14 @@ impl EtcdCluster {
     fn spawn(&mut self, i: usize, state: &str) -> anyhow::Result<()> {
         let m = &mut self.members[i];
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log)?;
+        let client_urls = std::iter::once(&m.client_url).chain(&m.extra_client_urls).cloned().collect::<Vec<_>>();
+        let client_urls = client_urls.join(",");
         let child = Command::new(etcd_binary())
             .arg("--name")
             .arg(&m.name)
             .arg("--data-dir")
             .arg(&m.data_dir)
-            .args(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url])
+            .args(["--listen-client-urls", &client_urls, "--advertise-client-urls", &client_urls])
             .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
             .args(["--initial-cluster", &self.initial_cluster, "--initial-cluster-state", state])
             .args(["--initial-cluster-token", "sluice-test"])
@@ -94,6 +114,13 @@ impl EtcdCluster {
     /// The client URLs of every member (what roles get as `--etcd`).
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// The client URLs of every member on `ip` (one of [`EtcdCluster::start_on`]'s
+    /// addresses; empty for another).
+    pub fn endpoints_on(&self, ip: std::net::IpAddr) -> Vec<String> {
+        let host = format!("http://{ip}:");
+        self.members.iter().flat_map(|m| m.extra_client_urls.iter().filter(|u| u.starts_with(&host)).cloned()).collect()
     }
 
     /// A store on every member.

@@ -16,7 +16,8 @@ use anyhow::Context;
 use parking_lot::Mutex;
 
 use crate::etcd_process::EtcdCluster;
-use crate::keys::{decode, AgentRecord, Keys, RoutingTable};
+use crate::keys::{decode, AgentRecord, FrontendRecord, Keys, RoutingTable};
+use crate::netns::NetNs;
 use crate::store::{EtcdStore, Store};
 
 /// A synthetic emulated profile (three variants, latency growing with the batch),
@@ -88,6 +89,18 @@ impl Cluster {
     /// Starts an etcd cluster of `etcd_members` under `dir` and writes `config` there
     /// (with `emulated.toml`).
     pub async fn start(bin: &Path, dir: &Path, etcd_members: usize, config: &str) -> anyhow::Result<Cluster> {
+        Self::start_on(bin, dir, etcd_members, config, &[]).await
+    }
+
+    /// As [`Cluster::start`], etcd also serving on each address of `also_on` (the
+    /// host ends of the namespaces that roles will run in: [`Cluster::agent_on`]).
+    pub async fn start_on(
+        bin: &Path,
+        dir: &Path,
+        etcd_members: usize,
+        config: &str,
+        also_on: &[std::net::IpAddr],
+    ) -> anyhow::Result<Cluster> {
         anyhow::ensure!(
             bin.exists(),
             "the sluice binary is not at {} (cargo build --release -p sluice)",
@@ -97,7 +110,7 @@ impl Cluster {
         std::fs::write(dir.join("emulated.toml"), emulated_profile(1.0))?;
         let path = dir.join("cluster.toml");
         std::fs::write(&path, config)?;
-        let etcd = EtcdCluster::start(dir, etcd_members).await?;
+        let etcd = EtcdCluster::start_on(dir, etcd_members, also_on).await?;
         let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(&etcd.endpoints()).await?);
         Ok(Cluster {
             dir: dir.to_path_buf(),
@@ -110,12 +123,25 @@ impl Cluster {
         })
     }
 
-    fn spawn(&mut self, role: &str, id: &str, extra: &[&str], wait_line: Option<&str>) -> anyhow::Result<()> {
+    fn spawn(
+        &mut self,
+        role: &str,
+        id: &str,
+        extra: &[&str],
+        wait_line: Option<&str>,
+        ns: Option<&NetNs>,
+    ) -> anyhow::Result<()> {
         let log = self.dir.join(format!("{id}.log"));
-        let mut child = Command::new(&self.bin)
+        // A process in a namespace reaches etcd through the namespace's pair.
+        let (mut command, etcd) = match ns {
+            Some(ns) => (ns.command(&self.bin), self.etcd.endpoints_on(ns.host_ip.into())),
+            None => (Command::new(&self.bin), self.etcd.endpoints()),
+        };
+        anyhow::ensure!(!etcd.is_empty(), "{role} {id}: etcd does not serve the namespace (Cluster::start_on)");
+        let mut child = command
             .args(["serve", "--config"])
             .arg(&self.config)
-            .args(["--role", role, "--id", id, "--etcd", &self.etcd.endpoints().join(","), "--lease-ttl", "2"])
+            .args(["--role", role, "--id", id, "--etcd", &etcd.join(","), "--lease-ttl", "2"])
             .args(extra)
             .env("RUST_LOG", std::env::var("SLUICE_CLUSTER_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
@@ -150,25 +176,51 @@ impl Cluster {
 
     /// Starts an allocator.
     pub fn allocator(&mut self, id: &str) -> anyhow::Result<()> {
-        self.spawn("allocator", id, &[], None)
+        self.spawn("allocator", id, &[], None, None)
     }
 
-    /// Starts an agent with `devices` cpu devices; returns its address.
+    /// Starts an agent with `devices` cpu devices on loopback; returns its address.
     pub fn agent(&mut self, id: &str, devices: usize) -> anyhow::Result<SocketAddr> {
+        self.agent_on(id, devices, std::net::Ipv4Addr::LOCALHOST.into(), None)
+    }
+
+    /// Starts an agent with `devices` cpu devices listening on `ip`, in namespace
+    /// `ns` if given (`ip` is then its end, `ns.ns_ip`); returns its address.
+    pub fn agent_on(
+        &mut self,
+        id: &str,
+        devices: usize,
+        ip: std::net::IpAddr,
+        ns: Option<&NetNs>,
+    ) -> anyhow::Result<SocketAddr> {
         let d = vec!["cpu"; devices].join(",");
-        self.spawn("agent", id, &["--listen", "127.0.0.1:0", "--devices", &d], Some(&format!("sluice agent {id}")))?;
+        let listen = SocketAddr::new(ip, 0).to_string();
+        self.spawn("agent", id, &["--listen", &listen, "--devices", &d], Some(&format!("sluice agent {id}")), ns)?;
         Ok(self.procs[id].addr.expect("an agent has an address"))
     }
 
-    /// Starts a frontend; returns its address (it serves once the first routing table
-    /// is in: see [`Cluster::wait_ready`]).
+    /// Starts a frontend on loopback; returns its address (it serves once the first
+    /// routing table is in: see [`Cluster::wait_ready`]).
     pub fn frontend(&mut self, id: &str, batch_timeout_ms: u64) -> anyhow::Result<SocketAddr> {
+        self.frontend_on(id, batch_timeout_ms, std::net::Ipv4Addr::LOCALHOST.into(), None)
+    }
+
+    /// As [`Cluster::frontend`], listening on `ip`, in namespace `ns` if given.
+    pub fn frontend_on(
+        &mut self,
+        id: &str,
+        batch_timeout_ms: u64,
+        ip: std::net::IpAddr,
+        ns: Option<&NetNs>,
+    ) -> anyhow::Result<SocketAddr> {
         let t = batch_timeout_ms.to_string();
+        let listen = SocketAddr::new(ip, 0).to_string();
         self.spawn(
             "frontend",
             id,
-            &["--listen", "127.0.0.1:0", "--batch-timeout-ms", &t],
+            &["--listen", &listen, "--batch-timeout-ms", &t],
             Some(&format!("sluice frontend {id}")),
+            ns,
         )?;
         Ok(self.procs[id].addr.expect("a frontend has an address"))
     }
@@ -216,16 +268,42 @@ impl Cluster {
 
     /// The routing table in force (None: none yet, or unreadable).
     pub async fn routing(&self) -> Option<RoutingTable> {
-        let kv = self.store.get(&self.keys.routing()).await.ok()??;
+        let key = self.keys.routing();
+        let kv = retry(|| self.store.get(&key)).await.ok()??;
         decode(&kv.key, &kv.value).ok()
     }
 
     /// The agents registered now.
     pub async fn agents(&self) -> Vec<AgentRecord> {
-        match self.store.list(&self.keys.agents()).await {
+        self.records(&self.keys.agents()).await
+    }
+
+    /// The frontends' records now (each says which routing epoch it serves on).
+    pub async fn frontends(&self) -> Vec<FrontendRecord> {
+        self.records(&self.keys.frontends()).await
+    }
+
+    async fn records<T: for<'de> serde::Deserialize<'de>>(&self, prefix: &str) -> Vec<T> {
+        match retry(|| self.store.list(prefix)).await {
             Ok(l) => l.kvs.iter().filter_map(|kv| decode(&kv.key, &kv.value).ok()).collect(),
             Err(_) => Vec::new(),
         }
+    }
+
+    /// The id of the allocator that leads now (None: none does).
+    pub async fn leading_allocator(&self) -> anyhow::Result<Option<String>> {
+        let key = self.keys.election();
+        let kv = retry(|| self.store.get(&key)).await?;
+        Ok(kv.map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
+    }
+
+    /// Compacts etcd at its current revision (watches from before it get a
+    /// compaction error); returns the revision.
+    pub async fn compact_now(&self) -> anyhow::Result<i64> {
+        let key = self.keys.routing();
+        let revision = retry(|| self.store.list(&key)).await?.revision;
+        retry(|| self.store.compact(revision)).await?;
+        Ok(revision)
     }
 
     /// Polls the routing table until `f` holds (at most `within`).
@@ -252,7 +330,8 @@ impl Cluster {
     /// Asks the leading allocator to re-plan now.
     pub async fn ask_replan(&self) -> anyhow::Result<()> {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
-        self.store.put(&self.keys.replan(), now.to_string().into_bytes(), None).await?;
+        let key = self.keys.replan();
+        retry(|| self.store.put(&key, now.to_string().into_bytes(), None)).await?;
         Ok(())
     }
 }
@@ -264,6 +343,26 @@ impl Drop for Cluster {
             // exit path reliably report; kill works on stopped processes anyway.
             let _ = p.child.kill();
             let _ = p.child.wait();
+        }
+    }
+}
+
+/// Runs a store call, again on `Unavailable` (a member just killed, a connection
+/// the keep-alive just gave up on: the roles ride these out the same way), up to
+/// 10 tries 300 ms apart.
+async fn retry<T, F, Fut>(call: F) -> Result<T, crate::store::StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::store::StoreError>>,
+{
+    let mut tries = 0;
+    loop {
+        match call().await {
+            Err(crate::store::StoreError::Unavailable(_)) if tries < 9 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            other => return other,
         }
     }
 }

@@ -20,5 +20,6 @@ pub mod harness;
 pub mod keys;
 pub mod lease;
 pub mod mirror;
+pub mod netns;
 pub mod roles;
 pub mod store;

@@ -1,0 +1,291 @@
+//! sluice as a cluster of real processes on loopback (sluice_cluster::harness): a
+//! 3-member etcd cluster, an allocator, agents and a frontend, each the `sluice`
+//! binary as users run it (`sluice serve --role ...`), under bounded load. Every request sent is answered exactly once
+//! (`lost == 0`, answers == sent); non-2xx answers carry their reason.
+//!
+//! Scenarios:
+//! - `replan_under_load_then_an_agent_killed`: a re-plan under load (demand moves, and
+//!   one is asked for) with no error answers beyond explicit drops (429/504); then
+//!   an agent is SIGKILLed: its lease lapses, the allocator re-plans without it,
+//!   traffic moves, in-flight batches are retried or answered with a reason.
+//! - `frozen_agent_etcd_leader_loss_and_allocator_failover`: an agent SIGSTOPped
+//!   (lease lapses, traffic moves, batches stuck on it time out with a reason or are
+//!   retried), the etcd leader SIGKILLed (quorum survives, serving goes on), then the
+//!   leading allocator SIGKILLed (the standby is elected and plans), then every etcd
+//!   member killed (the frontend serves on its last routing table).
+//! - `a_partitioned_agent_loses_its_traffic_and_rejoins_when_healed`: an agent in a
+//!   network namespace of the test's own (sluice_cluster::netns), cut off under load:
+//!   its lease lapses, the allocator plans without it, in-flight batches time out and
+//!   are retried or answered with a reason; healed, it registers again and is placed.
+//! - `a_partitioned_frontend_resumes_its_watch_after_compaction`: a frontend in a
+//!   namespace, cut off while a re-plan is published and etcd compacted past what it
+//!   saw: healed, its watch resumes from a compacted revision, it lists again and
+//!   serves on the new table.
+//!
+//! The namespace scenarios need `CAP_NET_ADMIN` (`ip netns add`); where the test
+//! cannot create namespaces they say so on stderr and pass without running.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice_cluster::harness::{config_text, drive, workspace_root, Cluster, LoadReport};
+use sluice_cluster::netns::NetNs;
+
+/// The binary users run: each process is `sluice serve --role ...`.
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sluice"))
+}
+
+fn policies() -> PathBuf {
+    workspace_root(env!("CARGO_MANIFEST_DIR")).join("target/policies")
+}
+
+/// The scenarios run one at a time: each starts a dozen processes with
+/// second-scale leases and keep-alives, and on two cores several at once starve
+/// each other past those timeouts (a test of the machine, not of sluice).
+/// (tokio's lock: it is held across awaits, and a failed scenario does not poison it.)
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Every request answered exactly once, and every non-2xx with its reason.
+fn assert_accounted(what: &str, r: &LoadReport) {
+    assert_eq!(r.lost, 0, "{what}: requests without an answer: {r:?}");
+    assert_eq!(r.answered(), r.sent, "{what}: answers vs requests: {r:?}");
+    for e in &r.errors {
+        assert!(e.contains("\"error\""), "{what}: an error answer without a reason: {e}");
+    }
+}
+
+async fn start(
+    dir: &std::path::Path,
+    agents: &[(&str, usize)],
+    allocators: &[&str],
+) -> (Cluster, std::net::SocketAddr) {
+    let config = config_text(dir, &policies(), 4, 200, 1.0);
+    let mut c = Cluster::start(&bin(), dir, 3, &config).await.unwrap();
+    for a in allocators {
+        c.allocator(a).unwrap();
+    }
+    for (id, devices) in agents {
+        c.agent(id, *devices).unwrap();
+    }
+    let fe = c.frontend("f1", 1000).unwrap();
+    c.wait_ready(fe, Duration::from_secs(60)).await.unwrap();
+    (c, fe)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replan_under_load_then_an_agent_killed() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, fe) = start(dir.path(), &[("a1", 2), ("a2", 2)], &["alloc1"]).await;
+    let first = c.routing().await.unwrap();
+    assert!(first.epoch >= 1);
+
+    // Phase 1: load that moves demand far from the first plan's 1 req/s (the
+    // allocator re-plans on it), plus an explicit re-plan, while serving.
+    let load = tokio::spawn(drive(fe, "img", 60.0, Duration::from_secs(8), 6));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.ask_replan().await.unwrap();
+    let phase1 = load.await.unwrap();
+    assert_accounted("re-plan under load", &phase1);
+    let errors = phase1.count(500) + phase1.count(502) + phase1.count(503);
+    assert_eq!(errors, 0, "a re-plan must not fail requests: {phase1:?}");
+    assert!(phase1.count(200) > 0, "{phase1:?}");
+    let replanned = c.routing().await.unwrap();
+    assert!(replanned.epoch > first.epoch, "no re-plan happened (epoch {} → {})", first.epoch, replanned.epoch);
+
+    // Phase 2: kill an agent that serves traffic, under load.
+    let victim = replanned.apps["img"].iter().max_by(|a, b| a.share.total_cmp(&b.share)).unwrap().agent.clone();
+    let load = tokio::spawn(drive(fe, "img", 60.0, Duration::from_secs(10), 6));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.signal(&victim, "KILL").unwrap();
+    let moved = c
+        .wait_routing(Duration::from_secs(20), |t| t.apps.values().flatten().all(|r| r.agent != victim))
+        .await
+        .unwrap();
+    assert!(moved.epoch > replanned.epoch);
+    let phase2 = load.await.unwrap();
+    assert_accounted("agent killed", &phase2);
+    assert!(phase2.count(200) > phase2.sent / 2, "most requests still served: {phase2:?}");
+    assert!(c.agents().await.iter().all(|a| a.id != victim), "the killed agent's lease lapsed");
+    // After the move, everything is served again.
+    let after = drive(fe, "img", 40.0, Duration::from_secs(3), 4).await;
+    assert_accounted("after the failover", &after);
+    assert_eq!(after.count(200), after.sent, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn frozen_agent_etcd_leader_loss_and_allocator_failover() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, fe) = start(dir.path(), &[("a1", 2), ("a2", 2)], &["alloc1", "alloc2"]).await;
+    let first = c.routing().await.unwrap();
+
+    // A frozen agent: its lease lapses and traffic moves; batches sent to it time out
+    // (1 s) and are retried elsewhere or answered with the reason.
+    let victim = first.apps["img"][0].agent.clone();
+    let load = tokio::spawn(drive(fe, "img", 40.0, Duration::from_secs(10), 4));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.signal(&victim, "STOP").unwrap();
+    let moved = c
+        .wait_routing(Duration::from_secs(20), |t| t.apps.values().flatten().all(|r| r.agent != victim))
+        .await
+        .unwrap();
+    let frozen = load.await.unwrap();
+    assert_accounted("frozen agent", &frozen);
+    assert!(frozen.count(200) > frozen.sent / 2, "{frozen:?}");
+    c.signal(&victim, "CONT").unwrap();
+
+    // The etcd leader dies; two members keep quorum and the cluster keeps serving.
+    let leader = c.etcd.leader().await.unwrap();
+    let load = tokio::spawn(drive(fe, "img", 40.0, Duration::from_secs(6), 4));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    c.etcd.kill(leader);
+    let during = load.await.unwrap();
+    assert_accounted("etcd leader killed", &during);
+    assert_eq!(during.count(500) + during.count(503), 0, "{during:?}");
+    // The cluster still takes plans: ask for one.
+    c.ask_replan().await.unwrap();
+    let again = c.wait_routing(Duration::from_secs(30), |t| t.epoch > moved.epoch).await.unwrap();
+
+    // The leading allocator dies; the standby takes over and plans.
+    let leading = c.leading_allocator().await.unwrap().expect("an allocator leads");
+    c.signal(&leading, "KILL").unwrap();
+    // Its lease (2 s) lapses, the standby is elected; a re-plan request shows it leads.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = c.leading_allocator().await.ok().flatten();
+        if now.as_deref().is_some_and(|l| l != leading) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no allocator took over from {leading}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.ask_replan().await.unwrap();
+    c.wait_routing(Duration::from_secs(30), |t| t.epoch > again.epoch).await.unwrap();
+    let last = drive(fe, "img", 40.0, Duration::from_secs(3), 4).await;
+    assert_accounted("after the allocator failover", &last);
+    assert!(last.count(200) > 0, "{last:?}");
+
+    // etcd gone entirely: the frontend serves on its last routing table, the agents
+    // on what they have loaded.
+    for i in 0..3 {
+        c.etcd.kill(i);
+    }
+    let dark = drive(fe, "img", 40.0, Duration::from_secs(4), 4).await;
+    assert_accounted("etcd down", &dark);
+    assert_eq!(dark.count(200), dark.sent, "{dark:?}");
+}
+
+/// Namespace `index` of this test process, or None (said on stderr) where this
+/// machine does not let the test create one.
+fn netns(index: u8) -> Option<NetNs> {
+    match NetNs::create(index) {
+        Ok(ns) => Some(ns),
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: cannot create a network namespace here ({e}); the partition scenario needs CAP_NET_ADMIN"
+            );
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partitioned_agent_loses_its_traffic_and_rejoins_when_healed() {
+    let _one_at_a_time = SERIAL.lock().await;
+    // Declared before the cluster so that it is dropped after the processes in it.
+    let Some(ns) = netns(0) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_text(dir.path(), &policies(), 4, 200, 1.0);
+    let mut c = Cluster::start_on(&bin(), dir.path(), 3, &config, &[ns.host_ip.into()]).await.unwrap();
+    c.allocator("alloc1").unwrap();
+    c.agent("a1", 2).unwrap();
+    c.agent_on("a2", 2, ns.ns_ip.into(), Some(&ns)).unwrap();
+    let fe = c.frontend("f1", 1000).unwrap();
+    c.wait_ready(fe, Duration::from_secs(60)).await.unwrap();
+    // Idle devices get replicas (`spare = "replicate"`), so a2 is placed.
+    let placed =
+        c.wait_routing(Duration::from_secs(30), |t| t.apps.values().flatten().any(|r| r.agent == "a2")).await.unwrap();
+
+    let load = tokio::spawn(drive(fe, "img", 40.0, Duration::from_secs(12), 4));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ns.cut().unwrap();
+    let moved = c
+        .wait_routing(Duration::from_secs(20), |t| {
+            t.epoch > placed.epoch && t.apps.values().flatten().all(|r| r.agent != "a2")
+        })
+        .await
+        .unwrap();
+    let during = load.await.unwrap();
+    assert_accounted("agent partitioned", &during);
+    assert!(during.count(200) > during.sent / 2, "most requests still served: {during:?}");
+    assert!(c.agents().await.iter().all(|a| a.id != "a2"), "the partitioned agent's lease lapsed");
+
+    // Healed: the agent finds its lease lost, registers under a new one, and the next
+    // plan places it again.
+    ns.heal().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !c.agents().await.iter().any(|a| a.id == "a2") {
+        assert!(std::time::Instant::now() < deadline, "the healed agent did not register again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.ask_replan().await.unwrap();
+    c.wait_routing(Duration::from_secs(30), |t| {
+        t.epoch > moved.epoch && t.apps.values().flatten().any(|r| r.agent == "a2")
+    })
+    .await
+    .unwrap();
+    let after = drive(fe, "img", 40.0, Duration::from_secs(3), 4).await;
+    assert_accounted("after the partition healed", &after);
+    assert_eq!(after.count(200), after.sent, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partitioned_frontend_resumes_its_watch_after_compaction() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let Some(ns) = netns(1) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_text(dir.path(), &policies(), 4, 200, 1.0);
+    let mut c = Cluster::start_on(&bin(), dir.path(), 3, &config, &[ns.host_ip.into()]).await.unwrap();
+    c.allocator("alloc1").unwrap();
+    // The agents listen on our end of the pair, where the frontend reaches them.
+    c.agent_on("a1", 2, ns.host_ip.into(), None).unwrap();
+    c.agent_on("a2", 2, ns.host_ip.into(), None).unwrap();
+    let fe = c.frontend_on("f1", 1000, ns.ns_ip.into(), Some(&ns)).unwrap();
+    c.wait_ready(fe, Duration::from_secs(60)).await.unwrap();
+    let before = drive(fe, "img", 20.0, Duration::from_secs(2), 2).await;
+    assert_accounted("before the partition", &before);
+    assert_eq!(before.count(200), before.sent, "{before:?}");
+    let seen = c.routing().await.unwrap();
+
+    // Cut off long enough for its etcd connection to be declared dead (keep-alive:
+    // 1 s pings, 2 s timeout), then a re-plan and a compaction past everything it saw.
+    ns.cut().unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    c.ask_replan().await.unwrap();
+    let next = c.wait_routing(Duration::from_secs(30), |t| t.epoch > seen.epoch).await.unwrap();
+    c.compact_now().await.unwrap();
+    ns.heal().unwrap();
+
+    // Its watch resumes from a compacted revision: it lists again and serves on the
+    // new table (its record says which epoch it serves on).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let serving = c.frontends().await.iter().find(|f| f.id == "f1").map(|f| f.routing_epoch);
+        if serving >= Some(next.epoch) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the frontend did not catch up: serves {serving:?}, table {}",
+            next.epoch
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = std::fs::read_to_string(&c.procs["f1"].log).unwrap();
+    assert!(log.contains("watch compacted: listing again"), "the frontend's watch did not meet the compaction:\n{log}");
+    let after = drive(fe, "img", 20.0, Duration::from_secs(2), 2).await;
+    assert_accounted("after the partition healed", &after);
+    assert_eq!(after.count(200), after.sent, "{after:?}");
+}
