@@ -133,9 +133,10 @@ async fn main() -> anyhow::Result<()> {
     c.ask_replan().await?;
     let published =
         poll(Duration::from_secs(30), || async { c.routing().await.is_some_and(|t| t.epoch > before) }).await;
-    let serving = poll(Duration::from_secs(30), || async { frontend_epoch(&c, "f1").await > before }).await;
+    let serving = poll(Duration::from_secs(30), || async { frontend_epoch(&c, "f1").await > before })
+        .await
+        .map(|_| asked.elapsed());
     println!("  asked → routing published: {}   asked → frontend serving on it: {}", ms(published), ms(serving));
-    let _ = asked;
     let before = c.routing().await.map_or(0, |t| t.epoch);
     let load = tokio::spawn(drive(fe, "img", 300.0, Duration::from_secs(12), 4));
     let stepped = poll(Duration::from_secs(12), || async { frontend_epoch(&c, "f1").await > before }).await;
