@@ -253,6 +253,49 @@ async fn per_task_early_dropping_names_the_task_and_the_reason() {
     server.stop().await.unwrap();
 }
 
+/// `early_drop_at = "batch"`: a task's workers drop, before forming a batch, the
+/// queued requests that would finish past their task budget even if run at once; the
+/// client's answer names the task and the reason, and every request is accounted for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_dropping_at_batch_formation_names_the_task_and_the_reason() {
+    let server = start(3, 20.0, "early_drop = \"per-task\"\nearly_drop_at = \"batch\"\nreplan_period_s = 0\n", GRAPH)
+        .await
+        .unwrap();
+    let addr = server.addr;
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..16u64 {
+        tasks.spawn(async move {
+            let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+            let mut out = Vec::new();
+            for i in 0..25 {
+                let r = c.post_json("/v2/models/p/infer", &small_infer(t * 1000 + i)).await.unwrap();
+                out.push((r.status, r.json()));
+            }
+            out
+        });
+    }
+    let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
+    while let Some(r) = tasks.join_next().await {
+        for (status, body) in r.unwrap() {
+            assert!(status == 200 || status == 504, "{status}: {body}");
+            for (task, rs) in body["parameters"]["dropped"].as_object().unwrap() {
+                for (reason, n) in rs.as_object().unwrap() {
+                    *reasons.entry(format!("{task}:{reason}")).or_default() += n.as_u64().unwrap();
+                }
+            }
+        }
+    }
+    assert!(
+        reasons.keys().any(|k| k.ends_with(":early-drop-batch-formation")),
+        "nothing was dropped at batch formation: {reasons:?}"
+    );
+    let mut c = server.client().await;
+    let s = status(&mut c).await;
+    assert_eq!(s["early_drop_at"], "batch", "{s}");
+    assert_accounted(&s);
+    server.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graph_that_is_not_a_rooted_tree_is_refused_naming_the_edge() {
     let cycle = GRAPH.to_string() + "[[pipeline.edge]]\nfrom = \"face\"\nto = \"detect\"\n";

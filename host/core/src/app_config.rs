@@ -67,6 +67,12 @@ pub struct AppConfig {
     /// answers.
     #[serde(default)]
     pub expire_after_ms: Option<f64>,
+    /// Not a config key: set for a pipeline's task app when its early-drop mode
+    /// drops at batch formation there (`early_drop_at = "batch"`): before each
+    /// decision, a worker drops the queue's head while it would finish past its
+    /// deadline even if it ran now (`DropReason::EarlyAtBatch`).
+    #[serde(skip)]
+    pub drop_late_at_batch: bool,
     /// `max_batch_wait_ms = 5`: how long a policy may hold the head of the queue
     /// waiting for a batch to fill when batching pays (Triton's `max_queue_delay`);
     /// handed to policies that honour it (`sdk::HostSettings`, e.g. `fixed`).

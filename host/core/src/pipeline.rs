@@ -192,6 +192,12 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// Whether no model task follows task `t` (its children, if any, are pass-through
+    /// tasks with no model task after them): the reference's last-stage tasks.
+    pub fn is_last_model_task(&self, t: usize) -> bool {
+        self.tasks[t].children.iter().all(|&c| self.tasks[c].is_passthrough() && self.is_last_model_task(c))
+    }
+
     /// Checks `spec`: unique task names, edges between existing tasks, one parent per
     /// task, one root, no cycle, fan-outs that name the task's variants and children
     /// with finite non-negative values.
@@ -375,6 +381,42 @@ pub enum EarlyDrop {
     /// worker's), the most accurate such; dropped when there is none (Loki's own).
     #[default]
     Rerouting,
+}
+
+/// Where early dropping acts (`early_drop_at`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DropAt {
+    /// When a request leaves a task for the next, on its lateness at the task it
+    /// left (§5.2's text: "when a request finishes execution at a given task").
+    #[default]
+    Hop,
+    /// Also at a worker's queue when it forms a batch, before the request runs (the
+    /// reference's `pop_while_first_expires`): the dropped request costs no worker
+    /// time. Per-task and rerouting act at every model task, last-task at the last
+    /// model tasks (the reference's `last_stage_early_drop`).
+    Batch,
+}
+
+impl DropAt {
+    /// The name used in configs, experiment files and results.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropAt::Hop => "hop",
+            DropAt::Batch => "batch",
+        }
+    }
+
+    /// Whether `mode` drops at batch formation at a task (`last`: no model task
+    /// follows it).
+    pub fn at_batch(self, mode: EarlyDrop, last: bool) -> bool {
+        self == DropAt::Batch
+            && match mode {
+                EarlyDrop::None => false,
+                EarlyDrop::PerTask | EarlyDrop::Rerouting => true,
+                EarlyDrop::LastTask => last,
+            }
+    }
 }
 
 impl EarlyDrop {

@@ -20,6 +20,9 @@ pub enum DropReason {
     Expired,
     /// The executor failed on its batch.
     ExecutorError,
+    /// A pipeline's early dropping at batch formation: it would have finished past
+    /// its task deadline even if run at once (`early_drop_at = "batch"`).
+    EarlyAtBatch,
 }
 
 impl DropReason {
@@ -29,6 +32,7 @@ impl DropReason {
             DropReason::Policy => "policy",
             DropReason::Expired => "expired",
             DropReason::ExecutorError => "executor-error",
+            DropReason::EarlyAtBatch => "early-drop-batch-formation",
         }
     }
 }

@@ -149,6 +149,12 @@ pub struct PipelineConfig {
     /// (Loki §5.2).
     #[serde(default)]
     pub early_drop: sluice_core::pipeline::EarlyDrop,
+    /// `early_drop_at = "hop"`: where early dropping acts — `hop` (when a request
+    /// leaves a task for the next, §5.2's text) or `batch` (also at a worker's queue
+    /// when it forms a batch, before the request runs: the reference's
+    /// `pop_while_first_expires`; docs/allocator.md).
+    #[serde(default)]
+    pub early_drop_at: sluice_core::pipeline::DropAt,
     /// `max_queue = 4096`: client requests in the pipeline at once; beyond it, 429.
     #[serde(default = "default_pipeline_queue")]
     pub max_queue: usize,

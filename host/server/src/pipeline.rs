@@ -805,6 +805,7 @@ impl PipelineApp {
         json!({
             "name": self.name(),
             "early_drop": self.config.early_drop.as_str(),
+            "early_drop_at": self.config.early_drop_at.as_str(),
             "slo_ms": self.problem.slo_ms,
             "workers": self.problem.workers,
             "demand_qps": self.arrivals.rate(self.clock.now()),

@@ -362,8 +362,10 @@ async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow
             task_sources.push(None);
             continue;
         }
-        let app_config =
+        let mut app_config =
             crate::pipeline::task_app_config(pc, &source, task, problem.workers, problem.slo_ms, input.as_ref())?;
+        app_config.drop_late_at_batch =
+            pc.early_drop_at.at_batch(pc.early_drop, problem.pipeline.is_last_model_task(t));
         let (models, src) = resolve_models(&app_config)?;
         let task_input = match &input {
             Some(i) => i.clone(),

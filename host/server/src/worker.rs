@@ -72,6 +72,11 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
         }
 
         let draining = app.draining.load(Ordering::Acquire);
+        if app.config.drop_late_at_batch {
+            for r in late_at_batch(&app, &handle, &models) {
+                answer_dropped(&app, r, DropReason::EarlyAtBatch, "it would finish past its task deadline", "host");
+            }
+        }
         let (step, expired, dropped) = decide(&app, &handle, &models, draining);
         for r in expired {
             answer_dropped(&app, r, DropReason::Expired, "waited past its deadline beyond expire_after_ms", "host");
@@ -126,6 +131,34 @@ fn install(
     drop(old);
     tracing::info!(app = app.name(), worker = handle.index, models = ?models.ids(), "worker models switched");
     let _ = done.send(());
+}
+
+/// A pipeline's early dropping at batch formation (`early_drop_at = "batch"`, the
+/// reference's `pop_while_first_expires`): while the head of the worker's queue would
+/// finish past its deadline even if it ran now, in the batch the queue makes (its
+/// length, at most the loaded variant's largest batch), it is taken out before the
+/// policy forms a batch, so it costs the worker no time. Task apps' requests carry
+/// their task budget as deadline and arrive in deadline order.
+fn late_at_batch(app: &App, handle: &crate::app::WorkerHandle, models: &ModelSet) -> Vec<Request> {
+    let Some(&loaded) = models.ids().first() else { return Vec::new() };
+    let Some(latency) = app.models_of(handle.index).get(loaded as usize).map(|m| &m.latency) else {
+        return Vec::new();
+    };
+    let now = app.clock.now();
+    let mut late = Vec::new();
+    {
+        let mut items = handle.queue.items.lock();
+        while let Some(head) = items.first() {
+            let b = items.len().min(latency.len()).max(1);
+            if latency.get(b - 1).is_none_or(|l| now + l <= head.deadline) {
+                break;
+            }
+            late.push(items.remove(0));
+        }
+        handle.queue.sync_len(&items);
+    }
+    app.queued.fetch_sub(late.len(), Ordering::AcqRel);
+    late
 }
 
 type Dropped = (Vec<Request>, String);

@@ -49,7 +49,9 @@ use sluice_alloc::proteus;
 use sluice_alloc::solver::SolverSettings;
 use sluice_core::decision::{self, Bound, Context, Next, Queued};
 use sluice_core::demand::{Ewma, Forecaster as _};
-use sluice_core::pipeline::{fanout_count, latency_budget_us, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, TaskSpec};
+use sluice_core::pipeline::{
+    fanout_count, latency_budget_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, TaskSpec,
+};
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
 use sluice_core::workload::ArrivalSpec;
@@ -217,6 +219,9 @@ pub struct SystemSpec {
     /// `early_drop = "rerouting"` | `"per-task"` | `"last-task"` | `"none"`.
     #[serde(default)]
     pub early_drop: EarlyDrop,
+    /// `early_drop_at = "hop"` | `"batch"`: where early dropping acts (see [`DropAt`]).
+    #[serde(default)]
+    pub early_drop_at: DropAt,
     /// `policy = "fixed"`: the batching policy every worker runs.
     #[serde(default = "default_policy")]
     pub policy: String,
@@ -266,7 +271,10 @@ pub struct SystemSpec {
 
 impl SystemSpec {
     fn label(&self) -> String {
-        self.label.clone().unwrap_or_else(|| format!("{}/{}", self.allocator.as_str(), self.early_drop.as_str()))
+        self.label.clone().unwrap_or_else(|| match self.early_drop_at {
+            DropAt::Hop => format!("{}/{}", self.allocator.as_str(), self.early_drop.as_str()),
+            DropAt::Batch => format!("{}/{}@batch", self.allocator.as_str(), self.early_drop.as_str()),
+        })
     }
 }
 
@@ -479,6 +487,8 @@ pub struct PipelineResult {
     pub allocator: String,
     /// The early-drop mode.
     pub early_drop: String,
+    /// Where early dropping acts (`hop` or `batch`).
+    pub early_drop_at: String,
     /// End-to-end SLO, ms.
     pub slo_ms: f64,
     /// Cluster size.
@@ -1448,6 +1458,7 @@ impl<'a> PipelineSim<'a> {
     }
 
     fn decide_once(&mut self, i: usize) -> bool {
+        self.drop_at_batch_formation(i);
         let now = self.now;
         let (workers, expire_us) = (self.run.workers, self.expire_us);
         let s = &mut self.slots[i];
@@ -1486,6 +1497,39 @@ impl<'a> PipelineSim<'a> {
             self.drop_req(r, "policy");
         }
         again
+    }
+
+    /// Early dropping at batch formation (`early_drop_at = "batch"`, [`DropAt`]):
+    /// while the request at the head of an idle worker's queue (the earliest task
+    /// deadline) would finish after its task deadline even if it ran now, in the
+    /// batch the queue makes (its length, at most the plan's batch size), it is
+    /// dropped before it costs the worker any time. The reference advances its
+    /// pointer past a dropped request and so skips the next one; this checks every
+    /// head.
+    fn drop_at_batch_formation(&mut self, i: usize) {
+        let task = self.slots[i].task;
+        if self.slots[i].busy
+            || self.pipeline.tasks[task].is_passthrough()
+            || !self
+                .run
+                .system
+                .early_drop_at
+                .at_batch(self.run.system.early_drop, self.pipeline.is_last_model_task(task))
+        {
+            return;
+        }
+        let now = self.now;
+        loop {
+            let s = &mut self.slots[i];
+            let Some(head) = s.queue.first() else { return };
+            let b = s.queue.len().min(s.batch.max(1) as usize);
+            let latency = s.models.get(s.variant).and_then(|m| m.latency.get(b - 1)).copied().unwrap_or(s.latency_us);
+            if now + latency <= head.deadline {
+                return;
+            }
+            let r = s.queue.remove(0);
+            self.drop_req(r, "batch-formation");
+        }
     }
 
     fn after_idle(&mut self, i: usize) {
@@ -1712,6 +1756,7 @@ impl<'a> PipelineSim<'a> {
             system: self.label.clone(),
             allocator: self.run.system.allocator.as_str().into(),
             early_drop: self.run.system.early_drop.as_str().into(),
+            early_drop_at: self.run.system.early_drop_at.as_str().into(),
             slo_ms: self.run.slo_ms,
             workers: self.run.workers,
             load,

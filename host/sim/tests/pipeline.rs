@@ -162,6 +162,43 @@ fn early_drop_modes_drop_only_for_their_own_reasons() {
     assert!(per_task <= none + 1e-9, "{violations:?}");
 }
 
+/// `early_drop_at = "batch"` (the reference's `pop_while_first_expires`): a worker
+/// forming a batch drops the queued requests that would finish past their task
+/// deadline, before they run. Latencies here are the profile's, so a request that was
+/// not dropped at formation is never late at its task; per-task and rerouting act at
+/// both tasks, last-task only at `classify` (the last model task), none never.
+#[test]
+fn dropping_at_batch_formation_leaves_no_request_late_at_its_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut at = Vec::new();
+    for mode in ["none", "last-task", "per-task", "rerouting"] {
+        let sys = format!(
+            r#"{{ allocator = "hardware-only", early_drop = "{mode}", early_drop_at = "batch", params = {{ allocated = true }} }}"#
+        );
+        let exp = small(dir.path(), &sys, 150.0, 3, 100.0, 3);
+        let r = run(&exp, dir.path()).remove(0);
+        check_accounting(&r);
+        assert!(r.system.ends_with("@batch"), "{}", r.system);
+        assert_eq!(r.early_drop_at, "batch");
+        let formation = |t: usize| r.tasks[t].dropped.get("batch-formation").copied().unwrap_or(0);
+        match mode {
+            "none" => assert_eq!((formation(0), formation(1)), (0, 0), "{r:?}"),
+            "last-task" => {
+                assert_eq!(formation(0), 0, "last-task acts only at the last model task: {:?}", r.tasks[0]);
+                assert!(formation(1) > 0, "{:?}", r.tasks[1]);
+                assert_eq!(r.tasks[1].late, 0, "{:?}", r.tasks[1]);
+            }
+            _ => {
+                assert!(formation(0) > 0, "{mode}: {:?}", r.tasks[0]);
+                assert_eq!((r.tasks[0].late, r.tasks[1].late), (0, 0), "{mode}: {:?}", r.tasks);
+            }
+        }
+        at.push((mode, r.violation_ratio, r.tasks[0].late));
+    }
+    // Without it, detect does serve requests late at this load (what the drops avoid).
+    assert!(at[0].2 > 0, "{at:?}");
+}
+
 /// Loki §5.2: a request over its budget by x is sent to a downstream worker with
 /// capacity left that executes within y − x, and dropped only when there is none.
 /// At 150 req/s on 4 workers accuracy scaling hosts one detect worker (≈ 90% busy, so

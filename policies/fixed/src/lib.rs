@@ -14,8 +14,10 @@
 //!
 //! With `{"allocated": true}` instead of a model, each worker serves with the
 //! variant the allocator loaded on it (the most accurate one loaded), first come
-//! first served, nothing dropped: a worker as TF Serving runs one, for allocators
-//! that choose variants per device (InfAdapter's experiment, docs/allocator.md).
+//! first served, nothing dropped, in the largest feasible batch whether or not it
+//! pays (the allocator sized the batch): a worker as TF Serving runs one, for
+//! allocators that choose variants per device (InfAdapter's experiment, Loki's
+//! per-task workers, docs/allocator.md).
 
 use serde::Deserialize;
 use sluice_sdk::{helpers, log, Config, Decision, Level, Micros, Model, Policy, View};
@@ -52,16 +54,20 @@ impl Fixed {
     }
 
     /// Serves the head of the queue with `model`: after the batching window, in the
-    /// largest feasible batch if batching pays, else one request.
+    /// largest feasible batch if batching pays, else one request. With `allocated`
+    /// the allocator sized the batch (the latency table it gives the worker ends at
+    /// the plan's batch size, as Loki's `pipeline_batch_size`, and its capacity
+    /// counts on it), so the largest feasible batch is served as is.
     fn serve(&self, model: &Model, view: &View) -> Decision {
+        let size = |batch: u32| if self.model.is_none() { batch } else { helpers::paying_batch(model, batch) };
         if let Some(head) = view.queue.first() {
             let budget = head.deadline.saturating_sub(view.now);
-            let target = helpers::paying_batch(model, helpers::largest_batch_within(model, budget, model.max_batch()));
+            let target = size(helpers::largest_batch_within(model, budget, model.max_batch()));
             if let Some(until) = helpers::batch_window(model, view, self.max_wait, target) {
                 return Decision::WaitUntil(until);
             }
         }
-        Decision::serve_head(model.id, helpers::paying_batch(model, helpers::largest_feasible_batch(model, view)))
+        Decision::serve_head(model.id, size(helpers::largest_feasible_batch(model, view)))
     }
 }
 
@@ -184,9 +190,15 @@ mod tests {
             accuracy: 0.76,
             latency: vec![97_000, 216_000, 385_000, 786_000],
         }];
-        let mut h = Harness::<Fixed>::new(config(2_000_000, cpu, r#"{"model":"resnet50"}"#)).expect("init");
+        let mut h = Harness::<Fixed>::new(config(2_000_000, cpu.clone(), r#"{"model":"resnet50"}"#)).expect("init");
         let v = h.view(0, 10.0, (0..6).map(|i| pending(i, 0, 2_000_000)).collect());
         assert_eq!(h.decide(&v), Decision::serve(0, vec![0]));
+        // With `allocated` the allocator sized the batch (its table ends at the plan's
+        // batch size): the largest feasible batch is served even where it does not pay.
+        let mut h = Harness::<Fixed>::new(config(2_000_000, cpu, r#"{"allocated":true}"#)).expect("init");
+        h.set_loaded(vec![0]);
+        let v = h.view(0, 10.0, (0..6).map(|i| pending(i, 0, 2_000_000)).collect());
+        assert_eq!(h.decide(&v), Decision::serve(0, vec![0, 1, 2, 3]));
     }
 
     #[test]

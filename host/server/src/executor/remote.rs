@@ -298,12 +298,15 @@ fn decode_output(answer: Bytes, json_len: Option<usize>) -> Result<Tensor, Strin
     wire_tensor(out, &answer[json_len..])
 }
 
+/// What a device has loaded: per (app, variant), its load id and the model.
+type Loaded = BTreeMap<(String, String), (u32, Arc<LoadedModel>)>;
+
 /// One device of an agent: what it has loaded, and the lock that runs its batches
 /// one at a time.
 #[derive(Default)]
 struct Device {
     busy: tokio::sync::Mutex<()>,
-    loaded: Mutex<BTreeMap<(String, String), (u32, Arc<LoadedModel>)>>,
+    loaded: Mutex<Loaded>,
 }
 
 /// What an agent has loaded on each of its devices.
