@@ -219,11 +219,10 @@ async fn under_load_across_replans_every_intermediate_request_is_accounted_for()
     server.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_task_early_dropping_names_the_task_and_the_reason() {
-    // Two workers for 300 req/s of offered load: queues build up past the budgets.
-    let server = start(3, 20.0, "early_drop = \"per-task\"\nreplan_period_s = 0\n", GRAPH).await.unwrap();
-    let addr = server.addr;
+/// 16 clients × 25 requests, each sent when the last is answered (far more than the
+/// test configs' workers serve within the budgets): every answer is 200 or 504, and
+/// the drops the answers report, as `task:reason` → count.
+async fn overload(addr: std::net::SocketAddr) -> BTreeMap<String, u64> {
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..16u64 {
         tasks.spawn(async move {
@@ -247,6 +246,14 @@ async fn per_task_early_dropping_names_the_task_and_the_reason() {
             }
         }
     }
+    reasons
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_task_early_dropping_names_the_task_and_the_reason() {
+    // Two workers for 300 req/s of offered load: queues build up past the budgets.
+    let server = start(3, 20.0, "early_drop = \"per-task\"\nreplan_period_s = 0\n", GRAPH).await.unwrap();
+    let reasons = overload(server.addr).await;
     assert!(reasons.keys().any(|k| k.ends_with(":early-drop-over-budget")), "no request overran a budget: {reasons:?}");
     let mut c = server.client().await;
     assert_accounted(&status(&mut c).await);
@@ -261,30 +268,7 @@ async fn early_dropping_at_batch_formation_names_the_task_and_the_reason() {
     let server = start(3, 20.0, "early_drop = \"per-task\"\nearly_drop_at = \"batch\"\nreplan_period_s = 0\n", GRAPH)
         .await
         .unwrap();
-    let addr = server.addr;
-    let mut tasks = tokio::task::JoinSet::new();
-    for t in 0..16u64 {
-        tasks.spawn(async move {
-            let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
-            let mut out = Vec::new();
-            for i in 0..25 {
-                let r = c.post_json("/v2/models/p/infer", &small_infer(t * 1000 + i)).await.unwrap();
-                out.push((r.status, r.json()));
-            }
-            out
-        });
-    }
-    let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
-    while let Some(r) = tasks.join_next().await {
-        for (status, body) in r.unwrap() {
-            assert!(status == 200 || status == 504, "{status}: {body}");
-            for (task, rs) in body["parameters"]["dropped"].as_object().unwrap() {
-                for (reason, n) in rs.as_object().unwrap() {
-                    *reasons.entry(format!("{task}:{reason}")).or_default() += n.as_u64().unwrap();
-                }
-            }
-        }
-    }
+    let reasons = overload(server.addr).await;
     assert!(
         reasons.keys().any(|k| k.ends_with(":early-drop-batch-formation")),
         "nothing was dropped at batch formation: {reasons:?}"

@@ -23,18 +23,7 @@ use crate::store::{EtcdStore, Store};
 /// A synthetic emulated profile (three variants, latency growing with the batch),
 /// `scale` × 1 ms for `small` at batch 1.
 pub fn emulated_profile(scale: f64) -> String {
-    let models = [("small", 0.60, 1000.0, 250.0), ("medium", 0.70, 2000.0, 500.0), ("large", 0.80, 4000.0, 1000.0)];
-    let mut s =
-        String::from("version = 1\nname = \"cluster-emulated\"\ndevice = \"emulated\"\nsource = \"synthetic\"\n");
-    for (name, acc, base, per) in models {
-        let lat: Vec<String> =
-            (1..=8).map(|b| format!("{}", ((base + per * (b - 1) as f64) * scale).round() as u64)).collect();
-        let l = lat.join(", ");
-        s.push_str(&format!(
-            "\n[[model]]\nname = \"{name}\"\naccuracy = {acc}\naccuracy_source = \"synthetic\"\nbatch_sizes = [1, 2, 3, 4, 5, 6, 7, 8]\np50_us = [{l}]\np95_us = [{l}]\np99_us = [{l}]\n"
-        ));
-    }
-    s
+    sluice_core::profile::synthetic_emulated("cluster-emulated", "synthetic", scale)
 }
 
 /// A config for every role: one app `img` (emulated, `slo_ms`), `max_devices` cpu

@@ -460,6 +460,25 @@ fn line_of(text: &str, at: usize) -> usize {
     text.as_bytes()[..at.min(text.len())].iter().filter(|&&c| c == b'\n').count() + 1
 }
 
+/// The text of a synthetic profile for the emulated executor: three variants,
+/// `small` (accuracy 0.60), `medium` (0.70) and `large` (0.80), batch sizes 1–8,
+/// latency 1, 2 and 4 ms at batch 1 growing by 0.25, 0.5 and 1 ms per further
+/// request, every latency × `scale` (0: zero latency). What tests, the cluster demo
+/// and benchmarks serve where the model does not matter.
+pub fn synthetic_emulated(name: &str, source: &str, scale: f64) -> String {
+    let models = [("small", 0.60, 1000.0, 250.0), ("medium", 0.70, 2000.0, 500.0), ("large", 0.80, 4000.0, 1000.0)];
+    let mut s = format!("version = 1\nname = \"{name}\"\ndevice = \"emulated\"\nsource = \"{source}\"\n");
+    for (model, acc, base, per) in models {
+        let lat: Vec<String> =
+            (1..=8).map(|b| format!("{}", ((base + per * (b - 1) as f64) * scale).round() as u64)).collect();
+        let l = lat.join(", ");
+        s.push_str(&format!(
+            "\n[[model]]\nname = \"{model}\"\naccuracy = {acc}\naccuracy_source = \"synthetic\"\nbatch_sizes = [1, 2, 3, 4, 5, 6, 7, 8]\np50_us = [{l}]\np95_us = [{l}]\np99_us = [{l}]\n"
+        ));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
