@@ -259,10 +259,11 @@ async fn a_partitioned_frontend_resumes_its_watch_after_compaction() {
     assert_eq!(before.count(200), before.sent, "{before:?}");
     let seen = c.routing().await.unwrap();
 
-    // Cut off long enough for its etcd connection to be declared dead (keep-alive:
-    // 1 s pings, 2 s timeout), then a re-plan and a compaction past everything it saw.
+    // Cut off long enough for its etcd connection to be declared dead (keep-alive
+    // pings every `ETCD_KEEP_ALIVE`, 2 s timeout), then a re-plan and a compaction past
+    // everything it saw.
     ns.cut().unwrap();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(sluice_cluster::store::ETCD_KEEP_ALIVE + Duration::from_secs(4)).await;
     c.ask_replan().await.unwrap();
     let next = c.wait_routing(Duration::from_secs(30), |t| t.epoch > seen.epoch).await.unwrap();
     c.compact_now().await.unwrap();

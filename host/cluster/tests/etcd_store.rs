@@ -188,9 +188,19 @@ async fn a_mirror_relists_when_its_watch_revision_was_compacted() {
     let survivors =
         EtcdStore::connect(&[etcd.members[1].client_url.clone(), etcd.members[2].client_url.clone()]).await.unwrap();
     etcd.kill(0);
+    // The killed member may have led: writes wait for the survivors' election.
     let mut rev = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     for v in 2..=4 {
-        rev = survivors.put("/m/routing", v.to_string().into_bytes(), None).await.unwrap();
+        rev = loop {
+            match survivors.put("/m/routing", v.to_string().into_bytes(), None).await {
+                Ok(r) => break r,
+                Err(e) => {
+                    assert!(tokio::time::Instant::now() < deadline, "no write 20 s after member 0 died: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
     }
     survivors.compact(rev).await.unwrap();
     etcd.restart(0).unwrap();

@@ -51,10 +51,13 @@ impl EtcdStore {
         let endpoints: Vec<String> =
             endpoints.iter().map(|e| if e.contains("://") { e.clone() } else { format!("http://{e}") }).collect();
         // HTTP/2 keep-alive pings find a member that died without closing its
-        // connections (SIGKILL, a partition) within about two seconds.
+        // connections (SIGKILL, a partition) within ETCD_KEEP_ALIVE + 2 s. Not more often:
+        // etcd's server takes pings closer than its `--grpc-keepalive-min-time` (5 s
+        // by default) on a connection with no data moving as abuse, and closes the
+        // connection (GOAWAY `too_many_pings`).
         let options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
-            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
+            .with_keep_alive(ETCD_KEEP_ALIVE, Duration::from_secs(2))
             .with_require_leader(true);
         let client = tokio::time::timeout(OP_TIMEOUT, Client::connect(&endpoints, Some(options)))
             .await
@@ -64,13 +67,22 @@ impl EtcdStore {
     }
 }
 
-/// etcd's errors as the store's: transport trouble and timeouts are `Unavailable`,
-/// a lease etcd does not know is `LeaseExpired`, the rest `Refused`.
+/// The client's HTTP/2 keep-alive interval: above etcd's default
+/// `--grpc-keepalive-min-time` (5 s), so that the server never counts it as abuse.
+pub const ETCD_KEEP_ALIVE: Duration = Duration::from_secs(6);
+
+/// etcd's errors as the store's: transport trouble and timeouts are `Unavailable`
+/// (a connection the server closed with a GOAWAY too: gRPC reports ENHANCE_YOUR_CALM
+/// as `ResourceExhausted`), a lease etcd does not know is `LeaseExpired`, the rest
+/// `Refused`.
 fn map_err(e: etcd_client::Error) -> StoreError {
     use etcd_client::Error as E;
     match e {
         E::GRpcStatus(s) => match s.code() {
             tonic_code::Unavailable | tonic_code::DeadlineExceeded | tonic_code::Cancelled | tonic_code::Unknown => {
+                StoreError::Unavailable(s.message().to_string())
+            }
+            tonic_code::ResourceExhausted if s.message().contains("h2 protocol error") => {
                 StoreError::Unavailable(s.message().to_string())
             }
             tonic_code::NotFound if s.message().contains("lease") => StoreError::LeaseExpired(0),

@@ -18,7 +18,7 @@ use std::pin::Pin;
 
 use thiserror::Error;
 
-pub use etcd::EtcdStore;
+pub use etcd::{EtcdStore, ETCD_KEEP_ALIVE};
 pub use mem::MemStore;
 
 /// A boxed future, so the trait is object safe (`Arc<dyn Store>`).
