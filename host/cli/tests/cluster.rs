@@ -149,7 +149,16 @@ async fn frozen_agent_etcd_leader_loss_and_allocator_failover() {
     let again = c.wait_routing(Duration::from_secs(30), |t| t.epoch > moved.epoch).await.unwrap();
 
     // The leading allocator dies; the standby takes over and plans.
-    let leading = c.leading_allocator().await.unwrap().expect("an allocator leads");
+    // (Right after the etcd leader's loss the leading allocator may be between
+    // leases: wait for one to lead.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let leading = loop {
+        if let Some(l) = c.leading_allocator().await.ok().flatten() {
+            break l;
+        }
+        assert!(std::time::Instant::now() < deadline, "no allocator leads 20 s after the etcd leader's loss");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     c.signal(&leading, "KILL").unwrap();
     // Its lease (2 s) lapses, the standby is elected; a re-plan request shows it leads.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
