@@ -28,7 +28,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sluice_cluster::harness::{config_text, drive, workspace_root, Cluster, LoadReport};
+use sluice_cluster::harness::{config_text, drive, wait_for, workspace_root, Cluster, LoadReport};
 use sluice_cluster::netns::NetNs;
 
 /// The binary users run: each process is `sluice serve --role ...`.
@@ -151,25 +151,18 @@ async fn frozen_agent_etcd_leader_loss_and_allocator_failover() {
     // The leading allocator dies; the standby takes over and plans.
     // (Right after the etcd leader's loss the leading allocator may be between
     // leases: wait for one to lead.)
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let leading = loop {
-        if let Some(l) = c.leading_allocator().await.ok().flatten() {
-            break l;
-        }
-        assert!(std::time::Instant::now() < deadline, "no allocator leads 20 s after the etcd leader's loss");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let leading = wait_for(Duration::from_secs(20), "no allocator leads after the etcd leader's loss", || async {
+        c.leading_allocator().await.ok().flatten()
+    })
+    .await
+    .unwrap();
     c.signal(&leading, "KILL").unwrap();
     // Its lease (2 s) lapses, the standby is elected; a re-plan request shows it leads.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let now = c.leading_allocator().await.ok().flatten();
-        if now.as_deref().is_some_and(|l| l != leading) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "no allocator took over from {leading}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(Duration::from_secs(20), &format!("no allocator took over from {leading}"), || async {
+        c.leading_allocator().await.ok().flatten().filter(|l| *l != leading)
+    })
+    .await
+    .unwrap();
     c.ask_replan().await.unwrap();
     c.wait_routing(Duration::from_secs(30), |t| t.epoch > again.epoch).await.unwrap();
     let last = drive(fe, "img", 40.0, Duration::from_secs(3), 4).await;
@@ -234,11 +227,11 @@ async fn a_partitioned_agent_loses_its_traffic_and_rejoins_when_healed() {
     // Healed: the agent finds its lease lost, registers under a new one, and the next
     // plan places it again.
     ns.heal().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !c.agents().await.iter().any(|a| a.id == "a2") {
-        assert!(std::time::Instant::now() < deadline, "the healed agent did not register again");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for(Duration::from_secs(30), "the healed agent did not register again", || async {
+        c.agents().await.iter().any(|a| a.id == "a2").then_some(())
+    })
+    .await
+    .unwrap();
     c.ask_replan().await.unwrap();
     c.wait_routing(Duration::from_secs(30), |t| {
         t.epoch > moved.epoch && t.apps.values().flatten().any(|r| r.agent == "a2")
@@ -280,19 +273,12 @@ async fn a_partitioned_frontend_resumes_its_watch_after_compaction() {
 
     // Its watch resumes from a compacted revision: it lists again and serves on the
     // new table (its record says which epoch it serves on).
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let serving = c.frontends().await.iter().find(|f| f.id == "f1").map(|f| f.routing_epoch);
-        if serving >= Some(next.epoch) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the frontend did not catch up: serves {serving:?}, table {}",
-            next.epoch
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let caught_up = format!("the frontend did not catch up with table {}", next.epoch);
+    wait_for(Duration::from_secs(30), &caught_up, || async {
+        c.frontends().await.iter().find(|f| f.id == "f1").map(|f| f.routing_epoch).filter(|&e| e >= next.epoch)
+    })
+    .await
+    .unwrap();
     let log = std::fs::read_to_string(&c.procs["f1"].log).unwrap();
     assert!(log.contains("watch compacted: listing again"), "the frontend's watch did not meet the compaction:\n{log}");
     let after = drive(fe, "img", 20.0, Duration::from_secs(2), 2).await;

@@ -216,18 +216,12 @@ impl Cluster {
 
     /// Waits until the frontend at `addr` answers ready (at most `within`).
     pub async fn wait_ready(&self, addr: SocketAddr, within: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Ok(mut c) = sluice_loadgen::Client::connect(addr).await {
-                if let Ok(r) = c.get("/v2/health/ready").await {
-                    if r.status == 200 {
-                        return Ok(());
-                    }
-                }
-            }
-            anyhow::ensure!(Instant::now() < deadline, "{addr} not ready within {within:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for(within, &format!("{addr} not ready"), || async {
+            let mut c = sluice_loadgen::Client::connect(addr).await.ok()?;
+            let r = c.get("/v2/health/ready").await.ok()?;
+            (r.status == 200).then_some(())
+        })
+        .await
     }
 
     /// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) to a process.
@@ -301,19 +295,10 @@ impl Cluster {
         within: Duration,
         f: impl Fn(&RoutingTable) -> bool,
     ) -> anyhow::Result<RoutingTable> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(t) = self.routing().await {
-                if f(&t) {
-                    return Ok(t);
-                }
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the routing table did not reach the expected state within {within:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for(within, "the routing table did not reach the expected state", || async {
+            self.routing().await.filter(|t| f(t))
+        })
+        .await
     }
 
     /// Asks the leading allocator to re-plan now.
@@ -333,6 +318,23 @@ impl Drop for Cluster {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
+    }
+}
+
+/// Polls `f` every 100 ms until it gives a value, for at most `within`; the error
+/// says `what` did not happen within it.
+pub async fn wait_for<T, F, Fut>(within: Duration, what: &str, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return Ok(v);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
