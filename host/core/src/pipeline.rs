@@ -419,6 +419,15 @@ impl DropAt {
     }
 }
 
+/// Early dropping at batch formation ([`DropAt::Batch`]): whether the head of a
+/// queue of `queued` requests, due at `deadline`, would finish past it even if it ran
+/// at `now`, in the batch the queue makes (its length, at most the largest batch of
+/// `latency`: the worker's variant's latency per batch size, µs).
+pub fn late_at_batch(now: u64, deadline: u64, queued: usize, latency: &[u64]) -> bool {
+    let b = queued.min(latency.len());
+    b > 0 && now + latency[b - 1] > deadline
+}
+
 impl EarlyDrop {
     /// Every mode, in the order of the paper's Fig. 7.
     pub const ALL: [EarlyDrop; 4] = [EarlyDrop::None, EarlyDrop::LastTask, EarlyDrop::PerTask, EarlyDrop::Rerouting];
@@ -459,6 +468,20 @@ pub fn fanout_count(expected: f64, u: f64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn late_at_batch_judges_the_head_in_the_batch_the_queue_makes() {
+        let latency = [10, 16, 30];
+        // One queued: batch 1 (10 µs); due at 110 from 100 just makes it.
+        assert!(!late_at_batch(100, 110, 1, &latency));
+        assert!(late_at_batch(101, 110, 1, &latency));
+        // Five queued: the batch is the largest there is (30 µs).
+        assert!(late_at_batch(100, 120, 5, &latency));
+        assert!(!late_at_batch(100, 130, 5, &latency));
+        // Nothing queued, or no latency known: nothing to judge.
+        assert!(!late_at_batch(100, 0, 0, &latency));
+        assert!(!late_at_batch(100, 0, 3, &[]));
+    }
 
     fn spec(text: &str) -> PipelineSpec {
         toml::from_str(text).unwrap()

@@ -20,6 +20,7 @@ use sluice_core::clock::Clock as _;
 use sluice_core::decision::Bound;
 use sluice_core::decision::{self, Context, Next};
 use sluice_core::executor::ModelSet;
+use sluice_core::pipeline::late_at_batch;
 use sluice_core::queue::{DropReason, Reply, Request, Served};
 use sluice_core::runtime::PolicyFault;
 
@@ -73,7 +74,7 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
 
         let draining = app.draining.load(Ordering::Acquire);
         if app.config.drop_late_at_batch {
-            for r in late_at_batch(&app, &handle, &models) {
+            for r in take_late_at_batch(&app, &handle, &models) {
                 answer_dropped(&app, r, DropReason::EarlyAtBatch, "it would finish past its task deadline", "host");
             }
         }
@@ -139,7 +140,7 @@ fn install(
 /// length, at most the loaded variant's largest batch), it is taken out before the
 /// policy forms a batch, so it costs the worker no time. Task apps' requests carry
 /// their task budget as deadline and arrive in deadline order.
-fn late_at_batch(app: &App, handle: &crate::app::WorkerHandle, models: &ModelSet) -> Vec<Request> {
+fn take_late_at_batch(app: &App, handle: &crate::app::WorkerHandle, models: &ModelSet) -> Vec<Request> {
     let Some(&loaded) = models.ids().first() else { return Vec::new() };
     let Some(latency) = app.models_of(handle.index).get(loaded as usize).map(|m| &m.latency) else {
         return Vec::new();
@@ -148,11 +149,7 @@ fn late_at_batch(app: &App, handle: &crate::app::WorkerHandle, models: &ModelSet
     let mut late = Vec::new();
     {
         let mut items = handle.queue.items.lock();
-        while let Some(head) = items.first() {
-            let b = items.len().min(latency.len()).max(1);
-            if latency.get(b - 1).is_none_or(|l| now + l <= head.deadline) {
-                break;
-            }
+        while items.first().is_some_and(|head| late_at_batch(now, head.deadline, items.len(), latency)) {
             late.push(items.remove(0));
         }
         handle.queue.sync_len(&items);

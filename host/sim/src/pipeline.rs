@@ -50,7 +50,7 @@ use sluice_alloc::solver::SolverSettings;
 use sluice_core::decision::{self, Bound, Context, Next, Queued};
 use sluice_core::demand::{Ewma, Forecaster as _};
 use sluice_core::pipeline::{
-    fanout_count, latency_budget_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, TaskSpec,
+    fanout_count, late_at_batch, latency_budget_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, TaskSpec,
 };
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
@@ -1521,14 +1521,15 @@ impl<'a> PipelineSim<'a> {
         let now = self.now;
         loop {
             let s = &mut self.slots[i];
-            let Some(head) = s.queue.first() else { return };
-            let b = s.queue.len().min(s.batch.max(1) as usize);
-            let latency = s.models.get(s.variant).and_then(|m| m.latency.get(b - 1)).copied().unwrap_or(s.latency_us);
-            if now + latency <= head.deadline {
-                return;
+            let table = s.models.get(s.variant).map_or(std::slice::from_ref(&s.latency_us), |m| &m.latency[..]);
+            let table = &table[..table.len().min(s.batch.max(1) as usize)];
+            match s.queue.first() {
+                Some(head) if late_at_batch(now, head.deadline, s.queue.len(), table) => {
+                    let r = s.queue.remove(0);
+                    self.drop_req(r, "batch-formation");
+                }
+                _ => return,
             }
-            let r = s.queue.remove(0);
-            self.drop_req(r, "batch-formation");
         }
     }
 
