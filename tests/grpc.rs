@@ -195,3 +195,60 @@ async fn typed_contents_versions_and_framing_errors() {
     assert_eq!(c.accepted.load(Ordering::Relaxed), c.served.load(Ordering::Relaxed));
     server.stop().await.unwrap();
 }
+
+/// Request bodies on both fronts share `body_budget_bytes`: while an HTTP request
+/// that declared the whole budget is still sending its body, a gRPC call finds the
+/// budget full and fails UNAVAILABLE with the HTTP front's words; once that body is
+/// gone, the call is served, and what it took is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_bodies_count_against_the_shared_body_budget() {
+    use tokio::io::AsyncWriteExt;
+    let config = format!(
+        "max_body_bytes = 65536\nbody_budget_bytes = 65536\n{}",
+        emu_app("zero", "slo_ms = 100\nworkers = 1\npolicy = \"jellyfish\"")
+    );
+    let server = TestServer::start_with_grpc(&config).await.unwrap();
+    let budget = server.state.body_budget.clone();
+    let full = budget.available_permits();
+    assert_eq!(full, 64);
+    let wait_for = |want: usize| {
+        let budget = budget.clone();
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while budget.available_permits() != want {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "budget at {} KiB, not {want}",
+                    budget.available_permits()
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let mut slow = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    slow.write_all(
+        b"POST /v2/models/emu/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 65536\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    wait_for(0).await;
+
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc.unwrap())).await.unwrap();
+    let request = || ModelInferRequest {
+        model_name: "emu".into(),
+        inputs: vec![typed(vec![1, 4], vec![1., 2., 3., 4.])],
+        ..Default::default()
+    };
+    let e = client.model_infer(request()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{}", e.message());
+    assert!(e.message().contains("body_budget_bytes = 65536"), "{}", e.message());
+
+    drop(slow);
+    wait_for(full).await;
+    let r = client.model_infer(request()).await.unwrap().into_inner();
+    assert_eq!(r.model_name, "emu");
+    wait_for(full).await;
+    let c = &server.state.apps["emu"].counters;
+    assert_eq!(c.accepted.load(Ordering::Relaxed), 1, "the refused call was never accepted");
+    server.stop().await.unwrap();
+}

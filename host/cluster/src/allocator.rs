@@ -295,7 +295,10 @@ impl<'a> Leader<'a> {
         demand: &BTreeMap<String, f64>,
         agents: &Mirror,
     ) -> anyhow::Result<bool> {
+        // The solve is CPU time (the wall clock); waits are on tokio's clock, which is
+        // the wall clock too except in a simulated cluster, where it is virtual.
         let started = std::time::Instant::now();
+        let begun = tokio::time::Instant::now();
         let Some(plan) = self.solve(members, demand).await? else { return Ok(false) };
         self.stats.last_solve_us.store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         let options = self.options;
@@ -320,7 +323,7 @@ impl<'a> Leader<'a> {
         self.epoch = epoch;
         self.placement = placement.clone();
         // 2. Wait for its agents to load it.
-        let waiting = std::time::Instant::now();
+        let waiting = tokio::time::Instant::now();
         let needed: BTreeSet<String> = placement.assignments.iter().map(|a| a.agent.clone()).collect();
         let ready = agents
             .wait_for(self.options.ready_timeout, |s| {
@@ -394,7 +397,7 @@ impl<'a> Leader<'a> {
         self.routing = table;
         self.stats.replans.fetch_add(1, Ordering::Relaxed);
         self.stats.epoch.store(epoch, Ordering::Relaxed);
-        self.stats.last_total_us.store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.stats.last_total_us.store(begun.elapsed().as_micros() as u64, Ordering::Relaxed);
         Ok(true)
     }
 

@@ -211,7 +211,16 @@ impl Frontend {
                     Some(self.fallback()),
                 ));
                 let set = ModelSet::new(BTreeMap::from([(id as u32, exec)]));
-                match app.set_worker_models(i, set).await {
+                // The worker installs it on its own thread; waiting for that on a
+                // blocking thread tells tokio that work is under way, so a paused clock
+                // (`crate::simulate`) does not jump ahead meanwhile. The cost: one
+                // blocking-pool handoff per changed slot, per plan.
+                let (worker_app, handle) = (app.clone(), tokio::runtime::Handle::current());
+                let installed =
+                    tokio::task::spawn_blocking(move || handle.block_on(worker_app.set_worker_models(i, set)))
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the install task failed: {e}")));
+                match installed {
                     Ok(()) => current[i] = Some(want),
                     Err(e) => tracing::error!(app = %name, slot = i, "installing the remote executor: {e}"),
                 }

@@ -9,6 +9,8 @@
 //! - [`keys`]: the key layout and the records kept there.
 //! - [`election`]: the allocator's election; [`lease::KeptLease`]: leases kept alive.
 //! - [`etcd_process::EtcdCluster`]: a local etcd cluster for tests, the demo and benches.
+//! - [`simulate`]: the same roles as a whole cluster in virtual time (leases,
+//!   failures and plan publication at 100s of agents without 100s of processes).
 
 pub mod agent;
 pub mod allocator;
@@ -22,4 +24,5 @@ pub mod lease;
 pub mod mirror;
 pub mod netns;
 pub mod roles;
+pub mod simulate;
 pub mod store;

@@ -102,15 +102,19 @@ pub(crate) fn reserve_body(
     // Over the limit: read_body answers 413; reserve nothing for it.
     let bytes = declared.unwrap_or(limit).min(limit);
     let kib = u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
-    state.body_budget.clone().try_acquire_many_owned(kib).map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "busy: other requests' bodies fill body_budget_bytes = {}; retry later",
-                state.config.body_budget_bytes
-            ),
-        )
-    })
+    state.body_budget.clone().try_acquire_many_owned(kib).map_err(|_| budget_full(state))
+}
+
+/// The answer when request bodies fill `body_budget_bytes` (both fronts: 503 here,
+/// UNAVAILABLE on gRPC).
+pub(crate) fn budget_full(state: &State) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "busy: other requests' bodies fill body_budget_bytes = {}; retry later",
+            state.config.body_budget_bytes
+        ),
+    )
 }
 
 /// Reads the body, refusing anything over `max_body_bytes` with 413.

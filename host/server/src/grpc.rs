@@ -88,9 +88,12 @@ pub async fn serve(
         }
     });
     let config = &state.config;
-    let service = GrpcInferenceServiceServer::new(Service { state: state.clone() })
-        .max_decoding_message_size(config.max_body_bytes)
-        .max_encoding_message_size(usize::MAX);
+    let service = Budgeted {
+        inner: GrpcInferenceServiceServer::new(Service { state: state.clone() })
+            .max_decoding_message_size(config.max_body_bytes)
+            .max_encoding_message_size(usize::MAX),
+        state: state.clone(),
+    };
     let result = tonic::transport::Server::builder()
         // Dead peers are found by keep-alive pings; an idle connection is closed by
         // its age bound, so a client that never closes cannot hold a slot forever.
@@ -101,6 +104,97 @@ pub async fn serve(
         .await;
     accept.abort();
     result.map_err(|e| anyhow::anyhow!("gRPC server: {e}"))
+}
+
+/// The service with every call's request body counted against `body_budget_bytes`,
+/// the budget the HTTP front reserves from: gRPC bodies carry no length up front, so
+/// each frame takes its KiB as it arrives, and a call that finds the budget full
+/// fails UNAVAILABLE with the HTTP front's message (its 503). What a body took is
+/// given back when tonic drops it, once the message is decoded.
+#[derive(Clone)]
+struct Budgeted<S> {
+    inner: S,
+    state: Arc<State>,
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Budgeted<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for Budgeted<S>
+where
+    S: tonic::codegen::Service<tonic::codegen::http::Request<BudgetedBody<B>>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        let state = self.state.clone();
+        self.inner.call(req.map(|inner| BudgetedBody { inner, state, held: None, taken_bytes: 0 }))
+    }
+}
+
+/// A request body whose frames hold their share of `body_budget_bytes` (see
+/// [`Budgeted`]).
+struct BudgetedBody<B> {
+    inner: B,
+    state: Arc<State>,
+    held: Option<OwnedSemaphorePermit>,
+    /// Bytes received; the permits held cover them rounded up to KiB.
+    taken_bytes: usize,
+}
+
+impl<B> http_body::Body for BudgetedBody<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    type Data = Bytes;
+    type Error = tonic::codegen::StdError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(f))) => f,
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        if let Some(data) = frame.data_ref() {
+            let before = self.taken_bytes.div_ceil(1024);
+            self.taken_bytes += data.len();
+            let more = self.taken_bytes.div_ceil(1024) - before;
+            if more > 0 {
+                let kib = u32::try_from(more).unwrap_or(u32::MAX);
+                match self.state.body_budget.clone().try_acquire_many_owned(kib) {
+                    Ok(p) => match &mut self.held {
+                        Some(h) => h.merge(p),
+                        None => self.held = Some(p),
+                    },
+                    Err(_) => {
+                        let busy = status(crate::api::budget_full(&self.state));
+                        return Poll::Ready(Some(Err(Box::new(busy))));
+                    }
+                }
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The connections the accept loop admitted, as tonic takes them.

@@ -108,6 +108,26 @@ impl MemStore {
         MemStore::default()
     }
 
+    /// Expires leases at their deadlines, as etcd's lessor does, rather than at the
+    /// next call (what unit tests get without it): a task until the handle is
+    /// aborted. Simulated clusters (`crate::simulate`) run it so that a dead node's
+    /// keys go exactly one TTL after its last keep-alive.
+    pub fn expire_leases_on_time(&self) -> tokio::task::JoinHandle<()> {
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = {
+                    let mut g = inner.lock();
+                    g.expire();
+                    g.leases.values().map(|(_, at)| *at).min()
+                };
+                // A lease granted meanwhile lapses no sooner than 1 s from its grant.
+                let recheck = Instant::now() + Duration::from_millis(250);
+                tokio::time::sleep_until(next.map_or(recheck, |n| n.min(recheck))).await;
+            }
+        })
+    }
+
     fn locked<T>(&self, f: impl FnOnce(&mut Inner) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let mut g = self.inner.lock();
         g.expire();

@@ -1,7 +1,8 @@
 //! The coordination store the cluster's roles share: a small trait over the part of
 //! the etcd v3 API that sluice uses (and that etcd 3.4, 3.5 and 3.6 all serve), with
-//! etcd as its real implementation ([`EtcdStore`]) and an in-memory one for unit
-//! tests ([`MemStore`]).
+//! etcd as its real implementation ([`EtcdStore`]), an in-memory one for unit
+//! tests ([`MemStore`]), and that one behind a modelled network ([`SimNet`]) for
+//! clusters simulated in virtual time.
 //!
 //! What the roles need, and nothing else: single keys (get, put, delete), a prefix
 //! listed at one revision, a watch of a prefix from a revision (ending with
@@ -11,6 +12,7 @@
 //! delete their keys when they lapse.
 
 mod etcd;
+mod link;
 mod mem;
 
 use std::future::Future;
@@ -19,6 +21,7 @@ use std::pin::Pin;
 use thiserror::Error;
 
 pub use etcd::{EtcdStore, ETCD_KEEP_ALIVE};
+pub use link::{Link, NetModel, NetStats, SimNet};
 pub use mem::MemStore;
 
 /// A boxed future, so the trait is object safe (`Arc<dyn Store>`).
