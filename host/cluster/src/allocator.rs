@@ -325,17 +325,27 @@ impl<'a> Leader<'a> {
         // 2. Wait for its agents to load it.
         let waiting = tokio::time::Instant::now();
         let needed: BTreeSet<String> = placement.assignments.iter().map(|a| a.agent.clone()).collect();
+        // Each record is decoded once per change (by its mod revision), not once per
+        // snapshot: N agents reporting ready one by one cost N decodes, not N².
+        let needed_keys: Vec<String> = needed.iter().map(|a| keys.agent(a)).collect();
+        let decoded: parking_lot::Mutex<BTreeMap<String, (i64, Option<u64>)>> = Default::default();
         let ready = agents
             .wait_for(self.options.ready_timeout, |s| {
-                let records: BTreeMap<String, AgentRecord> = s
-                    .kvs
-                    .iter()
-                    .filter_map(|(k, kv)| decode::<AgentRecord>(k, &kv.value).ok())
-                    .map(|r| (r.id.clone(), r))
-                    .collect();
+                let mut decoded = decoded.lock();
+                let mut ready_epoch = |key: &String| -> Option<u64> {
+                    let kv = s.kvs.get(key)?;
+                    match decoded.get(key) {
+                        Some((rev, e)) if *rev == kv.mod_revision => *e,
+                        _ => {
+                            let e = decode::<AgentRecord>(key, &kv.value).ok().map(|r| r.ready_epoch);
+                            decoded.insert(key.clone(), (kv.mod_revision, e));
+                            e
+                        }
+                    }
+                };
+                let epochs: Vec<Option<u64>> = needed_keys.iter().map(&mut ready_epoch).collect();
                 // Every needed agent ready, or one gone (then stop waiting).
-                needed.iter().all(|a| records.get(a).is_some_and(|r| r.ready_epoch >= epoch))
-                    || needed.iter().any(|a| !records.contains_key(a))
+                epochs.iter().all(|e| e.is_some_and(|e| e >= epoch)) || epochs.iter().any(Option::is_none)
             })
             .await;
         let all_ready = ready.as_ref().is_some_and(|s| {
