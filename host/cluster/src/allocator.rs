@@ -325,14 +325,16 @@ impl<'a> Leader<'a> {
         // 2. Wait for its agents to load it.
         let waiting = tokio::time::Instant::now();
         let needed: BTreeSet<String> = placement.assignments.iter().map(|a| a.agent.clone()).collect();
-        // Each record is decoded once per change (by its mod revision), not once per
+        // Each needed agent's ready epoch (None: its record is gone or invalid). A
+        // record is decoded once per change (by its mod revision), not once per
         // snapshot: N agents reporting ready one by one cost N decodes, not N².
         let needed_keys: Vec<String> = needed.iter().map(|a| keys.agent(a)).collect();
         let decoded: parking_lot::Mutex<BTreeMap<String, (i64, Option<u64>)>> = Default::default();
-        let ready = agents
-            .wait_for(self.options.ready_timeout, |s| {
-                let mut decoded = decoded.lock();
-                let mut ready_epoch = |key: &String| -> Option<u64> {
+        let ready_epochs = |s: &Snapshot| -> Vec<Option<u64>> {
+            let mut decoded = decoded.lock();
+            needed_keys
+                .iter()
+                .map(|key| {
                     let kv = s.kvs.get(key)?;
                     match decoded.get(key) {
                         Some((rev, e)) if *rev == kv.mod_revision => *e,
@@ -342,20 +344,18 @@ impl<'a> Leader<'a> {
                             e
                         }
                     }
-                };
-                let epochs: Vec<Option<u64>> = needed_keys.iter().map(&mut ready_epoch).collect();
+                })
+                .collect()
+        };
+        let all_at = |epochs: &[Option<u64>]| epochs.iter().all(|e| e.is_some_and(|e| e >= epoch));
+        let ready = agents
+            .wait_for(self.options.ready_timeout, |s| {
+                let epochs = ready_epochs(s);
                 // Every needed agent ready, or one gone (then stop waiting).
-                epochs.iter().all(|e| e.is_some_and(|e| e >= epoch)) || epochs.iter().any(Option::is_none)
+                all_at(&epochs) || epochs.iter().any(Option::is_none)
             })
             .await;
-        let all_ready = ready.as_ref().is_some_and(|s| {
-            needed.iter().all(|a| {
-                s.kvs
-                    .get(&keys.agent(a))
-                    .and_then(|kv| decode::<AgentRecord>(a, &kv.value).ok())
-                    .is_some_and(|r| r.ready_epoch >= epoch)
-            })
-        });
+        let all_ready = ready.as_ref().is_some_and(|s| all_at(&ready_epochs(s)));
         if !all_ready {
             tracing::warn!(epoch, "placement not loaded by every agent in time (or one left): not routing to it");
             return Ok(false);
