@@ -118,6 +118,12 @@ macro_rules! export_policy {
             $crate::wit::__export_policy_world!(
                 __SluicePolicyComponent with_types_in $crate::wit
             );
+
+            // The host's hints (format 1; whether `observe` is used): see
+            // `sluice_core::runtime::HINTS_SECTION`.
+            #[link_section = "sluice:hints"]
+            #[used]
+            static __SLUICE_HINTS: [u8; 2] = [1, <$policy as $crate::Policy>::OBSERVES as u8];
         };
     };
 }

@@ -176,9 +176,12 @@ impl<P: Policy> Harness<P> {
         check_decision(&self.config.models, view, &decision).map(|()| decision)
     }
 
-    /// Tells the policy how a batch went.
+    /// Tells the policy how a batch went (unless it says it does not observe,
+    /// [`Policy::OBSERVES`], as the host does).
     pub fn observe(&mut self, outcome: &Outcome) {
-        self.policy.observe(outcome);
+        if P::OBSERVES {
+            self.policy.observe(outcome);
+        }
     }
 
     /// Replays `arrivals` (microseconds, non-decreasing) on one worker in virtual
@@ -244,7 +247,7 @@ impl<P: Policy> Harness<P> {
                     out.served += u64::from(size);
                     out.late += u64::from(missed);
                     out.batches.push((d.model, size));
-                    self.policy.observe(&Outcome { model: d.model, size, started: now, finished, missed });
+                    self.observe(&Outcome { model: d.model, size, started: now, finished, missed });
                     now = finished;
                 }
                 // A timer: wake at `t` or at the next arrival, whichever is first.

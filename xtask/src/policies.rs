@@ -32,7 +32,7 @@ pub const FIXTURES: &[&str] = &["misbehave"];
 /// interfaces even when a policy does no I/O (DESIGN.md, toolchain facts).
 const TARGET: &str = "wasm32-unknown-unknown";
 
-/// The cargo profile for policies (root `Cargo.toml`: size-optimised, LTO,
+/// The cargo profile for policies (root `Cargo.toml`: opt-level 3, LTO,
 /// `panic = "abort"` so a panic is a plain trap).
 const PROFILE: &str = "policy";
 

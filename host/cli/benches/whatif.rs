@@ -104,8 +104,8 @@ fn speed(root: &Path, arrivals: Arc<Vec<u64>>) -> Result<(Vec<Speed>, serde_json
         policy,
     };
     let (candidate, current, native) = (job(ramsis), job(jellyfish), job(safe));
-    let one = |j: &ReplayJob| -> Result<()> {
-        SimReplayer.replay(j, &ReplayControl::default()).map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"))
+    let one = |j: &ReplayJob, threads: usize| -> Result<()> {
+        SimReplayer.replay(j, &ReplayControl::default(), threads).map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"))
     };
     let mut last = None;
     let mut both = |parallel: bool| -> Result<()> {
@@ -114,10 +114,31 @@ fn speed(root: &Path, arrivals: Arc<Vec<u64>>) -> Result<(Vec<Speed>, serde_json
         last = Some(c);
         Ok(())
     };
+    // A profiling hook: `SLUICE_WHATIF_ONLY=jellyfish` (or `ramsis`, `safe`) replays
+    // only that policy, three times (on `SLUICE_WHATIF_THREADS`, default 1), for
+    // `perf record`; `=evaluation` only the evaluation on that many threads.
+    if let Ok(only) = std::env::var("SLUICE_WHATIF_ONLY") {
+        let threads = std::env::var("SLUICE_WHATIF_THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(1);
+        if only == "evaluation" {
+            let s = best_of_3(|| both(threads > 1))?;
+            println!("evaluation on {threads}: {s:.3} s");
+            std::process::exit(0);
+        }
+        let j = match only.as_str() {
+            "ramsis" => &candidate,
+            "jellyfish" => &current,
+            _ => &native,
+        };
+        let s = best_of_3(|| one(j, threads))?;
+        println!("replay {only}: {s:.3} s");
+        std::process::exit(0);
+    }
     let rows = vec![
-        Speed { label: "replay: safe (native)", seconds: best_of_3(|| one(&native))? },
-        Speed { label: "replay: ramsis (grid)", seconds: best_of_3(|| one(&candidate))? },
-        Speed { label: "replay: jellyfish", seconds: best_of_3(|| one(&current))? },
+        Speed { label: "replay: safe (native)", seconds: best_of_3(|| one(&native, 1))? },
+        Speed { label: "replay: ramsis (grid)", seconds: best_of_3(|| one(&candidate, 1))? },
+        Speed { label: "replay: jellyfish", seconds: best_of_3(|| one(&current, 1))? },
+        Speed { label: "ramsis, split on 2", seconds: best_of_3(|| one(&candidate, 2))? },
+        Speed { label: "jellyfish, split on 2", seconds: best_of_3(|| one(&current, 2))? },
         Speed { label: "evaluation, 1 thread", seconds: best_of_3(|| both(false))? },
         Speed { label: "evaluation, 2 threads", seconds: best_of_3(|| both(true))? },
     ];
@@ -245,8 +266,8 @@ fn main() -> Result<()> {
             r.seconds / base
         );
     }
-    let seq = rows[3].seconds;
-    let par = rows[4].seconds;
+    let seq = rows[5].seconds;
+    let par = rows[6].seconds;
     println!("evaluation (ramsis vs jellyfish): {seq:.3} s on 1 thread, {par:.3} s on 2 (goal <= {GOAL_S} s)");
     println!("replays: {summary}");
     println!(

@@ -96,7 +96,21 @@ fn check_reports_the_world_the_interface_and_the_decide_cost() {
     let out = ok(sluice().args(["policy", "check", "--calls", "500"]).arg(template_wasm()).output().unwrap());
     assert!(out.contains("a valid sluice:policy@0.1.0 component"), "{out}");
     assert!(out.contains("exports: ") && out.contains("decide"), "{out}");
+    assert!(out.contains("observe: called after every batch"), "{out}");
     assert!(out.contains("µs per call over 500 calls"), "{out}");
+    // Jellyfish says its `observe` does nothing (the SDK's `sluice:hints` section);
+    // clipper-aimd learns from every batch.
+    let check = |name: &str| -> serde_json::Value {
+        let wasm = root().join(format!("target/policies/{name}.wasm"));
+        serde_json::from_str(&ok(sluice()
+            .args(["policy", "check", "--calls", "10", "--json"])
+            .arg(wasm)
+            .output()
+            .unwrap()))
+        .unwrap()
+    };
+    assert_eq!(check("jellyfish")["observed"], false);
+    assert_eq!(check("clipper-aimd")["observed"], true);
     // A core module is refused as an upload would be.
     let dir = tempfile::tempdir().unwrap();
     let core = dir.path().join("core.wasm");

@@ -60,6 +60,10 @@ pub struct Context<'a> {
     /// At shutdown an idle answer on a non-empty queue is replaced by the safe
     /// decision, so the queue drains.
     pub draining: bool,
+    /// Whether to time the policy's `decide` ([`Decided::decide_time`]): the live
+    /// host's histogram and `sluice sim`'s decide seconds want it; a what-if replay
+    /// does not, and two clock reads are a measurable share of a native decision.
+    pub timed: bool,
 }
 
 /// What the worker does next.
@@ -98,7 +102,7 @@ pub struct Decided<Q> {
     /// Whether the safe policy decided (a fault, the draining rule, or `Bound::Safe`).
     pub by_safe: bool,
     /// Time spent in the policy's `decide` (None when the queue was empty and no
-    /// decision was asked for).
+    /// decision was asked for; zero when the context is not [`Context::timed`]).
     pub decide_time: Option<Duration>,
 }
 
@@ -109,29 +113,53 @@ pub struct Decided<Q> {
 /// caller that owns the queue (the simulator). The live host calls the three
 /// itself, so the queue's lock is not held while the policy runs.
 pub fn decide<Q: Queued>(policy: &mut Bound, items: &mut Vec<Q>, cx: &Context) -> Decided<Q> {
-    let (expired, view) = prepare(items, cx);
-    let asked = view.as_ref().map(|v| ask(policy, v, cx));
-    apply(items, expired, view.as_ref().zip(asked), policy, cx)
+    decide_with(policy, items, cx, &mut empty_view())
+}
+
+/// [`decide`] building the view in `scratch` (overwritten): a caller that decides
+/// millions of times (the simulator) keeps one and allocates no view per decision.
+pub fn decide_with<Q: Queued>(
+    policy: &mut Bound,
+    items: &mut Vec<Q>,
+    cx: &Context,
+    scratch: &mut sdk::View,
+) -> Decided<Q> {
+    let (expired, any) = prepare_into(items, cx, scratch);
+    let asked = any.then(|| ask(policy, scratch, cx));
+    apply(items, expired, asked.map(|a| (&*scratch, a)), policy, cx)
+}
+
+/// A view with nothing in it, for [`decide_with`]'s scratch.
+pub fn empty_view() -> sdk::View {
+    sdk::View { now: 0, worker: 0, workers: 0, load_qps: 0.0, loaded: Vec::new(), queue: Vec::new() }
 }
 
 /// The first step of a decision, under the queue's lock: host expiry (whatever the
 /// policy does, no request waits forever), then the view the policy will see (None
 /// when nothing is left to decide on).
 pub fn prepare<Q: Queued>(items: &mut Vec<Q>, cx: &Context) -> (Vec<Q>, Option<sdk::View>) {
+    let mut view = empty_view();
+    let (expired, any) = prepare_into(items, cx, &mut view);
+    (expired, any.then_some(view))
+}
+
+/// [`prepare`] into `view` (its vectors reused); false when nothing is left to
+/// decide on (`view` is then stale).
+pub fn prepare_into<Q: Queued>(items: &mut Vec<Q>, cx: &Context, view: &mut sdk::View) -> (Vec<Q>, bool) {
     let cut = items.partition_point(|r| r.pending().deadline + cx.expire_us < cx.now);
     let expired: Vec<Q> = items.drain(..cut).collect();
     if items.is_empty() {
-        return (expired, None);
+        return (expired, false);
     }
-    let view = sdk::View {
-        now: cx.now,
-        worker: cx.worker,
-        workers: cx.workers,
-        load_qps: cx.load_qps,
-        loaded: cx.loaded.to_vec(),
-        queue: items.iter().map(Queued::pending).collect(),
-    };
-    (expired, Some(view))
+    view.now = cx.now;
+    view.worker = cx.worker;
+    view.workers = cx.workers;
+    view.load_qps = cx.load_qps;
+    view.loaded.clear();
+    view.loaded.extend_from_slice(cx.loaded);
+    view.queue.clear();
+    view.queue.extend(items.iter().map(Queued::pending));
+    (expired, true)
 }
 
 /// The policy's answer to a view, checked.
@@ -143,7 +171,7 @@ pub struct Asked {
     pub fault: Option<PolicyFault>,
     /// Whether the safe policy decided.
     pub by_safe: bool,
-    /// Time spent in the policy's `decide`.
+    /// Time spent in the policy's `decide` (zero when not [`Context::timed`]).
     pub decide_time: Duration,
 }
 
@@ -151,12 +179,12 @@ pub struct Asked {
 /// answer; a fault or an invalid answer becomes the safe decision, and so does an
 /// idle answer while draining (so the queue drains).
 pub fn ask(policy: &mut Bound, view: &sdk::View, cx: &Context) -> Asked {
-    let started = Instant::now();
+    let started = cx.timed.then(Instant::now);
     let answer = match policy {
         Bound::Wasm(instance) => instance.decide(view),
         Bound::Safe => Ok(sdk::helpers::safe_decision(cx.models, view)),
     };
-    let decide_time = started.elapsed();
+    let decide_time = started.map_or(Duration::ZERO, |t| t.elapsed());
     let checked = answer.and_then(|d| match sdk::helpers::check_decision(cx.models, view, &d) {
         Ok(()) => Ok(d),
         Err(e) => Err(PolicyFault::Invalid(e.to_string())),
@@ -301,7 +329,17 @@ mod tests {
     }
 
     fn cx<'a>(now: u64, models: &'a [sdk::Model], loaded: &'a [u32]) -> Context<'a> {
-        Context { now, worker: 0, workers: 1, load_qps: 0.0, loaded, models, expire_us: 50, draining: false }
+        Context {
+            now,
+            worker: 0,
+            workers: 1,
+            load_qps: 0.0,
+            loaded,
+            models,
+            expire_us: 50,
+            draining: false,
+            timed: true,
+        }
     }
 
     #[test]

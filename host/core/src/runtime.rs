@@ -181,6 +181,8 @@ pub const SHARED_ENTRY_OVERHEAD: usize = 64;
 pub struct SharedStore {
     budget: usize,
     inner: Mutex<SharedInner>,
+    /// Whether an instance read or wrote the store after its `init` returned.
+    used_after_init: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -192,7 +194,18 @@ struct SharedInner {
 impl SharedStore {
     /// An empty store holding at most `budget` bytes of keys and values.
     pub fn new(budget: usize) -> Arc<SharedStore> {
-        Arc::new(SharedStore { budget, inner: Mutex::new(SharedInner::default()) })
+        Arc::new(SharedStore {
+            budget,
+            inner: Mutex::new(SharedInner::default()),
+            used_after_init: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Whether any instance used the store after its `init`: then what an instance
+    /// decides may depend on when another instance stored a value (RAMSIS generating
+    /// a policy in slices), and a replay split by worker is not exact.
+    pub fn used_after_init(&self) -> bool {
+        self.used_after_init.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The value under `key`.
@@ -234,6 +247,8 @@ pub struct HostState {
     /// The panic message the SDK's hook logged just before a trap (kept even when
     /// the log itself is rate-limited), taken into the fault's detail.
     panic: Option<String>,
+    /// True until `init` returns ([`SharedStore::used_after_init`]).
+    initialising: bool,
 }
 
 impl wasmtime::ResourceLimiter for HostState {
@@ -281,15 +296,25 @@ impl PolicyImports for HostState {
     }
 
     fn shared_get(&mut self, key: String) -> Option<Vec<u8>> {
+        self.note_shared_use();
         self.shared.get(&key).map(|v| v.to_vec())
     }
 
     fn shared_put(&mut self, key: String, value: Vec<u8>) -> bool {
+        self.note_shared_use();
         self.shared.put(key, value)
     }
 }
 
 impl wit::Host for HostState {}
+
+impl HostState {
+    fn note_shared_use(&self) {
+        if !self.initialising {
+            self.shared.used_after_init.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
 
 /// A compiled, validated policy component ready to be instantiated.
 pub struct CompiledPolicy {
@@ -301,6 +326,9 @@ pub struct CompiledPolicy {
     pub size: usize,
     /// How long compilation and validation took.
     pub compile_time: Duration,
+    /// Whether the host calls `observe` after each batch: false when the component
+    /// declares that its `observe` does nothing ([`HINTS_SECTION`]).
+    pub observes: bool,
     pre: PolicyPre<HostState>,
 }
 
@@ -347,6 +375,12 @@ impl PolicyEngine {
         let mut config = wasmtime::Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model(true);
+        // For `perf`: `SLUICE_WASM_PERFMAP=1` writes /tmp/perf-<pid>.map, naming the
+        // policies' compiled functions (with `SLUICE_COMPILE_CACHE=off`, so that
+        // every policy is compiled, and reported, in this process).
+        if std::env::var_os("SLUICE_WASM_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         if let Some(dir) = dir {
             let mut cache = wasmtime::CacheConfig::new();
             if !dir.as_os_str().is_empty() {
@@ -388,6 +422,7 @@ impl PolicyEngine {
                 digest: c.digest.clone(),
                 size: c.size,
                 compile_time: Duration::ZERO,
+                observes: c.observes,
                 pre: c.pre.clone(),
             });
             return Ok(c);
@@ -397,8 +432,9 @@ impl PolicyEngine {
         // The world and its version are read first: a wrong upload is refused in
         // microseconds, not after a compilation of tens of milliseconds. (Text
         // format, for tests and experiments, is left to the compiler.)
+        let mut observes = true;
         if bytes.starts_with(b"\0asm") {
-            check_world(bytes).map_err(invalid)?;
+            observes = !check_world(bytes).map_err(invalid)?.observe_unused;
         }
         let component = Component::new(&self.engine, bytes).map_err(|e| invalid(format!("{e:#}")))?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| invalid(format!("{e:#}")))?;
@@ -408,6 +444,7 @@ impl PolicyEngine {
             digest: digest.clone(),
             size: bytes.len(),
             compile_time: started.elapsed(),
+            observes,
             pre,
         });
         self.cache.lock().insert(digest, compiled.clone());
@@ -491,6 +528,8 @@ pub struct PolicyInstance {
     /// Requests expired in this worker's queue since the policy last dispatched or
     /// dropped ([`crate::decision::STALL_LIMIT`]).
     pub(crate) expired_idle: u64,
+    /// The contract's view, rebuilt in place for each `decide` (no allocation per call).
+    wit_view: wit::View,
 }
 
 /// Where a poisoned instance's re-instantiation stands ([`Limits::background_reinit`]).
@@ -525,6 +564,7 @@ impl PolicyInstance {
             revivals: 0,
             init_time: started.elapsed(),
             expired_idle: 0,
+            wit_view: wit::View { now: 0, worker: 0, workers: 0, load_qps: 0.0, loaded: Vec::new(), queue: Vec::new() },
         })
     }
 
@@ -544,6 +584,7 @@ impl PolicyInstance {
             log_window: Instant::now(),
             log_lines: 0,
             panic: None,
+            initialising: true,
         };
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| s);
@@ -558,7 +599,10 @@ impl PolicyInstance {
         let status = instance.get_typed_func::<(), (String,)>(&mut store, "status").ok();
         // A transient copy: the record is lowered into the instance's memory.
         match bindings.call_init(&mut store, &to_wit_config(&binding.config, binding.models_of(worker), worker)) {
-            Ok(Ok(())) => Ok((store, bindings, status)),
+            Ok(Ok(())) => {
+                store.data_mut().initialising = false;
+                Ok((store, bindings, status))
+            }
             Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
             Err(e) => {
                 let fault = classify(&mut store, e, init_budget);
@@ -650,8 +694,13 @@ impl PolicyInstance {
     /// the instance is re-created before its next call.
     pub fn decide(&mut self, view: &sdk::View) -> Result<sdk::Decision, PolicyFault> {
         self.ensure_live()?;
-        let wit_view = to_wit_view(view);
-        match self.bindings.call_decide(&mut self.store, &wit_view) {
+        to_wit_view(view, &mut self.wit_view);
+        let called = self.bindings.call_decide(&mut self.store, &self.wit_view);
+        if self.wit_view.queue.capacity() > KEPT_VIEW_CAPACITY {
+            // A burst's deep queue is not kept for the worker's lifetime.
+            self.wit_view.queue = Vec::new();
+        }
+        match called {
             Ok(d) => Ok(from_wit_decision(d)),
             Err(e) => {
                 self.poisoned = true;
@@ -680,8 +729,12 @@ impl PolicyInstance {
         }
     }
 
-    /// Tells the policy how a batch went.
+    /// Tells the policy how a batch went (unless it declared that it does not use
+    /// it: [`CompiledPolicy::observes`]).
     pub fn observe(&mut self, outcome: &sdk::Outcome) -> Result<(), PolicyFault> {
+        if !self.binding.compiled.observes {
+            return Ok(());
+        }
         match self.ensure_live() {
             // The outcome of a batch the safe policy formed: nobody to tell.
             Err(PolicyFault::Reviving) => return Ok(()),
@@ -733,13 +786,25 @@ pub struct ComponentInterface {
     pub imports: Vec<String>,
     /// Export names, in the binary's order.
     pub exports: Vec<String>,
+    /// The component declares (in [`HINTS_SECTION`]) that its `observe` does
+    /// nothing, so the host need not call it.
+    pub observe_unused: bool,
 }
+
+/// The custom section in which the SDK records hints about a policy (its core
+/// module's, inside the component): byte 0 the format (1), byte 1 whether
+/// `observe` is used (0: it does nothing; `Policy::OBSERVES` in the SDK). Outside
+/// the WIT, which cannot say it; a component without the section is observed. A
+/// hint is only ever a promise about the component's own behaviour: a false one
+/// costs that policy its feedback, nothing else.
+pub const HINTS_SECTION: &str = "sluice:hints";
 
 /// Reads a component's top-level imports and exports (without compiling it): what
 /// [`check_world`] checks, and what `sluice policy check` reports.
 pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, String> {
     use wasmparser::{Encoding, Parser, Payload};
     let (mut depth, mut imports, mut exports) = (0usize, Vec::new(), Vec::new());
+    let mut observe_unused = false;
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| format!("not a WebAssembly binary: {e}"))?;
         match payload {
@@ -749,6 +814,11 @@ pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, String> {
                     .into());
             }
             Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::CustomSection(c) if c.name() == HINTS_SECTION => {
+                if let [1, observe, ..] = c.data() {
+                    observe_unused = *observe == 0;
+                }
+            }
             Payload::End(_) => depth = depth.saturating_sub(1),
             Payload::ComponentImportSection(r) if depth == 0 => {
                 for i in r {
@@ -769,15 +839,17 @@ pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, String> {
             _ => {}
         }
     }
-    Ok(ComponentInterface { imports, exports })
+    Ok(ComponentInterface { imports, exports, observe_unused })
 }
 
 /// Checks a component's imports and exports against the `policy` world of this
-/// host's contract version (what an upload is refused for, before compiling).
-pub fn check_world(bytes: &[u8]) -> Result<(), String> {
-    let ComponentInterface { imports, exports } = component_interface(bytes)?;
+/// host's contract version (what an upload is refused for, before compiling);
+/// returns what it read.
+pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, String> {
+    let interface = component_interface(bytes)?;
+    let ComponentInterface { imports, exports, .. } = &interface;
     let ours = format!("{CONTRACT}/");
-    for name in &imports {
+    for name in imports {
         if let Some(rest) = name.strip_prefix(&ours) {
             let version = rest.split_once('@').map_or("(none)", |(_, v)| v);
             if version != CONTRACT_VERSION {
@@ -802,7 +874,7 @@ pub fn check_world(bytes: &[u8]) -> Result<(), String> {
             ));
         }
     }
-    Ok(())
+    Ok(interface)
 }
 
 fn classify(store: &mut Store<HostState>, e: wasmtime::Error, budget: Duration) -> PolicyFault {
@@ -834,15 +906,19 @@ fn to_wit_config(c: &sdk::Config, models: &[sdk::Model], worker: u32) -> wit::Co
     }
 }
 
-fn to_wit_view(v: &sdk::View) -> wit::View {
-    wit::View {
-        now: v.now,
-        worker: v.worker,
-        workers: v.workers,
-        load_qps: v.load_qps,
-        loaded: v.loaded.clone(),
-        queue: v.queue.iter().map(|p| wit::Pending { id: p.id, arrival: p.arrival, deadline: p.deadline }).collect(),
-    }
+/// The largest view queue an instance keeps allocated between calls (24 bytes each).
+const KEPT_VIEW_CAPACITY: usize = 4096;
+
+/// Writes `v` into `out`, reusing its vectors.
+fn to_wit_view(v: &sdk::View, out: &mut wit::View) {
+    out.now = v.now;
+    out.worker = v.worker;
+    out.workers = v.workers;
+    out.load_qps = v.load_qps;
+    out.loaded.clear();
+    out.loaded.extend_from_slice(&v.loaded);
+    out.queue.clear();
+    out.queue.extend(v.queue.iter().map(|p| wit::Pending { id: p.id, arrival: p.arrival, deadline: p.deadline }));
 }
 
 fn from_wit_decision(d: wit::Decision) -> sdk::Decision {

@@ -153,9 +153,15 @@ pub struct SeriesPoint {
 
 /// Replays a window of arrivals with a policy (the simulator implements it).
 pub trait Replayer: Send + Sync {
-    /// Runs `job` to the end, polling `control` to stop early and reporting
+    /// Runs `job` to the end on up to `threads` threads (more than one only where
+    /// [`Replayer::splits`] says so), polling `control` to stop early and reporting
     /// progress into it. Blocking and CPU-bound: call it off the async threads.
-    fn replay(&self, job: &ReplayJob, control: &ReplayControl) -> Result<ReplayResult, ReplayError>;
+    fn replay(&self, job: &ReplayJob, control: &ReplayControl, threads: usize) -> Result<ReplayResult, ReplayError>;
+
+    /// Whether a replay of `job` can use more than one thread (with the same results).
+    fn splits(&self, _job: &ReplayJob) -> bool {
+        false
+    }
 }
 
 /// When a candidate may replace the current policy: both must hold.
@@ -276,9 +282,12 @@ impl Comparison {
 }
 
 /// Replays the same arrivals with the candidate (`controls[0]`) and the current
-/// policy (`controls[1]`) and compares them. With `parallel`, the two replays run
-/// on two threads at once (half the wall time, twice the cores); otherwise one
-/// after the other on the calling thread. Cancelling either control stops both.
+/// policy (`controls[1]`) and compares them. With `parallel`, two threads: where the
+/// replayer can split both replays across them ([`Replayer::splits`]), one replay
+/// after the other, each on both (the two cores stay busy to the end, where two
+/// replays side by side leave one idle once the faster is done); otherwise the two
+/// replays at once, one per thread. Without, one after the other on the calling
+/// thread. Cancelling either control stops both.
 pub fn compare(
     replayer: &dyn Replayer,
     candidate: &ReplayJob,
@@ -286,16 +295,17 @@ pub fn compare(
     controls: &[ReplayControl; 2],
     parallel: bool,
 ) -> Result<Comparison, ReplayError> {
-    let (c, k) = if parallel {
+    let split = parallel && replayer.splits(candidate) && replayer.splits(current);
+    let (c, k) = if parallel && !split {
         std::thread::scope(|s| {
             let c = s.spawn(|| {
-                let r = replayer.replay(candidate, &controls[0]);
+                let r = replayer.replay(candidate, &controls[0], 1);
                 if r.is_err() {
                     controls[1].cancel();
                 }
                 r
             });
-            let k = replayer.replay(current, &controls[1]);
+            let k = replayer.replay(current, &controls[1], 1);
             if k.is_err() {
                 controls[0].cancel();
             }
@@ -303,9 +313,10 @@ pub fn compare(
             (c, k)
         })
     } else {
-        let c = replayer.replay(candidate, &controls[0]);
+        let threads = if split { 2 } else { 1 };
+        let c = replayer.replay(candidate, &controls[0], threads);
         let k = match &c {
-            Ok(_) => replayer.replay(current, &controls[1]),
+            Ok(_) => replayer.replay(current, &controls[1], threads),
             Err(_) => Err(ReplayError::Cancelled),
         };
         (c, k)

@@ -94,8 +94,10 @@ pub struct Config {
     #[serde(default = "default_evaluations_kept")]
     pub evaluations_kept: usize,
     /// `evaluation_threads = 1`: threads one evaluation replays on: 1 replays the
-    /// candidate and then the current policy, 2 both at once (half the wall time,
-    /// at the cost of a second core taken from the serving workers meanwhile).
+    /// candidate and then the current policy, 2 uses two cores (about half the wall
+    /// time, at the cost of a second core taken from the serving workers
+    /// meanwhile): each replay split by worker where the router allows, else the
+    /// two replays at once (`sluice_core::whatif::compare`).
     #[serde(default = "default_evaluation_threads")]
     pub evaluation_threads: usize,
     /// `[[app]]`: the served applications.

@@ -196,6 +196,7 @@ fn decide(
         models: app.models_of(handle.index),
         expire_us: app.expire_us,
         draining,
+        timed: true,
     };
     let (expired, view) = {
         let mut items = handle.queue.items.lock();

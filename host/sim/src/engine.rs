@@ -147,6 +147,10 @@ pub struct Given {
     pub loaded: Vec<Option<Vec<Vec<u32>>>>,
     /// The policy's params as a JSON object, replacing `params`/`params_file`.
     pub params: Vec<Option<String>>,
+    /// Simulate only the workers `w` with `w % count == index` (`Some((index, count))`)
+    /// of every app; see [`Simulation::shardable`]. Shards together give the same
+    /// results as the whole run ([`Simulation::absorb`]).
+    pub shard: Option<(usize, usize)>,
 }
 
 enum Event {
@@ -193,6 +197,12 @@ pub struct Simulation {
     run: usize,
     policy_label: String,
     seed: u64,
+    /// Whether `decide` is timed (the results' decide seconds); see [`Simulation::untimed`].
+    timed: bool,
+    /// The view every decision is built in (one allocation per run, not per decision).
+    scratch: sdk::View,
+    /// Which workers this simulation runs ([`Given::shard`]); all when `None`.
+    shard: Option<(usize, usize)>,
 }
 
 impl Simulation {
@@ -218,6 +228,18 @@ impl Simulation {
         given: &Given,
     ) -> Result<Simulation> {
         let duration_us = (exp.duration_s * 1e6) as u64;
+        if let Some((index, count)) = given.shard {
+            if index >= count {
+                anyhow::bail!("shard {index} of {count}: no such shard");
+            }
+            if !Simulation::shardable(exp, run) {
+                anyhow::bail!(
+                    "this run cannot be split by worker: it needs deterministic latencies, no devices, \
+                     and routers that do not look at the queues (round-robin, weighted)"
+                );
+            }
+        }
+        let owned = |w: u32| given.shard.is_none_or(|(index, count)| w as usize % count == index);
         let mut rng = Rng::new(run.seed);
         let mut apps = Vec::new();
         let pool = DevicePool::load(&exp.devices).map_err(|e| anyhow::anyhow!(e))?;
@@ -292,6 +314,8 @@ impl Simulation {
             });
             for w in 0..spec.workers {
                 let policy = match &binding {
+                    // Another shard's worker is never asked: no instance for it.
+                    Some(_) if !owned(w) => Bound::Safe,
                     Some(b) => Bound::Wasm(Box::new(
                         PolicyInstance::new(cache.engine(), b, w)
                             .with_context(|| format!("app {}: worker {w}", spec.name))?,
@@ -348,6 +372,9 @@ impl Simulation {
             run: run.index,
             policy_label: run.policy_label.clone(),
             seed: run.seed,
+            timed: true,
+            scratch: decision::empty_view(),
+            shard: given.shard,
         };
         if let Some(alloc) = sim.alloc.take() {
             let plan = alloc.plan().cloned();
@@ -398,6 +425,53 @@ impl Simulation {
     pub fn run(mut self) -> Vec<(RunResult, Vec<WindowRow>, f64)> {
         self.run_events(None);
         self.results()
+    }
+
+    /// Whether `run` can be split into shards of workers ([`Given::shard`]) that
+    /// together give exactly the whole run's results: its workers never share state
+    /// the simulation models. That holds when latencies are deterministic (no random
+    /// draws whose order the shards would change), no allocator moves models (no
+    /// `[[device]]`s), and every app's router picks a worker without looking at the
+    /// queues (round-robin, weighted): each worker then sees the same arrivals, the
+    /// same load estimate (every shard still records every arrival) and the same
+    /// order of its own events as in the whole run. Policy instances share only the
+    /// binding's store, whose values depend on their keys alone (the contract).
+    pub fn shardable(exp: &Experiment, run: &RunSpec) -> bool {
+        exp.latency == LatencyModel::Deterministic
+            && exp.devices.is_empty()
+            && run.apps.iter().all(|a| matches!(a.router, RouterMode::RoundRobin | RouterMode::Weighted))
+    }
+
+    /// Folds the results of another shard of the same run into this one's: per
+    /// request, the shard whose worker took it says how it ended.
+    pub fn absorb(&mut self, other: &Simulation) {
+        for (mine, theirs) in self.apps.iter_mut().zip(&other.apps) {
+            mine.stats.absorb(&theirs.stats);
+            if mine.overloaded.is_none() {
+                mine.overloaded.clone_from(&theirs.overloaded);
+            }
+        }
+    }
+
+    /// Whether a policy instance used its binding's shared store after `init`: a
+    /// shard's results are then not guaranteed to be the whole run's (see
+    /// [`sluice_core::runtime::SharedStore::used_after_init`]).
+    pub fn shared_store_used_after_init(&self) -> bool {
+        self.apps.iter().flat_map(|a| &a.workers).any(|w| match &w.policy {
+            Bound::Wasm(instance) => instance.binding().shared.used_after_init(),
+            Bound::Safe => false,
+        })
+    }
+
+    fn owns(&self, w: usize) -> bool {
+        self.shard.is_none_or(|(index, count)| w % count == index)
+    }
+
+    /// Stops timing the policy's `decide` calls (the results' decide seconds are then
+    /// zero; the calls are still counted): a what-if replay does not report them, and
+    /// at millions of decisions the clock reads are a measurable share of the run.
+    pub fn untimed(&mut self) {
+        self.timed = false;
     }
 
     /// Processes events until none is left, the run overloads, or `control` (polled
@@ -502,6 +576,15 @@ impl Simulation {
         let request = SimRequest { id: i as u64, arrival: now, deadline: now + arrival.budget.unwrap_or(app.slo_us) };
         let k = app.workers.len();
         let target = app.router.pick(|w| app.queues[w].len() + app.workers[w].busy);
+        let next = app.arrivals.get(i + 1).map(|x| x.at);
+        if !self.owns(target) {
+            // Another shard serves it; this one only counted it for the load estimate.
+            if let Some(next) = next {
+                self.schedule_arrival(a, next);
+            }
+            return;
+        }
+        let app = &mut self.apps[a];
         app.queues[target].push(request);
         if app.queues[target].len() > self.max_queue {
             app.overloaded = Some(format!(
@@ -511,7 +594,6 @@ impl Simulation {
             ));
             return;
         }
-        let next = app.arrivals.get(i + 1).map(|x| x.at);
         let shared = app.spec.router == RouterMode::Shared;
         if let Some(next) = next {
             self.schedule_arrival(a, next);
@@ -549,8 +631,9 @@ impl Simulation {
             models: app.device_models.as_ref().map_or(&app.models[..], |d| &d[w][..]),
             expire_us: app.expire_us,
             draining: false,
+            timed: self.timed,
         };
-        let d = decision::decide(&mut worker.policy, &mut app.queues[q], &cx);
+        let d = decision::decide_with(&mut worker.policy, &mut app.queues[q], &cx, &mut self.scratch);
         if let Some(t) = d.decide_time {
             app.stats.decide_calls += 1;
             app.stats.decide_seconds += t.as_secs_f64();

@@ -38,6 +38,7 @@ use sluice_core::runtime::{CompiledPolicy, PolicyEngine};
 pub use experiment::{Accounting, Experiment, LatencyModel, PolicyChoice, RunSpec, Sweep};
 
 /// Compiled policies by name or path, shared by every run of an experiment.
+#[derive(Clone)]
 pub struct PolicyCache {
     engine: Arc<PolicyEngine>,
     builtin_dir: PathBuf,

@@ -1471,6 +1471,7 @@ impl<'a> PipelineSim<'a> {
             models: &s.models[..],
             expire_us,
             draining: s.state == SlotState::Retiring,
+            timed: true,
         };
         let d = decision::decide(&mut s.policy, &mut s.queue, &cx);
         s.token += 1;

@@ -76,6 +76,28 @@ impl Stats {
         }
     }
 
+    /// Folds in another shard's stats of the same arrivals: each request the other
+    /// shard took or ended takes its record from there; counts add up.
+    pub fn absorb(&mut self, other: &Stats) {
+        for id in 0..self.fates.len().min(other.fates.len()) {
+            if other.fates[id] != Fate::Pending || other.taken[id] != u64::MAX {
+                self.fates[id] = other.fates[id];
+                self.accuracy[id] = other.accuracy[id];
+                self.latency_us[id] = other.latency_us[id];
+                self.taken[id] = other.taken[id];
+            }
+        }
+        for (size, n) in &other.batch_sizes {
+            *self.batch_sizes.entry(*size).or_default() += n;
+        }
+        for (model, n) in &other.model_mix {
+            *self.model_mix.entry(model.clone()).or_default() += n;
+        }
+        self.faults += other.faults;
+        self.decide_calls += other.decide_calls;
+        self.decide_seconds += other.decide_seconds;
+    }
+
     /// Request `id` ended with `fate`; `accuracy` counts when it was served.
     pub fn finish(&mut self, id: u64, fate: Fate, accuracy: f64) {
         self.fates[id as usize] = fate;
@@ -309,29 +331,39 @@ impl Stats {
             }
             let n = (i - start) as u64;
             all.extend_from_slice(&latencies);
-            latencies.sort_unstable();
+            let (p50_ms, p99_ms) = p50_p99_ms(&mut latencies);
             series.push(sluice_core::whatif::SeriesPoint {
                 start_s: (w * window_us) as f64 / 1e6,
                 requests: n,
                 accuracy: if on_time > 0 { accuracy / on_time as f64 } else { 0.0 },
                 violation_rate: (n - on_time) as f64 / n as f64,
                 dropped,
-                p50_ms: percentile_ms(&latencies, 0.50),
-                p99_ms: percentile_ms(&latencies, 0.99),
+                p50_ms,
+                p99_ms,
             });
         }
-        all.sort_unstable();
-        (percentile_ms(&all, 0.50), percentile_ms(&all, 0.99), series)
+        let (p50_ms, p99_ms) = p50_p99_ms(&mut all);
+        (p50_ms, p99_ms, series)
     }
 }
 
-/// The `q` quantile (nearest rank) of sorted latencies in µs, in ms; 0 with none.
-fn percentile_ms(sorted: &[u64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
+/// Index of the `q` quantile (nearest rank) among `n > 0` values.
+fn rank(q: f64, n: usize) -> usize {
+    ((q * n as f64).ceil() as usize).clamp(1, n) - 1
+}
+
+/// The median and 99th percentile (nearest rank) of latencies in µs, in ms (0 with
+/// none). Selects rather than sorts: linear, where a replay's million latencies
+/// took a sort each.
+fn p50_p99_ms(latencies: &mut [u64]) -> (f64, f64) {
+    if latencies.is_empty() {
+        return (0.0, 0.0);
     }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1] as f64 / 1000.0
+    let (i50, i99) = (rank(0.50, latencies.len()), rank(0.99, latencies.len()));
+    let p99 = *latencies.select_nth_unstable(i99).1;
+    // Everything before `i99` is now at most the p99: the median is among them.
+    let p50 = *latencies[..=i99].select_nth_unstable(i50).1;
+    (p50 as f64 / 1000.0, p99 as f64 / 1000.0)
 }
 
 fn served(f: Fate) -> bool {
@@ -341,12 +373,7 @@ fn served(f: Fate) -> bool {
 /// The 99th percentile (nearest rank) of latencies in µs, in ms; 0 with none.
 fn p99_ms(latencies: impl Iterator<Item = u64>) -> f64 {
     let mut l: Vec<u64> = latencies.collect();
-    if l.is_empty() {
-        return 0.0;
-    }
-    l.sort_unstable();
-    let rank = ((0.99 * l.len() as f64).ceil() as usize).clamp(1, l.len());
-    l[rank - 1] as f64 / 1000.0
+    p50_p99_ms(&mut l).1
 }
 
 /// (m, K) weakly-hard check.
@@ -574,4 +601,25 @@ pub fn write_outputs(dir: &Path, out: &super::ExperimentOutput) -> Result<()> {
         write("devices.csv", dev)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selected_percentiles_are_the_sorted_nearest_ranks() {
+        let mut rng = crate::rng::Rng::new(7);
+        for n in [1usize, 2, 3, 99, 100, 101, 1000] {
+            let mut v: Vec<u64> = (0..n).map(|_| (rng.uniform() * 1e6) as u64).collect();
+            let mut sorted = v.clone();
+            sorted.sort_unstable();
+            let at = |q: f64| sorted[rank(q, n)] as f64 / 1000.0;
+            assert_eq!(p50_p99_ms(&mut v), (at(0.50), at(0.99)), "n = {n}");
+        }
+        assert_eq!(p50_p99_ms(&mut []), (0.0, 0.0));
+        // Nearest rank: of 1..=100, the 50th and the 99th.
+        let mut v: Vec<u64> = (1..=100).rev().map(|x| x * 1000).collect();
+        assert_eq!(p50_p99_ms(&mut v), (50.0, 99.0));
+    }
 }

@@ -33,8 +33,12 @@ use crate::{Accounting, Experiment, LatencyModel, PolicyCache, RunSpec, Sweep};
 pub struct SimReplayer;
 
 impl Replayer for SimReplayer {
-    fn replay(&self, job: &ReplayJob, control: &ReplayControl) -> Result<ReplayResult, ReplayError> {
-        replay(job, control)
+    fn replay(&self, job: &ReplayJob, control: &ReplayControl, threads: usize) -> Result<ReplayResult, ReplayError> {
+        replay(job, control, threads)
+    }
+
+    fn splits(&self, job: &ReplayJob) -> bool {
+        splits(job)
     }
 }
 
@@ -63,11 +67,105 @@ fn experiment(job: &ReplayJob, app: AppConfig) -> Experiment {
     }
 }
 
-/// Replays `job` to the end (or until `control` is cancelled).
-pub fn replay(job: &ReplayJob, control: &ReplayControl) -> Result<ReplayResult, ReplayError> {
+/// Replays `job` to the end (or until `control` is cancelled) on up to `threads`
+/// threads: where the run can be split by worker ([`splits`]) each thread simulates
+/// every `threads`-th worker and the shards' results are folded together, which
+/// gives exactly the results of one thread (the test
+/// `a_split_replay_gives_the_results_of_one_thread` checks it).
+pub fn replay(job: &ReplayJob, control: &ReplayControl, threads: usize) -> Result<ReplayResult, ReplayError> {
     let failed = |e: anyhow::Error| ReplayError::Failed(format!("{e:#}"));
-    let mut app = job.app.clone();
     let mut cache = PolicyCache::with_engine(job.engine.clone(), PathBuf::new(), PathBuf::new());
+    let (exp, run) = run_of(job, &mut cache);
+    let profile_path = PathBuf::from(&run.apps[0].profile);
+    let profile = Profile::load(&profile_path).map_err(|e| failed(e.into()))?;
+    let profiles = BTreeMap::from([(profile_path, profile)]);
+    let threads = if Simulation::shardable(&exp, &run) { threads.clamp(1, job.app.workers.max(1) as usize) } else { 1 };
+    let given = |shard| Given {
+        arrivals: vec![Some(job.arrivals_us.iter().map(|&at| Arrival { at, budget: None }).collect())],
+        loaded: vec![job.loaded.clone()],
+        params: vec![Some(job.policy.params.clone())],
+        shard,
+    };
+    // One shard: build it, run it; false when cancelled.
+    let shard = |index: usize, cache: &mut PolicyCache| -> Result<Option<Simulation>, ReplayError> {
+        let shard = (threads > 1).then_some((index, threads));
+        let mut sim =
+            Simulation::with_given(&exp, Path::new(""), &run, &profiles, cache, &given(shard)).map_err(failed)?;
+        sim.untimed();
+        Ok(sim.run_events(Some(control)).then_some(sim))
+    };
+    let shards: Vec<Simulation> = if threads == 1 {
+        vec![shard(0, &mut cache)?.ok_or(ReplayError::Cancelled)?]
+    } else {
+        std::thread::scope(|s| {
+            let shard = &shard;
+            let others: Vec<_> = (1..threads)
+                .map(|i| {
+                    let mut cache = cache.clone();
+                    s.spawn(move || {
+                        let r = shard(i, &mut cache);
+                        if !matches!(r, Ok(Some(_))) {
+                            control.cancel();
+                        }
+                        r
+                    })
+                })
+                .collect();
+            let first = shard(0, &mut cache);
+            if !matches!(first, Ok(Some(_))) {
+                control.cancel();
+            }
+            let mut all = vec![first];
+            for o in others {
+                all.push(o.join().unwrap_or_else(|_| Err(ReplayError::Failed("a replay thread panicked".into()))));
+            }
+            // A failure says more than the cancels it caused in the other shards.
+            let failed = all.iter().position(|r| matches!(r, Err(ReplayError::Failed(_))));
+            match failed {
+                Some(i) => Err(all.swap_remove(i).err().unwrap_or(ReplayError::Cancelled)),
+                None => all.into_iter().map(|r| r?.ok_or(ReplayError::Cancelled)).collect(),
+            }
+        })?
+    };
+    if shards.len() > 1 && shards.iter().any(Simulation::shared_store_used_after_init) {
+        // The instances shared work while deciding: when a value became available
+        // depended on which worker did the work, so the shards' results need not be
+        // the whole run's. Exact results matter more than the time: once more on one.
+        return replay(job, control, 1);
+    }
+    let mut shards = shards.into_iter();
+    let Some(mut sim) = shards.next() else { return Err(ReplayError::Cancelled) };
+    for other in shards {
+        sim.absorb(&other);
+    }
+    let (r, _, _) = sim.results().swap_remove(0);
+    let (p50_ms, p99_ms, series) = sim.stats(0).replay_summary(job.series_window_us);
+    Ok(ReplayResult {
+        policy: job.policy.name.clone(),
+        requests: r.requests,
+        served: r.served,
+        on_time: r.on_time,
+        dropped: r.dropped,
+        accuracy: r.accuracy,
+        violation_rate: r.violation_rate,
+        p50_ms,
+        p99_ms,
+        faults: r.faults,
+        overloaded: r.overloaded,
+        series,
+    })
+}
+
+/// Whether a replay of `job` can use more than one thread (see [`replay`]).
+pub fn splits(job: &ReplayJob) -> bool {
+    let mut cache = PolicyCache::with_engine(job.engine.clone(), PathBuf::new(), PathBuf::new());
+    let (exp, run) = run_of(job, &mut cache);
+    job.app.workers > 1 && Simulation::shardable(&exp, &run)
+}
+
+/// The experiment and run a replay of `job` is, with the policy put in `cache`.
+fn run_of(job: &ReplayJob, cache: &mut PolicyCache) -> (Experiment, RunSpec) {
+    let mut app = job.app.clone();
     // The cache is looked up by the app's `policy`: a key no file can be named.
     app.policy = match &job.policy.compiled {
         Some(c) => {
@@ -88,34 +186,7 @@ pub fn replay(job: &ReplayJob, control: &ReplayControl) -> Result<ReplayResult, 
         apps: vec![app],
         allocator: exp.allocator.clone(),
     };
-    let profile_path = PathBuf::from(&run.apps[0].profile);
-    let profile = Profile::load(&profile_path).map_err(|e| failed(e.into()))?;
-    let profiles = BTreeMap::from([(profile_path, profile)]);
-    let given = Given {
-        arrivals: vec![Some(job.arrivals_us.iter().map(|&at| Arrival { at, budget: None }).collect())],
-        loaded: vec![job.loaded.clone()],
-        params: vec![Some(job.policy.params.clone())],
-    };
-    let mut sim = Simulation::with_given(&exp, Path::new(""), &run, &profiles, &mut cache, &given).map_err(failed)?;
-    if !sim.run_events(Some(control)) {
-        return Err(ReplayError::Cancelled);
-    }
-    let (r, _, _) = sim.results().swap_remove(0);
-    let (p50_ms, p99_ms, series) = sim.stats(0).replay_summary(job.series_window_us);
-    Ok(ReplayResult {
-        policy: job.policy.name.clone(),
-        requests: r.requests,
-        served: r.served,
-        on_time: r.on_time,
-        dropped: r.dropped,
-        accuracy: r.accuracy,
-        violation_rate: r.violation_rate,
-        p50_ms,
-        p99_ms,
-        faults: r.faults,
-        overloaded: r.overloaded,
-        series,
-    })
+    (exp, run)
 }
 
 /// What `sluice evaluate` compares.

@@ -72,6 +72,9 @@ impl Fixed {
 }
 
 impl Policy for Fixed {
+    // `observe` is the default no-op: the host need not call it after each batch.
+    const OBSERVES: bool = false;
+
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("fixed: {e}"))?;
         if params.allocated {

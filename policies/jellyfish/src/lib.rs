@@ -178,6 +178,9 @@ impl Jellyfish {
 }
 
 impl Policy for Jellyfish {
+    // `observe` is the default no-op: the host need not call it after each batch.
+    const OBSERVES: bool = false;
+
     fn init(config: Config) -> Result<Self, String> {
         let mut params: Params = config.params().map_err(|e| format!("jellyfish: {e}"))?;
         if let Some(loads) = &mut params.loads {

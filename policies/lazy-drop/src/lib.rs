@@ -73,6 +73,9 @@ impl LazyDrop {
 }
 
 impl Policy for LazyDrop {
+    // `observe` is the default no-op: the host need not call it after each batch.
+    const OBSERVES: bool = false;
+
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("lazy-drop: {e}"))?;
         helpers::check_model_param(&config, "lazy-drop", params.model.as_deref())?;

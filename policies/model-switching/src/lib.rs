@@ -185,6 +185,9 @@ impl ModelSwitching {
 }
 
 impl Policy for ModelSwitching {
+    // `observe` is the default no-op: the host need not call it after each batch.
+    const OBSERVES: bool = false;
+
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("model-switching: {e}"))?;
         if params.max_batch == Some(0) {

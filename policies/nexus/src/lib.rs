@@ -109,6 +109,9 @@ impl Nexus {
 }
 
 impl Policy for Nexus {
+    // `observe` is the default no-op: the host need not call it after each batch.
+    const OBSERVES: bool = false;
+
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("nexus: {e}"))?;
         helpers::check_model_param(&config, "nexus", params.model.as_deref())?;

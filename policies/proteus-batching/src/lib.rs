@@ -167,6 +167,9 @@ impl ProteusBatching {
 }
 
 impl Policy for ProteusBatching {
+    // `observe` is the default no-op: the host need not call it after each batch.
+    const OBSERVES: bool = false;
+
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("proteus-batching: {e}"))?;
         if let Some(name) = &params.model {

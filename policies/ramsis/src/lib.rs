@@ -599,6 +599,9 @@ impl Ramsis {
 }
 
 impl Policy for Ramsis {
+    // `observe` is the default no-op: the host need not call it after each batch.
+    const OBSERVES: bool = false;
+
     fn init(config: Config) -> Result<Self, String> {
         // Another worker of this binding did the work already: take its result
         // (the params without the tables, and the policy set).

@@ -260,6 +260,9 @@ impl SpreadDrop {
 }
 
 impl Policy for SpreadDrop {
+    // `observe` is the default no-op: the host need not call it after each batch.
+    const OBSERVES: bool = false;
+
     fn init(config: Config) -> Result<Self, String> {
         let params: Params = config.params().map_err(|e| format!("spread-drop: {e}"))?;
         if let Some(name) = &params.model {

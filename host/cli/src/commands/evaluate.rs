@@ -38,7 +38,8 @@ pub struct EvaluateArgs {
     /// Where built-in policies are, overriding the config's `builtin_policy_dir`.
     #[arg(long)]
     pub builtin_policy_dir: Option<PathBuf>,
-    /// Replay the candidate and the current policy at once on two threads.
+    /// Use two threads: each replay split by worker where the app's router allows
+    /// (round-robin, weighted), else the candidate and the current policy at once.
     #[arg(long)]
     pub parallel: bool,
     /// With --violation-max: succeed only when the candidate gains at least this

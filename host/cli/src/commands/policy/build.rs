@@ -1,7 +1,7 @@
 //! `sluice policy build`: the component of the policy crate in a directory, built for
 //! the target and profile policies use (DESIGN.md, toolchain facts):
 //! `wasm32-unknown-unknown` (a `wasip2` guest would import 13 WASI interfaces
-//! through std) with the crate's `policy` profile (size-optimised, LTO,
+//! through std) with the crate's `policy` profile (opt-level 3, LTO,
 //! `panic = "abort"`), linked by `wasm-component-ld` into a component.
 
 use std::io::BufRead;
@@ -63,7 +63,7 @@ pub fn build(dir: &Path, offline: bool) -> Result<PathBuf> {
     } else {
         eprintln!(
             "note: {} has no [profile.policy]; building with `release` (see docs/writing-a-policy.md for the \
-             profile: opt-level \"s\", lto, panic = \"abort\")",
+             profile: opt-level 3, lto, panic = \"abort\")",
             manifest.display()
         );
         "release"

@@ -122,6 +122,7 @@ pub fn run(args: CheckArgs) -> Result<()> {
             "digest": compiled.digest,
             "imports": interface.imports,
             "exports": interface.exports,
+            "observed": !interface.observe_unused,
             "compile_ms": compiled.compile_time.as_secs_f64() * 1e3,
             "init_ms": instance.init_time.as_secs_f64() * 1e3,
             "decision": format!("{first:?}"),
@@ -144,6 +145,14 @@ pub fn run(args: CheckArgs) -> Result<()> {
     println!("  size: {:.1} KiB (sha256 {})", bytes.len() as f64 / 1024.0, &compiled.digest[..16]);
     println!("  imports: {}", if interface.imports.is_empty() { "none".into() } else { interface.imports.join(", ") });
     println!("  exports: {}", interface.exports.join(", "));
+    println!(
+        "  observe: {}",
+        if interface.observe_unused {
+            "not called (the component says its `observe` does nothing: `Policy::OBSERVES = false`)"
+        } else {
+            "called after every batch"
+        }
+    );
     println!(
         "  compile: {:.1} ms, init: {:.2} ms ({} models, SLO {} ms, {} workers)",
         compiled.compile_time.as_secs_f64() * 1e3,
