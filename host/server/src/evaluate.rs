@@ -401,6 +401,7 @@ pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Va
     let (state2, e) = (state.clone(), evaluation.clone());
     let rule = req.promote_if;
     let spawned = std::thread::Builder::new().name(format!("sluice-evaluate-{}", e.id)).spawn(move || {
+        run_in_background();
         let started = Instant::now();
         let outcome = compare(&*replayer, &job, &current_job, &e.controls, parallel);
         let wall_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -468,5 +469,20 @@ async fn promote(
             Promotion { rule, promoted: true, reason, swap: Some(report) }
         }
         Err(e) => refused(format!("not promoted: the swap failed, the app keeps its policy: {e}")),
+    }
+}
+
+/// The nice value of an evaluation's threads.
+const EVALUATION_NICE: i32 = 10;
+
+/// An evaluation is background work: its thread runs at nice [`EVALUATION_NICE`], so
+/// that when the cores are contended the scheduler serves the workers and the
+/// HTTP front first (on Linux the nice value is per thread; the threads a split
+/// replay starts inherit it). Where it cannot be lowered the evaluation runs anyway.
+fn run_in_background() {
+    // `None`: the calling thread (Linux applies `setpriority(PRIO_PROCESS, 0)` to the
+    // calling thread only, see setpriority(2), BUGS).
+    if let Err(e) = rustix::process::setpriority_process(None, EVALUATION_NICE) {
+        tracing::debug!("an evaluation thread could not lower its priority: {e}");
     }
 }
