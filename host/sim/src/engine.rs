@@ -214,7 +214,7 @@ impl Simulation {
         profiles: &BTreeMap<PathBuf, Profile>,
         cache: &mut PolicyCache,
     ) -> Result<Simulation> {
-        Simulation::with_given(exp, base, run, profiles, cache, &Given::default())
+        Simulation::with_given(exp, base, run, profiles, cache, Given::default())
     }
 
     /// As [`Simulation::new`], with the arrivals, loaded models or params of some apps
@@ -225,7 +225,7 @@ impl Simulation {
         run: &RunSpec,
         profiles: &BTreeMap<PathBuf, Profile>,
         cache: &mut PolicyCache,
-        given: &Given,
+        mut given: Given,
     ) -> Result<Simulation> {
         let duration_us = (exp.duration_s * 1e6) as u64;
         if let Some((index, count)) = given.shard {
@@ -239,7 +239,6 @@ impl Simulation {
                 );
             }
         }
-        let owned = |w: u32| given.shard.is_none_or(|(index, count)| w as usize % count == index);
         let mut rng = Rng::new(run.seed);
         let mut apps = Vec::new();
         let pool = DevicePool::load(&exp.devices).map_err(|e| anyhow::anyhow!(e))?;
@@ -285,8 +284,9 @@ impl Simulation {
             };
             let arrival_spec =
                 spec.arrivals.clone().with_context(|| format!("app {}: arrivals: required", spec.name))?;
-            let arrivals = match given.arrivals.get(index).and_then(Option::as_ref) {
-                Some(a) => a.clone(),
+            // Taken, not copied: a replay's million arrivals are its largest input.
+            let arrivals = match given.arrivals.get_mut(index).and_then(Option::take) {
+                Some(a) => a,
                 None => generate(&arrival_spec, &spec.name, base, duration_us, &mut rng)
                     .with_context(|| format!("app {}", spec.name))?,
             };
@@ -315,7 +315,7 @@ impl Simulation {
             for w in 0..spec.workers {
                 let policy = match &binding {
                     // Another shard's worker is never asked: no instance for it.
-                    Some(_) if !owned(w) => Bound::Safe,
+                    Some(_) if !owns(given.shard, w as usize) => Bound::Safe,
                     Some(b) => Bound::Wasm(Box::new(
                         PolicyInstance::new(cache.engine(), b, w)
                             .with_context(|| format!("app {}: worker {w}", spec.name))?,
@@ -463,10 +463,6 @@ impl Simulation {
         })
     }
 
-    fn owns(&self, w: usize) -> bool {
-        self.shard.is_none_or(|(index, count)| w % count == index)
-    }
-
     /// Stops timing the policy's `decide` calls (the results' decide seconds are then
     /// zero; the calls are still counted): a what-if replay does not report them, and
     /// at millions of decisions the clock reads are a measurable share of the run.
@@ -577,7 +573,7 @@ impl Simulation {
         let k = app.workers.len();
         let target = app.router.pick(|w| app.queues[w].len() + app.workers[w].busy);
         let next = app.arrivals.get(i + 1).map(|x| x.at);
-        if !self.owns(target) {
+        if !owns(self.shard, target) {
             // Another shard serves it; this one only counted it for the load estimate.
             if let Some(next) = next {
                 self.schedule_arrival(a, next);
@@ -688,6 +684,11 @@ impl Simulation {
             }
         }
     }
+}
+
+/// Whether worker `w` is in `shard` ([`Given::shard`]; every worker without one).
+fn owns(shard: Option<(usize, usize)>, w: usize) -> bool {
+    shard.is_none_or(|(index, count)| w % count == index)
 }
 
 /// Events between two looks at a [`ReplayControl`]: often enough that a cancel

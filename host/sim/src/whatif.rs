@@ -90,7 +90,7 @@ pub fn replay(job: &ReplayJob, control: &ReplayControl, threads: usize) -> Resul
     let shard = |index: usize, cache: &mut PolicyCache| -> Result<Option<Simulation>, ReplayError> {
         let shard = (threads > 1).then_some((index, threads));
         let mut sim =
-            Simulation::with_given(&exp, Path::new(""), &run, &profiles, cache, &given(shard)).map_err(failed)?;
+            Simulation::with_given(&exp, Path::new(""), &run, &profiles, cache, given(shard)).map_err(failed)?;
         sim.untimed();
         Ok(sim.run_events(Some(control)).then_some(sim))
     };
