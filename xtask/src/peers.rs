@@ -348,6 +348,10 @@ pub struct Row {
     pub errors: BTreeMap<String, usize>,
     /// The 1-minute load average at the end of the run.
     pub loadavg: f64,
+    /// sluice only: answers its own clock saw past their deadline
+    /// (`sluice_requests_total{outcome="late"}`). Late at the client but not here
+    /// means the time was lost outside the server's view (the client, the socket).
+    pub server_late: Option<u64>,
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -388,6 +392,7 @@ fn summarize(system: &str, rate: f64, seconds: f64, records: &[Record]) -> Row {
         p99_ms: percentile(&lat, 0.99),
         errors,
         loadavg,
+        server_late: None,
     }
 }
 
@@ -433,10 +438,15 @@ pub fn measure(root: &Path, venv: &Path, args: &PeersArgs) -> Result<Vec<Row>> {
                 })
                 .await
             })?;
+            let server_late = match system.kind {
+                Kind::Sluice { .. } => server_late(server.addr),
+                _ => None,
+            };
             drop(server);
-            let row = summarize(&system.label, rate, args.seconds, &records);
+            let mut row = summarize(&system.label, rate, args.seconds, &records);
+            row.server_late = server_late;
             eprintln!(
-                "peers: {:<30} {:>5.0} req/s: sent {:>4}, 200 {:>4}, on time {:>5.1}%, goodput {:>5.1}/s, p50 {:>7.0} ms, p99 {:>7.0} ms, errors {:?}, load {:.1} ({:.0} s)",
+                "peers: {:<30} {:>5.0} req/s: sent {:>4}, 200 {:>4}, on time {:>5.1}%, goodput {:>5.1}/s, p50 {:>7.0} ms, p99 {:>7.0} ms, errors {:?}, late by the server's clock {}, load {:.1} ({:.0} s)",
                 row.system,
                 rate,
                 row.sent,
@@ -446,6 +456,7 @@ pub fn measure(root: &Path, venv: &Path, args: &PeersArgs) -> Result<Vec<Row>> {
                 row.p50_ms,
                 row.p99_ms,
                 row.errors,
+                row.server_late.map_or("-".to_string(), |n| n.to_string()),
                 row.loadavg,
                 started.elapsed().as_secs_f64()
             );
@@ -453,6 +464,23 @@ pub fn measure(root: &Path, venv: &Path, args: &PeersArgs) -> Result<Vec<Row>> {
         }
     }
     Ok(rows)
+}
+
+/// The answers a sluice server counted late, from its `/metrics` (None if it
+/// cannot be read).
+fn server_late(addr: SocketAddr) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let late = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_requests_total{") && l.contains("outcome=\"late\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    Some(late as u64)
 }
 
 /// The highest rate a system held (≥ 99 % of arrivals answered 200 within the
