@@ -121,20 +121,18 @@ impl WorkQueue {
     /// Appends a request and wakes the workers waiting on this queue.
     pub fn push(&self, request: Request) {
         // Always admitted, so never handed back.
-        let _ = self.push_if(request, |_, _| true);
+        let _ = self.push_if(request, |_| true);
     }
 
-    /// Inserts a request in deadline order if `admit(at, behind)` agrees, judged
-    /// under the queue's lock (so concurrent arrivals cannot all pass a check meant
-    /// for one of them): `at` requests would be ahead of it, and `behind` are the
-    /// queued ones it would delay (an earlier deadline admitted later: its body took
-    /// longer to read). Otherwise hands the request back.
-    pub fn push_if(&self, request: Request, admit: impl FnOnce(usize, &[Request]) -> bool) -> Result<(), Request> {
+    /// Appends a request if `admit(queued)` agrees, judged under the queue's lock
+    /// on the number queued now (so concurrent arrivals cannot all pass a check
+    /// meant for one of them); otherwise hands the request back.
+    pub fn push_if(&self, request: Request, admit: impl FnOnce(usize) -> bool) -> Result<(), Request> {
         let mut items = self.items.lock();
-        let at = items.len() - items.iter().rev().take_while(|r| r.deadline > request.deadline).count();
-        if !admit(at, &items[at..]) {
+        if !admit(items.len()) {
             return Err(request);
         }
+        let at = items.len() - items.iter().rev().take_while(|r| r.deadline > request.deadline).count();
         items.insert(at, request);
         self.len.store(items.len(), Ordering::Relaxed);
         drop(items);

@@ -92,46 +92,20 @@ pub struct WorkerHandle {
     pub loaded: Mutex<Vec<u32>>,
     /// Requests in the batch it is executing.
     pub in_flight: AtomicUsize,
-    /// When that batch started (the app clock's µs); meaningful while `in_flight > 0`.
-    pub batch_started: AtomicU64,
-    /// The model of its running or last batch (admission predicts with it).
+    /// The model of its last batch (admission predicts with it).
     pub last_model: std::sync::atomic::AtomicU32,
     /// Measured over profiled batch time, an EWMA (f64 bits; 1.0 to start).
     pub slowdown: AtomicU64,
-    /// How far a batch's measured/profiled ratio strays from `slowdown`, an EWMA of
-    /// the absolute deviation (f64 bits; 0 to start).
-    pub spread: AtomicU64,
 }
 
 impl WorkerHandle {
-    /// How long from `now` until this worker has served `queued` requests and one
-    /// more with `model`, at the measured slowdown: what is left of the running
-    /// batch (its profiled time less what has elapsed; `running` requests in it),
-    /// then the `queued + 1` in the cheapest batching the model allows. The
-    /// cheapest, not the largest: on a CPU a batch of four can cost more than four
-    /// single requests (ResNet-50 here), and a policy that batches only when it
-    /// pays (`fixed`, jellyfish's SLO/2 rule) serves them one by one. Counting the
-    /// running batch as a whole new one, as this did before, refused requests at
-    /// half of capacity that would have met their deadline.
-    fn predicted_us(&self, model: &sdk::Model, running: usize, queued: usize, now: u64) -> f64 {
-        let elapsed = now.saturating_sub(self.batch_started.load(Ordering::Relaxed));
-        predict_us(model, self.ratio(), running, elapsed, queued)
-    }
-
-    /// The measured/profiled ratio admission predicts with: the mean plus
-    /// [`SPREAD_MARGIN`] deviations. Every request admitted under overload is one
-    /// predicted to finish just by its deadline; predicted at the mean, half of
-    /// them would finish just after it.
-    fn ratio(&self) -> f64 {
-        let mean = f64::from_bits(self.slowdown.load(Ordering::Relaxed));
-        mean + SPREAD_MARGIN * f64::from_bits(self.spread.load(Ordering::Relaxed))
-    }
-
-    /// Marks the start of a batch of `size` requests with `model` at `now`.
-    pub fn start_batch(&self, model: u32, size: usize, now: u64) {
-        self.last_model.store(model, Ordering::Relaxed);
-        self.batch_started.store(now, Ordering::Relaxed);
-        self.in_flight.store(size, Ordering::Release);
+    /// How long this worker would take to serve `ahead` requests and one more with
+    /// `model`, in batches as large as the model allows, at the measured slowdown.
+    fn predicted_us(&self, model: &sdk::Model, ahead: usize) -> f64 {
+        let n = ahead as u64 + 1;
+        let b = n.min(u64::from(model.max_batch().max(1)));
+        let batch_us = model.latency(b as u32).unwrap_or(0) as f64;
+        n.div_ceil(b) as f64 * batch_us * f64::from_bits(self.slowdown.load(Ordering::Relaxed))
     }
 
     /// Folds one finished batch into the slowdown estimate.
@@ -145,52 +119,7 @@ impl WorkerHandle {
         // admission refuse everything, nor a lucky one admit everything.
         let sample = (measured_us as f64 / profiled_us as f64).clamp(0.25, 8.0);
         self.slowdown.store((0.7 * old + 0.3 * sample).to_bits(), Ordering::Relaxed);
-        let spread = f64::from_bits(self.spread.load(Ordering::Relaxed));
-        self.spread.store((0.7 * spread + 0.3 * (sample - old).abs()).to_bits(), Ordering::Relaxed);
     }
-}
-
-/// The most not-yet-queued requests [`App::precheck`] places on workers before it
-/// predicts (bounds its cost when many bodies are being read at once).
-const MAX_PLACED: usize = 64;
-
-/// A request that passed [`App::precheck`] and is being read and parsed: counted
-/// ahead of later arrivals until dropped.
-#[must_use = "the request counts as incoming only while this is held"]
-pub struct Incoming(Arc<AtomicUsize>);
-
-impl Drop for Incoming {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Deviations of the measured/profiled ratio added to its mean when admission
-/// predicts (see [`WorkerHandle::ratio`]); BENCHMARKS §8 has how 0, 1 and 2 did.
-const SPREAD_MARGIN: f64 = 1.0;
-
-/// [`WorkerHandle::predicted_us`] as a pure function: `running` requests in a batch
-/// that started `elapsed` µs ago, then `queued + 1` more, all at `slowdown` times
-/// the profile.
-fn predict_us(model: &sdk::Model, slowdown: f64, running: usize, elapsed: u64, queued: usize) -> f64 {
-    let left = match u32::try_from(running) {
-        Ok(0) | Err(_) => 0.0,
-        Ok(size) => {
-            let whole = model.latency(size.min(model.max_batch().max(1))).unwrap_or(0) as f64 * slowdown;
-            (whole - elapsed as f64).max(0.0)
-        }
-    };
-    left + service_us(model, queued as u64 + 1) * slowdown
-}
-
-/// The profiled µs to serve `n` requests with `model` in its cheapest batching:
-/// the least over batch sizes `b` of `⌈n / b⌉ · L(b)`.
-fn service_us(model: &sdk::Model, n: u64) -> f64 {
-    let cap = n.min(u64::from(model.max_batch().max(1)));
-    (1..=cap)
-        .filter_map(|b| Some(n.div_ceil(b) as f64 * model.latency(b as u32)? as f64))
-        .min_by(f64::total_cmp)
-        .unwrap_or(0.0)
 }
 
 /// The app's current binding, as reported by the admin API.
@@ -283,8 +212,6 @@ pub struct App {
     pub unbind_generation: AtomicU64,
     /// Requests queued across the app (bounded by `max_queue`).
     pub queued: AtomicUsize,
-    /// Requests past [`App::precheck`] whose bodies are being read and parsed.
-    incoming: Arc<AtomicUsize>,
     /// Whether new requests are accepted.
     pub accepting: AtomicBool,
     /// Set at shutdown: workers serve what is queued, then exit.
@@ -465,11 +392,9 @@ impl App {
                 control: tx,
                 loaded: Mutex::new(set.ids()),
                 in_flight: AtomicUsize::new(0),
-                batch_started: AtomicU64::new(0),
                 // Until the first batch, predict with the fastest loaded model.
                 last_model: std::sync::atomic::AtomicU32::new(fastest(&models, &set.ids())),
                 slowdown: AtomicU64::new(1f64.to_bits()),
-                spread: AtomicU64::new(0f64.to_bits()),
             });
             workers.push(handle.clone());
             starts.push(WorkerStart { handle, models: set, control: rx });
@@ -507,7 +432,6 @@ impl App {
             swap_lock: tokio::sync::Mutex::new(()),
             unbind_generation: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
-            incoming: Arc::new(AtomicUsize::new(0)),
             accepting: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
@@ -548,65 +472,40 @@ impl App {
 
     /// Whether a request arriving now would be admitted, asked before its body is
     /// read (so an overloaded app refuses before the body costs memory and time).
-    /// The requests that passed this check earlier and are still being read and
-    /// parsed count as ahead of it: under overload a burst would otherwise all pass,
-    /// be parsed (a 1.7 MB JSON image costs ~10 ms of CPU the model needs) and then
-    /// mostly be refused at [`App::submit_arrived`]. Hold the returned
-    /// [`Incoming`] until the request is submitted or refused.
-    pub fn precheck(&self) -> Result<Incoming, AdmitError> {
+    pub fn precheck(&self) -> Result<(), AdmitError> {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(AdmitError::ShuttingDown(self.name().to_string()));
         }
-        let incoming = self.incoming.load(Ordering::Acquire);
-        if self.queued.load(Ordering::Acquire) + incoming >= self.config.max_queue {
+        if self.queued.load(Ordering::Acquire) >= self.config.max_queue {
             return Err(self.queue_full());
         }
-        match self.best_prediction(incoming) {
+        let best = (0..self.workers.len()).map(|w| self.prediction(w)).min_by(|a, b| a.1.total_cmp(&b.1));
+        match best {
             Some((ahead, wait_us)) if wait_us > self.slo_us as f64 => Err(self.would_miss(ahead, wait_us)),
-            _ => {
-                self.incoming.fetch_add(1, Ordering::AcqRel);
-                Ok(Incoming(self.incoming.clone()))
-            }
+            _ => Ok(()),
         }
     }
 
-    /// The best worker's prediction for one more request after `extra` requests
-    /// not yet queued were placed, each on the worker that would finish it first
-    /// (as shortest-queue routing would; at most [`MAX_PLACED`] are placed).
-    fn best_prediction(&self, extra: usize) -> Option<(usize, f64)> {
-        let best = |queued: &[usize]| {
-            (0..queued.len()).map(|w| (w, self.prediction_with(w, queued[w]))).min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
-        };
-        if extra == 0 {
-            // The common case, without an allocation.
-            let by_worker = (0..self.workers.len()).map(|w| self.prediction_with(w, self.workers[w].queue.len()));
-            return by_worker.min_by(|a, b| a.1.total_cmp(&b.1));
-        }
-        let mut queued: Vec<usize> = self.workers.iter().map(|w| w.queue.len()).collect();
-        for _ in 0..extra.min(MAX_PLACED) {
-            let (w, _) = best(&queued)?;
-            queued[w] += 1;
-        }
-        best(&queued).map(|(_, p)| p)
+    /// Requests ahead on worker `w` and the predicted µs to serve them and one more.
+    fn prediction(&self, w: usize) -> (usize, f64) {
+        self.prediction_with(w, self.workers[w].queue.len())
     }
 
-    /// Requests ahead on worker `w` with `queued` in its queue, and the predicted µs
-    /// to serve them and one more.
+    /// As [`App::prediction`], with `queued` requests in the worker's queue.
     fn prediction_with(&self, w: usize, queued: usize) -> (usize, f64) {
         let handle = &self.workers[w];
-        let (running, queued) = if self.config.router == RouterMode::Shared {
-            // One queue for all: each worker takes its share of it, running batches
-            // counted as queued (which worker frees first is not known here).
-            let running: usize = self.workers.iter().map(|h| h.in_flight.load(Ordering::Acquire)).sum();
-            (0, (queued + running) / self.workers.len())
+        let ahead = if self.config.router == RouterMode::Shared {
+            // One queue for all: each worker takes its share of it.
+            let running: usize = self.workers.iter().map(|h| h.in_flight.load(Ordering::Relaxed)).sum();
+            (queued + running) / self.workers.len()
         } else {
-            (handle.in_flight.load(Ordering::Acquire), queued)
+            queued + handle.in_flight.load(Ordering::Relaxed)
         };
         let models = self.models_of(w as u32);
         let model = handle.last_model.load(Ordering::Relaxed) as usize;
         match models.get(model) {
-            Some(m) => (running + queued, handle.predicted_us(m, running, queued, self.clock.now())),
-            None => (running + queued, 0.0),
+            Some(m) => (ahead, handle.predicted_us(m, ahead)),
+            None => (ahead, 0.0),
         }
     }
 
@@ -689,16 +588,10 @@ impl App {
                     w.queue.len() + w.in_flight.load(Ordering::Relaxed)
                 });
                 let mut refused = (0, 0.0);
-                let deadline = arrival + self.slo_us;
-                let pushed = self.workers[w].queue.push_if(request, |at, behind| {
-                    let (ahead, wait_us) = self.prediction_with(w, at);
+                let pushed = self.workers[w].queue.push_if(request, |queued| {
+                    let (ahead, wait_us) = self.prediction_with(w, queued);
                     refused = (ahead, wait_us);
-                    // It must make its deadline, and so must every request it would
-                    // push back by one place.
-                    let meets = |position: usize, deadline: u64| {
-                        now as f64 + self.prediction_with(w, position).1 <= deadline as f64
-                    };
-                    meets(at, deadline) && behind.iter().enumerate().all(|(k, r)| meets(at + 1 + k, r.deadline))
+                    now as f64 + wait_us <= (arrival + self.slo_us) as f64
                 });
                 if pushed.is_err() {
                     self.queued.fetch_sub(1, Ordering::AcqRel);
@@ -902,46 +795,4 @@ pub struct SwapReport {
     pub install_us: f64,
     /// Longest time the swap held one worker's slot (what a worker may wait).
     pub max_slot_hold_us: f64,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// ResNet-50 on one CPU thread (profiles/imagenet-light-cpu.toml, p95, with
-    /// batch 3 between 2 and 4): batching does not pay.
-    fn cpu() -> sdk::Model {
-        sdk::Model { id: 0, name: "resnet50".into(), accuracy: 0.76, latency: vec![104, 279, 385, 492] }
-    }
-
-    /// A GPU-like model: a batch of 4 costs 1.5 single requests.
-    fn gpu() -> sdk::Model {
-        sdk::Model { id: 0, name: "gpu".into(), accuracy: 0.76, latency: vec![10, 11, 13, 15] }
-    }
-
-    #[test]
-    fn queued_requests_are_served_in_the_cheapest_batching() {
-        // One by one on the CPU model: 3 × 104 beats 279 + 104 and 385.
-        assert_eq!(service_us(&cpu(), 3), 312.0);
-        // In one batch on the GPU-like one; for 9, three batches of 3 (39) beat
-        // three of 4 (45).
-        assert_eq!(service_us(&gpu(), 3), 13.0);
-        assert_eq!(service_us(&gpu(), 9), 39.0);
-        assert_eq!(service_us(&cpu(), 0), 0.0);
-    }
-
-    #[test]
-    fn a_running_batch_counts_only_what_is_left_of_it() {
-        let m = cpu();
-        // Idle worker: the request alone.
-        assert_eq!(predict_us(&m, 1.0, 0, 0, 0), 104.0);
-        // A single request 60 µs into its 104: 44 left, then this one.
-        assert_eq!(predict_us(&m, 1.0, 1, 60, 0), 148.0);
-        // Overrunning its profile: nothing more is predicted for it.
-        assert_eq!(predict_us(&m, 1.0, 1, 500, 1), 208.0);
-        // At twice the profile, everything doubles (the elapsed time does not).
-        assert_eq!(predict_us(&m, 2.0, 1, 60, 0), 2.0 * 104.0 - 60.0 + 208.0);
-        // A running batch of 2, just started, then two queued and this one.
-        assert_eq!(predict_us(&m, 1.0, 2, 0, 2), 279.0 + 312.0);
-    }
 }

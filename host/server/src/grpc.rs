@@ -350,13 +350,11 @@ impl GrpcInferenceService for Service {
             target.check_version(&r.model_version).map_err(status)?;
             return Err(status(pinned_version(&r.model_name, &r.model_version)));
         }
-        // Counted as incoming while its inputs are decoded.
-        let incoming = target.precheck().map_err(status)?;
+        target.precheck().map_err(status)?;
         let requested: Vec<&str> = r.outputs.iter().map(|o| o.name.as_str()).collect();
         target.check_outputs(&requested).map_err(status)?;
         let raw = !r.raw_input_contents.is_empty();
         let inputs = decode_inputs(target.name(), r.inputs, r.raw_input_contents).map_err(status)?;
-        drop(incoming);
         let id = (!r.id.is_empty()).then_some(r.id.as_str());
         let answer = target.infer(id, inputs, arrived).await.map_err(status)?;
         let mut outputs = Vec::with_capacity(answer.outputs.len());

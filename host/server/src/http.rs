@@ -95,19 +95,17 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             // Errors found before the body is read (an unknown app, an overloaded
             // one, a bad framing header, no room to read it) are answered after
             // reading it, so a client still sending sees the answer, not a reset.
-            // Past the precheck, the request counts as incoming (ahead of later
-            // arrivals) until its body is parsed.
-            let admitted = target(state, app).and_then(|t| Ok((t.precheck()?, t)));
-            let early = admitted.and_then(|(incoming, t)| {
+            let admitted = target(state, app).and_then(|t| t.precheck().map(|()| t));
+            let early = admitted.and_then(|t| {
                 let budget = crate::api::reserve_body(state, &req)?;
-                Ok((t, incoming, budget, binary::header_length(&req)?))
+                Ok((t, budget, binary::header_length(&req)?))
             });
-            let (target, incoming, budget, json_len) = match early {
+            let (target, budget, json_len) = match early {
                 Ok(x) => x,
                 Err(e) => return Err(discard_body(state, req, e).await),
             };
             let (request, data) = {
-                let (_incoming, _budget) = (incoming, budget);
+                let _budget = budget;
                 let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
                 (parse_off_thread::<InferRequest>(json).await?, data)
             };

@@ -259,8 +259,8 @@ async fn execute(
 ) {
     let size = batch.len();
     let variant = app.models[model as usize].name.clone();
+    handle.in_flight.store(size, Ordering::Relaxed);
     let started = app.clock.now();
-    handle.start_batch(model, size, started);
     app.metrics.observe("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
     let (requests, samples): (Vec<_>, Vec<_>) = batch
         .into_iter()
