@@ -439,7 +439,7 @@ pub fn measure(root: &Path, venv: &Path, args: &PeersArgs) -> Result<Vec<Row>> {
                 .await
             })?;
             let server_late = match system.kind {
-                Kind::Sluice { .. } => server_late(server.addr),
+                Kind::Sluice { .. } => runtime.block_on(server_late(server.addr)),
                 _ => None,
             };
             drop(server);
@@ -467,14 +467,13 @@ pub fn measure(root: &Path, venv: &Path, args: &PeersArgs) -> Result<Vec<Row>> {
 }
 
 /// The answers a sluice server counted late, from its `/metrics` (None if it
-/// cannot be read).
-fn server_late(addr: SocketAddr) -> Option<u64> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n").ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
+/// cannot be read within 5 s).
+async fn server_late(addr: SocketAddr) -> Option<u64> {
+    let read = async {
+        let mut client = Client::connect(addr).await.ok()?;
+        Some(client.get("/metrics").await.ok()?.text())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(5), read).await.ok()??;
     let late = text
         .lines()
         .filter(|l| l.starts_with("sluice_requests_total{") && l.contains("outcome=\"late\""))
