@@ -11,6 +11,7 @@ use sluice_server::grpc::proto::{
     model_infer_request::InferInputTensor, InferTensorContents, ModelInferRequest, ModelReadyRequest,
 };
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// `emu` (zero latency) and `slow` (the 1× emulated profile, a short queue and SLO).
 fn config() -> String {
@@ -250,5 +251,48 @@ async fn grpc_bodies_count_against_the_shared_body_budget() {
     wait_for(full).await;
     let c = &server.state.apps["emu"].counters;
     assert_eq!(c.accepted.load(Ordering::Relaxed), 1, "the refused call was never accepted");
+    server.stop().await.unwrap();
+}
+
+/// hyper has no idle timeout for HTTP/2 and the keep-alive pings move bytes, so an
+/// idle gRPC connection used to be held until its age bound (ten times
+/// `idle_timeout_ms`). Now a connection with no call in progress for
+/// `idle_timeout_ms` is closed and counted; a call longer than that is not cut;
+/// the client's channel reconnects for its next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_grpc_connections_are_closed() {
+    let profiles = tempfile::tempdir().unwrap();
+    // `small` takes 500 ms at batch 1: longer than the idle timeout.
+    let slow = profiles.path().join("slow.toml");
+    std::fs::write(&slow, emulated_profile(500.0)).unwrap();
+    let config = format!(
+        "idle_timeout_ms = 200\n{}\n[[app]]\nname = \"slowcall\"\nexecutor = \"emulated\"\nprofile = \"{}\"\n\
+         input = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nslo_ms = 5000\nworkers = 1\n\
+         policy = \"fixed\"\nparams = {{ model = \"small\" }}\n",
+        emu_app("zero", "slo_ms = 100\nworkers = 1\npolicy = \"jellyfish\""),
+        slow.display()
+    );
+    let server = TestServer::start_with_grpc(&config).await.unwrap();
+    let idle_closed = || server.state.metrics.connections.idle_closed.load(Ordering::Relaxed);
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc.unwrap())).await.unwrap();
+    let request = |model: &str| ModelInferRequest {
+        model_name: model.into(),
+        inputs: vec![typed(vec![1, 4], vec![1., 2., 3., 4.])],
+        ..Default::default()
+    };
+    client.model_infer(request("emu")).await.unwrap();
+
+    // A call that outlasts the idle timeout is answered, not cut.
+    let before = idle_closed();
+    let r = client.model_infer(request("slowcall")).await.unwrap().into_inner();
+    assert_eq!(r.model_name, "slowcall");
+    assert_eq!(idle_closed(), before, "the connection was closed while a call was in progress");
+
+    // Then, idle, it is closed and counted.
+    assert!(eventually(Duration::from_secs(5), || idle_closed() > before).await, "the idle connection stayed open");
+    // The channel reconnects for the next call.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = client.model_infer(request("emu")).await.unwrap().into_inner();
+    assert_eq!(r.model_name, "emu");
     server.stop().await.unwrap();
 }

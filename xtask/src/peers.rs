@@ -439,7 +439,7 @@ pub fn measure(root: &Path, venv: &Path, args: &PeersArgs) -> Result<Vec<Row>> {
                 .await
             })?;
             let server_late = match system.kind {
-                Kind::Sluice { .. } => runtime.block_on(server_late(server.addr)),
+                Kind::Sluice { .. } => runtime.block_on(sluice_loadgen::server_count(server.addr, "late")),
                 _ => None,
             };
             drop(server);
@@ -464,22 +464,6 @@ pub fn measure(root: &Path, venv: &Path, args: &PeersArgs) -> Result<Vec<Row>> {
         }
     }
     Ok(rows)
-}
-
-/// The answers a sluice server counted late, from its `/metrics` (None if it
-/// cannot be read within 5 s).
-async fn server_late(addr: SocketAddr) -> Option<u64> {
-    let read = async {
-        let mut client = Client::connect(addr).await.ok()?;
-        Some(client.get("/metrics").await.ok()?.text())
-    };
-    let text = tokio::time::timeout(Duration::from_secs(5), read).await.ok()??;
-    let late = text
-        .lines()
-        .filter(|l| l.starts_with("sluice_requests_total{") && l.contains("outcome=\"late\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>();
-    Some(late as u64)
 }
 
 /// The highest rate a system held (≥ 99 % of arrivals answered 200 within the

@@ -110,12 +110,15 @@ struct Phase {
     by_status: BTreeMap<u16, u64>,
     goodput: f64,
     late: u64,
+    /// Answers the server counted late (its clock: arrival to answer), this phase.
+    server_late: Option<u64>,
     p50_ms: f64,
     p99_ms: f64,
     rss_mib: f64,
 }
 
 async fn phase(server: &Server, rate: f64) -> Result<Phase> {
+    let late_before = loadgen::server_count(server.addr, "late").await;
     let s = loadgen::run(LoadArgs {
         addr: server.addr,
         app: "img".into(),
@@ -129,7 +132,9 @@ async fn phase(server: &Server, rate: f64) -> Result<Phase> {
     })
     .await?;
     let ok = s.by_status.get(&200).copied().unwrap_or(0);
+    let late_after = loadgen::server_count(server.addr, "late").await;
     Ok(Phase {
+        server_late: late_before.zip(late_after).map(|(b, a)| a.saturating_sub(b)),
         rate,
         sent: s.sent,
         skipped: s.skipped,
@@ -171,13 +176,13 @@ fn main() -> Result<()> {
         rows.push((s, start_rss, at, over));
     }
     println!(
-        "| policy | capacity req/s | goodput at 1× | goodput at 5× | 5× / 1× (goal ≥ 0.9) | p99 200s at 5× ms (SLO {SLO_MS}) | late at 5× | statuses at 5× | RSS start / 1× / 5× MiB |"
+        "| policy | capacity req/s | goodput at 1× | goodput at 5× | 5× / 1× (goal ≥ 0.9) | p99 200s at 5× ms (SLO {SLO_MS}) | late at 5× (server's clock) | statuses at 5× | RSS start / 1× / 5× MiB |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---|---|");
     let mut out = Vec::new();
     for (s, start_rss, at, over) in &rows {
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.0} | {} | {:?} | {:.0} / {:.0} / {:.0} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.0} | {} ({}) | {:?} | {:.0} / {:.0} / {:.0} |",
             s.policy,
             s.capacity,
             at.goodput,
@@ -185,6 +190,7 @@ fn main() -> Result<()> {
             over.goodput / at.goodput,
             over.p99_ms,
             over.late,
+            over.server_late.map_or("-".to_string(), |n| n.to_string()),
             over.by_status,
             start_rss,
             at.rss_mib,

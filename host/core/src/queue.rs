@@ -90,6 +90,9 @@ pub struct Request {
     pub arrival: u64,
     /// `arrival + slo` (µs).
     pub deadline: u64,
+    /// When admission predicted it would be answered (host clock, µs; 0 when it
+    /// made no prediction, as for a pipeline's intermediate requests).
+    pub predicted: u64,
     /// The request's one input tensor (leading dimension 1).
     pub input: Tensor,
     /// Where the answer goes.
@@ -121,18 +124,25 @@ impl WorkQueue {
     /// Appends a request and wakes the workers waiting on this queue.
     pub fn push(&self, request: Request) {
         // Always admitted, so never handed back.
-        let _ = self.push_if(request, |_| true);
+        let _ = self.push_if(request, |_, _, _| true);
     }
 
-    /// Appends a request if `admit(queued)` agrees, judged under the queue's lock
-    /// on the number queued now (so concurrent arrivals cannot all pass a check
-    /// meant for one of them); otherwise hands the request back.
-    pub fn push_if(&self, request: Request, admit: impl FnOnce(usize) -> bool) -> Result<(), Request> {
+    /// Inserts a request in deadline order if `admit(at, request, behind)` agrees,
+    /// judged under the queue's lock (so concurrent arrivals cannot all pass a check
+    /// meant for one of them): `at` requests would be ahead of it, and `behind` are
+    /// the queued ones it would delay (an earlier deadline admitted later: its body
+    /// took longer to read). `admit` may note its prediction on the request.
+    /// Otherwise hands the request back.
+    pub fn push_if(
+        &self,
+        mut request: Request,
+        admit: impl FnOnce(usize, &mut Request, &[Request]) -> bool,
+    ) -> Result<(), Request> {
         let mut items = self.items.lock();
-        if !admit(items.len()) {
+        let at = items.len() - items.iter().rev().take_while(|r| r.deadline > request.deadline).count();
+        if !admit(at, &mut request, &items[at..]) {
             return Err(request);
         }
-        let at = items.len() - items.iter().rev().take_while(|r| r.deadline > request.deadline).count();
         items.insert(at, request);
         self.len.store(items.len(), Ordering::Relaxed);
         drop(items);

@@ -456,6 +456,25 @@ pub async fn run(args: LoadArgs) -> Result<Summary> {
     Ok(t.summary)
 }
 
+/// The answers a sluice server counted with `outcome` (`served`, `late`,
+/// `dropped-expired`, …) across its apps, read from its `/metrics`; `None` if
+/// they cannot be read within 5 s. Benchmarks set this, the server's own clock,
+/// beside what their clients measured.
+pub async fn server_count(addr: SocketAddr, outcome: &str) -> Option<u64> {
+    let read = async {
+        let mut client = Client::connect(addr).await.ok()?;
+        Some(client.get("/metrics").await.ok()?.text())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(5), read).await.ok()??;
+    let label = format!("outcome=\"{outcome}\"");
+    let count = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_requests_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    Some(count as u64)
+}
+
 /// Prints a summary for people.
 pub fn print_summary(s: &Summary) {
     println!("requests sent      {}", s.sent);

@@ -4,7 +4,7 @@
 //! [`App::swap_policy`] (hot swap), and the worker loop in [`crate::worker`].
 
 use std::io::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use sluice_sdk as sdk;
 
+use crate::admission;
 use crate::metrics::Metrics;
 use sluice_core::app_config::{AppConfig, FailMode, InputSpec};
 use sluice_core::clock::{Clock as _, WallClock};
@@ -92,20 +93,49 @@ pub struct WorkerHandle {
     pub loaded: Mutex<Vec<u32>>,
     /// Requests in the batch it is executing.
     pub in_flight: AtomicUsize,
-    /// The model of its last batch (admission predicts with it).
+    /// When that batch started (the app clock's µs); meaningful while `in_flight > 0`.
+    pub batch_started: AtomicU64,
+    /// The batch size admission assumes the policy forms: the size of the last
+    /// batch it formed while leaving requests queued (it chose that size), or,
+    /// when it took the whole queue, the larger of that batch and the previous
+    /// value (it might have taken more). Starts at 1: a policy that batches shows
+    /// it with its first batch, while one assumed to batch more than it does
+    /// would be refused the queue that would show it does not.
+    pub batch_size: AtomicU32,
+    /// The model of its running or last batch (admission predicts with it).
     pub last_model: std::sync::atomic::AtomicU32,
     /// Measured over profiled batch time, an EWMA (f64 bits; 1.0 to start).
     pub slowdown: AtomicU64,
 }
 
 impl WorkerHandle {
-    /// How long this worker would take to serve `ahead` requests and one more with
-    /// `model`, in batches as large as the model allows, at the measured slowdown.
-    fn predicted_us(&self, model: &sdk::Model, ahead: usize) -> f64 {
-        let n = ahead as u64 + 1;
-        let b = n.min(u64::from(model.max_batch().max(1)));
-        let batch_us = model.latency(b as u32).unwrap_or(0) as f64;
-        n.div_ceil(b) as f64 * batch_us * f64::from_bits(self.slowdown.load(Ordering::Relaxed))
+    /// How long from `now` until this worker has served `queued` requests and one
+    /// more with `model`, at the measured slowdown: what is left of the running
+    /// batch (its profiled time less what has elapsed; `running` requests in it),
+    /// then the `queued + 1` in batches of the size this worker's policy forms,
+    /// its own batch filled by the arrivals expected meanwhile (`arrivals_per_us`,
+    /// per worker; see [`admission::predict_us`] and [`WorkerHandle::batch_size`]).
+    /// That size, not the largest nor the cheapest:
+    /// on a CPU a batch of four can cost more than four single requests (ResNet-50
+    /// here), so `fixed` serves them one by one, while jellyfish forms pairs there
+    /// (its SLO/2 rule) and a request in a pair finishes with its partner.
+    /// Predicting either policy's batching for the other refused requests at half
+    /// of capacity, or admitted them to finish late (BENCHMARKS §7, §8).
+    fn predicted_us(&self, model: &sdk::Model, running: usize, queued: usize, now: u64, arrivals_per_us: f64) -> f64 {
+        let elapsed = now.saturating_sub(self.batch_started.load(Ordering::Relaxed));
+        let batch = self.batch_size.load(Ordering::Relaxed);
+        let slowdown = f64::from_bits(self.slowdown.load(Ordering::Relaxed));
+        admission::predict_us(model, slowdown, (running, elapsed), queued, batch, arrivals_per_us)
+    }
+
+    /// Marks the start of a batch of `size` requests with `model` at `now`, formed
+    /// with `left` requests staying queued.
+    pub fn start_batch(&self, model: u32, size: usize, left: usize, now: u64) {
+        self.last_model.store(model, Ordering::Relaxed);
+        self.batch_started.store(now, Ordering::Relaxed);
+        let learned = admission::learned_batch(self.batch_size.load(Ordering::Relaxed), size, left);
+        self.batch_size.store(learned, Ordering::Relaxed);
+        self.in_flight.store(size, Ordering::Release);
     }
 
     /// Folds one finished batch into the slowdown estimate.
@@ -119,6 +149,21 @@ impl WorkerHandle {
         // admission refuse everything, nor a lucky one admit everything.
         let sample = (measured_us as f64 / profiled_us as f64).clamp(0.25, 8.0);
         self.slowdown.store((0.7 * old + 0.3 * sample).to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// The most not-yet-queued requests [`App::precheck`] places on workers before it
+/// predicts (bounds its cost when many bodies are being read at once).
+const MAX_PLACED: usize = 64;
+
+/// A request that passed [`App::precheck`] and is being read and parsed: counted
+/// ahead of later arrivals until dropped.
+#[must_use = "the request counts as incoming only while this is held"]
+pub struct Incoming(Arc<AtomicUsize>);
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -212,6 +257,15 @@ pub struct App {
     pub unbind_generation: AtomicU64,
     /// Requests queued across the app (bounded by `max_queue`).
     pub queued: AtomicUsize,
+    /// Requests past [`App::precheck`] whose bodies are being read and parsed.
+    incoming: Arc<AtomicUsize>,
+    /// How late answers came against admission's prediction, recently.
+    errors: Mutex<admission::PredictionErrors>,
+    /// The margin those errors give ([`App::margin_us`]).
+    margin_us: AtomicU64,
+    /// The app's arrival rate at the last admission, req/s (f64 bits): how fast
+    /// a waiting request's batch fills.
+    arrival_rate: AtomicU64,
     /// Whether new requests are accepted.
     pub accepting: AtomicBool,
     /// Set at shutdown: workers serve what is queued, then exit.
@@ -392,6 +446,8 @@ impl App {
                 control: tx,
                 loaded: Mutex::new(set.ids()),
                 in_flight: AtomicUsize::new(0),
+                batch_started: AtomicU64::new(0),
+                batch_size: AtomicU32::new(1),
                 // Until the first batch, predict with the fastest loaded model.
                 last_model: std::sync::atomic::AtomicU32::new(fastest(&models, &set.ids())),
                 slowdown: AtomicU64::new(1f64.to_bits()),
@@ -432,6 +488,10 @@ impl App {
             swap_lock: tokio::sync::Mutex::new(()),
             unbind_generation: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
+            incoming: Arc::new(AtomicUsize::new(0)),
+            errors: Mutex::new(admission::PredictionErrors::default()),
+            margin_us: AtomicU64::new(0),
+            arrival_rate: AtomicU64::new(0),
             accepting: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
@@ -472,40 +532,85 @@ impl App {
 
     /// Whether a request arriving now would be admitted, asked before its body is
     /// read (so an overloaded app refuses before the body costs memory and time).
-    pub fn precheck(&self) -> Result<(), AdmitError> {
+    /// The requests that passed this check earlier and are still being read and
+    /// parsed count as ahead of it: under overload a burst would otherwise all pass,
+    /// be parsed (a 1.7 MB JSON image costs ~10 ms of CPU the model needs) and then
+    /// mostly be refused at [`App::submit_arrived`]. Hold the returned
+    /// [`Incoming`] until the request is submitted or refused.
+    pub fn precheck(&self) -> Result<Incoming, AdmitError> {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(AdmitError::ShuttingDown(self.name().to_string()));
         }
-        if self.queued.load(Ordering::Acquire) >= self.config.max_queue {
+        let incoming = self.incoming.load(Ordering::Acquire);
+        if self.queued.load(Ordering::Acquire) + incoming >= self.config.max_queue {
             return Err(self.queue_full());
         }
-        let best = (0..self.workers.len()).map(|w| self.prediction(w)).min_by(|a, b| a.1.total_cmp(&b.1));
-        match best {
-            Some((ahead, wait_us)) if wait_us > self.slo_us as f64 => Err(self.would_miss(ahead, wait_us)),
-            _ => Ok(()),
+        match self.best_prediction(incoming) {
+            Some((ahead, wait_us)) if wait_us + self.margin_us() > self.slo_us as f64 => {
+                Err(self.would_miss(ahead, wait_us + self.margin_us()))
+            }
+            _ => {
+                self.incoming.fetch_add(1, Ordering::AcqRel);
+                Ok(Incoming(self.incoming.clone()))
+            }
         }
     }
 
-    /// Requests ahead on worker `w` and the predicted µs to serve them and one more.
-    fn prediction(&self, w: usize) -> (usize, f64) {
-        self.prediction_with(w, self.workers[w].queue.len())
+    /// The best worker's prediction for one more request after `extra` requests
+    /// not yet queued were placed, each on the worker that would finish it first
+    /// (as shortest-queue routing would; at most [`MAX_PLACED`] are placed).
+    fn best_prediction(&self, extra: usize) -> Option<(usize, f64)> {
+        let best = |queued: &[usize]| {
+            (0..queued.len()).map(|w| (w, self.prediction_with(w, queued[w]))).min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
+        };
+        if extra == 0 {
+            // The common case, without an allocation.
+            let by_worker = (0..self.workers.len()).map(|w| self.prediction_with(w, self.workers[w].queue.len()));
+            return by_worker.min_by(|a, b| a.1.total_cmp(&b.1));
+        }
+        let mut queued: Vec<usize> = self.workers.iter().map(|w| w.queue.len()).collect();
+        for _ in 0..extra.min(MAX_PLACED) {
+            let (w, _) = best(&queued)?;
+            queued[w] += 1;
+        }
+        best(&queued).map(|(_, p)| p)
     }
 
-    /// As [`App::prediction`], with `queued` requests in the worker's queue.
+    /// The margin admission adds to every prediction (µs): the high quantile of
+    /// recent prediction errors ([`admission::PredictionErrors`]).
+    pub fn margin_us(&self) -> f64 {
+        self.margin_us.load(Ordering::Relaxed) as f64
+    }
+
+    /// Folds the answers of a batch finished at `finished` into the prediction
+    /// errors behind [`App::margin_us`].
+    pub fn record_answers(&self, finished: u64, requests: &[Request]) {
+        let errors = requests.iter().filter(|r| r.predicted > 0).map(|r| finished as i64 - r.predicted as i64);
+        let margin = self.errors.lock().record(errors);
+        self.margin_us.store(margin, Ordering::Relaxed);
+    }
+
+    /// Requests ahead on worker `w` with `queued` in its queue, and the predicted µs
+    /// to serve them and one more (without [`App::margin_us`]).
     fn prediction_with(&self, w: usize, queued: usize) -> (usize, f64) {
         let handle = &self.workers[w];
-        let ahead = if self.config.router == RouterMode::Shared {
-            // One queue for all: each worker takes its share of it.
-            let running: usize = self.workers.iter().map(|h| h.in_flight.load(Ordering::Relaxed)).sum();
-            (queued + running) / self.workers.len()
+        let (running, queued) = if self.config.router == RouterMode::Shared {
+            // One queue for all: each worker takes its share of it, running batches
+            // counted as queued (which worker frees first is not known here).
+            let running: usize = self.workers.iter().map(|h| h.in_flight.load(Ordering::Acquire)).sum();
+            (0, (queued + running) / self.workers.len())
         } else {
-            queued + handle.in_flight.load(Ordering::Relaxed)
+            (handle.in_flight.load(Ordering::Acquire), queued)
         };
         let models = self.models_of(w as u32);
         let model = handle.last_model.load(Ordering::Relaxed) as usize;
         match models.get(model) {
-            Some(m) => (ahead, handle.predicted_us(m, ahead)),
-            None => (ahead, 0.0),
+            Some(m) => {
+                let arrivals_per_us = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed)) / 1e6;
+                let per_worker = arrivals_per_us / self.workers.len() as f64;
+                (running + queued, handle.predicted_us(m, running, queued, self.clock.now(), per_worker))
+            }
+            None => (running + queued, 0.0),
         }
     }
 
@@ -558,6 +663,7 @@ impl App {
         let arrival = arrived.map_or(now, |t| now.saturating_sub(t.elapsed().as_micros() as u64));
 
         self.load.record(now);
+        self.arrival_rate.store(self.load.rate(now).to_bits(), Ordering::Relaxed);
         if self.device_models.is_some() {
             self.demand.record(now);
         }
@@ -573,6 +679,7 @@ impl App {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             arrival,
             deadline: deadline.unwrap_or(arrival + self.slo_us),
+            predicted: 0,
             input,
             reply: tx,
         };
@@ -588,10 +695,18 @@ impl App {
                     w.queue.len() + w.in_flight.load(Ordering::Relaxed)
                 });
                 let mut refused = (0, 0.0);
-                let pushed = self.workers[w].queue.push_if(request, |queued| {
-                    let (ahead, wait_us) = self.prediction_with(w, queued);
-                    refused = (ahead, wait_us);
-                    now as f64 + wait_us <= (arrival + self.slo_us) as f64
+                let deadline = arrival + self.slo_us;
+                let margin = self.margin_us();
+                let pushed = self.workers[w].queue.push_if(request, |at, request, behind| {
+                    let (ahead, wait_us) = self.prediction_with(w, at);
+                    refused = (ahead, wait_us + margin);
+                    request.predicted = now + wait_us as u64;
+                    // It must make its deadline, and so must every request it would
+                    // push back by one place.
+                    let meets = |position: usize, deadline: u64| {
+                        now as f64 + self.prediction_with(w, position).1 + margin <= deadline as f64
+                    };
+                    meets(at, deadline) && behind.iter().enumerate().all(|(k, r)| meets(at + 1 + k, r.deadline))
                 });
                 if pushed.is_err() {
                     self.queued.fetch_sub(1, Ordering::AcqRel);

@@ -60,6 +60,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Counted>>(16);
     let metrics = state.metrics.clone();
+    let idle = std::time::Duration::from_millis(state.config.idle_timeout_ms.max(1));
     // The accept loop: tonic takes connections from a stream; this one applies the
     // connection limit and counts them first.
     let accept = tokio::spawn(async move {
@@ -81,7 +82,17 @@ pub async fn serve(
                 continue;
             };
             metrics.connections.open.fetch_add(1, Ordering::Relaxed);
-            let conn = Counted { inner: stream, _permit: permit, metrics: metrics.clone() };
+            let activity = Arc::new(crate::server::Activity::default());
+            activity.touch();
+            let conn = Counted {
+                inner: stream,
+                _permit: permit,
+                metrics: metrics.clone(),
+                activity,
+                idle,
+                ended: false,
+                timer: Box::pin(tokio::time::sleep(idle)),
+            };
             if tx.send(Ok(conn)).await.is_err() {
                 break;
             }
@@ -95,8 +106,9 @@ pub async fn serve(
         state: state.clone(),
     };
     let result = tonic::transport::Server::builder()
-        // Dead peers are found by keep-alive pings; an idle connection is closed by
-        // its age bound, so a client that never closes cannot hold a slot forever.
+        // Dead peers are found by keep-alive pings; a connection with no call in
+        // progress for `idle_timeout_ms` is closed (`Counted`), and every connection
+        // is retired (GOAWAY) at its age bound.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .max_connection_age(std::time::Duration::from_millis(config.idle_timeout_ms.max(1000) * 10))
         .add_service(service)
@@ -124,10 +136,11 @@ impl<S: tonic::server::NamedService> tonic::server::NamedService for Budgeted<S>
 impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for Budgeted<S>
 where
     S: tonic::codegen::Service<tonic::codegen::http::Request<BudgetedBody<B>>>,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -135,7 +148,14 @@ where
 
     fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
         let state = self.state.clone();
-        self.inner.call(req.map(|inner| BudgetedBody { inner, state, held: None, taken_bytes: 0 }))
+        // The call keeps its connection from being idle until it is answered.
+        let in_flight = req.extensions().get::<ConnInfo>().map(|c| c.activity.begin());
+        let call = self.inner.call(req.map(|inner| BudgetedBody { inner, state, held: None, taken_bytes: 0 }));
+        Box::pin(async move {
+            let response = call.await;
+            drop(in_flight);
+            response
+        })
     }
 }
 
@@ -207,11 +227,28 @@ impl tokio_stream::Stream for Incoming {
     }
 }
 
-/// A connection that holds its slot and counts as open until dropped.
+/// A connection that holds its slot and counts as open until dropped, and ends
+/// (its reads see the end of the stream, so hyper closes it) once no call has been
+/// in progress on it for `idle_timeout_ms`. hyper has no idle timeout for HTTP/2,
+/// and the keep-alive pings move bytes, so idleness is judged by calls, as
+/// grpc-go's `MaxConnectionIdle` does.
 struct Counted {
     inner: TcpStream,
     _permit: OwnedSemaphorePermit,
     metrics: Arc<Metrics>,
+    activity: Arc<crate::server::Activity>,
+    idle: std::time::Duration,
+    /// Set once it was found idle: its reads stay at the end of the stream.
+    ended: bool,
+    /// Wakes the connection's reader to look at `activity` again.
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// What tonic puts in each call's extensions for this connection.
+#[derive(Clone)]
+struct ConnInfo {
+    /// The connection's calls in progress and last activity.
+    activity: Arc<crate::server::Activity>,
 }
 
 impl Drop for Counted {
@@ -221,15 +258,40 @@ impl Drop for Counted {
 }
 
 impl Connected for Counted {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = ConnInfo;
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+        ConnInfo { activity: self.activity.clone() }
     }
 }
 
 impl AsyncRead for Counted {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(Ok(()));
+        }
+        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if read.is_ready() {
+            return read;
+        }
+        // Nothing to read: end the connection if it is idle, else look again when
+        // it could first be.
+        loop {
+            if this.activity.idle(this.idle) {
+                this.ended = true;
+                this.metrics.connections.idle_closed.fetch_add(1, Ordering::Relaxed);
+                return Poll::Ready(Ok(()));
+            }
+            // A call in progress touches the activity when it ends; until then
+            // look again a whole period later.
+            let busy = this.activity.in_flight.load(Ordering::Acquire) > 0;
+            let left = if busy { this.idle } else { this.idle.saturating_sub(this.activity.idle_for()) };
+            let left = left.max(std::time::Duration::from_millis(10));
+            this.timer.as_mut().reset(tokio::time::Instant::now() + left);
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
     }
 }
 
@@ -350,11 +412,13 @@ impl GrpcInferenceService for Service {
             target.check_version(&r.model_version).map_err(status)?;
             return Err(status(pinned_version(&r.model_name, &r.model_version)));
         }
-        target.precheck().map_err(status)?;
+        // Counted as incoming while its inputs are decoded.
+        let incoming = target.precheck().map_err(status)?;
         let requested: Vec<&str> = r.outputs.iter().map(|o| o.name.as_str()).collect();
         target.check_outputs(&requested).map_err(status)?;
         let raw = !r.raw_input_contents.is_empty();
         let inputs = decode_inputs(target.name(), r.inputs, r.raw_input_contents).map_err(status)?;
+        drop(incoming);
         let id = (!r.id.is_empty()).then_some(r.id.as_str());
         let answer = target.infer(id, inputs, arrived).await.map_err(status)?;
         let mut outputs = Vec::with_capacity(answer.outputs.len());

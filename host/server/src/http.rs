@@ -95,17 +95,19 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             // Errors found before the body is read (an unknown app, an overloaded
             // one, a bad framing header, no room to read it) are answered after
             // reading it, so a client still sending sees the answer, not a reset.
-            let admitted = target(state, app).and_then(|t| t.precheck().map(|()| t));
-            let early = admitted.and_then(|t| {
+            // Past the precheck, the request counts as incoming (ahead of later
+            // arrivals) until its body is parsed.
+            let admitted = target(state, app).and_then(|t| Ok((t.precheck()?, t)));
+            let early = admitted.and_then(|(incoming, t)| {
                 let budget = crate::api::reserve_body(state, &req)?;
-                Ok((t, budget, binary::header_length(&req)?))
+                Ok((t, incoming, budget, binary::header_length(&req)?))
             });
-            let (target, budget, json_len) = match early {
+            let (target, incoming, budget, json_len) = match early {
                 Ok(x) => x,
                 Err(e) => return Err(discard_body(state, req, e).await),
             };
             let (request, data) = {
-                let _budget = budget;
+                let (_incoming, _budget) = (incoming, budget);
                 let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
                 (parse_off_thread::<InferRequest>(json).await?, data)
             };
@@ -162,7 +164,8 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
     }
 }
 
-/// Gauges read from the apps when scraped: requests queued and in running batches.
+/// Gauges read from the apps when scraped: requests queued and in running batches,
+/// and admission's margin.
 fn queue_gauges(state: &State, out: &mut String) {
     use std::fmt::Write as _;
     let _ = writeln!(out, "# HELP sluice_queue_depth Requests queued, by app.\n# TYPE sluice_queue_depth gauge");
@@ -174,6 +177,13 @@ fn queue_gauges(state: &State, out: &mut String) {
     for (name, app) in &state.apps {
         let running: usize = app.workers.iter().map(|w| w.in_flight.load(Ordering::Relaxed)).sum();
         let _ = writeln!(out, "sluice_in_flight{{app=\"{name}\"}} {running}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_admission_margin_seconds The margin admission adds to its predictions (the 99th percentile of recent prediction errors), by app.\n# TYPE sluice_admission_margin_seconds gauge"
+    );
+    for (name, app) in &state.apps {
+        let _ = writeln!(out, "sluice_admission_margin_seconds{{app=\"{name}\"}} {}", app.margin_us() / 1e6);
     }
 }
 

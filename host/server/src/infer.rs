@@ -116,10 +116,11 @@ impl Target {
 
     /// Whether a request would be admitted now (apps only: a pipeline's tasks
     /// judge their intermediate requests by its early dropping).
-    pub(crate) fn precheck(&self) -> Result<(), ApiError> {
+    /// Hold the returned guard until the request is submitted or refused.
+    pub(crate) fn precheck(&self) -> Result<Option<crate::app::Incoming>, ApiError> {
         match self {
-            Target::App(app) => app.precheck().map_err(admit_error),
-            Target::Pipeline(_) => Ok(()),
+            Target::App(app) => app.precheck().map(Some).map_err(admit_error),
+            Target::Pipeline(_) => Ok(None),
         }
     }
 

@@ -15,6 +15,7 @@
 //!   `sluice_core::executor::Executor`; [`profiling`]: `sluice profile`.
 
 pub mod admin;
+pub mod admission;
 pub mod allocation;
 pub mod api;
 pub mod app;

@@ -253,7 +253,7 @@ async fn serve(
                 break;
             }
             _ = tick.tick() => {
-                if activity.idle_for() >= limits.idle && activity.in_flight.load(Ordering::Acquire) == 0 {
+                if activity.idle(limits.idle) {
                     // Nothing to finish: dropping the connection closes the socket.
                     metrics.connections.idle_closed.fetch_add(1, Ordering::Relaxed);
                     break;
@@ -284,11 +284,13 @@ async fn refuse(mut stream: TcpStream, limit: usize, _permit: OwnedSemaphorePerm
 }
 
 /// When a connection last moved a byte, and how many of its requests are in
-/// progress (a request waiting for its batch moves no byte and is not idle).
+/// progress (a request waiting for its batch moves no byte and is not idle). The
+/// gRPC front ([`crate::grpc`]) uses it too, touched only as calls begin and end.
 #[derive(Default)]
-struct Activity {
+pub(crate) struct Activity {
     last_ms: AtomicU64,
-    in_flight: AtomicUsize,
+    /// Requests in progress.
+    pub(crate) in_flight: AtomicUsize,
 }
 
 /// The process's reference instant for [`Activity`] (milliseconds fit an atomic).
@@ -298,24 +300,32 @@ fn epoch() -> Instant {
 }
 
 impl Activity {
-    fn touch(&self) {
+    /// Records activity now.
+    pub(crate) fn touch(&self) {
         self.last_ms.store(epoch().elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
-    fn idle_for(&self) -> Duration {
+    /// Time since the last activity.
+    pub(crate) fn idle_for(&self) -> Duration {
         Duration::from_millis(
             (epoch().elapsed().as_millis() as u64).saturating_sub(self.last_ms.load(Ordering::Relaxed)),
         )
     }
 
-    fn begin(self: &Arc<Self>) -> InFlight {
+    /// Whether no request is in progress and there was no activity for `limit`.
+    pub(crate) fn idle(&self, limit: Duration) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0 && self.idle_for() >= limit
+    }
+
+    /// A request begins: it is in progress until the guard is dropped.
+    pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(self.clone())
     }
 }
 
 /// A request in progress on a connection.
-struct InFlight(Arc<Activity>);
+pub(crate) struct InFlight(Arc<Activity>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {

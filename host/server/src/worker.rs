@@ -26,8 +26,8 @@ use sluice_core::runtime::PolicyFault;
 
 /// What the worker does after a decision.
 enum Step {
-    /// Execute a batch.
-    Run { model: u32, batch: Vec<Request>, policy: String, generation: u64 },
+    /// Execute a batch; `left` requests stayed queued when the policy formed it.
+    Run { model: u32, batch: Vec<Request>, left: usize, policy: String, generation: u64 },
     /// Wait for an arrival or until this instant (µs).
     Wait(u64),
     /// Decide again at once (the policy only dropped).
@@ -87,8 +87,8 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
             answer_dropped(&app, r, DropReason::Policy, "dropped by the policy", &drop_policy);
         }
         match step {
-            Step::Run { model, batch, policy, generation } => {
-                execute(&app, &handle, &models, model, batch, &policy, generation).await;
+            Step::Run { model, batch, left, policy, generation } => {
+                execute(&app, &handle, &models, (model, left), batch, &policy, generation).await;
             }
             Step::Again => {}
             Step::Wait(until) => {
@@ -205,11 +205,11 @@ fn decide(
         prepared
     };
     let asked = view.as_ref().map(|v| decision::ask(&mut slot.current, v, &cx));
-    let d = {
+    let (d, left) = {
         let mut items = handle.queue.items.lock();
         let d = decision::apply(&mut items, expired, view.as_ref().zip(asked), &mut slot.current, &cx);
         handle.queue.sync_len(&items);
-        d
+        (d, items.len())
     };
     drop(slot);
     if let Some(old) = retired {
@@ -234,7 +234,7 @@ fn decide(
     }
     let decided_by = if d.by_safe { "safe".to_string() } else { policy_name };
     let step = match d.next {
-        Next::Run { model, batch } => Step::Run { model, batch, policy: decided_by.clone(), generation },
+        Next::Run { model, batch } => Step::Run { model, batch, left, policy: decided_by.clone(), generation },
         Next::Wait(t) => Step::Wait(t),
         Next::Again => Step::Again,
         Next::Idle { expire_at } => Step::Idle { expire_at },
@@ -252,15 +252,15 @@ async fn execute(
     app: &App,
     handle: &crate::app::WorkerHandle,
     models: &ModelSet,
-    model: u32,
+    (model, left): (u32, usize),
     batch: Vec<Request>,
     policy: &str,
     generation: u64,
 ) {
     let size = batch.len();
     let variant = app.models[model as usize].name.clone();
-    handle.in_flight.store(size, Ordering::Relaxed);
     let started = app.clock.now();
+    handle.start_batch(model, size, left, started);
     app.metrics.observe("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
     let (requests, samples): (Vec<_>, Vec<_>) = batch
         .into_iter()
@@ -298,6 +298,7 @@ async fn execute(
     handle.in_flight.store(0, Ordering::Relaxed);
     let profiled = app.models_of(handle.index).get(model as usize).and_then(|m| m.latency(size as u32)).unwrap_or(0);
     handle.observe_batch(model, profiled, finished.saturating_sub(started));
+    app.record_answers(finished, &requests);
     let outcome = decision::outcome(model, &requests, started, finished, result.is_err());
     match result {
         Ok(outputs) => {
