@@ -586,7 +586,10 @@ impl App {
     /// errors behind [`App::margin_us`].
     pub fn record_answers(&self, finished: u64, requests: &[Request]) {
         let errors = requests.iter().filter(|r| r.predicted > 0).map(|r| finished as i64 - r.predicted as i64);
-        let margin = self.errors.lock().record(errors);
+        // At most a quarter of the SLO: a margin near the SLO would refuse every
+        // request, so no answer would ever come to bring it down (one batch held
+        // 1 s by a frozen cluster agent did that before this bound).
+        let margin = self.errors.lock().record(errors).min(self.slo_us / 4);
         self.margin_us.store(margin, Ordering::Relaxed);
     }
 
