@@ -545,10 +545,8 @@ impl App {
         if self.queued.load(Ordering::Acquire) + incoming >= self.config.max_queue {
             return Err(self.queue_full());
         }
-        match self.best_prediction(incoming) {
-            Some((ahead, wait_us)) if wait_us + self.margin_us() > self.slo_us as f64 => {
-                Err(self.would_miss(ahead, wait_us + self.margin_us()))
-            }
+        match self.best_prediction(incoming).map(|(ahead, wait_us)| (ahead, wait_us + self.margin_us())) {
+            Some((ahead, wait_us)) if wait_us > self.slo_us as f64 => Err(self.would_miss(ahead, wait_us)),
             _ => {
                 self.incoming.fetch_add(1, Ordering::AcqRel);
                 Ok(Incoming(self.incoming.clone()))

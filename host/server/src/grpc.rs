@@ -82,13 +82,11 @@ pub async fn serve(
                 continue;
             };
             metrics.connections.open.fetch_add(1, Ordering::Relaxed);
-            let activity = Arc::new(crate::server::Activity::default());
-            activity.touch();
             let conn = Counted {
                 inner: stream,
                 _permit: permit,
                 metrics: metrics.clone(),
-                activity,
+                activity: crate::server::Activity::start(),
                 idle,
                 ended: false,
                 timer: Box::pin(tokio::time::sleep(idle)),
@@ -284,8 +282,8 @@ impl AsyncRead for Counted {
             }
             // A call in progress touches the activity when it ends; until then
             // look again a whole period later.
-            let busy = this.activity.in_flight.load(Ordering::Acquire) > 0;
-            let left = if busy { this.idle } else { this.idle.saturating_sub(this.activity.idle_for()) };
+            let left =
+                if this.activity.busy() { this.idle } else { this.idle.saturating_sub(this.activity.idle_for()) };
             let left = left.max(std::time::Duration::from_millis(10));
             this.timer.as_mut().reset(tokio::time::Instant::now() + left);
             if this.timer.as_mut().poll(cx).is_pending() {

@@ -211,8 +211,7 @@ async fn serve(
 ) {
     let metrics = state.metrics.clone();
     metrics.connections.open.fetch_add(1, Ordering::Relaxed);
-    let activity = Arc::new(Activity::default());
-    activity.touch();
+    let activity = Activity::start();
     let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
     let busy = activity.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
@@ -289,8 +288,7 @@ async fn refuse(mut stream: TcpStream, limit: usize, _permit: OwnedSemaphorePerm
 #[derive(Default)]
 pub(crate) struct Activity {
     last_ms: AtomicU64,
-    /// Requests in progress.
-    pub(crate) in_flight: AtomicUsize,
+    in_flight: AtomicUsize,
 }
 
 /// The process's reference instant for [`Activity`] (milliseconds fit an atomic).
@@ -300,8 +298,14 @@ fn epoch() -> Instant {
 }
 
 impl Activity {
-    /// Records activity now.
-    pub(crate) fn touch(&self) {
+    /// A new connection's, active now.
+    pub(crate) fn start() -> Arc<Self> {
+        let activity = Arc::new(Activity::default());
+        activity.touch();
+        activity
+    }
+
+    fn touch(&self) {
         self.last_ms.store(epoch().elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
@@ -312,9 +316,14 @@ impl Activity {
         )
     }
 
+    /// Whether a request is in progress.
+    pub(crate) fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
     /// Whether no request is in progress and there was no activity for `limit`.
     pub(crate) fn idle(&self, limit: Duration) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0 && self.idle_for() >= limit
+        !self.busy() && self.idle_for() >= limit
     }
 
     /// A request begins: it is in progress until the guard is dropped.
