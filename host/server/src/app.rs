@@ -591,6 +591,12 @@ impl App {
         self.margin_us.store(margin, Ordering::Relaxed);
     }
 
+    /// Empties the prediction errors and the margin they gave (a policy swap).
+    fn forget_prediction_errors(&self) {
+        *self.errors.lock() = admission::PredictionErrors::default();
+        self.margin_us.store(0, Ordering::Relaxed);
+    }
+
     /// Requests ahead on worker `w` with `queued` in its queue, and the predicted µs
     /// to serve them and one more (without [`App::margin_us`]).
     fn prediction_with(&self, w: usize, queued: usize) -> (usize, f64) {
@@ -827,6 +833,14 @@ impl App {
         })
         .await
         .map_err(|e| PolicyError::Init { name: compiled.name.clone(), reason: format!("install task failed: {e}") })?;
+        // How the old policy's answers strayed from admission's prediction says
+        // nothing about the new one's: a policy that waits on purpose, as
+        // spread-drop does, would leave the next one its margin for 512 answers.
+        // The batch size each worker learned is kept: the new policy's first
+        // batches correct it, and starting over at 1 would refuse a batching
+        // policy's first burst (learning from a swapped-out policy is wrong for one
+        // batch; from nothing, for a whole burst).
+        self.forget_prediction_errors();
         self.counters.faults_since_bind.store(0, Ordering::Relaxed);
         self.counters.swaps.fetch_add(1, Ordering::Relaxed);
         self.metrics.swap(self.name(), &compiled.name);
