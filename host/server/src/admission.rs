@@ -74,10 +74,17 @@ pub const ERROR_QUANTILE: f64 = 0.99;
 /// Until 100 answers are in, the 99th percentile is their largest error: starting
 /// from zeros instead (predictions assumed right) let jellyfish's first model
 /// switches pass unnoticed and served late under overload (BENCHMARKS §7).
+///
+/// The window is kept twice: in arrival order (to know which error leaves) and
+/// sorted (so the quantile is a lookup). A batch's answers cost a binary search
+/// and a move of at most [`ERROR_WINDOW`] values each, where a selection over the
+/// whole window per batch cost a copy and a partial sort under the app's lock,
+/// once per request with zero-latency models (BENCHMARKS §3).
 #[derive(Debug, Default)]
 pub struct PredictionErrors {
     ring: Vec<i64>,
     next: usize,
+    sorted: Vec<i64>,
 }
 
 impl PredictionErrors {
@@ -89,23 +96,25 @@ impl PredictionErrors {
             if self.ring.len() < ERROR_WINDOW {
                 self.ring.push(e);
             } else {
-                self.ring[self.next] = e;
+                let old = std::mem::replace(&mut self.ring[self.next], e);
+                // Present: every value in the ring is in the sorted copy.
+                let at = self.sorted.partition_point(|&x| x < old);
+                self.sorted.remove(at);
             }
+            let at = self.sorted.partition_point(|&x| x < e);
+            self.sorted.insert(at, e);
             self.next = (self.next + 1) % ERROR_WINDOW;
         }
         self.margin()
     }
 
-    /// The current margin (µs), computed from the window (a sort of at most
-    /// [`ERROR_WINDOW`] values: done once per batch, not per request).
+    /// The current margin (µs).
     pub fn margin(&self) -> u64 {
-        if self.ring.is_empty() {
+        if self.sorted.is_empty() {
             return 0;
         }
-        let mut sorted = self.ring.clone();
-        let k = ((sorted.len() as f64 * ERROR_QUANTILE).ceil() as usize).clamp(1, sorted.len()) - 1;
-        let (_, at, _) = sorted.select_nth_unstable(k);
-        u64::try_from(*at).unwrap_or(0)
+        let k = ((self.sorted.len() as f64 * ERROR_QUANTILE).ceil() as usize).clamp(1, self.sorted.len()) - 1;
+        u64::try_from(self.sorted[k]).unwrap_or(0)
     }
 }
 
@@ -194,5 +203,28 @@ mod tests {
         let mut e = PredictionErrors::default();
         e.record(std::iter::repeat_n(30_000, 10));
         assert_eq!(e.record(std::iter::repeat_n(0, ERROR_WINDOW)), 0);
+    }
+
+    #[test]
+    fn the_sorted_window_gives_the_quantile_of_the_last_errors() {
+        // Against a plain sort of the last ERROR_WINDOW values, through several
+        // wrap-arounds, with repeated values and batches of different sizes.
+        let mut e = PredictionErrors::default();
+        let mut all = Vec::new();
+        let mut x: u64 = 7;
+        for batch in 0..700 {
+            let errors: Vec<i64> = (0..1 + batch % 5)
+                .map(|_| {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    ((x >> 33) % 2_000) as i64 - 1_000
+                })
+                .collect();
+            all.extend(&errors);
+            let margin = e.record(errors);
+            let mut last: Vec<i64> = all[all.len().saturating_sub(ERROR_WINDOW)..].to_vec();
+            last.sort_unstable();
+            let k = ((last.len() as f64 * ERROR_QUANTILE).ceil() as usize).clamp(1, last.len()) - 1;
+            assert_eq!(margin, u64::try_from(last[k]).unwrap_or(0), "after batch {batch}");
+        }
     }
 }

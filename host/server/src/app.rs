@@ -628,6 +628,14 @@ impl App {
     }
 
     fn would_miss(&self, ahead: usize, wait_us: f64) -> AdmitError {
+        // Debug level: under overload this is once per refused request.
+        tracing::debug!(
+            app = self.name(),
+            ahead,
+            wait_ms = wait_us / 1e3,
+            margin_ms = self.margin_us() / 1e3,
+            "refused: would miss its deadline"
+        );
         self.counters.rejected.fetch_add(1, Ordering::Relaxed);
         self.counters.rejected_overload.fetch_add(1, Ordering::Relaxed);
         self.metrics.request(self.name(), "", "rejected-overload");
