@@ -132,11 +132,18 @@ pub struct Milp {
     index: HashMap<Variable, usize>,
     constraints: Vec<good_lp::Constraint>,
     switches: Vec<(&'static str, bool)>,
+    limits: Vec<(&'static str, i32)>,
 }
 
 impl Default for Milp {
     fn default() -> Self {
-        Milp { vars: ProblemVariables::new(), index: HashMap::new(), constraints: Vec::new(), switches: Vec::new() }
+        Milp {
+            vars: ProblemVariables::new(),
+            index: HashMap::new(),
+            constraints: Vec::new(),
+            switches: Vec::new(),
+            limits: Vec::new(),
+        }
     }
 }
 
@@ -197,6 +204,13 @@ impl Milp {
         self.switches.push((option, on));
     }
 
+    /// Sets an integer HiGHS search option for this model's solve (e.g.
+    /// `mip_pool_soft_limit`): like [`Milp::switch`], measured on the model, never the
+    /// time limit or gap.
+    pub fn limit(&mut self, option: &'static str, value: i32) {
+        self.limits.push((option, value));
+    }
+
     /// Adds a constraint.
     pub fn constrain(&mut self, c: good_lp::Constraint) {
         self.constraints.push(c);
@@ -210,7 +224,7 @@ impl Milp {
         objective: Expression,
         settings: &SolverSettings,
     ) -> Result<(SolveReport, Option<Values>), SolveError> {
-        let Milp { vars, index, constraints, switches } = self;
+        let Milp { vars, index, constraints, switches, limits } = self;
         let variables = index.len();
         let rows = constraints.len();
         let mut problem = match sense {
@@ -230,6 +244,9 @@ impl Milp {
         set(&mut model, "mip_rel_gap", settings.mip_gap)?;
         for (option, on) in switches {
             model.try_set_option(option, on).map_err(|e| SolveError::Highs(format!("option {option}: {e:?}")))?;
+        }
+        for (option, value) in limits {
+            model.try_set_option(option, value).map_err(|e| SolveError::Highs(format!("option {option}: {e:?}")))?;
         }
         model.set_threads(NonZeroU32::new(settings.threads.max(1)).expect("at least 1"));
         let started = Instant::now();
@@ -322,6 +339,16 @@ mod tests {
         let (m, a) = model("no_such_option");
         let error = m.solve(Sense::Maximise, a.into(), &SolverSettings::default()).err().expect("an error");
         assert!(error.to_string().contains("no_such_option"), "{error}");
+        let mut m = Milp::default();
+        let a = m.add(variable().integer().min(0).max(3));
+        m.limit("mip_pool_soft_limit", 30);
+        let (report, _) = m.solve(Sense::Maximise, a.into(), &SolverSettings::default()).unwrap();
+        assert_eq!(report.objective, Some(3.0));
+        let mut m = Milp::default();
+        let a = m.add(variable().integer().min(0).max(3));
+        m.limit("no_such_limit", 1);
+        let error = m.solve(Sense::Maximise, a.into(), &SolverSettings::default()).err().expect("an error");
+        assert!(error.to_string().contains("no_such_limit"), "{error}");
     }
 
     #[test]

@@ -649,6 +649,14 @@ fn solve_at(
         ] {
             m.switch(option, false);
         }
+        // Measured on traffic analysis at 600 and 1000 req/s on a quiet machine
+        // (BENCHMARKS.md §6, 2026-11-24): 139 / 97 ms with HiGHS's defaults, 83–92 / 59 ms
+        // with pseudo-costs trusted from the first branching (no strong branching to
+        // make them reliable: the tree has under a hundred nodes) and a cut pool of
+        // 30 (the default 10,000 keeps cuts whose LP work outweighs what they prune
+        // on a model of ~100 rows). Same optima, same gap.
+        m.limit("mip_pscost_minreliable", 0);
+        m.limit("mip_pool_soft_limit", 30);
     }
     // Paths over the vertices, only those within their chain's latency budget: with
     // one batch size per variant (Σ_b y ≤ 1) and capacity only where y = 1, this is
