@@ -29,13 +29,17 @@ pub enum ArrivalSpec {
         /// Requests per second.
         rate_qps: f64,
     },
-    /// A rate trace (`t_sec qps` lines, piecewise constant) expanded to Poisson arrivals.
+    /// A rate trace (`t_sec qps` lines, piecewise constant) expanded to arrivals,
+    /// Poisson by default.
     RateTrace {
         /// The trace file (relative to the experiment file).
         file: PathBuf,
         /// Multiplies every rate.
         #[serde(default = "one")]
         scale: f64,
+        /// How arrivals are placed within each step of the trace.
+        #[serde(default)]
+        spacing: Spacing,
     },
     /// One line per request, `arrival_ms,qos,deadline_ms` (Proteus's traces); the
     /// deadline column is the request's own latency budget in ms.
@@ -49,6 +53,21 @@ pub enum ArrivalSpec {
         /// The log file.
         file: PathBuf,
     },
+}
+
+/// How a [`ArrivalSpec::RateTrace`] places arrivals within a step of constant rate.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Spacing {
+    /// A Poisson process at the step's rate (what a trace of many independent
+    /// clients looks like).
+    #[default]
+    Poisson,
+    /// Evenly spaced at the step's rate, the first at the step's start: the least
+    /// queueing a trace of per-second counts allows. Loki's reference simulator reads
+    /// per-request files its artifact does not include, so how it spread a second's
+    /// requests is not known; the two spacings bound it (docs/results/loki).
+    Even,
 }
 
 fn one() -> f64 {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use thiserror::Error;
 
-use sluice_core::workload::ArrivalSpec;
+use sluice_core::workload::{ArrivalSpec, Spacing};
 
 use super::rng::Rng;
 
@@ -101,7 +101,7 @@ pub fn generate(
                 i += 1;
             }
         }
-        ArrivalSpec::RateTrace { file, scale } => {
+        ArrivalSpec::RateTrace { file, scale, spacing } => {
             let path = base.join(file);
             let steps = read_lines(&path, |line, n| {
                 let mut it = line.split_whitespace();
@@ -117,6 +117,20 @@ pub fn generate(
                 let rate = qps * scale;
                 t = t.max(start * 1e6);
                 if rate <= 0.0 {
+                    continue;
+                }
+                if *spacing == Spacing::Even {
+                    let stop = end.min(duration_us as f64);
+                    let step = 1e6 / rate;
+                    let mut k = 0.0;
+                    while t + k * step < stop {
+                        out.push(Arrival { at: (t + k * step) as u64, budget: None });
+                        k += 1.0;
+                    }
+                    t = end;
+                    if t >= duration_us as f64 {
+                        break;
+                    }
                     continue;
                 }
                 // Memorylessness: restarting the exponential clock at a rate
@@ -216,15 +230,29 @@ mod tests {
         std::fs::write(dir.join("req.txt"), "5,1,300\n1.5,1,100\n").unwrap();
         std::fs::write(dir.join("bad.txt"), "0 100\nnope\n").unwrap();
         let mut rng = Rng::new(1);
-        let spec = ArrivalSpec::RateTrace { file: "rate.txt".into(), scale: 1.0 };
+        let spec = ArrivalSpec::RateTrace { file: "rate.txt".into(), scale: 1.0, spacing: Spacing::Poisson };
         let r = generate(&spec, "a", &dir, 3_000_000, &mut rng).unwrap();
         assert!(r.iter().all(|a| a.at < 1_000_000 || a.at >= 2_000_000), "no arrivals at rate 0");
         let late = r.iter().filter(|a| a.at >= 2_000_000).count();
         assert!((200..400).contains(&late), "{late}");
         let q = generate(&ArrivalSpec::Requests { file: "req.txt".into() }, "a", &dir, 1_000_000, &mut rng).unwrap();
         assert_eq!(q, vec![Arrival { at: 1500, budget: Some(100_000) }, Arrival { at: 5000, budget: Some(300_000) }]);
-        let e = generate(&ArrivalSpec::RateTrace { file: "bad.txt".into(), scale: 1.0 }, "a", &dir, 1, &mut rng)
-            .unwrap_err();
+        let e = generate(
+            &ArrivalSpec::RateTrace { file: "bad.txt".into(), scale: 1.0, spacing: Spacing::Poisson },
+            "a",
+            &dir,
+            1,
+            &mut rng,
+        )
+        .unwrap_err();
         assert!(e.to_string().ends_with("bad.txt:2: line 2: expected `t_sec qps`"), "{e}");
+        // Evenly spaced: exactly rate × length per step, at the step's start and
+        // every 1 / rate after, none at rate 0.
+        let spec = ArrivalSpec::RateTrace { file: "rate.txt".into(), scale: 0.1, spacing: Spacing::Even };
+        let even: Vec<u64> = generate(&spec, "a", &dir, 3_000_000, &mut rng).unwrap().iter().map(|a| a.at).collect();
+        let want: Vec<u64> =
+            (0..10).map(|k| k * 100_000).chain((0..30).map(|k| 2_000_000 + k * 1_000_000 / 30)).collect();
+        assert_eq!(even.len(), want.len());
+        assert!(even.iter().zip(&want).all(|(a, b)| a.abs_diff(*b) <= 1), "{even:?}");
     }
 }

@@ -54,7 +54,7 @@ use sluice_core::pipeline::{
 };
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
-use sluice_core::workload::ArrivalSpec;
+use sluice_core::workload::{ArrivalSpec, Spacing};
 use sluice_sdk as sdk;
 
 use crate::arrivals::generate;
@@ -1749,7 +1749,10 @@ impl<'a> PipelineSim<'a> {
         }
         let span = self.workers_since.max(1) as f64;
         let load = match &self.run.arrivals {
-            ArrivalSpec::RateTrace { file, scale } => format!("{} ×{scale}", file.display()),
+            ArrivalSpec::RateTrace { file, scale, spacing } => match spacing {
+                Spacing::Poisson => format!("{} ×{scale}", file.display()),
+                Spacing::Even => format!("{} ×{scale} even", file.display()),
+            },
             a => a.rate_qps().map(|r| format!("{r}")).unwrap_or_default(),
         };
         let frac = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
