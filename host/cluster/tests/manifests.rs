@@ -33,15 +33,20 @@ fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
 }
 
-fn docs() -> Vec<(String, Value)> {
-    let mut out = Vec::new();
+/// The resource files, sorted (kustomization.yaml is kustomize's input, not one).
+fn files() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir())
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml") && !p.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
-    for f in files {
+    files
+}
+
+fn docs() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for f in files() {
         let text = std::fs::read_to_string(&f).unwrap();
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         for d in serde_yaml::Deserializer::from_str(&text) {
@@ -310,8 +315,7 @@ fn schema_check(version: &str, files: &[PathBuf]) -> std::process::Output {
 
 #[test]
 fn the_manifests_validate_against_the_kubernetes_schemas() {
-    // kustomization.yaml is kustomize's input, not a resource.
-    let files: Vec<PathBuf> = docs().iter().map(|(f, _)| dir().join(f)).collect::<BTreeSet<_>>().into_iter().collect();
+    let files = files();
     assert!(files.len() >= 5, "{files:?}");
     for version in ["1.29.0", "1.37.0"] {
         let out = schema_check(version, &files);

@@ -718,10 +718,12 @@ impl App {
                     request.predicted = now + wait_us as u64;
                     // It must make its deadline, and so must every request it would
                     // push back by one place.
-                    let meets = |position: usize, deadline: u64| {
-                        now as f64 + self.prediction_with(w, position).1 + margin <= deadline as f64
-                    };
-                    meets(at, deadline) && behind.iter().enumerate().all(|(k, r)| meets(at + 1 + k, r.deadline))
+                    let on_time = |wait_us: f64, deadline: u64| now as f64 + wait_us + margin <= deadline as f64;
+                    on_time(wait_us, deadline)
+                        && behind
+                            .iter()
+                            .enumerate()
+                            .all(|(k, r)| on_time(self.prediction_with(w, at + 1 + k).1, r.deadline))
                 });
                 if pushed.is_err() {
                     self.queued.fetch_sub(1, Ordering::AcqRel);

@@ -119,31 +119,28 @@ pub fn generate(
                 if rate <= 0.0 {
                     continue;
                 }
-                if *spacing == Spacing::Even {
-                    let stop = end.min(duration_us as f64);
-                    let step = 1e6 / rate;
-                    let mut k = 0.0;
-                    while t + k * step < stop {
-                        out.push(Arrival { at: (t + k * step) as u64, budget: None });
-                        k += 1.0;
+                let stop = end.min(duration_us as f64);
+                match spacing {
+                    Spacing::Even => {
+                        let step = 1e6 / rate;
+                        let mut k = 0.0;
+                        while t + k * step < stop {
+                            out.push(Arrival { at: (t + k * step) as u64, budget: None });
+                            k += 1.0;
+                        }
                     }
-                    t = end;
-                    if t >= duration_us as f64 {
-                        break;
-                    }
-                    continue;
+                    // Memorylessness: restarting the exponential clock at a rate
+                    // change gives the exact piecewise-constant Poisson process.
+                    Spacing::Poisson => loop {
+                        let next = t + rng.exponential(1e6 / rate);
+                        if next >= stop {
+                            break;
+                        }
+                        t = next;
+                        out.push(Arrival { at: t as u64, budget: None });
+                    },
                 }
-                // Memorylessness: restarting the exponential clock at a rate
-                // change gives the exact piecewise-constant Poisson process.
-                loop {
-                    let next = t + rng.exponential(1e6 / rate);
-                    if next >= end.min(duration_us as f64) {
-                        t = end;
-                        break;
-                    }
-                    t = next;
-                    out.push(Arrival { at: t as u64, budget: None });
-                }
+                t = end;
                 if t >= duration_us as f64 {
                     break;
                 }
