@@ -325,6 +325,98 @@ impl Plan {
         }
     }
 
+    /// Gives every idle device its app's most accurate variant that fits the
+    /// device's type, as the Loki artifact's Proteus baseline does: its MILP makes
+    /// every device host a variant (`algorithms/ilp.py`, `c2_`: Σ_j x(i,j) = 1) and
+    /// its simulator then upgrades each device the routing leaves idle to its
+    /// family's most accurate feasible variant (`postprocess_predictor_dict`, "to
+    /// ensure the cluster does not go under utilized"). Which family an idle device
+    /// gets is the solver's arbitrary pick there; here it goes to the app whose
+    /// capacity is most loaded (served requests/s over the capacity hosted for it,
+    /// updated after every device), ties to the first app. The upgraded devices get
+    /// no share of the plan's routing: they serve only under a router that fills by
+    /// accuracy (Loki's MostAccurateFirst, which the artifact runs for this baseline).
+    pub fn upgrade_idle(&mut self, problem: &Problem) -> Result<(), ProteusError> {
+        let cands = candidates(problem)?;
+        let mut capacity: Vec<f64> = self
+            .apps
+            .iter()
+            .map(|a| self.routes.iter().filter(|r| r.app == a.name).map(|r| r.capacity_qps).sum())
+            .collect();
+        for i in 0..self.devices.len() {
+            if self.devices[i].app.is_some() {
+                continue;
+            }
+            let Some(t) = problem.devices.iter().position(|d| d.name == self.devices[i].device_type) else {
+                continue;
+            };
+            let load = |q: usize| {
+                let served = self.apps[q].served_qps;
+                if capacity[q] > 0.0 {
+                    served / capacity[q]
+                } else if served > 0.0 {
+                    f64::INFINITY
+                } else {
+                    0.0
+                }
+            };
+            // The most loaded app with a variant that fits this type, and that
+            // variant: the most accurate (ties: the faster).
+            let pick = (0..self.apps.len())
+                .filter_map(|q| {
+                    let app = problem.apps.iter().position(|a| a.name == self.apps[q].name)?;
+                    let best = cands
+                        .iter()
+                        .filter(|c| c.t == t && c.q == app)
+                        .max_by(|a, b| a.accuracy.total_cmp(&b.accuracy).then(a.cap.qps.total_cmp(&b.cap.qps)))?;
+                    Some((q, best))
+                })
+                .max_by(|(a, _), (b, _)| load(*a).total_cmp(&load(*b)).then(b.cmp(a)));
+            let Some((q, c)) = pick else { continue };
+            capacity[q] += c.cap.qps;
+            let app = self.apps[q].name.clone();
+            let type_name = problem.devices[t].name.clone();
+            let at = self.routes.iter().position(|r| r.app == app && r.model == c.model && r.device_type == type_name);
+            let share = match at {
+                Some(k) => {
+                    let r = &mut self.routes[k];
+                    r.devices += 1;
+                    r.capacity_qps += c.cap.qps;
+                    let each = r.share / r.devices as f64;
+                    for d in &mut self.devices {
+                        if d.device_type == type_name
+                            && d.app.as_ref() == Some(&app)
+                            && d.model.as_ref() == Some(&c.model)
+                        {
+                            d.share = each;
+                        }
+                    }
+                    each
+                }
+                None => {
+                    self.routes.push(Route {
+                        app: app.clone(),
+                        model: c.model.clone(),
+                        accuracy: c.accuracy,
+                        device_type: type_name,
+                        devices: 1,
+                        share: 0.0,
+                        qps: 0.0,
+                        capacity_qps: c.cap.qps,
+                        batch: c.cap.batch,
+                    });
+                    0.0
+                }
+            };
+            let d = &mut self.devices[i];
+            d.app = Some(app);
+            d.model = Some(c.model.clone());
+            d.share = share;
+            self.devices_used += 1;
+        }
+        Ok(())
+    }
+
     /// Routes every app's demand evenly over the devices that host its variants,
     /// whatever their capacity (Proteus without query assignment, §6.5).
     pub fn route_uniformly(&mut self) {

@@ -272,3 +272,55 @@ fn infaas_with_replicated_spares_is_refused() {
     let err = sluice_alloc::config::validate(&[], &[], &c).unwrap_err();
     assert_eq!(err.field, "allocator.spare");
 }
+
+/// The Loki artifact's Proteus baseline: every idle device hosts the most accurate
+/// variant of the most loaded app, with no share of the plan's routing.
+#[test]
+fn upgrading_idle_devices_fills_the_cluster_with_the_most_loaded_apps_best_variant() {
+    // Low demand: the accuracy MILP needs two devices (a-large and b-large at 25/s
+    // each on slow, 50/s on fast) and leaves the rest idle.
+    let p = problem(20.0, 40.0);
+    let mut plan = solve(&p);
+    let before = plan.devices_used;
+    assert!(before < 6, "the low-demand plan leaves devices idle: {before}");
+    let routed: Vec<(String, f64)> = plan.routes.iter().map(|r| (r.model.clone(), r.share)).collect();
+    let accuracy = plan.effective_accuracy;
+    plan.upgrade_idle(&p).unwrap();
+    assert_eq!(plan.devices_used, 6);
+    assert!(plan.devices.iter().all(|d| d.app.is_some() && d.model.is_some()));
+    // Every upgraded device hosts its app's most accurate variant.
+    let larges = models(&plan).iter().filter(|m| m.ends_with("-large")).count();
+    assert_eq!(larges, 6, "{:?}", models(&plan));
+    // The routing is the plan's: what was routed keeps its share, per app the
+    // shares still sum to 1, and the accuracy of what is served is unchanged.
+    for (model, share) in routed {
+        let total: f64 = plan.routes.iter().filter(|r| r.model == model).map(|r| r.share).sum();
+        assert!((total - share).abs() < 1e-9, "{model}: {total} vs {share}");
+    }
+    for app in ["a", "b"] {
+        let total: f64 = plan.routes.iter().filter(|r| r.app == app).map(|r| r.share).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{app}: {total}");
+    }
+    assert_eq!(plan.effective_accuracy, accuracy);
+    // Per-device shares are the route's split evenly.
+    for r in &plan.routes {
+        let on: Vec<f64> = plan
+            .devices
+            .iter()
+            .filter(|d| d.model.as_deref() == Some(r.model.as_str()) && d.device_type == r.device_type)
+            .map(|d| d.share)
+            .collect();
+        assert_eq!(on.len() as u32, r.devices);
+        assert!(on.iter().all(|s| (s - r.share / r.devices as f64).abs() < 1e-9), "{r:?}: {on:?}");
+    }
+    // b (40/s) is the more loaded app for its capacity, so it gets the first idle device;
+    // both apps end with more capacity than before.
+    assert!(capacity_of(&plan, "b") > 0.0 && capacity_of(&plan, "a") > 0.0);
+    let b_devices: u32 = plan.routes.iter().filter(|r| r.app == "b").map(|r| r.devices).sum();
+    let a_devices: u32 = plan.routes.iter().filter(|r| r.app == "a").map(|r| r.devices).sum();
+    assert!(b_devices >= a_devices, "a {a_devices}, b {b_devices}");
+    // A full plan has nothing to upgrade.
+    let mut again = plan.clone();
+    again.upgrade_idle(&p).unwrap();
+    assert_eq!(again, plan);
+}

@@ -192,6 +192,20 @@ impl Allocator {
     }
 }
 
+/// How the Proteus-per-task baseline routes between tasks.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProteusRouting {
+    /// By the MILP's shares of each task's demand, whoever sent the request
+    /// (Proteus's own query assignment, §4).
+    #[default]
+    Shares,
+    /// Loki's MostAccurateFirst over the placed workers, the MILP's shares ignored:
+    /// what the Loki artifact runs for its Proteus baseline (`proteus.json`:
+    /// `job_scheduling = "most_accurate_first"`, its load balancer's only policy).
+    MostAccurateFirst,
+}
+
 /// How a worker's routing table is turned into one destination.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -267,6 +281,15 @@ pub struct SystemSpec {
     /// 100% utilisation queues without bound, so experiments may leave headroom.
     #[serde(default = "one")]
     pub routing_utilization: f64,
+    /// `fill_cluster = true` (proteus-per-task only): every worker hosts a variant;
+    /// the ones the MILP leaves idle host the most accurate variant of the most
+    /// loaded task (`proteus::Plan::upgrade_idle`, the Loki artifact's Proteus
+    /// baseline). Default false: Proteus's Eq. 1 lets devices stay idle.
+    #[serde(default)]
+    pub fill_cluster: bool,
+    /// `proteus_routing = "shares"` | `"most-accurate-first"` (proteus-per-task only).
+    #[serde(default)]
+    pub proteus_routing: ProteusRouting,
 }
 
 impl SystemSpec {
@@ -360,6 +383,22 @@ impl PipelineExperiment {
                 && s.routing_utilization > 0.0)
             {
                 bail!("{origin}: system {}: ewma_decay ≥ 0, ewma_window > 0, demand_step_qps > 0, solve_interval_s ≥ 0 expected", s.label());
+            }
+            if s.allocator != Allocator::ProteusPerTask {
+                let key = if s.fill_cluster {
+                    Some("fill_cluster")
+                } else if s.proteus_routing != ProteusRouting::Shares {
+                    Some("proteus_routing")
+                } else {
+                    None
+                };
+                if let Some(key) = key {
+                    bail!(
+                        "{origin}: system {}: `{key}` applies to allocator = \"proteus-per-task\" only, not \"{}\"",
+                        s.label(),
+                        s.allocator.as_str()
+                    );
+                }
             }
         }
         Ok(e)
@@ -1074,7 +1113,10 @@ impl<'a> PipelineSim<'a> {
         let outcome = proteus::solve(&problem).map_err(|e| anyhow::anyhow!("{e}"))?;
         self.solve_seconds += started.elapsed().as_secs_f64();
         self.solves += 1;
-        let Some(plan) = outcome.plan else { return Ok(None) };
+        let Some(mut plan) = outcome.plan else { return Ok(None) };
+        if self.run.system.fill_cluster {
+            plan.upgrade_idle(&problem).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
         let mut hosted = Vec::new();
         let mut shares = Vec::new();
         for r in plan.routes.iter().filter(|r| r.devices > 0) {
@@ -1083,7 +1125,11 @@ impl<'a> PipelineSim<'a> {
             hosted.push((t, k, r.devices, r.batch, latency));
             shares.push(r.share);
         }
-        Ok(Some(Placement { hosted, shares: Some(shares), shed: 1.0 - plan.beta.min(1.0) }))
+        let shares = match self.run.system.proteus_routing {
+            ProteusRouting::Shares => Some(shares),
+            ProteusRouting::MostAccurateFirst => None,
+        };
+        Ok(Some(Placement { hosted, shares, shed: 1.0 - plan.beta.min(1.0) }))
     }
 
     fn batch_sizes(&self) -> Vec<u32> {

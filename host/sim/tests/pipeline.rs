@@ -291,3 +291,46 @@ fn loki_serves_more_than_hardware_scaling_alone_on_social_media() {
     assert!(goodput(loki) > 2.0 * goodput(hw), "Loki {} vs hardware-only {}", goodput(loki), goodput(hw));
     assert!(loki.accuracy < hw.accuracy, "Loki trades accuracy for capacity");
 }
+
+/// The Loki artifact's Proteus baseline: with `fill_cluster` every worker hosts a
+/// variant from the first plan on (the idle ones upgraded to the most accurate), and
+/// MostAccurateFirst routing fills the most accurate of them first.
+#[test]
+fn proteus_filling_the_cluster_uses_every_worker_and_routes_to_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = |extra: &str| {
+        format!(
+            r#"{{ allocator = "proteus-per-task", policy = "proteus-batching", params = {{ margin_us = 0 }}{extra} }}"#
+        )
+    };
+    let mut results = Vec::new();
+    for extra in ["", r#", fill_cluster = true"#, r#", fill_cluster = true, proteus_routing = "most-accurate-first""#] {
+        let exp = small(dir.path(), &sys(extra), 20.0, 8, 100.0, 1);
+        let r = run(&exp, dir.path()).remove(0);
+        check_accounting(&r);
+        results.push(r);
+    }
+    let (own, filled, maf) = (&results[0], &results[1], &results[2]);
+    // 20 req/s needs one detect and one classify worker; Proteus's Eq. 1 leaves the rest idle.
+    assert!(own.workers_max < 8, "{}", own.workers_max);
+    for r in [filled, maf] {
+        assert_eq!((r.workers_min, r.workers_max), (8, 8), "{}", r.system);
+    }
+    // MostAccurateFirst fills the most accurate classify workers: every result `slow`.
+    assert!((maf.accuracy - 1.0).abs() < 1e-9, "{}", maf.accuracy);
+}
+
+#[test]
+fn proteus_options_on_another_allocator_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.toml"), PROFILE).unwrap();
+    for (key, value) in [("fill_cluster", "true"), ("proteus_routing", r#""most-accurate-first""#)] {
+        let text = format!(
+            "version = 1\nname = \"t\"\nduration_s = 1\nprofile = \"p.toml\"\n[pipeline]\nslo_ms = 100\nworkers = 2\n\
+             arrivals = {{ kind = \"poisson\", rate_qps = 1 }}\nsystem = {{ allocator = \"loki\", {key} = {value} }}\n\
+             [[pipeline.task]]\nname = \"detect\"\nmodels = [\"d\"]\n"
+        );
+        let err = PipelineExperiment::parse(&text, "e.toml").unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains("proteus-per-task"), "{err}");
+    }
+}
