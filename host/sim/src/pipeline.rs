@@ -206,6 +206,26 @@ pub enum ProteusRouting {
     MostAccurateFirst,
 }
 
+/// Which requests `rerouting` moves to a faster downstream worker.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RerouteRule {
+    /// §5.2: a request that left its task x behind its budget goes to the most
+    /// accurate worker with capacity left that executes within y − x
+    /// (`RoutingTables::hop`).
+    #[default]
+    Paper,
+    /// The Loki artifact's `pop_while_first_expires` with `dynamic_rerouting`, at
+    /// batch formation (needs `early_drop_at = "batch"`): walking the queue from the
+    /// head, a request whose finish in this batch leaves at least a faster child
+    /// worker's budget before its task deadline is sent, for that child, to the first
+    /// child worker (in plan order) with capacity left whose budget is below the one
+    /// its routing table drew; the walk goes on past rerouted requests and stops at
+    /// the first that is neither rerouted nor late. It moves requests that are
+    /// *ahead* of their deadline — the opposite of §5.2.
+    Artifact,
+}
+
 /// How a worker's routing table is turned into one destination.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -290,6 +310,10 @@ pub struct SystemSpec {
     /// `proteus_routing = "shares"` | `"most-accurate-first"` (proteus-per-task only).
     #[serde(default)]
     pub proteus_routing: ProteusRouting,
+    /// `reroute_rule = "paper"` | `"artifact"` (see [`RerouteRule`]; `"artifact"` needs
+    /// `early_drop = "rerouting"` and `early_drop_at = "batch"`).
+    #[serde(default)]
+    pub reroute_rule: RerouteRule,
 }
 
 impl SystemSpec {
@@ -383,6 +407,14 @@ impl PipelineExperiment {
                 && s.routing_utilization > 0.0)
             {
                 bail!("{origin}: system {}: ewma_decay ≥ 0, ewma_window > 0, demand_step_qps > 0, solve_interval_s ≥ 0 expected", s.label());
+            }
+            if s.reroute_rule == RerouteRule::Artifact
+                && (s.early_drop != EarlyDrop::Rerouting || s.early_drop_at != DropAt::Batch)
+            {
+                bail!(
+                    "{origin}: system {}: `reroute_rule = \"artifact\"` needs early_drop = \"rerouting\" and early_drop_at = \"batch\" (it decides at batch formation)",
+                    s.label()
+                );
             }
             if s.allocator != Allocator::ProteusPerTask {
                 let key = if s.fill_cluster {
@@ -807,6 +839,11 @@ struct PipelineSim<'a> {
     window_violations: Vec<u64>,
     window_acc: Vec<(f64, u64)>,
     overloaded: Option<String>,
+    /// Requests the artifact's rule rerouted while queued: per child index, the node
+    /// their children go to. Cleared at every plan (the nodes change), when the
+    /// children fall back to the routing tables as the artifact's do when the target
+    /// is gone.
+    reroutes: HashMap<u64, Vec<(usize, usize)>>,
 }
 
 impl<'a> PipelineSim<'a> {
@@ -915,6 +952,7 @@ impl<'a> PipelineSim<'a> {
             window_violations: Vec::new(),
             window_acc: Vec::new(),
             overloaded: None,
+            reroutes: HashMap::new(),
         };
         // The first plan: the demand of the first second of arrivals (a warm start:
         // the reference starts from a fixed allocation and its clamp of 50 req/s).
@@ -1315,6 +1353,7 @@ impl<'a> PipelineSim<'a> {
         };
         self.node_slot.resize(self.tables.nodes.len(), None);
         self.smooth.clear();
+        self.reroutes.clear();
         self.free_idle();
         self.account_workers();
     }
@@ -1566,18 +1605,66 @@ impl<'a> PipelineSim<'a> {
             return;
         }
         let now = self.now;
+        let artifact = self.run.system.reroute_rule == RerouteRule::Artifact;
+        // The artifact's rule walks past the requests it reroutes; §5.2's looks only at
+        // the head.
+        let mut at = 0;
         loop {
-            let s = &mut self.slots[i];
+            let s = &self.slots[i];
             let table = s.models.get(s.variant).map_or(std::slice::from_ref(&s.latency_us), |m| &m.latency[..]);
             let table = &table[..table.len().min(s.batch.max(1) as usize)];
-            match s.queue.first() {
-                Some(head) if late_at_batch(now, head.deadline, s.queue.len(), table) => {
-                    let r = s.queue.remove(0);
-                    self.drop_req(r, "batch-formation");
-                }
-                _ => return,
+            let Some(&r) = s.queue.get(at) else { return };
+            let b = s.queue.len().min(table.len());
+            let finish = now + if b > 0 { table[b - 1] } else { 0 };
+            let late = late_at_batch(now, r.deadline, s.queue.len(), table);
+            // A request rerouted at an earlier batch formation is judged again only for
+            // lateness (the artifact would plan it again, taking capacity twice).
+            let rerouted = self.reroutes.contains_key(&r.id);
+            if artifact && ((rerouted && !late) || (!rerouted && self.plan_reroute(i, &r, finish))) {
+                at += 1;
+            } else if late {
+                let r = self.slots[i].queue.remove(at);
+                self.drop_req(r, "batch-formation");
+            } else {
+                return;
             }
         }
+    }
+
+    /// The artifact's reroute decision for `r`, queued at worker `i` and finishing at
+    /// `finish` in the batch being formed (see [`RerouteRule::Artifact`]). Records the
+    /// targets and lowers their leftover capacity by the children `r` is expected to
+    /// send them; true when any child was rerouted.
+    fn plan_reroute(&mut self, i: usize, r: &Req, finish: u64) -> bool {
+        let (task, variant) = (self.slots[i].task, self.slots[i].variant);
+        let Some(node) = self.slots[i].node else { return false };
+        let mut targets = Vec::new();
+        for ci in 0..self.pipeline.tasks[task].children.len() {
+            let child = self.pipeline.tasks[task].children[ci];
+            let routes = self.tables.nodes.get(node).and_then(|n| n.get(ci)).cloned().unwrap_or_default();
+            // The artifact draws the assigned worker from the routing table here too.
+            let assigned = self.draw(node, ci, &routes);
+            let budget_of = |n: usize| self.node_slot.get(n).copied().flatten().map(|s| self.slots[s].budget_us);
+            let assigned_budget = assigned.and_then(budget_of).unwrap_or(u64::MAX);
+            let mut backups: Vec<usize> = (0..self.tables.backup[child].len()).collect();
+            backups.sort_by_key(|&b| self.tables.backup[child][b].node);
+            let pick = backups.into_iter().find(|&b| {
+                let backup = &self.tables.backup[child][b];
+                budget_of(backup.node).is_some_and(|budget| {
+                    budget < assigned_budget && backup.leftover_qps > 0.0 && finish + budget <= r.deadline
+                })
+            });
+            if let Some(b) = pick {
+                let backup = &mut self.tables.backup[child][b];
+                backup.leftover_qps -= self.pipeline.tasks[task].fanout[variant][ci];
+                targets.push((ci, backup.node));
+            }
+        }
+        if targets.is_empty() {
+            return false;
+        }
+        self.reroutes.insert(r.id, targets);
+        true
     }
 
     fn after_idle(&mut self, i: usize) {
@@ -1647,7 +1734,9 @@ impl<'a> PipelineSim<'a> {
         // The parent's lateness against its budget, for early dropping.
         let over_us = now as i64 - r.deadline as i64;
         let mode = if passthrough { sluice_core::pipeline::EarlyDrop::None } else { self.run.system.early_drop };
+        let planned = self.reroutes.remove(&r.id).unwrap_or_default();
         for (ci, &child) in children.iter().enumerate() {
+            let target = planned.iter().find(|(c, _)| *c == ci).map(|&(_, n)| n);
             let n = fanout_count(expected[ci], self.rng.uniform());
             self.fanout_created[t][variant][ci] += n as u64;
             self.clients[client].outstanding += n;
@@ -1657,6 +1746,11 @@ impl<'a> PipelineSim<'a> {
                 let child_req = self.new_req(r.client, child, path_accuracy);
                 self.counters[child].created += 1;
                 self.bump_task_second(child);
+                if let Some(n) = target {
+                    self.counters[child].rerouted += 1;
+                    self.deliver(child_req, Some(n));
+                    continue;
+                }
                 let Some(assigned) = self.draw(node, ci, &routes) else {
                     self.drop_req(child_req, "no-worker");
                     continue;
@@ -1684,6 +1778,7 @@ impl<'a> PipelineSim<'a> {
     }
 
     fn drop_req(&mut self, r: Req, cause: &'static str) {
+        self.reroutes.remove(&r.id);
         *self.counters[r.task].dropped.entry(cause).or_insert(0) += 1;
         let client = r.client as usize;
         self.clients[client].dropped = true;

@@ -334,3 +334,47 @@ fn proteus_options_on_another_allocator_are_refused_by_name() {
         assert!(err.contains(key) && err.contains("proteus-per-task"), "{err}");
     }
 }
+
+/// The artifact's rule moves requests that are ahead of their task deadline, at
+/// batch formation, to a faster child worker with capacity left: every child of a
+/// rerouted detection is counted as rerouted, accounting still holds, and the
+/// rerouted children run on the less accurate worker.
+#[test]
+fn the_artifacts_rerouting_moves_requests_ahead_of_their_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut runs = Vec::new();
+    for rule in ["paper", "artifact"] {
+        let sys = format!(
+            r#"{{ allocator = "accuracy-only", early_drop = "rerouting", early_drop_at = "batch", reroute_rule = "{rule}", params = {{ allocated = true }}, beta = 1.2, routing_utilization = 0.8 }}"#
+        );
+        let exp = small(dir.path(), &sys, 150.0, 4, 100.0, 5);
+        let r = run(&exp, dir.path()).remove(0);
+        check_accounting(&r);
+        runs.push(r);
+    }
+    let (paper, artifact) = (&runs[0], &runs[1]);
+    // At batch formation nothing served is late, so §5.2's rule has nothing to move.
+    assert_eq!(paper.tasks[1].rerouted, 0, "{paper:?}");
+    assert!(artifact.tasks[1].rerouted > 0, "nothing rerouted: {artifact:?}");
+    // Two children per detection, both rerouted together.
+    assert_eq!(artifact.tasks[1].rerouted % 2, 0);
+    assert!(artifact.accuracy < paper.accuracy, "{} vs {}", artifact.accuracy, paper.accuracy);
+}
+
+#[test]
+fn the_artifacts_rerouting_rule_needs_rerouting_at_batch_formation() {
+    let dir = tempfile::tempdir().unwrap();
+    for sys in [
+        r#"{ allocator = "loki", early_drop = "per-task", early_drop_at = "batch", reroute_rule = "artifact" }"#,
+        r#"{ allocator = "loki", early_drop = "rerouting", reroute_rule = "artifact" }"#,
+    ] {
+        std::fs::write(dir.path().join("p.toml"), PROFILE).unwrap();
+        let text = format!(
+            "version = 1\nname = \"t\"\nduration_s = 1\nprofile = \"p.toml\"\n[pipeline]\nslo_ms = 100\nworkers = 2\n\
+             arrivals = {{ kind = \"poisson\", rate_qps = 1 }}\nsystem = {sys}\n\
+             [[pipeline.task]]\nname = \"detect\"\nmodels = [\"d\"]\n"
+        );
+        let err = PipelineExperiment::parse(&text, "e.toml").unwrap_err().to_string();
+        assert!(err.contains("reroute_rule") && err.contains("early_drop_at"), "{err}");
+    }
+}
