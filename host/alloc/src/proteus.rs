@@ -313,15 +313,21 @@ impl Plan {
             let r = &mut self.routes[k];
             r.capacity_qps += r.capacity_qps / r.devices as f64;
             r.devices += 1;
-            let (app, model, share) = (r.app.clone(), r.model.clone(), r.share / r.devices as f64);
-            self.devices[i].app = Some(app.clone());
-            self.devices[i].model = Some(model.clone());
-            for d in &mut self.devices {
-                if d.device_type == t && d.app.as_ref() == Some(&app) && d.model.as_ref() == Some(&model) {
-                    d.share = share;
-                }
-            }
+            self.devices[i].app = Some(r.app.clone());
+            self.devices[i].model = Some(r.model.clone());
             self.devices_used += 1;
+            self.spread_share(k);
+        }
+    }
+
+    /// Splits route `k`'s share evenly over the devices that host it.
+    fn spread_share(&mut self, k: usize) {
+        let r = &self.routes[k];
+        let each = r.share / r.devices.max(1) as f64;
+        for d in &mut self.devices {
+            if d.device_type == r.device_type && d.app.as_ref() == Some(&r.app) && d.model.as_ref() == Some(&r.model) {
+                d.share = each;
+            }
         }
     }
 
@@ -377,21 +383,12 @@ impl Plan {
             let app = self.apps[q].name.clone();
             let type_name = problem.devices[t].name.clone();
             let at = self.routes.iter().position(|r| r.app == app && r.model == c.model && r.device_type == type_name);
-            let share = match at {
+            let k = match at {
                 Some(k) => {
                     let r = &mut self.routes[k];
                     r.devices += 1;
                     r.capacity_qps += c.cap.qps;
-                    let each = r.share / r.devices as f64;
-                    for d in &mut self.devices {
-                        if d.device_type == type_name
-                            && d.app.as_ref() == Some(&app)
-                            && d.model.as_ref() == Some(&c.model)
-                        {
-                            d.share = each;
-                        }
-                    }
-                    each
+                    k
                 }
                 None => {
                     self.routes.push(Route {
@@ -405,14 +402,13 @@ impl Plan {
                         capacity_qps: c.cap.qps,
                         batch: c.cap.batch,
                     });
-                    0.0
+                    self.routes.len() - 1
                 }
             };
-            let d = &mut self.devices[i];
-            d.app = Some(app);
-            d.model = Some(c.model.clone());
-            d.share = share;
+            self.devices[i].app = Some(app);
+            self.devices[i].model = Some(c.model.clone());
             self.devices_used += 1;
+            self.spread_share(k);
         }
         Ok(())
     }

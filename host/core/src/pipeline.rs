@@ -419,13 +419,19 @@ impl DropAt {
     }
 }
 
+/// When a batch formed at `now` from a queue of `queued` requests would finish: the
+/// batch the queue makes is its length, at most the largest batch of `latency` (the
+/// worker's variant's latency per batch size, µs). None when there is no batch.
+pub fn finish_at_batch(now: u64, queued: usize, latency: &[u64]) -> Option<u64> {
+    let b = queued.min(latency.len());
+    (b > 0).then(|| now + latency[b - 1])
+}
+
 /// Early dropping at batch formation ([`DropAt::Batch`]): whether the head of a
 /// queue of `queued` requests, due at `deadline`, would finish past it even if it ran
-/// at `now`, in the batch the queue makes (its length, at most the largest batch of
-/// `latency`: the worker's variant's latency per batch size, µs).
+/// at `now`, in the batch the queue makes ([`finish_at_batch`]).
 pub fn late_at_batch(now: u64, deadline: u64, queued: usize, latency: &[u64]) -> bool {
-    let b = queued.min(latency.len());
-    b > 0 && now + latency[b - 1] > deadline
+    finish_at_batch(now, queued, latency).is_some_and(|finish| finish > deadline)
 }
 
 impl EarlyDrop {

@@ -50,7 +50,7 @@ use sluice_alloc::solver::SolverSettings;
 use sluice_core::decision::{self, Bound, Context, Next, Queued};
 use sluice_core::demand::{Ewma, Forecaster as _};
 use sluice_core::pipeline::{
-    fanout_count, late_at_batch, latency_budget_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, TaskSpec,
+    fanout_count, finish_at_batch, latency_budget_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, TaskSpec,
 };
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
@@ -1614,9 +1614,8 @@ impl<'a> PipelineSim<'a> {
             let table = s.models.get(s.variant).map_or(std::slice::from_ref(&s.latency_us), |m| &m.latency[..]);
             let table = &table[..table.len().min(s.batch.max(1) as usize)];
             let Some(&r) = s.queue.get(at) else { return };
-            let b = s.queue.len().min(table.len());
-            let finish = now + if b > 0 { table[b - 1] } else { 0 };
-            let late = late_at_batch(now, r.deadline, s.queue.len(), table);
+            let Some(finish) = finish_at_batch(now, s.queue.len(), table) else { return };
+            let late = finish > r.deadline;
             // A request rerouted at an earlier batch formation is judged again only for
             // lateness (the artifact would plan it again, taking capacity twice).
             let rerouted = self.reroutes.contains_key(&r.id);
@@ -1646,14 +1645,17 @@ impl<'a> PipelineSim<'a> {
             let assigned = self.draw(node, ci, &routes);
             let budget_of = |n: usize| self.node_slot.get(n).copied().flatten().map(|s| self.slots[s].budget_us);
             let assigned_budget = assigned.and_then(budget_of).unwrap_or(u64::MAX);
-            let mut backups: Vec<usize> = (0..self.tables.backup[child].len()).collect();
-            backups.sort_by_key(|&b| self.tables.backup[child][b].node);
-            let pick = backups.into_iter().find(|&b| {
-                let backup = &self.tables.backup[child][b];
-                budget_of(backup.node).is_some_and(|budget| {
-                    budget < assigned_budget && backup.leftover_qps > 0.0 && finish + budget <= r.deadline
+            // The first qualifying worker in plan order.
+            let pick = self.tables.backup[child]
+                .iter()
+                .enumerate()
+                .filter(|(_, backup)| {
+                    budget_of(backup.node).is_some_and(|budget| {
+                        budget < assigned_budget && backup.leftover_qps > 0.0 && finish + budget <= r.deadline
+                    })
                 })
-            });
+                .min_by_key(|(_, backup)| backup.node)
+                .map(|(b, _)| b);
             if let Some(b) = pick {
                 let backup = &mut self.tables.backup[child][b];
                 backup.leftover_qps -= self.pipeline.tasks[task].fanout[variant][ci];
