@@ -21,7 +21,7 @@ use sluice_core::profile::{Percentile, Profile};
 
 use crate::cores::CapacityTable;
 use crate::infadapter::{self, Weights};
-use crate::loki::{self, Scaling};
+use crate::loki::{self, Scaling, TieBreak};
 use crate::proteus::{self, Formulation, Ladder, Objective};
 use crate::solver::SolverSettings;
 
@@ -188,6 +188,9 @@ struct LokiFile {
     /// `scaling = "loki"`, `"hardware-only"` or `"accuracy-only"`.
     #[serde(default)]
     scaling: Scaling,
+    /// `tie_break = "solver"` or `"headroom"`: which fewest-worker plan step 1 returns.
+    #[serde(default)]
+    tie_break: TieBreak,
     /// `[pipeline]`: `[[pipeline.task]]` and `[[pipeline.edge]]`.
     pipeline: PipelineSpec,
     /// `[ladder]` (default: from 1.0 down).
@@ -464,6 +467,7 @@ fn loki_problem(f: LokiFile, file: &str, base: &Path) -> Result<loki::Problem, P
         comm_latency_ms: f.comm_latency_ms,
         scaling: f.scaling,
         ladder: f.ladder,
+        tie_break: f.tie_break,
         solver: f.solver,
     })
 }

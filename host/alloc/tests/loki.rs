@@ -50,6 +50,7 @@ fn two_tasks(demand_qps: f64, workers: u32, slo_ms: f64) -> Problem {
         comm_latency_ms: 0.0,
         scaling: Scaling::Loki,
         ladder: Ladder { beta: 1.0, ..Ladder::default() },
+        tie_break: loki::TieBreak::Solver,
         solver: SolverSettings::default(),
     }
 }
@@ -147,16 +148,18 @@ fn check_plan(p: &Problem, plan: &Plan) {
 fn the_milp_matches_brute_force_on_a_two_task_pipeline() {
     // Light load (hardware scaling suffices), heavy load (accuracy scaling), a tight
     // SLO that rules out the accurate pair (a1 + b1 ≥ 70 ms > 60), and a
-    // cluster too small for anything (ladder).
-    for (demand, workers, slo) in
-        [(20.0, 5, 200.0), (60.0, 5, 200.0), (90.0, 6, 200.0), (40.0, 5, 120.0), (70.0, 4, 90.0)]
+    // cluster too small for anything (ladder). Either tie-break: headroom only orders
+    // plans with the fewest workers.
+    let cases = [(20.0, 5, 200.0), (60.0, 5, 200.0), (90.0, 6, 200.0), (40.0, 5, 120.0), (70.0, 4, 90.0)];
+    for ((demand, workers, slo), tie_break) in
+        cases.into_iter().flat_map(|c| [(c, loki::TieBreak::Solver), (c, loki::TieBreak::Headroom)])
     {
-        let p = two_tasks(demand, workers, slo);
+        let p = Problem { tie_break, ..two_tasks(demand, workers, slo) };
         let (fewest, best) = brute_force(&p);
         let outcome = loki::solve(&p).unwrap();
         let plan = outcome.plan.clone().unwrap_or_else(|| panic!("{demand} qps on {workers}: no plan"));
         check_plan(&p, &plan);
-        let case = format!("{demand} qps, {workers} workers, SLO {slo} ms: {plan:#?}");
+        let case = format!("{demand} qps, {workers} workers, SLO {slo} ms, {tie_break:?}: {plan:#?}");
         match fewest {
             Some(n) => {
                 assert_eq!(plan.step, "hardware", "{case}");

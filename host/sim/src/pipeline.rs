@@ -314,6 +314,11 @@ pub struct SystemSpec {
     /// `early_drop = "rerouting"` and `early_drop_at = "batch"`).
     #[serde(default)]
     pub reroute_rule: RerouteRule,
+    /// `tie_break = "solver"` | `"headroom"` (Loki's allocators only): which plan
+    /// hardware scaling returns among those with the fewest workers
+    /// ([`loki::TieBreak`]).
+    #[serde(default)]
+    pub tie_break: loki::TieBreak,
 }
 
 impl SystemSpec {
@@ -413,6 +418,12 @@ impl PipelineExperiment {
             {
                 bail!(
                     "{origin}: system {}: `reroute_rule = \"artifact\"` needs early_drop = \"rerouting\" and early_drop_at = \"batch\" (it decides at batch formation)",
+                    s.label()
+                );
+            }
+            if s.allocator == Allocator::ProteusPerTask && s.tie_break != loki::TieBreak::Solver {
+                bail!(
+                    "{origin}: system {}: `tie_break` applies to Loki's allocators only, not \"proteus-per-task\"",
                     s.label()
                 );
             }
@@ -595,6 +606,10 @@ pub struct PipelineResult {
     /// The reference's violation ratio: (dropped + served late vs their task
     /// deadline) / created, over every task.
     pub violation_ratio_per_request: f64,
+    /// What the Loki artifact prints as its `Overall SLO violation ratio`: the same
+    /// failures over every request it counts, which includes one `sink` request per
+    /// result that reaches a sink (never dropped).
+    pub violation_ratio_with_sink: f64,
     /// Drops by mode cause, all tasks.
     pub drops: BTreeMap<String, u64>,
     /// Per task.
@@ -1096,6 +1111,7 @@ impl<'a> PipelineSim<'a> {
             comm_latency_ms: 0.0,
             scaling: s.allocator.scaling().expect("a Loki scaling"),
             ladder: Ladder { beta: s.beta, min_beta: s.min_beta, ..Ladder::default() },
+            tie_break: s.tie_break,
             solver: SolverSettings::default(),
         };
         let started = Instant::now();
@@ -1921,6 +1937,7 @@ impl<'a> PipelineSim<'a> {
             accuracy_per_request: if served > 0 { acc_sum / served as f64 } else { 0.0 },
             task_requests,
             violation_ratio_per_request: frac(failed, task_requests),
+            violation_ratio_with_sink: frac(failed, task_requests + self.sink_results),
             drops,
             tasks,
             fanout,

@@ -321,7 +321,7 @@ fn proteus_filling_the_cluster_uses_every_worker_and_routes_to_them() {
 }
 
 #[test]
-fn proteus_options_on_another_allocator_are_refused_by_name() {
+fn options_of_one_allocator_on_another_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("p.toml"), PROFILE).unwrap();
     for (key, value) in [("fill_cluster", "true"), ("proteus_routing", r#""most-accurate-first""#)] {
@@ -333,6 +333,14 @@ fn proteus_options_on_another_allocator_are_refused_by_name() {
         let err = PipelineExperiment::parse(&text, "e.toml").unwrap_err().to_string();
         assert!(err.contains(key) && err.contains("proteus-per-task"), "{err}");
     }
+    // And the other way round: Loki's tie-break on Proteus.
+    let text =
+        "version = 1\nname = \"t\"\nduration_s = 1\nprofile = \"p.toml\"\n[pipeline]\nslo_ms = 100\nworkers = 2\n\
+         arrivals = { kind = \"poisson\", rate_qps = 1 }\n\
+         system = { allocator = \"proteus-per-task\", tie_break = \"headroom\" }\n\
+         [[pipeline.task]]\nname = \"detect\"\nmodels = [\"d\"]\n";
+    let err = PipelineExperiment::parse(text, "e.toml").unwrap_err().to_string();
+    assert!(err.contains("tie_break") && err.contains("Loki"), "{err}");
 }
 
 /// The artifact's rule moves requests that are ahead of their task deadline, at
