@@ -3,7 +3,7 @@
 # the same requests and fan-outs as examples/experiments/loki-vs-artifact.toml, so that its
 # numbers and sluice's can be read side by side (docs/results/loki/README.md, "The artifact's
 # own simulator on our requests"). Not part of CI: it clones the artifact from GitHub and
-# takes ~1 min (Loki) and ~40 min (Proteus, over the first 144 s) on this machine.
+# takes ~1 min (Loki) and ~30 min (Proteus, over the first 144 s) on this machine.
 #
 #   xtask/scripts/loki_reference/run.sh WORKDIR [loki|proteus ...]      (default: both)
 #   DURATION_S=144 xtask/scripts/loki_reference/run.sh WORKDIR proteus   (the requests before 144 s)
