@@ -199,6 +199,20 @@ fn dropping_at_batch_formation_leaves_no_request_late_at_its_task() {
     assert!(at[0].2 > 0, "{at:?}");
 }
 
+/// The rerouting scenario below (150 req/s on 4 workers, accuracy scaling, SLO 100 ms,
+/// seed 5) under each system, every run's accounting checked.
+fn rerouting_runs(systems: &[String]) -> Vec<PipelineResult> {
+    let dir = tempfile::tempdir().unwrap();
+    systems
+        .iter()
+        .map(|sys| {
+            let r = run(&small(dir.path(), sys, 150.0, 4, 100.0, 5), dir.path()).remove(0);
+            check_accounting(&r);
+            r
+        })
+        .collect()
+}
+
 /// Loki §5.2: a request over its budget by x is sent to a downstream worker with
 /// capacity left that executes within y − x, and dropped only when there is none.
 /// At 150 req/s on 4 workers accuracy scaling hosts one detect worker (≈ 90% busy, so
@@ -209,17 +223,11 @@ fn dropping_at_batch_formation_leaves_no_request_late_at_its_task() {
 /// used to be empty (leftovers were measured against the cut capacities).
 #[test]
 fn rerouting_fires_where_a_faster_worker_has_capacity_left() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut runs = Vec::new();
-    for mode in ["per-task", "rerouting"] {
-        let sys = format!(
+    let runs = rerouting_runs(&["per-task", "rerouting"].map(|mode| {
+        format!(
             r#"{{ allocator = "accuracy-only", early_drop = "{mode}", params = {{ allocated = true }}, beta = 1.2, routing_utilization = 0.8 }}"#
-        );
-        let exp = small(dir.path(), &sys, 150.0, 4, 100.0, 5);
-        let r = run(&exp, dir.path()).remove(0);
-        check_accounting(&r);
-        runs.push(r);
-    }
+        )
+    }));
     let (per_task, rerouting) = (&runs[0], &runs[1]);
     let early = |r: &PipelineResult, cause: &str| r.drops.get(cause).copied().unwrap_or(0);
     assert!(early(per_task, "over-budget") > 0, "the setting must make requests late: {per_task:?}");
@@ -324,22 +332,21 @@ fn proteus_filling_the_cluster_uses_every_worker_and_routes_to_them() {
 fn options_of_one_allocator_on_another_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("p.toml"), PROFILE).unwrap();
-    for (key, value) in [("fill_cluster", "true"), ("proteus_routing", r#""most-accurate-first""#)] {
+    // The refusal an experiment whose one system is `system` gets.
+    let refusal = |system: &str| {
         let text = format!(
             "version = 1\nname = \"t\"\nduration_s = 1\nprofile = \"p.toml\"\n[pipeline]\nslo_ms = 100\nworkers = 2\n\
-             arrivals = {{ kind = \"poisson\", rate_qps = 1 }}\nsystem = {{ allocator = \"loki\", {key} = {value} }}\n\
+             arrivals = {{ kind = \"poisson\", rate_qps = 1 }}\nsystem = {system}\n\
              [[pipeline.task]]\nname = \"detect\"\nmodels = [\"d\"]\n"
         );
-        let err = PipelineExperiment::parse(&text, "e.toml").unwrap_err().to_string();
+        PipelineExperiment::parse(&text, "e.toml").unwrap_err().to_string()
+    };
+    for (key, value) in [("fill_cluster", "true"), ("proteus_routing", r#""most-accurate-first""#)] {
+        let err = refusal(&format!(r#"{{ allocator = "loki", {key} = {value} }}"#));
         assert!(err.contains(key) && err.contains("proteus-per-task"), "{err}");
     }
     // And the other way round: Loki's tie-break on Proteus.
-    let text =
-        "version = 1\nname = \"t\"\nduration_s = 1\nprofile = \"p.toml\"\n[pipeline]\nslo_ms = 100\nworkers = 2\n\
-         arrivals = { kind = \"poisson\", rate_qps = 1 }\n\
-         system = { allocator = \"proteus-per-task\", tie_break = \"headroom\" }\n\
-         [[pipeline.task]]\nname = \"detect\"\nmodels = [\"d\"]\n";
-    let err = PipelineExperiment::parse(text, "e.toml").unwrap_err().to_string();
+    let err = refusal(r#"{ allocator = "proteus-per-task", tie_break = "headroom" }"#);
     assert!(err.contains("tie_break") && err.contains("Loki"), "{err}");
 }
 
@@ -349,17 +356,11 @@ fn options_of_one_allocator_on_another_are_refused_by_name() {
 /// rerouted children run on the less accurate worker.
 #[test]
 fn the_artifacts_rerouting_moves_requests_ahead_of_their_deadline() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut runs = Vec::new();
-    for rule in ["paper", "artifact"] {
-        let sys = format!(
+    let runs = rerouting_runs(&["paper", "artifact"].map(|rule| {
+        format!(
             r#"{{ allocator = "accuracy-only", early_drop = "rerouting", early_drop_at = "batch", reroute_rule = "{rule}", params = {{ allocated = true }}, beta = 1.2, routing_utilization = 0.8 }}"#
-        );
-        let exp = small(dir.path(), &sys, 150.0, 4, 100.0, 5);
-        let r = run(&exp, dir.path()).remove(0);
-        check_accounting(&r);
-        runs.push(r);
-    }
+        )
+    }));
     let (paper, artifact) = (&runs[0], &runs[1]);
     // At batch formation nothing served is late, so §5.2's rule has nothing to move.
     assert_eq!(paper.tasks[1].rerouted, 0, "{paper:?}");
