@@ -12,7 +12,9 @@
 //!
 //! The request path of one run:
 //! 1. A client request arrives at the root. A pass-through root (no model) fans out
-//!    at once; otherwise the front end's routing table picks a root worker.
+//!    at once; otherwise the front end's routing table picks a root worker
+//!    (`root_dispatch = "queue-aware"`: the Loki artifact's choice by queue, see
+//!    [`RootDispatch`]).
 //! 2. Each worker is a slot with its own queue and its own instance of an ordinary
 //!    policy component (default `fixed` with `{"allocated": true}`), decided by the
 //!    same decision core as every other simulated or live worker. The policy sees
@@ -20,8 +22,8 @@
 //!    exceeds it.
 //! 3. An intermediate request's deadline at a task is its entry time + the task's
 //!    latency budget (`latency_budget_us`, 2 × the worker's batch latency; the
-//!    Proteus baseline uses SLO / depth as its reference does). The end-to-end
-//!    deadline is arrival + SLO.
+//!    Proteus baseline uses SLO / depth as its reference does, and so does the root
+//!    with `root_budget = "slo-per-stage"`). The end-to-end deadline is arrival + SLO.
 //! 4. A served request creates `fanout_count(expected, u)` children per child task,
 //!    each routed by the serving worker's table (sampled by probability from the
 //!    run's seeded rng) and passed through `hop` for the run's early-drop mode.
@@ -239,6 +241,36 @@ pub enum RoutingDraw {
     Smooth,
 }
 
+/// How a client request picks its worker at the root task.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RootDispatch {
+    /// A draw from the front end's routing table (MostAccurateFirst's shares of the
+    /// estimated demand), like every other hop.
+    #[default]
+    Table,
+    /// What the Loki artifact runs: its executor ignores the client table it
+    /// computes (`executor.py`, `enqueue_request_maf`) and sends each request to the
+    /// most accurate root worker whose queue is empty, or whose queued requests
+    /// arrived more slowly than it serves them (queue length over the time since
+    /// the head arrived, against the worker's capacity at the plan's batch size);
+    /// when every worker is over that rate, to the least overloaded one.
+    QueueAware,
+}
+
+/// The latency budget of a request at the root task.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RootBudget {
+    /// 2 × the worker's batch latency, as at every task (`latency_budget_us`).
+    #[default]
+    Batch,
+    /// The SLO split equally over the model tasks of the deepest path: what the
+    /// Loki artifact gives a client request (`slo_dict`, `simulator.py`), while its
+    /// intermediate requests get 2 × their worker's batch latency.
+    SloPerStage,
+}
+
 /// A serving system: `[pipeline.system]` merged with a sweep system's keys.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -319,6 +351,13 @@ pub struct SystemSpec {
     /// ([`loki::TieBreak`]).
     #[serde(default)]
     pub tie_break: loki::TieBreak,
+    /// `root_dispatch = "table"` | `"queue-aware"` (see [`RootDispatch`]).
+    #[serde(default)]
+    pub root_dispatch: RootDispatch,
+    /// `root_budget = "batch"` | `"slo-per-stage"` (see [`RootBudget`]; the
+    /// proteus-per-task baseline uses SLO / depth at every task whatever this says).
+    #[serde(default)]
+    pub root_budget: RootBudget,
 }
 
 impl SystemSpec {
@@ -1230,7 +1269,9 @@ impl<'a> PipelineSim<'a> {
     }
 
     fn set_slot(&mut self, i: usize, task: usize, variant: usize, batch: u32, latency_us: u64) {
-        let budget = if self.run.system.allocator == Allocator::ProteusPerTask {
+        let per_stage = self.run.system.allocator == Allocator::ProteusPerTask
+            || (task == 0 && self.run.system.root_budget == RootBudget::SloPerStage);
+        let budget = if per_stage {
             // The reference's slo_dict: the SLO split equally over the stages.
             self.slo_us / self.depth as u64
         } else {
@@ -1471,12 +1512,48 @@ impl<'a> PipelineSim<'a> {
         if let Some(&next) = self.arrivals.get(self.next_arrival) {
             self.schedule(next, Event::Arrival);
         }
-        let frontend = self.tables.frontend.clone();
-        let node = self.draw(usize::MAX, 0, &frontend);
+        let node = match self.run.system.root_dispatch {
+            RootDispatch::QueueAware => self.queue_aware_root().or_else(|| self.frontend_draw()),
+            RootDispatch::Table => self.frontend_draw(),
+        };
         let req = self.new_req(c, 0, 1.0);
         self.counters[0].created += 1;
         self.bump_task_second(0);
         self.deliver(req, node);
+    }
+
+    fn frontend_draw(&mut self) -> Option<usize> {
+        let frontend = self.tables.frontend.clone();
+        self.draw(usize::MAX, 0, &frontend)
+    }
+
+    /// [`RootDispatch::QueueAware`]: the routing node of the root worker to send a
+    /// client request to now (None: the root has no worker, e.g. a pass-through root).
+    fn queue_aware_root(&self) -> Option<usize> {
+        let accuracy = |s: &Slot| self.task_models[0].get(s.variant).map_or(0.0, |m| m.accuracy);
+        let mut workers: Vec<&Slot> =
+            self.slots.iter().filter(|s| s.task == 0 && s.state == SlotState::Active && s.node.is_some()).collect();
+        // Most accurate first; a stable sort keeps equals in slot order (the
+        // artifact keeps its predictors' insertion order).
+        workers.sort_by(|a, b| accuracy(b).total_cmp(&accuracy(a)));
+        let mut least: Option<(f64, &Slot)> = None;
+        for s in &workers {
+            let Some(head) = s.queue.first() else { return s.node };
+            let since_s = self.now.saturating_sub(head.entry) as f64 / 1e6;
+            let capacity = f64::from(s.batch) * 1e6 / s.latency_us.max(1) as f64;
+            // The artifact's `sec_since_first_request == 0` case: the head just came.
+            if since_s == 0.0 {
+                return s.node;
+            }
+            let overload = s.queue.len() as f64 / since_s / capacity;
+            if overload <= 1.0 {
+                return s.node;
+            }
+            if least.is_none_or(|(o, _)| overload < o) {
+                least = Some((overload, s));
+            }
+        }
+        least.and_then(|(_, s)| s.node)
     }
 
     fn bump_task_second(&mut self, task: usize) {

@@ -387,3 +387,25 @@ fn the_artifacts_rerouting_rule_needs_rerouting_at_batch_formation() {
         assert!(err.contains("reroute_rule") && err.contains("early_drop_at"), "{err}");
     }
 }
+
+/// The Loki artifact's root: its executor sends each client request to the most
+/// accurate root worker that keeps up with its queue (not by the client table), and
+/// gives it SLO / depth (here 50 ms, against 2 × 12 ms at batch 2). Each cuts the
+/// detections dropped at batch formation on a loaded root; accounting holds.
+#[test]
+fn the_artifacts_root_dispatch_and_budget_drop_fewer_detections() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut dropped = Vec::new();
+    for root in ["", r#", root_dispatch = "queue-aware""#, r#", root_budget = "slo-per-stage""#] {
+        let sys = format!(
+            r#"{{ allocator = "loki", early_drop = "per-task", early_drop_at = "batch", params = {{ allocated = true }}{root} }}"#
+        );
+        let exp = small(dir.path(), &sys, 300.0, 6, 100.0, 1);
+        let r = run(&exp, dir.path()).remove(0);
+        check_accounting(&r);
+        dropped.push(r.tasks[0].dropped_total());
+    }
+    assert!(dropped[0] > 0, "the table-dispatched root drops nothing: the test shows nothing");
+    assert!(dropped[1] < dropped[0], "queue-aware: {dropped:?}");
+    assert!(dropped[2] < dropped[0], "SLO per stage: {dropped:?}");
+}
