@@ -22,6 +22,9 @@
 #   its smooth_branching.py does (the same integers sluice's experiment file uses).
 # - quiet.py runs it with its per-request printing off and one debug-logging lookup replaced
 #   by the bare lookup (same results, measured: identical summaries; 5-10x faster).
+# trace.py runs it as quiet.py does with every enqueue, batch, drop and routing-table rebuild
+# written out, and trace_report.py sums such a trace up (docs/results/loki/README.md has the
+# command).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="${1:?usage: run.sh WORKDIR [loki|proteus ...]}"
