@@ -313,17 +313,19 @@ async fn bodies_beyond_the_reading_budget_are_refused() {
         .write_all(b"POST /v2/models/emu/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1048576\r\n\r\n{")
         .await
         .unwrap();
-    let mut c = server.client().await;
-    let mut refused = None;
-    for _ in 0..100 {
-        let r = c.post_json("/v2/models/emu/infer", &small_infer(1)).await.unwrap();
-        if r.status == 503 {
-            refused = Some(r);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    // Wait (bounded) for the server to take the holder's reservation: which of two
+    // connections a busy server reaches first must not decide the test (a clean-clone
+    // run once sent all its requests before the holder's head was handled).
+    let budget = &server.state.body_budget;
+    let end = Instant::now() + Duration::from_secs(10);
+    while budget.available_permits() > 0 {
+        assert!(Instant::now() < end, "the holder's 1 MiB body was never reserved");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let r = refused.expect("a body that does not fit the budget is refused");
+    let mut c = server.client().await;
+    // The budget is full: the very next body does not fit and is refused at once.
+    let r = c.post_json("/v2/models/emu/infer", &small_infer(1)).await.unwrap();
+    assert_eq!(r.status, 503, "a body that does not fit the budget is refused: {}", r.json());
     assert!(r.json()["error"].as_str().unwrap().contains("body_budget_bytes"), "{}", r.json());
     // Once the holder goes away, its reservation is released.
     drop(holder);
