@@ -45,7 +45,9 @@ use std::time::Instant;
 use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 use sluice_alloc::ladder::Ladder;
-use sluice_alloc::loki::routing::{most_accurate_first, Backup, Hop, Route, RoutingTables};
+use sluice_alloc::loki::routing::{
+    most_accurate_first, queue_aware_root, Backup, Hop, RootQueue, Route, RoutingTables,
+};
 use sluice_alloc::loki::{self, Scaling};
 use sluice_alloc::proteus;
 use sluice_alloc::solver::SolverSettings;
@@ -1513,7 +1515,7 @@ impl<'a> PipelineSim<'a> {
             self.schedule(next, Event::Arrival);
         }
         let node = match self.run.system.root_dispatch {
-            RootDispatch::QueueAware => self.queue_aware_root().or_else(|| self.frontend_draw()),
+            RootDispatch::QueueAware => self.root_by_queue().or_else(|| self.frontend_draw()),
             RootDispatch::Table => self.frontend_draw(),
         };
         let req = self.new_req(c, 0, 1.0);
@@ -1528,32 +1530,23 @@ impl<'a> PipelineSim<'a> {
     }
 
     /// [`RootDispatch::QueueAware`]: the routing node of the root worker to send a
-    /// client request to now (None: the root has no worker, e.g. a pass-through root).
-    fn queue_aware_root(&self) -> Option<usize> {
-        let accuracy = |s: &Slot| self.task_models[0].get(s.variant).map_or(0.0, |m| m.accuracy);
-        let mut workers: Vec<&Slot> =
+    /// client request to now ([`queue_aware_root`]; None: the root has no worker,
+    /// e.g. a pass-through root).
+    fn root_by_queue(&self) -> Option<usize> {
+        // Slot order, so that ties in accuracy go to the earlier slot (the artifact
+        // keeps its predictors' insertion order).
+        let workers: Vec<&Slot> =
             self.slots.iter().filter(|s| s.task == 0 && s.state == SlotState::Active && s.node.is_some()).collect();
-        // Most accurate first; a stable sort keeps equals in slot order (the
-        // artifact keeps its predictors' insertion order).
-        workers.sort_by(|a, b| accuracy(b).total_cmp(&accuracy(a)));
-        let mut least: Option<(f64, &Slot)> = None;
-        for s in &workers {
-            let Some(head) = s.queue.first() else { return s.node };
-            let since_s = self.now.saturating_sub(head.entry) as f64 / 1e6;
-            let capacity = f64::from(s.batch) * 1e6 / s.latency_us.max(1) as f64;
-            // The artifact's `sec_since_first_request == 0` case: the head just came.
-            if since_s == 0.0 {
-                return s.node;
-            }
-            let overload = s.queue.len() as f64 / since_s / capacity;
-            if overload <= 1.0 {
-                return s.node;
-            }
-            if least.is_none_or(|(o, _)| overload < o) {
-                least = Some((overload, s));
-            }
-        }
-        least.and_then(|(_, s)| s.node)
+        let seen: Vec<RootQueue> = workers
+            .iter()
+            .map(|s| RootQueue {
+                accuracy: self.task_models[0].get(s.variant).map_or(0.0, |m| m.accuracy),
+                queued: s.queue.len(),
+                head_wait_us: s.queue.first().map_or(0, |head| self.now.saturating_sub(head.entry)),
+                capacity_qps: f64::from(s.batch) * 1e6 / s.latency_us.max(1) as f64,
+            })
+            .collect();
+        queue_aware_root(&seen).and_then(|i| workers[i].node)
     }
 
     fn bump_task_second(&mut self, task: usize) {

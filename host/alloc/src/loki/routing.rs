@@ -296,6 +296,47 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
     RoutingTables { frontend, nodes: tables, passthrough, backup, incoming, latency_us }
 }
 
+/// A root worker as a queue-aware dispatcher sees it at one instant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RootQueue {
+    /// Its variant's accuracy.
+    pub accuracy: f64,
+    /// Requests waiting (not in the batch it is serving).
+    pub queued: usize,
+    /// How long the head of the queue has waited, µs (0 when the queue is empty).
+    pub head_wait_us: u64,
+    /// Requests/s it serves at its plan's batch size.
+    pub capacity_qps: f64,
+}
+
+/// Which root worker a client request goes to, by queue, as the Loki artifact's
+/// executor dispatches (`executor.py`, `enqueue_request_maf`; it ignores the client
+/// table its load balancer computes): workers in non-increasing order of accuracy,
+/// ties to the lower index; the first whose queue is empty, whose head has just
+/// arrived, or whose queued requests arrived no faster than it serves them (queue
+/// length over the head's wait, against its capacity) takes it. When every worker is
+/// over that rate, the least overloaded does. None when there is no worker.
+pub fn queue_aware_root(workers: &[RootQueue]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..workers.len()).collect();
+    order.sort_by(|&a, &b| workers[b].accuracy.total_cmp(&workers[a].accuracy));
+    let mut least: Option<(f64, usize)> = None;
+    for i in order {
+        let w = &workers[i];
+        if w.queued == 0 || w.head_wait_us == 0 {
+            return Some(i);
+        }
+        let arriving_qps = w.queued as f64 / (w.head_wait_us as f64 / 1e6);
+        let overload = arriving_qps / w.capacity_qps.max(f64::MIN_POSITIVE);
+        if overload <= 1.0 {
+            return Some(i);
+        }
+        if least.is_none_or(|(o, _)| overload < o) {
+            least = Some((overload, i));
+        }
+    }
+    least.map(|(_, i)| i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,5 +452,25 @@ mod tests {
         assert_eq!(hop(EarlyDrop::Rerouting, true, 10_001, far), Hop::Drop(DropCause::NoFasterWorker));
         assert_eq!(hop(EarlyDrop::Rerouting, true, 25_000, far), Hop::Drop(DropCause::NoFasterWorker));
         assert_eq!(hop(EarlyDrop::Rerouting, true, -5, far), Hop::Assigned(2));
+    }
+
+    /// Worked by hand. A (acc 0.9, 10 req/s) has 3 queued whose head waited 200 ms:
+    /// 15 req/s arriving, 1.5× its capacity. B (acc 0.9, 20 req/s) has 2 queued over
+    /// 200 ms: 10 req/s, within capacity, so B takes it although A comes first. With B
+    /// at 5 queued (25 req/s, 1.25×) both are over: the least overloaded, B. An empty
+    /// queue anywhere wins in accuracy order; C (acc 0.5) only when it is the first.
+    #[test]
+    fn queue_aware_dispatch_takes_the_most_accurate_worker_that_keeps_up() {
+        let q =
+            |accuracy, queued, head_wait_us, capacity_qps| RootQueue { accuracy, queued, head_wait_us, capacity_qps };
+        let a = q(0.9, 3, 200_000, 10.0);
+        let c = q(0.5, 0, 0, 10.0);
+        assert_eq!(queue_aware_root(&[a, q(0.9, 2, 200_000, 20.0), c]), Some(1));
+        assert_eq!(queue_aware_root(&[a, q(0.9, 5, 200_000, 20.0)]), Some(1));
+        assert_eq!(queue_aware_root(&[a, q(0.9, 5, 200_000, 20.0), c]), Some(2));
+        assert_eq!(queue_aware_root(&[c, q(0.9, 0, 0, 20.0)]), Some(1));
+        // A head that has just arrived: the artifact takes that worker.
+        assert_eq!(queue_aware_root(&[q(0.9, 4, 0, 1.0), c]), Some(0));
+        assert_eq!(queue_aware_root(&[]), None);
     }
 }
