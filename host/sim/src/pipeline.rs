@@ -251,12 +251,8 @@ pub enum RootDispatch {
     /// estimated demand), like every other hop.
     #[default]
     Table,
-    /// What the Loki artifact runs: its executor ignores the client table it
-    /// computes (`executor.py`, `enqueue_request_maf`) and sends each request to the
-    /// most accurate root worker whose queue is empty, or whose queued requests
-    /// arrived more slowly than it serves them (queue length over the time since
-    /// the head arrived, against the worker's capacity at the plan's batch size);
-    /// when every worker is over that rate, to the least overloaded one.
+    /// What the Loki artifact runs: by the root workers' queues, its client table
+    /// ignored ([`queue_aware_root`], capacity at the plan's batch size).
     QueueAware,
 }
 
@@ -785,6 +781,11 @@ enum SlotState {
     Retiring,
     /// Unused.
     Free,
+}
+
+/// Requests/s one worker sustains at `batch` taking `latency_us` a batch.
+fn capacity_qps(batch: u32, latency_us: u64) -> f64 {
+    f64::from(batch) * 1e6 / latency_us.max(1) as f64
 }
 
 /// One worker: a (task, variant) replica with its queue and policy instance.
@@ -1387,7 +1388,7 @@ impl<'a> PipelineSim<'a> {
         self.node_slot.clear();
         for (h, &(t, k, _, batch, latency)) in p.hosted.iter().enumerate() {
             let accuracy = self.task_models[t][k].accuracy;
-            let full = batch as f64 * 1e6 / latency.max(1) as f64;
+            let full = capacity_qps(batch, latency);
             let capacity_qps = full * self.run.system.routing_utilization;
             for &i in &assigned[h] {
                 self.slots[i].node = Some(workers.len());
@@ -1540,10 +1541,10 @@ impl<'a> PipelineSim<'a> {
         let seen: Vec<RootQueue> = workers
             .iter()
             .map(|s| RootQueue {
-                accuracy: self.task_models[0].get(s.variant).map_or(0.0, |m| m.accuracy),
+                accuracy: self.task_models[0][s.variant].accuracy,
                 queued: s.queue.len(),
                 head_wait_us: s.queue.first().map_or(0, |head| self.now.saturating_sub(head.entry)),
-                capacity_qps: f64::from(s.batch) * 1e6 / s.latency_us.max(1) as f64,
+                capacity_qps: capacity_qps(s.batch, s.latency_us),
             })
             .collect();
         queue_aware_root(&seen).and_then(|i| workers[i].node)

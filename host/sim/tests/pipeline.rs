@@ -199,18 +199,24 @@ fn dropping_at_batch_formation_leaves_no_request_late_at_its_task() {
     assert!(at[0].2 > 0, "{at:?}");
 }
 
-/// The rerouting scenario below (150 req/s on 4 workers, accuracy scaling, SLO 100 ms,
-/// seed 5) under each system, every run's accounting checked.
-fn rerouting_runs(systems: &[String]) -> Vec<PipelineResult> {
+/// One run of the small pipeline per system at `load_qps` on `workers` (SLO
+/// `slo_ms`, `seed`), every run's accounting checked.
+fn checked_runs(systems: &[String], load_qps: f64, workers: u32, slo_ms: f64, seed: u64) -> Vec<PipelineResult> {
     let dir = tempfile::tempdir().unwrap();
     systems
         .iter()
         .map(|sys| {
-            let r = run(&small(dir.path(), sys, 150.0, 4, 100.0, 5), dir.path()).remove(0);
+            let r = run(&small(dir.path(), sys, load_qps, workers, slo_ms, seed), dir.path()).remove(0);
             check_accounting(&r);
             r
         })
         .collect()
+}
+
+/// The rerouting scenario below (150 req/s on 4 workers, accuracy scaling, SLO 100 ms,
+/// seed 5) under each system.
+fn rerouting_runs(systems: &[String]) -> Vec<PipelineResult> {
+    checked_runs(systems, 150.0, 4, 100.0, 5)
 }
 
 /// Loki §5.2: a request over its budget by x is sent to a downstream worker with
@@ -305,19 +311,14 @@ fn loki_serves_more_than_hardware_scaling_alone_on_social_media() {
 /// MostAccurateFirst routing fills the most accurate of them first.
 #[test]
 fn proteus_filling_the_cluster_uses_every_worker_and_routes_to_them() {
-    let dir = tempfile::tempdir().unwrap();
     let sys = |extra: &str| {
         format!(
             r#"{{ allocator = "proteus-per-task", policy = "proteus-batching", params = {{ margin_us = 0 }}{extra} }}"#
         )
     };
-    let mut results = Vec::new();
-    for extra in ["", r#", fill_cluster = true"#, r#", fill_cluster = true, proteus_routing = "most-accurate-first""#] {
-        let exp = small(dir.path(), &sys(extra), 20.0, 8, 100.0, 1);
-        let r = run(&exp, dir.path()).remove(0);
-        check_accounting(&r);
-        results.push(r);
-    }
+    let systems =
+        ["", r#", fill_cluster = true"#, r#", fill_cluster = true, proteus_routing = "most-accurate-first""#].map(sys);
+    let results = checked_runs(&systems, 20.0, 8, 100.0, 1);
     let (own, filled, maf) = (&results[0], &results[1], &results[2]);
     // 20 req/s needs one detect and one classify worker; Proteus's Eq. 1 leaves the rest idle.
     assert!(own.workers_max < 8, "{}", own.workers_max);
@@ -394,17 +395,13 @@ fn the_artifacts_rerouting_rule_needs_rerouting_at_batch_formation() {
 /// detections dropped at batch formation on a loaded root; accounting holds.
 #[test]
 fn the_artifacts_root_dispatch_and_budget_drop_fewer_detections() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut dropped = Vec::new();
-    for root in ["", r#", root_dispatch = "queue-aware""#, r#", root_budget = "slo-per-stage""#] {
-        let sys = format!(
+    let systems = ["", r#", root_dispatch = "queue-aware""#, r#", root_budget = "slo-per-stage""#].map(|root| {
+        format!(
             r#"{{ allocator = "loki", early_drop = "per-task", early_drop_at = "batch", params = {{ allocated = true }}{root} }}"#
-        );
-        let exp = small(dir.path(), &sys, 300.0, 6, 100.0, 1);
-        let r = run(&exp, dir.path()).remove(0);
-        check_accounting(&r);
-        dropped.push(r.tasks[0].dropped_total());
-    }
+        )
+    });
+    let dropped: Vec<u64> =
+        checked_runs(&systems, 300.0, 6, 100.0, 1).iter().map(|r| r.tasks[0].dropped_total()).collect();
     assert!(dropped[0] > 0, "the table-dispatched root drops nothing: the test shows nothing");
     assert!(dropped[1] < dropped[0], "queue-aware: {dropped:?}");
     assert!(dropped[2] < dropped[0], "SLO per stage: {dropped:?}");
