@@ -280,6 +280,60 @@ async fn early_dropping_at_batch_formation_names_the_task_and_the_reason() {
     server.stop().await.unwrap();
 }
 
+/// `root_dispatch = "queue-aware"` and `root_budget = "slo-per-stage"` (the Loki
+/// artifact's root): a client request goes to the most accurate root worker whose
+/// queue keeps up, with the SLO over the tree's depth as its root budget. One
+/// client at a time finds every queue empty, so the most accurate root worker (the
+/// lowest device among equals) takes every request; under overload its queue falls
+/// behind and others take some; every request is accounted for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_aware_root_dispatch_fills_the_most_accurate_root_worker_first() {
+    let extra = "root_dispatch = \"queue-aware\"\nroot_budget = \"slo-per-stage\"\nreplan_period_s = 0\nrouting_period_ms = 60000\n";
+    let server = start(6, 1500.0, extra, GRAPH).await.unwrap();
+    let mut c = server.client().await;
+    let s = status(&mut c).await;
+    assert_eq!((&s["root_dispatch"], &s["root_budget"]), (&json!("queue-aware"), &json!("slo-per-stage")), "{s}");
+    let accuracy = |v: &Value| match v.as_str().unwrap() {
+        "d-good" => 0.9,
+        "d-fast" => 0.7,
+        other => panic!("not a root variant: {other}"),
+    };
+    // (device, accuracy) of every root worker.
+    let roots: Vec<(usize, f64)> = s["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d["task"] == "detect")
+        .map(|(i, d)| (i, accuracy(&d["variant"])))
+        .collect();
+    assert!(roots.len() >= 2, "the plan has fewer than two root workers: {s}");
+    for &(d, _) in &roots {
+        // 100 ms over two stages.
+        assert_eq!(s["devices"][d]["budget_us"], json!(50_000), "{s}");
+    }
+    let best = roots.iter().fold(roots[0], |b, &r| if r.1 > b.1 { r } else { b }).0;
+    // The table would spread these over the root workers by their planned shares.
+    let table = s["routing"]["tables"]["frontend"].as_array().unwrap().len();
+    for i in 0..30 {
+        let r = c.post_json("/v2/models/p/infer", &small_infer(i)).await.unwrap();
+        assert!(r.status == 200 || r.status == 504, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let s = status(&mut c).await;
+    let requests = |s: &Value, d: usize| s["devices"][d]["requests"].as_u64().unwrap();
+    for &(d, _) in &roots {
+        assert_eq!(requests(&s, d), if d == best { 30 } else { 0 }, "device {d} (table of {table} entries): {s}");
+    }
+    overload(server.addr).await;
+    let s = status(&mut c).await;
+    let others: u64 = roots.iter().filter(|r| r.0 != best).map(|r| requests(&s, r.0)).sum();
+    assert!(requests(&s, best) > others, "the most accurate root worker is not filled first: {s}");
+    assert!(others > 0, "no request overflowed past a busy root worker: {s}");
+    assert_accounted(&s);
+    assert_eq!(s["counters"]["accepted"], json!(30 + 16 * 25), "{s}");
+    server.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graph_that_is_not_a_rooted_tree_is_refused_naming_the_edge() {
     let cycle = GRAPH.to_string() + "[[pipeline.edge]]\nfrom = \"face\"\nto = \"detect\"\n";

@@ -360,6 +360,11 @@ impl Pipeline {
     pub fn sinks(&self) -> Vec<usize> {
         (0..self.tasks.len()).filter(|&i| self.tasks[i].is_sink()).collect()
     }
+
+    /// Tasks on the longest root-to-sink path (at least 1).
+    pub fn depth(&self) -> usize {
+        self.task_paths().iter().map(Vec::len).max().unwrap_or(1)
+    }
 }
 
 /// Early dropping (Loki §5.2): what happens to a request that falls behind its
@@ -447,6 +452,59 @@ impl EarlyDrop {
             EarlyDrop::Rerouting => "rerouting",
         }
     }
+}
+
+/// How a client request picks its worker at the root task.
+#[derive(Clone, Copy, Debug, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RootDispatch {
+    /// A draw from the front end's routing table (MostAccurateFirst's shares of the
+    /// estimated demand), like every other hop.
+    #[default]
+    Table,
+    /// What the Loki artifact runs: by the root workers' queues, its client table
+    /// ignored (`sluice_alloc::loki::routing::queue_aware_root`, capacity at the plan's batch size).
+    QueueAware,
+}
+
+/// The latency budget of a request at the root task.
+#[derive(Clone, Copy, Debug, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RootBudget {
+    /// 2 × the worker's batch latency, as at every task (`latency_budget_us`).
+    #[default]
+    Batch,
+    /// The SLO split equally over the model tasks of the deepest path: what the
+    /// Loki artifact gives a client request (`slo_dict`, `simulator.py`), while its
+    /// intermediate requests get 2 × their worker's batch latency.
+    SloPerStage,
+}
+
+impl RootDispatch {
+    /// The name used in configs, experiment files and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RootDispatch::Table => "table",
+            RootDispatch::QueueAware => "queue-aware",
+        }
+    }
+}
+
+impl RootBudget {
+    /// The name used in configs, experiment files and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RootBudget::Batch => "batch",
+            RootBudget::SloPerStage => "slo-per-stage",
+        }
+    }
+}
+
+/// The SLO split equally over the stages of the deepest path (`depth` tasks): the
+/// Loki artifact's `slo_dict`, the budget of a root request under
+/// [`RootBudget::SloPerStage`] and of every request of the Proteus-per-task baseline.
+pub fn slo_per_stage_us(slo_us: u64, depth: usize) -> u64 {
+    slo_us / depth.max(1) as u64
 }
 
 /// The latency budget of a task on a worker whose variant runs its batch in

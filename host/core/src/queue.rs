@@ -160,6 +160,13 @@ impl WorkQueue {
         self.len() == 0
     }
 
+    /// The length and the arrival (host clock, µs) of the request at the head,
+    /// read together under the lock; None when the queue is empty.
+    pub fn head(&self) -> Option<(usize, u64)> {
+        let items = self.items.lock();
+        items.first().map(|r| (items.len(), r.arrival))
+    }
+
     /// Records the length after the caller changed `items` under its lock.
     pub fn sync_len(&self, items: &[Request]) {
         self.len.store(items.len(), Ordering::Relaxed);

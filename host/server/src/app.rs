@@ -735,6 +735,15 @@ impl App {
         Ok(rx)
     }
 
+    /// Worker `worker`'s own queue as a queue-aware dispatcher sees it: the requests
+    /// waiting and how long the head has waited, µs ((0, 0) when empty).
+    pub fn queue_wait(&self, worker: usize) -> (usize, u64) {
+        match self.workers.get(worker).and_then(|w| w.queue.head()) {
+            Some((len, arrival)) => (len, self.clock.now().saturating_sub(arrival)),
+            None => (0, 0),
+        }
+    }
+
     /// Queue lengths per worker (one entry in `shared` mode).
     pub fn queue_lengths(&self) -> Vec<usize> {
         if self.config.router == RouterMode::Shared {

@@ -157,6 +157,18 @@ pub struct PipelineConfig {
     /// `pop_while_first_expires`; docs/allocator.md).
     #[serde(default)]
     pub early_drop_at: sluice_core::pipeline::DropAt,
+    /// `root_dispatch = "table"`: how a client request picks its root worker —
+    /// `table` (a weighted pick from MostAccurateFirst's front-end table, the paper's
+    /// Algorithm 1) or `queue-aware` (the most accurate root worker whose queue keeps
+    /// up, by its queue length and head's wait: what the Loki artifact's executor
+    /// runs; docs/allocator.md).
+    #[serde(default)]
+    pub root_dispatch: sluice_core::pipeline::RootDispatch,
+    /// `root_budget = "batch"`: a client request's budget at the root task — `batch`
+    /// (2 × the worker's batch latency, as at every task) or `slo-per-stage` (the
+    /// SLO over the depth of the tree, as the Loki artifact gives it).
+    #[serde(default)]
+    pub root_budget: sluice_core::pipeline::RootBudget,
     /// `max_queue = 4096`: client requests in the pipeline at once; beyond it, 429.
     #[serde(default = "default_pipeline_queue")]
     pub max_queue: usize,

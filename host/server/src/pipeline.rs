@@ -33,10 +33,12 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
-use sluice_alloc::loki::routing::{most_accurate_first, DropCause, Hop, Route, RoutingTables, Worker};
+use sluice_alloc::loki::routing::{
+    most_accurate_first, queue_aware_root, DropCause, Hop, RootQueue, Route, RoutingTables, Worker,
+};
 use sluice_alloc::loki::{self, Plan};
 use sluice_core::clock::{Clock as _, WallClock};
-use sluice_core::pipeline::{fanout_count, latency_budget_us, Pipeline};
+use sluice_core::pipeline::{fanout_count, latency_budget_us, slo_per_stage_us, Pipeline, RootBudget, RootDispatch};
 use sluice_core::queue::Reply;
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::tensor::Tensor;
@@ -290,6 +292,9 @@ pub struct PipelineApp {
     pub task_counters: Vec<TaskCounters>,
     /// Client-level counters.
     pub counters: PipelineCounters,
+    /// Per device, the intermediate requests sent to it (client requests at the root
+    /// included).
+    device_requests: Vec<AtomicU64>,
     /// Per task, per variant, per child: (requests served, intermediate requests created).
     fanout: Vec<Vec<Vec<(AtomicU64, AtomicU64)>>>,
     arrivals: LoadMonitor,
@@ -382,6 +387,7 @@ impl PipelineApp {
         let p = Arc::new(PipelineApp {
             slo_us: (problem.slo_ms * 1000.0).round() as u64,
             task_counters: graph.tasks.iter().map(|_| TaskCounters::default()).collect(),
+            device_requests: (0..routing.devices.len()).map(|_| AtomicU64::new(0)).collect(),
             graph,
             input,
             tasks,
@@ -445,7 +451,7 @@ impl PipelineApp {
             let input = Arc::new(input);
             let mut answer = match routing.tables.passthrough[0] {
                 Some(_) => this.fan_out(routing, 0, None, 0, input, 0, arrival, deadline, 1.0).await,
-                None => match routing.frontend.as_ref().map(Picker::pick) {
+                None => match this.root_node(&routing) {
                     Some(node) => this.at_task(routing, 0, node, input, deadline, 1.0).await,
                     None => {
                         this.task_counters[0].created.fetch_add(1, Ordering::Relaxed);
@@ -466,6 +472,49 @@ impl PipelineApp {
             answer
         });
         tree.await.map_err(|e| AdmitError::ShuttingDown(format!("{}: {e}", self.name())))
+    }
+
+    /// The root worker (its routing node) a client request goes to: a pick from the
+    /// front end's table, or with `root_dispatch = "queue-aware"` the choice by the
+    /// root workers' queues ([`queue_aware_root`]; the table when no root worker
+    /// serves).
+    fn root_node(&self, routing: &Routing) -> Option<usize> {
+        if let (RootDispatch::QueueAware, Some(app)) = (self.config.root_dispatch, self.tasks[0].as_ref()) {
+            // Device order, so that ties in accuracy go to the lower device.
+            let roots: Vec<(usize, &Slot)> = routing
+                .devices
+                .iter()
+                .enumerate()
+                .filter_map(|(d, s)| s.as_ref().filter(|s| s.task == 0).map(|s| (d, s)))
+                .collect();
+            let seen: Vec<RootQueue> = roots
+                .iter()
+                .map(|&(d, s)| {
+                    let (queued, head_wait_us) = app.queue_wait(d);
+                    RootQueue {
+                        accuracy: self.accuracy[0][s.variant],
+                        queued,
+                        head_wait_us,
+                        capacity_qps: s.capacity_qps,
+                    }
+                })
+                .collect();
+            if let Some(node) = queue_aware_root(&seen).and_then(|i| routing.device_node[roots[i].0]) {
+                return Some(node);
+            }
+        }
+        routing.frontend.as_ref().map(Picker::pick)
+    }
+
+    /// The latency budget of a request at `task` on a worker whose batch takes
+    /// `latency_us`: 2 × that latency, or at the root with `root_budget =
+    /// "slo-per-stage"` the SLO over the tree's depth.
+    fn budget_us(&self, task: usize, latency_us: u64) -> u64 {
+        if task == 0 && self.config.root_budget == RootBudget::SloPerStage {
+            slo_per_stage_us(self.slo_us, self.graph.depth())
+        } else {
+            latency_budget_us(latency_us)
+        }
     }
 
     /// An intermediate request bound for `task` dropped, by `by` (the task that
@@ -504,8 +553,9 @@ impl PipelineApp {
             let (Some(app), Some(slot)) = (this.tasks[task].as_ref(), routing.devices[device].as_ref()) else {
                 return this.drop_at(task, task, "no-worker");
             };
+            this.device_requests[device].fetch_add(1, Ordering::Relaxed);
             let entered = this.clock.now();
-            let budget = latency_budget_us(slot.latency_us);
+            let budget = this.budget_us(task, slot.latency_us);
             let rx = match app.submit_to(device, (*input).clone(), entered + budget) {
                 Ok(rx) => rx,
                 Err(AdmitError::QueueFull { .. }) => return this.drop_at(task, task, "queue-full"),
@@ -757,13 +807,15 @@ impl PipelineApp {
         let devices: Vec<Value> = routing
             .devices
             .iter()
-            .map(|s| match s {
+            .enumerate()
+            .map(|(d, s)| match s {
                 Some(s) => json!({
                     "task": name(s.task),
                     "variant": self.graph.tasks[s.task].models[s.variant],
                     "batch": s.batch,
                     "latency_us": s.latency_us,
-                    "budget_us": latency_budget_us(s.latency_us),
+                    "budget_us": self.budget_us(s.task, s.latency_us),
+                    "requests": self.device_requests[d].load(Ordering::Relaxed),
                 }),
                 None => Value::Null,
             })
@@ -806,6 +858,8 @@ impl PipelineApp {
             "name": self.name(),
             "early_drop": self.config.early_drop.as_str(),
             "early_drop_at": self.config.early_drop_at.as_str(),
+            "root_dispatch": self.config.root_dispatch.as_str(),
+            "root_budget": self.config.root_budget.as_str(),
             "slo_ms": self.problem.slo_ms,
             "workers": self.problem.workers,
             "demand_qps": self.arrivals.rate(self.clock.now()),

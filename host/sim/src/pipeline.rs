@@ -54,7 +54,8 @@ use sluice_alloc::solver::SolverSettings;
 use sluice_core::decision::{self, Bound, Context, Next, Queued};
 use sluice_core::demand::{Ewma, Forecaster as _};
 use sluice_core::pipeline::{
-    fanout_count, finish_at_batch, latency_budget_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, TaskSpec,
+    fanout_count, finish_at_batch, latency_budget_us, slo_per_stage_us, DropAt, EarlyDrop, EdgeSpec, Pipeline,
+    PipelineSpec, RootBudget, RootDispatch, TaskSpec,
 };
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
@@ -241,32 +242,6 @@ pub enum RoutingDraw {
     /// Smooth weighted round robin over the probabilities (nginx's): the same
     /// proportions with the smallest spread.
     Smooth,
-}
-
-/// How a client request picks its worker at the root task.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum RootDispatch {
-    /// A draw from the front end's routing table (MostAccurateFirst's shares of the
-    /// estimated demand), like every other hop.
-    #[default]
-    Table,
-    /// What the Loki artifact runs: by the root workers' queues, its client table
-    /// ignored ([`queue_aware_root`], capacity at the plan's batch size).
-    QueueAware,
-}
-
-/// The latency budget of a request at the root task.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum RootBudget {
-    /// 2 × the worker's batch latency, as at every task (`latency_budget_us`).
-    #[default]
-    Batch,
-    /// The SLO split equally over the model tasks of the deepest path: what the
-    /// Loki artifact gives a client request (`slo_dict`, `simulator.py`), while its
-    /// intermediate requests get 2 × their worker's batch latency.
-    SloPerStage,
 }
 
 /// A serving system: `[pipeline.system]` merged with a sweep system's keys.
@@ -937,7 +912,7 @@ impl<'a> PipelineSim<'a> {
             Some(t) => serde_json::to_string(t)?,
             None => "{}".into(),
         };
-        let depth = pipeline.task_paths().iter().map(Vec::len).max().unwrap_or(1);
+        let depth = pipeline.depth();
         let slo_us = (run.slo_ms * 1000.0).round() as u64;
         let secs = (duration_us / 1_000_000 + 2) as usize;
         let n = pipeline.tasks.len();
@@ -1274,12 +1249,7 @@ impl<'a> PipelineSim<'a> {
     fn set_slot(&mut self, i: usize, task: usize, variant: usize, batch: u32, latency_us: u64) {
         let per_stage = self.run.system.allocator == Allocator::ProteusPerTask
             || (task == 0 && self.run.system.root_budget == RootBudget::SloPerStage);
-        let budget = if per_stage {
-            // The reference's slo_dict: the SLO split equally over the stages.
-            self.slo_us / self.depth as u64
-        } else {
-            latency_budget_us(latency_us)
-        };
+        let budget = if per_stage { slo_per_stage_us(self.slo_us, self.depth) } else { latency_budget_us(latency_us) };
         let same = {
             let s = &self.slots[i];
             s.task == task && s.variant == variant && s.batch == batch && s.budget_us == budget
