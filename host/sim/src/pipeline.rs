@@ -46,7 +46,7 @@ use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 use sluice_alloc::ladder::Ladder;
 use sluice_alloc::loki::routing::{
-    most_accurate_first, queue_aware_root, Backup, Hop, RootQueue, Route, RoutingTables,
+    most_accurate_first_with, queue_aware_root, Backup, Hop, RootQueue, Route, RoutingTables,
 };
 use sluice_alloc::loki::{self, Scaling};
 use sluice_alloc::proteus;
@@ -231,6 +231,38 @@ pub enum RerouteRule {
     Artifact,
 }
 
+/// When the routing tables are rebuilt.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum TableRebuild {
+    /// At every plan applied, for its demand (as the live host, which also rebuilds
+    /// them between plans from the measured demand).
+    #[default]
+    EveryPlan,
+    /// Only when a plan adds or removes a worker (a slot changes its task or variant,
+    /// or is placed or freed): the Loki artifact's load balancer runs from
+    /// `add_predictor` and `remove_predictor_by_id` only, so its tables keep the
+    /// demand and capacities of the last such plan.
+    WorkerChange,
+}
+
+/// The fan-out a routing table is sized for at each worker.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Branching {
+    /// Its variant's expected fan-out (the plan's).
+    #[default]
+    Expected,
+    /// What the worker measured over its last 50 requests per child, and 1 while it
+    /// has served none since it took its (task, variant): the Loki artifact's
+    /// `getBranchingFactor` over `PROFILED_BRANCHING_MAX_HISTORY` ("we will assume the
+    /// branching factor is 1").
+    Measured,
+}
+
+/// Requests a worker's branching is measured over ([`Branching::Measured`]).
+const BRANCHING_HISTORY: usize = 50;
+
 /// How a worker's routing table is turned into one destination.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -331,6 +363,12 @@ pub struct SystemSpec {
     /// proteus-per-task baseline uses SLO / depth at every task whatever this says).
     #[serde(default)]
     pub root_budget: RootBudget,
+    /// `table_rebuild = "every-plan"` | `"worker-change"` (see [`TableRebuild`]).
+    #[serde(default)]
+    pub table_rebuild: TableRebuild,
+    /// `branching = "expected"` | `"measured"` (see [`Branching`]).
+    #[serde(default)]
+    pub branching: Branching,
 }
 
 impl SystemSpec {
@@ -636,6 +674,8 @@ pub struct PipelineResult {
     pub workers_max: u32,
     /// Plans applied (the first included).
     pub replans: u64,
+    /// Routing-table builds (one per plan unless `table_rebuild = "worker-change"`).
+    pub table_builds: u64,
     /// MILP solves (cache misses).
     pub solves: u64,
     /// Plans taken from the cache.
@@ -780,6 +820,10 @@ struct Slot {
     token: u64,
     /// Its node in the current routing tables.
     node: Option<usize>,
+    /// Per child task, the requests it sent there per request served, the last
+    /// [`BRANCHING_HISTORY`] ([`Branching::Measured`] only; emptied when the slot
+    /// takes another (task, variant)).
+    branching: Vec<std::collections::VecDeque<u32>>,
 }
 
 enum Event {
@@ -858,6 +902,10 @@ struct PipelineSim<'a> {
     sink_results: u64,
     sink_accuracy: f64,
     replans: u64,
+    table_builds: u64,
+    /// The workers the routing tables were built over: per node, its slot, task and
+    /// variant (for [`TableRebuild::WorkerChange`]).
+    table_workers: Vec<(usize, usize, usize)>,
     solves: u64,
     cache_hits: u64,
     solve_seconds: f64,
@@ -971,6 +1019,8 @@ impl<'a> PipelineSim<'a> {
             sink_results: 0,
             sink_accuracy: 0.0,
             replans: 0,
+            table_builds: 0,
+            table_workers: Vec::new(),
             solves: 0,
             cache_hits: 0,
             solve_seconds: 0.0,
@@ -1275,6 +1325,9 @@ impl<'a> PipelineSim<'a> {
             Arc::new(m)
         };
         let s = &mut self.slots[i];
+        if s.task != task || s.variant != variant {
+            s.branching = vec![Default::default(); self.pipeline.tasks[task].children.len()];
+        }
         s.task = task;
         s.variant = variant;
         s.batch = batch;
@@ -1338,6 +1391,7 @@ impl<'a> PipelineSim<'a> {
                             busy: false,
                             token: 0,
                             node: None,
+                            branching: Vec::new(),
                         });
                         taken.push(false);
                         self.slots.len() - 1
@@ -1350,6 +1404,27 @@ impl<'a> PipelineSim<'a> {
                 self.set_slot(i, t, k, batch, latency);
             }
         }
+        // The artifact keeps its tables while no worker was added or removed: the
+        // nodes stay where they were, and so does everything the tables were built for.
+        let placed: Vec<(usize, usize, usize)> = {
+            let mut v: Vec<(usize, usize, usize)> =
+                assigned.iter().flatten().map(|&i| (i, self.slots[i].task, self.slots[i].variant)).collect();
+            v.sort_unstable();
+            v
+        };
+        if self.run.system.table_rebuild == TableRebuild::WorkerChange && self.table_builds > 0 && {
+            let mut before = self.table_workers.clone();
+            before.sort_unstable();
+            before == placed
+        } {
+            for (node, &(i, _, _)) in self.table_workers.iter().enumerate() {
+                self.slots[i].node = Some(node);
+            }
+            self.free_idle();
+            self.account_workers();
+            return;
+        }
+        self.table_builds += 1;
         // Nodes in plan order, replica by replica (Plan::routing_workers' order).
         let mut workers = Vec::new();
         // Per node, the requests/s its worker sustains at its batch size, before the
@@ -1373,9 +1448,23 @@ impl<'a> PipelineSim<'a> {
                 });
             }
         }
+        self.table_workers = workers
+            .iter()
+            .zip(&self.node_slot)
+            .map(|(w, s)| (s.expect("a worker's slot"), w.task, w.variant))
+            .collect();
         self.tables = match &p.shares {
             None => {
-                let mut tables = most_accurate_first(self.pipeline, &workers, demand);
+                let slots = &self.slots;
+                let node_slot = &self.node_slot;
+                let measured = self.run.system.branching == Branching::Measured;
+                let mut tables = most_accurate_first_with(self.pipeline, &workers, demand, |w, ci| {
+                    let seen = &slots[node_slot[w]?].branching.get(ci)?;
+                    measured.then(|| match seen.len() {
+                        0 => 1.0,
+                        n => seen.iter().map(|&x| x as f64).sum::<f64>() / n as f64,
+                    })
+                });
                 tables.backup = full_capacity_backup(&tables, &workers, &full_capacity);
                 tables
             }
@@ -1590,7 +1679,7 @@ impl<'a> PipelineSim<'a> {
             }
         } else {
             // A pass-through task: served at once, fans out with its node's table.
-            self.served(req, 0, 1.0, node, self.now);
+            self.served(req, 0, 1.0, node, None, self.now);
         }
     }
 
@@ -1752,13 +1841,14 @@ impl<'a> PipelineSim<'a> {
                 self.drop_req(r, "no-worker");
                 continue;
             };
-            self.served(r, model as usize, accuracy, node, now);
+            self.served(r, model as usize, accuracy, node, Some(i), now);
         }
     }
 
     /// A request served at its task by `variant` (accuracy `accuracy`) on routing
-    /// node `node`: children are created and routed, or the sink result recorded.
-    fn served(&mut self, r: Req, variant: usize, accuracy: f64, node: usize, now: u64) {
+    /// node `node` (by worker `slot`, whose branching it records): children are
+    /// created and routed, or the sink result recorded.
+    fn served(&mut self, r: Req, variant: usize, accuracy: f64, node: usize, slot: Option<usize>, now: u64) {
         let t = r.task;
         let pipeline = self.pipeline;
         let task = &pipeline.tasks[t];
@@ -1798,6 +1888,12 @@ impl<'a> PipelineSim<'a> {
             let target = planned.iter().find(|(c, _)| *c == ci).map(|&(_, n)| n);
             let n = fanout_count(expected[ci], self.rng.uniform());
             self.fanout_created[t][variant][ci] += n as u64;
+            if let Some(seen) = slot.and_then(|i| self.slots[i].branching.get_mut(ci)) {
+                if seen.len() == BRANCHING_HISTORY {
+                    seen.pop_front();
+                }
+                seen.push_back(n);
+            }
             self.clients[client].outstanding += n;
             let routes = self.tables.nodes.get(node).and_then(|n| n.get(ci)).cloned().unwrap_or_default();
             let is_sink = self.pipeline.tasks[child].is_sink();
@@ -1986,6 +2082,7 @@ impl<'a> PipelineSim<'a> {
             workers_min: if self.workers_min == u32::MAX { 0 } else { self.workers_min },
             workers_max: self.workers_max,
             replans: self.replans,
+            table_builds: self.table_builds,
             solves: self.solves,
             cache_hits: self.cache_hits,
             solve_seconds: self.solve_seconds,

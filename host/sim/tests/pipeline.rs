@@ -406,3 +406,27 @@ fn the_artifacts_root_dispatch_and_budget_drop_fewer_detections() {
     assert!(dropped[1] < dropped[0], "queue-aware: {dropped:?}");
     assert!(dropped[2] < dropped[0], "SLO per stage: {dropped:?}");
 }
+
+/// The Loki artifact's tables: rebuilt only when a plan adds or removes a worker, and
+/// sized by each worker's measured branching, 1 before it has measured any. On a
+/// steady load the plan keeps its workers, so the tables are built fewer times than
+/// plans are applied; the first build finds detect unmeasured and sizes classify's
+/// tables for 1 request per detection where 2 come, so classify's most accurate
+/// workers are fed past their capacity and more of its requests are dropped.
+#[test]
+fn the_artifacts_tables_are_built_on_worker_changes_for_measured_branching() {
+    let systems = ["", r#", table_rebuild = "worker-change""#, r#", table_rebuild = "worker-change", branching = "measured""#]
+        .map(|tables| {
+            format!(
+                r#"{{ allocator = "loki", early_drop = "per-task", early_drop_at = "batch", params = {{ allocated = true }}{tables} }}"#
+            )
+        });
+    let runs = checked_runs(&systems, 300.0, 6, 100.0, 1);
+    let builds: Vec<(u64, u64)> = runs.iter().map(|r| (r.table_builds, r.replans)).collect();
+    assert_eq!(builds[0].0, builds[0].1, "every plan builds the tables by default: {builds:?}");
+    for &(built, plans) in &builds[1..] {
+        assert!(built >= 1 && built < plans, "worker-change: {builds:?}");
+    }
+    let dropped: Vec<u64> = runs.iter().map(|r| r.tasks[1].dropped_total()).collect();
+    assert!(dropped[2] > dropped[1], "unmeasured branching taken as 1: {dropped:?}");
+}

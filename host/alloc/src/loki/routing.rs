@@ -184,6 +184,20 @@ impl RoutingTables {
 
 /// Algorithm 1 over `workers` for `demand_qps` requests/s entering the root.
 pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: f64) -> RoutingTables {
+    most_accurate_first_with(pipeline, workers, demand_qps, |_, _| None)
+}
+
+/// [`most_accurate_first`] with the branching of some workers given: `branching(w, c)`
+/// is the requests worker `w` sends to its task's `c`-th child per request it serves,
+/// or None for its variant's expected fan-out. The Loki artifact builds its tables on
+/// each worker's measured branching, 1 where none is measured yet (its
+/// `load_balancer.py`, "we will assume the branching factor is 1").
+pub fn most_accurate_first_with(
+    pipeline: &Pipeline,
+    workers: &[Worker],
+    demand_qps: f64,
+    branching: impl Fn(usize, usize) -> Option<f64>,
+) -> RoutingTables {
     let n = pipeline.tasks.len();
     // Nodes: the workers, then one per pass-through task.
     let mut nodes: Vec<Worker> = workers.to_vec();
@@ -272,7 +286,8 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
                 .iter()
                 .enumerate()
                 .map(|(ci, &child)| {
-                    let outgoing = incoming[node] * task.fanout[nodes[node].variant][ci];
+                    let given = if node < workers.len() { branching(node, ci) } else { None };
+                    let outgoing = incoming[node] * given.unwrap_or(task.fanout[nodes[node].variant][ci]);
                     fill(child, outgoing, &mut capacity, &mut incoming)
                 })
                 .collect();
@@ -396,6 +411,24 @@ mod tests {
         assert!(t.backup[1].is_empty());
         assert_eq!(t.reroute(0, 10_000), Some(0));
         assert_eq!(t.reroute(0, 9_999), None);
+    }
+
+    /// The same workers, `good`'s branching given as 1 (the artifact's value for a
+    /// worker not yet measured): it sends 6 × 1 = 6/s, all to `big`; `fast` then sends
+    /// 4 × 2 = 8/s: big's 4/s left (p 4/8), then small #1's (p 4/8). The tables carry
+    /// 14/s to classify where 26/s will come.
+    #[test]
+    fn given_branching_sizes_a_workers_tables() {
+        let workers = [w(0, 0, 0.6, 8.0), w(0, 1, 0.9, 6.0), w(1, 0, 0.7, 5.0), w(1, 1, 0.95, 10.0), w(1, 0, 0.7, 5.0)];
+        let t = most_accurate_first_with(&pipeline(), &workers, 10.0, |w, _| (w == 1).then_some(1.0));
+        assert_eq!(t.nodes[1][0], [Route { node: 3, probability: 1.0 }]);
+        assert_eq!(t.nodes[0][0], [Route { node: 3, probability: 0.5 }, Route { node: 2, probability: 0.5 }]);
+        assert_eq!((t.incoming[3], t.incoming[2], t.incoming[4]), (10.0, 4.0, 0.0));
+        // Nothing given: the expected fan-outs, as most_accurate_first.
+        assert_eq!(
+            most_accurate_first_with(&pipeline(), &workers, 10.0, |_, _| None),
+            most_accurate_first(&pipeline(), &workers, 10.0)
+        );
     }
 
     #[test]
