@@ -334,6 +334,41 @@ async fn queue_aware_root_dispatch_fills_the_most_accurate_root_worker_first() {
     server.stop().await.unwrap();
 }
 
+/// `routing_utilization`: the tables fill each worker to that share of its capacity.
+/// Planned for 1500 req/s, two `d-good` root workers of 833 req/s each: filled to
+/// the full capacity, the first takes 833/1500 of the clients; filled to half, each
+/// takes 417, and the 667 left over are spread by capacity, so each takes half. The
+/// backup tables still count the full capacity (833 − 750 left on each, where filling
+/// to the full capacity leaves 833 − 667 on the second only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_utilization_leaves_headroom_in_the_tables() {
+    for (utilization, first) in [(1.0, 833.3333333333334 / 1500.0), (0.5, 0.5)] {
+        let extra = format!("routing_utilization = {utilization}\nreplan_period_s = 0\nrouting_period_ms = 60000\n");
+        let server = start(6, 1500.0, &extra, GRAPH).await.unwrap();
+        let mut c = server.client().await;
+        let s = status(&mut c).await;
+        assert_eq!(s["routing_utilization"], json!(utilization), "{s}");
+        let frontend = s["routing"]["tables"]["frontend"].as_array().unwrap();
+        assert_eq!(frontend.len(), 2, "{s}");
+        let p = frontend[0]["probability"].as_f64().unwrap();
+        assert!((p - first).abs() < 1e-9, "utilization {utilization}: the first root worker takes {p}: {s}");
+        // Leftover per root worker: at full filling only the second has any (833 − 667).
+        let backup: Vec<f64> = s["routing"]["tables"]["backup"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["leftover_qps"].as_f64().unwrap())
+            .collect();
+        let expected: &[f64] = if utilization < 1.0 { &[83.33333333333337; 2] } else { &[166.66666666666674] };
+        assert_eq!(backup.len(), expected.len(), "utilization {utilization}: {s}");
+        assert!(
+            backup.iter().zip(expected).all(|(b, e)| (b - e).abs() < 1e-6),
+            "utilization {utilization}: {backup:?}"
+        );
+        server.stop().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graph_that_is_not_a_rooted_tree_is_refused_naming_the_edge() {
     let cycle = GRAPH.to_string() + "[[pipeline.edge]]\nfrom = \"face\"\nto = \"detect\"\n";

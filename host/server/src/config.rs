@@ -169,6 +169,12 @@ pub struct PipelineConfig {
     /// SLO over the depth of the tree, as the Loki artifact gives it).
     #[serde(default)]
     pub root_budget: sluice_core::pipeline::RootBudget,
+    /// `routing_utilization = 1.0`: the share of each worker's capacity the routing
+    /// tables fill, in (0, 1]. 1 is the paper's Algorithm 1, which fills the most
+    /// accurate workers to exactly their capacity; 0.8 (the Loki experiments' setting)
+    /// leaves queueing headroom. Backup tables for rerouting count the full capacity.
+    #[serde(default = "default_routing_utilization")]
+    pub routing_utilization: f64,
     /// `max_queue = 4096`: client requests in the pipeline at once; beyond it, 429.
     #[serde(default = "default_pipeline_queue")]
     pub max_queue: usize,
@@ -194,6 +200,9 @@ fn default_pipeline_policy() -> String {
 }
 fn default_pipeline_queue() -> usize {
     4096
+}
+fn default_routing_utilization() -> f64 {
+    1.0
 }
 fn default_routing_period() -> u64 {
     1000
@@ -362,6 +371,9 @@ impl Config {
             }
             if p.routing_period_ms == 0 {
                 return Err(invalid(field("routing_period_ms"), "expected at least 1 ms"));
+            }
+            if !(p.routing_utilization > 0.0 && p.routing_utilization <= 1.0) {
+                return Err(invalid(field("routing_utilization"), "expected a share in (0, 1]"));
             }
             for (name, v) in [
                 ("replan_period_s", p.replan_period_s),

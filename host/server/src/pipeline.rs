@@ -34,7 +34,7 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
 use sluice_alloc::loki::routing::{
-    most_accurate_first, queue_aware_root, DropCause, Hop, RootQueue, Route, RoutingTables, Worker,
+    most_accurate_first_filling, queue_aware_root, DropCause, Hop, RootQueue, Route, RoutingTables, Worker,
 };
 use sluice_alloc::loki::{self, Plan};
 use sluice_core::clock::{Clock as _, WallClock};
@@ -104,8 +104,15 @@ impl Picker {
 }
 
 impl Routing {
-    /// Tables for `devices` at `demand_qps`.
-    pub fn build(graph: &Pipeline, devices: Vec<Option<Slot>>, accuracy: &[Vec<f64>], demand_qps: f64) -> Routing {
+    /// Tables for `devices` at `demand_qps`, filling each worker to `utilization` of
+    /// its capacity.
+    pub fn build(
+        graph: &Pipeline,
+        devices: Vec<Option<Slot>>,
+        accuracy: &[Vec<f64>],
+        demand_qps: f64,
+        utilization: f64,
+    ) -> Routing {
         let mut workers = Vec::new();
         let mut node_device = Vec::new();
         let mut device_node = vec![None; devices.len()];
@@ -122,7 +129,7 @@ impl Routing {
                 });
             }
         }
-        let tables = most_accurate_first(graph, &workers, demand_qps);
+        let tables = most_accurate_first_filling(graph, &workers, demand_qps, utilization, |_, _| None);
         node_device.resize(tables.nodes.len(), None);
         let frontend = Picker::new(&tables.frontend);
         let pickers = tables.nodes.iter().map(|children| children.iter().map(|r| Picker::new(r)).collect()).collect();
@@ -373,7 +380,7 @@ impl PipelineApp {
         let graph = problem.pipeline.clone();
         let accuracy: Vec<Vec<f64>> =
             problem.variants.iter().map(|vs| vs.iter().map(|v| v.accuracy).collect()).collect();
-        let routing = Routing::build(&graph, devices, &accuracy, plan.demand_qps);
+        let routing = Routing::build(&graph, devices, &accuracy, plan.demand_qps, config.routing_utilization);
         let fanout = graph
             .tasks
             .iter()
@@ -729,7 +736,13 @@ impl PipelineApp {
             }
             self.load(n.task, d, Some(n.variant)).await?;
         }
-        *self.routing.write() = Arc::new(Routing::build(&self.graph, devices.clone(), &self.accuracy, demand));
+        *self.routing.write() = Arc::new(Routing::build(
+            &self.graph,
+            devices.clone(),
+            &self.accuracy,
+            demand,
+            self.config.routing_utilization,
+        ));
         for (d, (o, n)) in old.devices.iter().zip(&devices).enumerate() {
             let Some(o) = o else { continue };
             if n.as_ref().is_some_and(|n| n.task == o.task) {
@@ -789,7 +802,8 @@ impl PipelineApp {
     /// Rebuilds the routing tables over the devices in force for `demand`.
     fn reroute_for(&self, demand: f64) {
         let devices = self.routing().devices.clone();
-        *self.routing.write() = Arc::new(Routing::build(&self.graph, devices, &self.accuracy, demand));
+        *self.routing.write() =
+            Arc::new(Routing::build(&self.graph, devices, &self.accuracy, demand, self.config.routing_utilization));
     }
 
     fn view_of(&self, st: &PlanState) -> Value {
@@ -860,6 +874,7 @@ impl PipelineApp {
             "early_drop_at": self.config.early_drop_at.as_str(),
             "root_dispatch": self.config.root_dispatch.as_str(),
             "root_budget": self.config.root_budget.as_str(),
+            "routing_utilization": self.config.routing_utilization,
             "slo_ms": self.problem.slo_ms,
             "workers": self.problem.workers,
             "demand_qps": self.arrivals.rate(self.clock.now()),

@@ -46,7 +46,7 @@ use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 use sluice_alloc::ladder::Ladder;
 use sluice_alloc::loki::routing::{
-    most_accurate_first_with, queue_aware_root, Backup, Hop, RootQueue, Route, RoutingTables,
+    most_accurate_first_filling, queue_aware_root, Backup, Hop, RootQueue, Route, RoutingTables,
 };
 use sluice_alloc::loki::{self, Scaling};
 use sluice_alloc::proteus;
@@ -1427,23 +1427,17 @@ impl<'a> PipelineSim<'a> {
         self.table_builds += 1;
         // Nodes in plan order, replica by replica (Plan::routing_workers' order).
         let mut workers = Vec::new();
-        // Per node, the requests/s its worker sustains at its batch size, before the
-        // routing headroom (for the backup table).
-        let mut full_capacity = Vec::new();
         self.node_slot.clear();
         for (h, &(t, k, _, batch, latency)) in p.hosted.iter().enumerate() {
             let accuracy = self.task_models[t][k].accuracy;
-            let full = capacity_qps(batch, latency);
-            let capacity_qps = full * self.run.system.routing_utilization;
             for &i in &assigned[h] {
                 self.slots[i].node = Some(workers.len());
                 self.node_slot.push(Some(i));
-                full_capacity.push(full);
                 workers.push(loki::routing::Worker {
                     task: t,
                     variant: k,
                     accuracy,
-                    capacity_qps,
+                    capacity_qps: capacity_qps(batch, latency),
                     latency_us: latency,
                 });
             }
@@ -1458,15 +1452,14 @@ impl<'a> PipelineSim<'a> {
                 let slots = &self.slots;
                 let node_slot = &self.node_slot;
                 let measured = self.run.system.branching == Branching::Measured;
-                let mut tables = most_accurate_first_with(self.pipeline, &workers, demand, |w, ci| {
+                let utilization = self.run.system.routing_utilization;
+                most_accurate_first_filling(self.pipeline, &workers, demand, utilization, |w, ci| {
                     let seen = &slots[node_slot[w]?].branching.get(ci)?;
                     measured.then(|| match seen.len() {
                         0 => 1.0,
                         n => seen.iter().map(|&x| x as f64).sum::<f64>() / n as f64,
                     })
-                });
-                tables.backup = full_capacity_backup(&tables, &workers, &full_capacity);
-                tables
+                })
             }
             Some(shares) => self.share_tables(p, shares, &workers, &assigned),
         };
@@ -2091,38 +2084,6 @@ impl<'a> PipelineSim<'a> {
         };
         (r, self.windows)
     }
-}
-
-/// The backup table (Loki §5.1–5.2) measured against each worker's full capacity:
-/// per task, the workers whose routed rate (`tables.incoming`) is below the rate they
-/// sustain at their batch size, most accurate first (ties: lower node).
-///
-/// `most_accurate_first` computes leftovers against the capacities it is given, which
-/// here are cut to `routing_utilization` of the real ones so that routing leaves
-/// queueing headroom. With that cut and β = 1.2 (0.8 × 1.2 < 1) the routed demand
-/// exceeds the cut capacity of every task, no worker has anything left, and rerouting
-/// could never fire. The paper lists "workers with left-over capacity" after
-/// saturating them, and the reference's `remaining_capacity` starts from the worker's
-/// `peak_throughput` and is lowered by what MostAccurateFirst routed to it — the real
-/// capacity, not a routing share — so the backup table is rebuilt from that here.
-fn full_capacity_backup(tables: &RoutingTables, workers: &[loki::routing::Worker], full: &[f64]) -> Vec<Vec<Backup>> {
-    let mut backup: Vec<Vec<Backup>> = vec![Vec::new(); tables.backup.len()];
-    for (node, w) in workers.iter().enumerate() {
-        let leftover = full[node] - tables.incoming.get(node).copied().unwrap_or(0.0);
-        // Under a thousandth of a request per second is rounding, not capacity.
-        if leftover > 1e-3 {
-            backup[w.task].push(Backup {
-                node,
-                leftover_qps: leftover,
-                latency_us: w.latency_us,
-                accuracy: w.accuracy,
-            });
-        }
-    }
-    for list in &mut backup {
-        list.sort_by(|a, b| b.accuracy.total_cmp(&a.accuracy).then(a.node.cmp(&b.node)));
-    }
-    backup
 }
 
 /// Whether an experiment file is a pipeline experiment (it has a `[pipeline]` table).

@@ -187,6 +187,54 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
     most_accurate_first_with(pipeline, workers, demand_qps, |_, _| None)
 }
 
+/// [`most_accurate_first_with`] filling each worker only to `utilization` of its
+/// capacity: 1 is Algorithm 1 as written, which fills the most accurate workers to
+/// exactly their capacity (with Poisson arrivals a worker at 100% queues without
+/// bound); below 1 leaves queueing headroom. The backup tables are measured against
+/// the full capacities ([`backup_against_full_capacity`]).
+pub fn most_accurate_first_filling(
+    pipeline: &Pipeline,
+    workers: &[Worker],
+    demand_qps: f64,
+    utilization: f64,
+    branching: impl Fn(usize, usize) -> Option<f64>,
+) -> RoutingTables {
+    let cut: Vec<Worker> =
+        workers.iter().map(|w| Worker { capacity_qps: w.capacity_qps * utilization, ..w.clone() }).collect();
+    let mut tables = most_accurate_first_with(pipeline, &cut, demand_qps, branching);
+    tables.backup = backup_against_full_capacity(&tables, workers);
+    tables
+}
+
+/// The backup table (Loki §5.1–5.2) of `tables`, measured against each worker's full
+/// capacity (`workers`' own). `most_accurate_first` computes leftovers against the
+/// capacities it is given, which [`most_accurate_first_filling`] cuts to a share of the
+/// real ones so that routing leaves queueing headroom. With that cut and β = 1.2
+/// (0.8 × 1.2 < 1) the routed demand exceeds the cut capacity of every task, no worker
+/// has anything left, and rerouting could never fire. The paper lists "workers with
+/// left-over capacity" after saturating them, and the reference's
+/// `remaining_capacity` starts from the worker's `peak_throughput` and is lowered by
+/// what MostAccurateFirst routed to it — the real capacity, not a routing share.
+pub fn backup_against_full_capacity(tables: &RoutingTables, workers: &[Worker]) -> Vec<Vec<Backup>> {
+    let mut backup: Vec<Vec<Backup>> = vec![Vec::new(); tables.backup.len()];
+    for (node, w) in workers.iter().enumerate() {
+        let leftover = w.capacity_qps - tables.incoming.get(node).copied().unwrap_or(0.0);
+        // Under a thousandth of a request per second is rounding, not capacity.
+        if leftover > 1e-3 {
+            backup[w.task].push(Backup {
+                node,
+                leftover_qps: leftover,
+                latency_us: w.latency_us,
+                accuracy: w.accuracy,
+            });
+        }
+    }
+    for list in &mut backup {
+        list.sort_by(|a, b| b.accuracy.total_cmp(&a.accuracy).then(a.node.cmp(&b.node)));
+    }
+    backup
+}
+
 /// [`most_accurate_first`] with the branching of some workers given: `branching(w, c)`
 /// is the requests worker `w` sends to its task's `c`-th child per request it serves,
 /// or None for its variant's expected fan-out. The Loki artifact builds its tables on
