@@ -369,6 +369,20 @@ async fn routing_utilization_leaves_headroom_in_the_tables() {
     }
 }
 
+/// `beta` replaces the problem file's demand factor: the plans are made for β × the
+/// demand (1 when neither says), and the admin view says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beta_replaces_the_problems_demand_factor() {
+    for (extra, beta) in [("", 1.0), ("beta = 1.5\n", 1.5)] {
+        let server = start(6, 20.0, &format!("{extra}replan_period_s = 0\n"), GRAPH).await.unwrap();
+        let mut c = server.client().await;
+        let s = status(&mut c).await;
+        assert_eq!(s["beta"], json!(beta), "{s}");
+        assert_eq!(s["allocation"]["plan"]["beta"], json!(beta), "{s}");
+        server.stop().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graph_that_is_not_a_rooted_tree_is_refused_naming_the_edge() {
     let cycle = GRAPH.to_string() + "[[pipeline.edge]]\nfrom = \"face\"\nto = \"detect\"\n";

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The live traffic-analysis pipeline (examples/loki-traffic.toml) under open-loop load,
 # with the root served by the front-end table or as the Loki artifact serves it
-# (root_dispatch = "queue-aware", root_budget = "slo-per-stage"), and with the
-# problem's β at 1 (the file's) or 1.2 (the other Loki experiments'). Manual, not CI;
+# (root_dispatch = "queue-aware", root_budget = "slo-per-stage"), with the plans'
+# demand factor at 1 (the paper's) or 1.2 (`beta`), and the tables filling workers to
+# 100% or 80% of their capacity (`routing_utilization`; β 1.2 and 80% are the other
+# Loki experiments' setting and the example's). Manual, not CI;
 # results are in docs/results/loki/README.md, "The artifact's root in the live host".
 #
 #   cargo build --release -p sluice && cargo xtask policies
@@ -20,20 +22,16 @@ trap 'rm -rf "$work"' EXIT
 port=18085
 export SLUICE_ADMIN_TOKEN=loki-live-root
 
-# The problem as it is, and with [ladder] beta = 1.2; its profile path made absolute.
-sed "s|^profile = .*|profile = \"$root/profiles/loki-simulator.toml\"|" \
-  "$root/examples/allocate/loki-traffic.toml" > "$work/beta1.toml"
-cp "$work/beta1.toml" "$work/beta1.2.toml"
-printf '\n[ladder]\nbeta = 1.2\n' >> "$work/beta1.2.toml"
-
-for beta in 1 1.2; do
-  for rootmode in table artifact; do
-    config="$work/$beta-$rootmode.toml"
+for setting in "1 table 1.0" "1 artifact 1.0" "1.2 table 1.0" "1.2 artifact 1.0" "1.2 table 0.8" "1.2 artifact 0.8"; do
+    read -r beta rootmode utilization <<< "$setting"
+    config="$work/$beta-$rootmode-$utilization.toml"
     sed -e "s|^listen = .*|listen = \"127.0.0.1:$port\"|" \
         -e "s|^policy_dir = .*|policy_dir = \"$work/policies\"|" \
         -e "s|^builtin_policy_dir = .*|builtin_policy_dir = \"$root/target/policies\"|" \
-        -e "s|^problem = .*|problem = \"$work/beta$beta.toml\"|" \
+        -e "s|^problem = \"|problem = \"$root/examples/|" \
+        -e "/^beta = /d" -e "/^routing_utilization = /d" \
         "$root/examples/loki-traffic.toml" > "$config"
+    printf 'beta = %s\nrouting_utilization = %s\n' "$beta" "$utilization" >> "$config"
     if [ "$rootmode" = artifact ]; then
       printf 'root_dispatch = "queue-aware"\nroot_budget = "slo-per-stage"\n' >> "$config"
     fi
@@ -49,16 +47,15 @@ for beta in 1 1.2; do
       "http://127.0.0.1:$port/admin/pipelines/traffic" > "$work/status.json"
     kill "$server"
     wait "$server" 2> /dev/null || true
-    python3 - "$beta" "$rootmode" "$work/status.json" <<'EOF'
+    python3 - "$beta" "$rootmode" "$utilization" "$work/status.json" <<'EOF'
 import json, sys
-beta, mode, path = sys.argv[1:]
+beta, mode, utilization, path = sys.argv[1:]
 s = json.load(open(path))
 c = s["counters"]
 n = max(c["accepted"], 1)
-print(f"beta {beta:>3}  root {mode:<8}  accepted {c['accepted']}  on time {c['on_time'] / n:.3f}"
+print(f"beta {beta:>3}  root {mode:<8}  filling {utilization}  accepted {c['accepted']}  on time {c['on_time'] / n:.3f}"
       f"  partial {c['partial'] / n:.3f}  dropped {c['dropped'] / n:.3f}")
 for t in s["tasks"]:
     print(f"    {t['task']:<20} created {t['created']:>6}  dropped {t['dropped'] / max(t['created'], 1):.3f}")
 EOF
-  done
 done

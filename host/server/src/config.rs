@@ -175,6 +175,12 @@ pub struct PipelineConfig {
     /// leaves queueing headroom. Backup tables for rerouting count the full capacity.
     #[serde(default = "default_routing_utilization")]
     pub routing_utilization: f64,
+    /// `beta = 1.2`: the demand factor the MILP plans with, replacing the problem
+    /// file's `[ladder] beta` (default: the file's, 1 unless it says otherwise). Above 1
+    /// it plans capacity headroom; the ladder still descends from it when no plan
+    /// serves that much. The Loki experiments use 1.2 with `routing_utilization = 0.8`.
+    #[serde(default)]
+    pub beta: Option<f64>,
     /// `max_queue = 4096`: client requests in the pipeline at once; beyond it, 429.
     #[serde(default = "default_pipeline_queue")]
     pub max_queue: usize,
@@ -374,6 +380,9 @@ impl Config {
             }
             if !(p.routing_utilization > 0.0 && p.routing_utilization <= 1.0) {
                 return Err(invalid(field("routing_utilization"), "expected a share in (0, 1]"));
+            }
+            if p.beta.is_some_and(|b| !(b.is_finite() && b > 0.0 && b <= 10.0)) {
+                return Err(invalid(field("beta"), "expected a demand factor in (0, 10]"));
             }
             for (name, v) in [
                 ("replan_period_s", p.replan_period_s),

@@ -875,6 +875,7 @@ impl PipelineApp {
             "root_dispatch": self.config.root_dispatch.as_str(),
             "root_budget": self.config.root_budget.as_str(),
             "routing_utilization": self.config.routing_utilization,
+            "beta": self.problem.ladder.beta,
             "slo_ms": self.problem.slo_ms,
             "workers": self.problem.workers,
             "demand_qps": self.arrivals.rate(self.clock.now()),

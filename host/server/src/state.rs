@@ -339,7 +339,17 @@ type TaskApps = Vec<(Arc<App>, AppSources, Vec<WorkerStart>)>;
 /// `demand_qps`), and one internal app per task whose workers load what the plan
 /// places on them.
 async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow::Result<(Arc<PipelineApp>, TaskApps)> {
-    let (problem, source) = sluice_alloc::problem::load_loki(&pc.problem)?;
+    let (mut problem, source) = sluice_alloc::problem::load_loki(&pc.problem)?;
+    if let Some(beta) = pc.beta {
+        if beta <= problem.ladder.min_beta {
+            anyhow::bail!(
+                "pipeline `{}`: beta = {beta} is at or below the problem's [ladder] min_beta = {}",
+                pc.name,
+                problem.ladder.min_beta
+            );
+        }
+        problem.ladder.beta = beta;
+    }
     let p = problem.clone();
     let outcome = tokio::task::spawn_blocking(move || sluice_alloc::loki::solve(&p)).await??;
     let plan = outcome.plan.ok_or_else(|| {
