@@ -498,6 +498,17 @@ impl RootBudget {
             RootBudget::SloPerStage => "slo-per-stage",
         }
     }
+
+    /// The latency budget of a request at `task` on a worker whose batch takes
+    /// `latency_us`: `stage_us` (the SLO per stage, [`slo_per_stage_us`]) at the root
+    /// under [`RootBudget::SloPerStage`], else [`latency_budget_us`].
+    pub fn budget_us(self, task: usize, stage_us: u64, latency_us: u64) -> u64 {
+        if task == 0 && self == RootBudget::SloPerStage {
+            stage_us
+        } else {
+            latency_budget_us(latency_us)
+        }
+    }
 }
 
 /// The SLO split equally over the stages of the deepest path (`depth` tasks): the
@@ -677,6 +688,11 @@ mod tests {
         let total: u32 = (0..n).map(|i| fanout_count(1.7, (i as f64 + 0.5) / n as f64)).sum();
         assert_eq!(total, 17_000);
         assert_eq!(latency_budget_us(15_000), 30_000);
+        // The root's budget: the SLO per stage only at the root under SloPerStage.
+        assert_eq!(slo_per_stage_us(250_000, 2), 125_000);
+        assert_eq!(RootBudget::SloPerStage.budget_us(0, 125_000, 15_000), 125_000);
+        assert_eq!(RootBudget::SloPerStage.budget_us(1, 125_000, 15_000), 30_000);
+        assert_eq!(RootBudget::Batch.budget_us(0, 125_000, 15_000), 30_000);
         let modes: Vec<&str> = EarlyDrop::ALL.iter().map(|m| m.as_str()).collect();
         assert_eq!(modes, ["none", "last-task", "per-task", "rerouting"]);
     }

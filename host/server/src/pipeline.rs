@@ -38,7 +38,7 @@ use sluice_alloc::loki::routing::{
 };
 use sluice_alloc::loki::{self, Plan};
 use sluice_core::clock::{Clock as _, WallClock};
-use sluice_core::pipeline::{fanout_count, latency_budget_us, slo_per_stage_us, Pipeline, RootBudget, RootDispatch};
+use sluice_core::pipeline::{fanout_count, slo_per_stage_us, Pipeline, RootDispatch};
 use sluice_core::queue::Reply;
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::tensor::Tensor;
@@ -286,6 +286,9 @@ pub struct PipelineApp {
     pub input: InputSpec,
     /// End-to-end SLO, µs.
     pub slo_us: u64,
+    /// The SLO over the tree's depth, µs (the root's budget under `root_budget =
+    /// "slo-per-stage"`; computed once, not per request).
+    stage_us: u64,
     /// Per task, its internal app (None: pass-through).
     pub tasks: Vec<Option<Arc<App>>>,
     /// Per task, per variant: accuracy.
@@ -391,8 +394,10 @@ impl PipelineApp {
             })
             .collect();
         let period = Duration::from_millis(config.routing_period_ms.max(1000));
+        let slo_us = (problem.slo_ms * 1000.0).round() as u64;
         let p = Arc::new(PipelineApp {
-            slo_us: (problem.slo_ms * 1000.0).round() as u64,
+            slo_us,
+            stage_us: slo_per_stage_us(slo_us, graph.depth()),
             task_counters: graph.tasks.iter().map(|_| TaskCounters::default()).collect(),
             device_requests: (0..routing.devices.len()).map(|_| AtomicU64::new(0)).collect(),
             graph,
@@ -514,14 +519,9 @@ impl PipelineApp {
     }
 
     /// The latency budget of a request at `task` on a worker whose batch takes
-    /// `latency_us`: 2 × that latency, or at the root with `root_budget =
-    /// "slo-per-stage"` the SLO over the tree's depth.
+    /// `latency_us` (`root_budget`, `RootBudget::budget_us`).
     fn budget_us(&self, task: usize, latency_us: u64) -> u64 {
-        if task == 0 && self.config.root_budget == RootBudget::SloPerStage {
-            slo_per_stage_us(self.slo_us, self.graph.depth())
-        } else {
-            latency_budget_us(latency_us)
-        }
+        self.config.root_budget.budget_us(task, self.stage_us, latency_us)
     }
 
     /// An intermediate request bound for `task` dropped, by `by` (the task that

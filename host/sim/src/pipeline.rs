@@ -54,8 +54,8 @@ use sluice_alloc::solver::SolverSettings;
 use sluice_core::decision::{self, Bound, Context, Next, Queued};
 use sluice_core::demand::{Ewma, Forecaster as _};
 use sluice_core::pipeline::{
-    fanout_count, finish_at_batch, latency_budget_us, slo_per_stage_us, DropAt, EarlyDrop, EdgeSpec, Pipeline,
-    PipelineSpec, RootBudget, RootDispatch, TaskSpec,
+    fanout_count, finish_at_batch, slo_per_stage_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, RootBudget,
+    RootDispatch, TaskSpec,
 };
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
@@ -1297,9 +1297,12 @@ impl<'a> PipelineSim<'a> {
     }
 
     fn set_slot(&mut self, i: usize, task: usize, variant: usize, batch: u32, latency_us: u64) {
-        let per_stage = self.run.system.allocator == Allocator::ProteusPerTask
-            || (task == 0 && self.run.system.root_budget == RootBudget::SloPerStage);
-        let budget = if per_stage { slo_per_stage_us(self.slo_us, self.depth) } else { latency_budget_us(latency_us) };
+        let stage_us = slo_per_stage_us(self.slo_us, self.depth);
+        let budget = if self.run.system.allocator == Allocator::ProteusPerTask {
+            stage_us
+        } else {
+            self.run.system.root_budget.budget_us(task, stage_us, latency_us)
+        };
         let same = {
             let s = &self.slots[i];
             s.task == task && s.variant == variant && s.batch == batch && s.budget_us == budget
@@ -1406,17 +1409,7 @@ impl<'a> PipelineSim<'a> {
         }
         // The artifact keeps its tables while no worker was added or removed: the
         // nodes stay where they were, and so does everything the tables were built for.
-        let placed: Vec<(usize, usize, usize)> = {
-            let mut v: Vec<(usize, usize, usize)> =
-                assigned.iter().flatten().map(|&i| (i, self.slots[i].task, self.slots[i].variant)).collect();
-            v.sort_unstable();
-            v
-        };
-        if self.run.system.table_rebuild == TableRebuild::WorkerChange && self.table_builds > 0 && {
-            let mut before = self.table_workers.clone();
-            before.sort_unstable();
-            before == placed
-        } {
+        if self.run.system.table_rebuild == TableRebuild::WorkerChange && self.same_workers(&assigned) {
             for (node, &(i, _, _)) in self.table_workers.iter().enumerate() {
                 self.slots[i].node = Some(node);
             }
@@ -1454,8 +1447,11 @@ impl<'a> PipelineSim<'a> {
                 let measured = self.run.system.branching == Branching::Measured;
                 let utilization = self.run.system.routing_utilization;
                 most_accurate_first_filling(self.pipeline, &workers, demand, utilization, |w, ci| {
-                    let seen = &slots[node_slot[w]?].branching.get(ci)?;
-                    measured.then(|| match seen.len() {
+                    if !measured {
+                        return None;
+                    }
+                    let seen = slots[node_slot[w]?].branching.get(ci)?;
+                    Some(match seen.len() {
                         0 => 1.0,
                         n => seen.iter().map(|&x| x as f64).sum::<f64>() / n as f64,
                     })
@@ -1468,6 +1464,20 @@ impl<'a> PipelineSim<'a> {
         self.reroutes.clear();
         self.free_idle();
         self.account_workers();
+    }
+
+    /// Whether the workers `assigned` to the plan's (task, variant)s are those the
+    /// tables in force were built over (same slots, tasks and variants).
+    fn same_workers(&self, assigned: &[Vec<usize>]) -> bool {
+        if self.table_builds == 0 {
+            return false;
+        }
+        let mut placed: Vec<(usize, usize, usize)> =
+            assigned.iter().flatten().map(|&i| (i, self.slots[i].task, self.slots[i].variant)).collect();
+        let mut before = self.table_workers.clone();
+        placed.sort_unstable();
+        before.sort_unstable();
+        before == placed
     }
 
     /// Pipeline-unaware routing (the Proteus baseline): every request for a task
