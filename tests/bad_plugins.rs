@@ -30,18 +30,6 @@ unbind_after = 3
 input = { name = "x", datatype = "FP32", shape = [4] }
 "#;
 
-async fn upload(c: &mut sluice_loadgen::Client, name: &str, bytes: &[u8]) -> sluice_loadgen::HttpResponse {
-    let auth = format!("Bearer {TOKEN}");
-    c.request(
-        "POST",
-        &format!("/admin/policies?name={name}"),
-        &[("authorization", &auth), ("content-type", "application/wasm")],
-        bytes,
-    )
-    .await
-    .unwrap()
-}
-
 async fn serves(c: &mut sluice_loadgen::Client, app: &str, n: u64) -> Vec<String> {
     let mut policies = Vec::new();
     for i in 0..n {

@@ -21,16 +21,7 @@ async fn a_reinit_that_spins_stalls_nothing_but_its_own_policy() {
     let server = TestServer::start(&config).await.unwrap();
     let mut c = server.client().await;
     let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
-    let auth = format!("Bearer {TOKEN}");
-    let r = c
-        .request(
-            "POST",
-            "/admin/policies?name=mis",
-            &[("authorization", &auth), ("content-type", "application/wasm")],
-            &bytes,
-        )
-        .await
-        .unwrap();
+    let r = upload(&mut c, "mis", &bytes).await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let r = swap(&mut c, "emu", "mis", json!({ "mode": "trap-then-spin-init" })).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

@@ -280,25 +280,18 @@ async fn early_dropping_at_batch_formation_names_the_task_and_the_reason() {
     server.stop().await.unwrap();
 }
 
-/// `root_dispatch = "queue-aware"` and `root_budget = "slo-per-stage"` (the Loki
-/// artifact's root): a client request goes to the most accurate root worker whose
-/// queue keeps up, with the SLO over the tree's depth as its root budget. One
-/// client at a time finds every queue empty, so the most accurate root worker (the
-/// lowest device among equals) takes every request; under overload its queue falls
-/// behind and others take some; every request is accounted for.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queue_aware_root_dispatch_fills_the_most_accurate_root_worker_first() {
-    let extra = "root_dispatch = \"queue-aware\"\nroot_budget = \"slo-per-stage\"\nreplan_period_s = 0\nrouting_period_ms = 60000\n";
-    let server = start(6, 1500.0, extra, GRAPH).await.unwrap();
-    let mut c = server.client().await;
-    let s = status(&mut c).await;
-    assert_eq!((&s["root_dispatch"], &s["root_budget"]), (&json!("queue-aware"), &json!("slo-per-stage")), "{s}");
+/// The artifact's root, with the plan and the tables kept for the test's length.
+const QUEUE_AWARE: &str =
+    "root_dispatch = \"queue-aware\"\nroot_budget = \"slo-per-stage\"\nreplan_period_s = 0\nrouting_period_ms = 60000\n";
+
+/// The (device, accuracy) of every root worker of the plan in `s`, and the device
+/// of the most accurate (the lowest among equals); at least two.
+fn root_workers(s: &Value) -> (Vec<(usize, f64)>, usize) {
     let accuracy = |v: &Value| match v.as_str().unwrap() {
         "d-good" => 0.9,
         "d-fast" => 0.7,
         other => panic!("not a root variant: {other}"),
     };
-    // (device, accuracy) of every root worker.
     let roots: Vec<(usize, f64)> = s["devices"]
         .as_array()
         .unwrap()
@@ -308,11 +301,32 @@ async fn queue_aware_root_dispatch_fills_the_most_accurate_root_worker_first() {
         .map(|(i, d)| (i, accuracy(&d["variant"])))
         .collect();
     assert!(roots.len() >= 2, "the plan has fewer than two root workers: {s}");
+    let best = roots.iter().fold(roots[0], |b, &r| if r.1 > b.1 { r } else { b }).0;
+    (roots, best)
+}
+
+/// The client requests sent to device `d` (admin view `s`).
+fn requests(s: &Value, d: usize) -> u64 {
+    s["devices"][d]["requests"].as_u64().unwrap()
+}
+
+/// `root_dispatch = "queue-aware"` and `root_budget = "slo-per-stage"` (the Loki
+/// artifact's root): a client request goes to the most accurate root worker whose
+/// queue keeps up, with the SLO over the tree's depth as its root budget. One
+/// client at a time finds every queue empty, so the most accurate root worker (the
+/// lowest device among equals) takes every request; under overload its queue falls
+/// behind and others take some; every request is accounted for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_aware_root_dispatch_fills_the_most_accurate_root_worker_first() {
+    let server = start(6, 1500.0, QUEUE_AWARE, GRAPH).await.unwrap();
+    let mut c = server.client().await;
+    let s = status(&mut c).await;
+    assert_eq!((&s["root_dispatch"], &s["root_budget"]), (&json!("queue-aware"), &json!("slo-per-stage")), "{s}");
+    let (roots, best) = root_workers(&s);
     for &(d, _) in &roots {
         // 100 ms over two stages.
         assert_eq!(s["devices"][d]["budget_us"], json!(50_000), "{s}");
     }
-    let best = roots.iter().fold(roots[0], |b, &r| if r.1 > b.1 { r } else { b }).0;
     // The table would spread these over the root workers by their planned shares.
     let table = s["routing"]["tables"]["frontend"].as_array().unwrap().len();
     for i in 0..30 {
@@ -320,7 +334,6 @@ async fn queue_aware_root_dispatch_fills_the_most_accurate_root_worker_first() {
         assert!(r.status == 200 || r.status == 504, "{}", String::from_utf8_lossy(&r.body));
     }
     let s = status(&mut c).await;
-    let requests = |s: &Value, d: usize| s["devices"][d]["requests"].as_u64().unwrap();
     for &(d, _) in &roots {
         assert_eq!(requests(&s, d), if d == best { 30 } else { 0 }, "device {d} (table of {table} entries): {s}");
     }
@@ -331,6 +344,48 @@ async fn queue_aware_root_dispatch_fills_the_most_accurate_root_worker_first() {
     assert!(others > 0, "no request overflowed past a busy root worker: {s}");
     assert_accounted(&s);
     assert_eq!(s["counters"]["accepted"], json!(30 + 16 * 25), "{s}");
+    server.stop().await.unwrap();
+}
+
+/// A stuck root worker under queue-aware dispatch: the most accurate root worker's
+/// policy never dispatches (the `misbehave` fixture on that worker only). Its queue
+/// grows only as fast as requests come, 100 req/s against the hundreds it could
+/// serve, so by the artifact's rate test alone it would take every request. Once its
+/// head is late the other root workers take them, until its queue has expired;
+/// every request is still answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_aware_root_dispatch_passes_over_a_stuck_root_worker() {
+    let server = start(6, 1500.0, QUEUE_AWARE, GRAPH).await.unwrap();
+    let mut c = server.client().await;
+    let (roots, best) = root_workers(&status(&mut c).await);
+    let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
+    assert_eq!(upload(&mut c, "misbehave", &bytes).await.status, 201);
+    let r = swap(&mut c, "p.detect", "misbehave", json!({ "mode": "never", "worker": best })).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let sent = 60u64;
+    let mut tasks = tokio::task::JoinSet::new();
+    let start = Instant::now();
+    for i in 0..sent {
+        let addr = server.addr;
+        tasks.spawn(async move {
+            tokio::time::sleep_until((start + Duration::from_millis(10 * i)).into()).await;
+            let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+            c.post_json("/v2/models/p/infer", &small_infer(i)).await.unwrap().status
+        });
+    }
+    while let Some(status) = tasks.join_next().await {
+        let status = status.unwrap();
+        assert!(status == 200 || status == 504, "{status}");
+    }
+    let s = status(&mut c).await;
+    let others: u64 = roots.iter().filter(|r| r.0 != best).map(|r| requests(&s, r.0)).sum();
+    assert_eq!(requests(&s, best) + others, sent, "{s}");
+    // Without the guard the stuck worker takes all 60 and none is on time (checked);
+    // with it, 15 / 45 here. Its head is late 40 ms after it came (50 ms budget, a
+    // 9.6 ms batch) and expires at 50 ms, behind it those taken meanwhile.
+    assert!(others >= sent / 4, "the stuck root worker took {} of {sent}: {s}", requests(&s, best));
+    assert!(s["counters"]["on_time"].as_u64().unwrap() >= others / 2, "the other root workers served: {s}");
+    assert_accounted(&s);
     server.stop().await.unwrap();
 }
 

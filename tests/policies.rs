@@ -195,16 +195,7 @@ async fn upload_example(server: &TestServer, name: &str, as_name: &str) {
     let path = root().join(format!("target/examples/{name}.wasm"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask policies`", path.display()));
     let mut c = server.client().await;
-    let auth = format!("Bearer {TOKEN}");
-    let r = c
-        .request(
-            "POST",
-            &format!("/admin/policies?name={as_name}"),
-            &[("authorization", &auth), ("content-type", "application/wasm")],
-            &bytes,
-        )
-        .await
-        .unwrap();
+    let r = upload(&mut c, as_name, &bytes).await;
     assert!(r.status == 200 || r.status == 201, "upload {name}: {} {}", r.status, String::from_utf8_lossy(&r.body));
 }
 

@@ -153,6 +153,19 @@ pub async fn admin(c: &mut Client, method: &str, path: &str, body: &[u8]) -> Htt
         .expect("admin request")
 }
 
+/// Uploads a policy component as `name`; returns the response.
+pub async fn upload(c: &mut Client, name: &str, bytes: &[u8]) -> HttpResponse {
+    let auth = format!("Bearer {TOKEN}");
+    c.request(
+        "POST",
+        &format!("/admin/policies?name={name}"),
+        &[("authorization", &auth), ("content-type", "application/wasm")],
+        bytes,
+    )
+    .await
+    .expect("upload request")
+}
+
 /// Swaps `app`'s policy; returns the response.
 pub async fn swap(c: &mut Client, app: &str, policy: &str, params: Value) -> HttpResponse {
     let body = json!({ "policy": policy, "params": params }).to_string();

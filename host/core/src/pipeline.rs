@@ -463,7 +463,9 @@ pub enum RootDispatch {
     #[default]
     Table,
     /// What the Loki artifact runs: by the root workers' queues, its client table
-    /// ignored (`sluice_alloc::loki::routing::queue_aware_root`, capacity at the plan's batch size).
+    /// ignored (`sluice_alloc::loki::routing::queue_aware_root`, capacity at the plan's
+    /// batch size), and one guard it lacks: a worker whose head is already late takes
+    /// a request only when every root worker's is.
     QueueAware,
 }
 

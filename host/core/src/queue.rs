@@ -106,6 +106,17 @@ impl Request {
     }
 }
 
+/// A queue's length and its head request, as [`WorkQueue::head`] reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// Requests in the queue.
+    pub len: usize,
+    /// The head's arrival, host clock µs.
+    pub arrival: u64,
+    /// The head's deadline, host clock µs.
+    pub deadline: u64,
+}
+
 /// A queue of requests for one worker (or for all workers of a `shared` app),
 /// earliest deadline first.
 #[derive(Default)]
@@ -160,11 +171,11 @@ impl WorkQueue {
         self.len() == 0
     }
 
-    /// The length and the arrival (host clock, µs) of the request at the head,
-    /// read together under the lock; None when the queue is empty.
-    pub fn head(&self) -> Option<(usize, u64)> {
+    /// The length and the request at the head, read together under the lock; None
+    /// when the queue is empty.
+    pub fn head(&self) -> Option<Head> {
         let items = self.items.lock();
-        items.first().map(|r| (items.len(), r.arrival))
+        items.first().map(|r| Head { len: items.len(), arrival: r.arrival, deadline: r.deadline })
     }
 
     /// Records the length after the caller changed `items` under its lock.

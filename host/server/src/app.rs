@@ -22,7 +22,7 @@ use sluice_core::clock::{Clock as _, WallClock};
 use sluice_core::decision::Bound;
 use sluice_core::demand::DemandMonitor;
 use sluice_core::executor::ModelSet;
-use sluice_core::queue::{Reply, Request, WorkQueue};
+use sluice_core::queue::{Head, Reply, Request, WorkQueue};
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::runtime::{Binding, CompiledPolicy, PolicyEngine, PolicyError, PolicyInstance, SharedStore};
 use sluice_core::tensor::Tensor;
@@ -735,13 +735,10 @@ impl App {
         Ok(rx)
     }
 
-    /// Worker `worker`'s own queue as a queue-aware dispatcher sees it: the requests
-    /// waiting and how long the head has waited, µs ((0, 0) when empty).
-    pub fn queue_wait(&self, worker: usize) -> (usize, u64) {
-        match self.workers.get(worker).and_then(|w| w.queue.head()) {
-            Some((len, arrival)) => (len, self.clock.now().saturating_sub(arrival)),
-            None => (0, 0),
-        }
+    /// Worker `worker`'s own queue as a queue-aware dispatcher sees it: its length
+    /// and head (None when empty), and the host clock's now, µs.
+    pub fn queue_head(&self, worker: usize) -> (Option<Head>, u64) {
+        (self.workers.get(worker).and_then(|w| w.queue.head()), self.clock.now())
     }
 
     /// Queue lengths per worker (one entry in `shared` mode).

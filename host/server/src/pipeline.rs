@@ -502,12 +502,13 @@ impl PipelineApp {
             let seen: Vec<RootQueue> = roots
                 .iter()
                 .map(|&(d, s)| {
-                    let (queued, head_wait_us) = app.queue_wait(d);
+                    let (head, now) = app.queue_head(d);
                     RootQueue {
                         accuracy: self.accuracy[0][s.variant],
-                        queued,
-                        head_wait_us,
+                        queued: head.map_or(0, |h| h.len),
+                        head_wait_us: head.map_or(0, |h| now.saturating_sub(h.arrival)),
                         capacity_qps: s.capacity_qps,
+                        head_late: head.is_some_and(|h| now + s.latency_us > h.deadline),
                     }
                 })
                 .collect();

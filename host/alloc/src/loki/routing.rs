@@ -370,6 +370,9 @@ pub struct RootQueue {
     pub head_wait_us: u64,
     /// Requests/s it serves at its plan's batch size.
     pub capacity_qps: f64,
+    /// Its head would finish after its deadline even if the worker started a batch
+    /// now: the worker is stuck (a slow or stalled policy or executor) or far behind.
+    pub head_late: bool,
 }
 
 /// Which root worker a client request goes to, by queue, as the Loki artifact's
@@ -379,10 +382,18 @@ pub struct RootQueue {
 /// arrived, or whose queued requests arrived no faster than it serves them (queue
 /// length over the head's wait, against its capacity) takes it. When every worker is
 /// over that rate, the least overloaded does. None when there is no worker.
+///
+/// One guard the artifact lacks: a worker whose head is already late
+/// ([`RootQueue::head_late`]) takes a request only when every worker's head is late.
+/// The rate test alone cannot tell a stuck worker from slow arrivals: a stalled
+/// worker's queue grows only as fast as requests come, so it would keep taking them
+/// all until they expired, while another worker idles.
 pub fn queue_aware_root(workers: &[RootQueue]) -> Option<usize> {
     let mut order: Vec<usize> = (0..workers.len()).collect();
     order.sort_by(|&a, &b| workers[b].accuracy.total_cmp(&workers[a].accuracy));
-    let mut least: Option<(f64, usize)> = None;
+    // The fallback: on-time heads before late ones, then the least overloaded.
+    let mut least: Option<((bool, f64), usize)> = None;
+    let before = |a: (bool, f64), b: (bool, f64)| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).is_lt();
     for i in order {
         let w = &workers[i];
         if w.queued == 0 || w.head_wait_us == 0 {
@@ -390,11 +401,12 @@ pub fn queue_aware_root(workers: &[RootQueue]) -> Option<usize> {
         }
         let arriving_qps = w.queued as f64 / (w.head_wait_us as f64 / 1e6);
         let overload = arriving_qps / w.capacity_qps.max(f64::MIN_POSITIVE);
-        if overload <= 1.0 {
+        if overload <= 1.0 && !w.head_late {
             return Some(i);
         }
-        if least.is_none_or(|(o, _)| overload < o) {
-            least = Some((overload, i));
+        let key = (w.head_late, overload);
+        if least.is_none_or(|(k, _)| before(key, k)) {
+            least = Some((key, i));
         }
     }
     least.map(|(_, i)| i)
@@ -542,8 +554,13 @@ mod tests {
     /// queue anywhere wins in accuracy order; C (acc 0.5) only when it is the first.
     #[test]
     fn queue_aware_dispatch_takes_the_most_accurate_worker_that_keeps_up() {
-        let q =
-            |accuracy, queued, head_wait_us, capacity_qps| RootQueue { accuracy, queued, head_wait_us, capacity_qps };
+        let q = |accuracy, queued, head_wait_us, capacity_qps| RootQueue {
+            accuracy,
+            queued,
+            head_wait_us,
+            capacity_qps,
+            head_late: false,
+        };
         let a = q(0.9, 3, 200_000, 10.0);
         let c = q(0.5, 0, 0, 10.0);
         assert_eq!(queue_aware_root(&[a, q(0.9, 2, 200_000, 20.0), c]), Some(1));
@@ -553,5 +570,21 @@ mod tests {
         // A head that has just arrived: the artifact takes that worker.
         assert_eq!(queue_aware_root(&[q(0.9, 4, 0, 1.0), c]), Some(0));
         assert_eq!(queue_aware_root(&[]), None);
+    }
+
+    /// A stalled worker: one request queued 2 s ago, so by rate it keeps up (0.5 req/s
+    /// arriving against 10), but its head is late. The less accurate worker takes the
+    /// request; with both heads late, the less overloaded late one does, and an
+    /// on-time head that is overloaded still comes before a late one.
+    #[test]
+    fn queue_aware_dispatch_passes_over_a_worker_whose_head_is_late() {
+        let stuck =
+            RootQueue { accuracy: 0.9, queued: 1, head_wait_us: 2_000_000, capacity_qps: 10.0, head_late: true };
+        let busy = RootQueue { accuracy: 0.5, queued: 3, head_wait_us: 100_000, capacity_qps: 10.0, head_late: false };
+        assert_eq!(queue_aware_root(&[RootQueue { head_late: false, ..stuck }, busy]), Some(0), "the artifact's rule");
+        assert_eq!(queue_aware_root(&[stuck, busy]), Some(1));
+        assert_eq!(queue_aware_root(&[stuck, RootQueue { queued: 30, ..busy }]), Some(1), "overloaded, on time");
+        assert_eq!(queue_aware_root(&[stuck, RootQueue { head_late: true, ..busy }]), Some(0), "both late");
+        assert_eq!(queue_aware_root(&[stuck, RootQueue { queued: 0, ..busy }]), Some(1));
     }
 }
