@@ -38,6 +38,7 @@ use sluice_alloc::loki::routing::{
 };
 use sluice_alloc::loki::{self, Plan};
 use sluice_core::clock::{Clock as _, WallClock};
+use sluice_core::decision;
 use sluice_core::pipeline::{fanout_count, slo_per_stage_us, Pipeline, RootDispatch};
 use sluice_core::queue::Reply;
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
@@ -508,7 +509,8 @@ impl PipelineApp {
                         queued: head.map_or(0, |h| h.len),
                         head_wait_us: head.map_or(0, |h| now.saturating_sub(h.arrival)),
                         capacity_qps: s.capacity_qps,
-                        head_late: head.is_some_and(|h| now + s.latency_us > h.deadline),
+                        // Late by the host's one on-time rule, were a batch started now.
+                        head_late: head.is_some_and(|h| !decision::met(now + s.latency_us, h.deadline)),
                     }
                 })
                 .collect();

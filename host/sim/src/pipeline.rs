@@ -1607,7 +1607,7 @@ impl<'a> PipelineSim<'a> {
                 queued: s.queue.len(),
                 head_wait_us: s.queue.first().map_or(0, |head| self.now.saturating_sub(head.entry)),
                 capacity_qps: capacity_qps(s.batch, s.latency_us),
-                head_late: s.queue.first().is_some_and(|head| self.now + s.latency_us > head.deadline),
+                head_late: s.queue.first().is_some_and(|head| !decision::met(self.now + s.latency_us, head.deadline)),
             })
             .collect();
         queue_aware_root(&seen).and_then(|i| workers[i].node)
