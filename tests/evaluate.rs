@@ -222,6 +222,41 @@ async fn one_evaluation_at_a_time_per_app_and_a_cancel_stops_it() {
     server.stop().await.unwrap();
 }
 
+/// Issue 40, item 1: a candidate that loops in every `decide` is cancelled at once.
+/// Each call used to have a one-second budget and the cancel was looked at every
+/// 4,096 events, so a cancel took about 68 minutes and the app's slot stayed taken
+/// (409) until a restart. Now each call has the live budget (10 ms, on the thread's
+/// CPU clock), the cancel is looked at before every event and stops a call in
+/// progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_candidate_is_cancelled_at_once() {
+    let server = start(&config("jellyfish", "{}")).await;
+    let ring = server.state.apps["emu"].ring.get().unwrap();
+    for i in 0..200_000u64 {
+        ring.record(i * 500);
+    }
+    let mut c = server.client().await;
+    let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
+    assert_eq!(upload(&mut c, "looper", &bytes).await.status, 201);
+    let r = evaluate(&mut c, json!({ "policy": "looper", "params": { "mode": "loop" } })).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let id = r.json()["id"].as_u64().unwrap();
+    // Into its looping decisions.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(admin(&mut c, "GET", &format!("/admin/evaluations/{id}"), b"").await.json()["status"], "running");
+    let cancelled = Instant::now();
+    let d = admin(&mut c, "DELETE", &format!("/admin/evaluations/{id}"), b"").await;
+    assert_eq!(d.status, 202, "{}", d.text());
+    let v = finished(&mut c, id).await;
+    assert_eq!(v["status"], "cancelled", "{v}");
+    // Seconds at most on a loaded machine (a tick without load), against an hour.
+    assert!(cancelled.elapsed() < Duration::from_secs(30), "{:?}", cancelled.elapsed());
+    let r = evaluate(&mut c, json!({ "policy": "fixed", "params": { "model": "small" }, "window_s": 1 })).await;
+    assert_eq!(r.status, 202, "the app's slot is free again: {}", r.text());
+    assert_eq!(finished(&mut c, r.json()["id"].as_u64().unwrap()).await["status"], "done");
+    server.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_evaluations_are_refused_with_the_reason() {
     let server = TestServer::start(&config("jellyfish", "{}")).await.unwrap();

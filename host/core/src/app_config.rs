@@ -285,6 +285,7 @@ impl AppConfig {
             // wait for a policy's `init` (the simulator sets its own limits).
             background_reinit: true,
             memory_bytes: (self.memory_limit_mb as usize) << 20,
+            clock: crate::runtime::BudgetClock::Wall,
         }
     }
 

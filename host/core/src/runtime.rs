@@ -7,6 +7,7 @@
 //! pre-instantiated component), [`PolicyInstance`] (one per worker).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 use wasmtime::component::{Component, HasSelf, Linker, TypedFunc};
-use wasmtime::{Engine, Store, Trap};
+use wasmtime::{Engine, Store, StoreContextMut, Trap, UpdateDeadline};
 
 use sluice_sdk as sdk;
 
@@ -141,6 +142,8 @@ pub struct Limits {
     pub background_reinit: bool,
     /// Cap on the instance's linear memory, in bytes.
     pub memory_bytes: usize,
+    /// The clock the budgets are measured on.
+    pub clock: BudgetClock,
 }
 
 impl Default for Limits {
@@ -151,8 +154,36 @@ impl Default for Limits {
             reinit_budget: Duration::from_secs(1),
             background_reinit: false,
             memory_bytes: 64 << 20,
+            clock: BudgetClock::Wall,
         }
     }
+}
+
+impl Limits {
+    /// The limits the simulator runs a policy under whose live limits are `self`: the
+    /// same budgets and memory cap, so a policy that overruns live overruns in a
+    /// replay too, measured on the thread's CPU clock so results do not depend on
+    /// the machine's load, and re-instantiation inline (virtual time must not depend
+    /// on a thread's timing).
+    pub fn simulated(self) -> Limits {
+        Limits { clock: BudgetClock::ThreadCpu, background_reinit: false, ..self }
+    }
+}
+
+/// The clock a policy call's budget is measured on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BudgetClock {
+    /// Wall time (the live host: a worker waits for its policy in real time). The
+    /// epoch deadline traps when it passes; no clock is read.
+    #[default]
+    Wall,
+    /// The calling thread's CPU time (the simulator). A call is stopped after as
+    /// much work as the live budget allows, but a thread descheduled on a busy
+    /// machine does not run out its budget, so results do not depend on the
+    /// machine's load. Counted from the call's first epoch tick: the work before it
+    /// (at most one [`EPOCH_TICK`]) is free, which only matters to a call that runs
+    /// out its budget anyway.
+    ThreadCpu,
 }
 
 /// Longest pause between two re-instantiation attempts of an instance whose
@@ -249,6 +280,63 @@ pub struct HostState {
     panic: Option<String>,
     /// True until `init` returns ([`SharedStore::used_after_init`]).
     initialising: bool,
+    /// Where a call's deadline is judged by [`on_tick`]: the call in progress.
+    deadline: TickDeadline,
+}
+
+/// A call's deadline as [`on_tick`] judges it, for bindings whose budget is CPU time
+/// or that can be aborted ([`Binding::ticks_checked`]).
+struct TickDeadline {
+    clock: BudgetClock,
+    abort: Option<Arc<AtomicBool>>,
+    /// The budget of the call in progress.
+    budget: Duration,
+    /// Calls started so far: tells [`on_tick`] that a new call began.
+    call: u64,
+    /// The call [`TickDeadline::since`] belongs to.
+    seen: u64,
+    /// Epoch ticks since the call's first (wall clock), or the thread's CPU time at
+    /// its first tick (CPU clock).
+    ticks: u64,
+    since: Duration,
+}
+
+impl TickDeadline {
+    /// A call with `budget` starts.
+    fn start(&mut self, budget: Duration) {
+        self.budget = budget;
+        self.call += 1;
+    }
+}
+
+/// Called at each epoch tick while a ticks-checked instance runs: stops the call
+/// when the binding is aborted or the call's budget is spent on its clock, and
+/// otherwise looks again at the next tick.
+fn on_tick(mut ctx: StoreContextMut<'_, HostState>) -> wasmtime::Result<UpdateDeadline> {
+    let d = &mut ctx.data_mut().deadline;
+    if d.abort.as_ref().is_some_and(|a| a.load(Ordering::Acquire)) {
+        return Ok(UpdateDeadline::Interrupt);
+    }
+    let first = d.seen != d.call;
+    if first {
+        d.seen = d.call;
+        d.ticks = 0;
+    }
+    let spent = match d.clock {
+        BudgetClock::Wall => {
+            d.ticks += 1;
+            d.ticks >= ticks(d.budget)
+        }
+        BudgetClock::ThreadCpu => {
+            let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+            let now = Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
+            if first {
+                d.since = now;
+            }
+            now.saturating_sub(d.since) >= d.budget
+        }
+    };
+    Ok(if spent { UpdateDeadline::Interrupt } else { UpdateDeadline::Continue(1) })
 }
 
 impl wasmtime::ResourceLimiter for HostState {
@@ -480,6 +568,10 @@ pub struct Binding {
     /// workers run on different device types, each sees its own device's latency
     /// of every variant (None: every worker sees `config.models`).
     pub worker_models: Option<Arc<Vec<Vec<sdk::Model>>>>,
+    /// Once set, every running and later call of the binding's instances stops
+    /// within an [`EPOCH_TICK`] as a timeout: a cancelled replay must not wait for a
+    /// looping policy to run out its budget, call after call (None: never).
+    pub abort: Option<Arc<AtomicBool>>,
 }
 
 impl Binding {
@@ -495,8 +587,26 @@ impl Binding {
         limits: Limits,
         worker_models: Option<Arc<Vec<Vec<sdk::Model>>>>,
     ) -> Arc<Binding> {
+        Binding::abortable(compiled, config, limits, worker_models, None)
+    }
+
+    /// A binding like [`Binding::per_worker`] whose calls stop once `abort` is set
+    /// ([`Binding::abort`]).
+    pub fn abortable(
+        compiled: Arc<CompiledPolicy>,
+        config: sdk::Config,
+        limits: Limits,
+        worker_models: Option<Arc<Vec<Vec<sdk::Model>>>>,
+        abort: Option<Arc<AtomicBool>>,
+    ) -> Arc<Binding> {
         let shared = SharedStore::new(limits.memory_bytes);
-        Arc::new(Binding { compiled, config, limits, shared, worker_models })
+        Arc::new(Binding { compiled, config, limits, shared, worker_models, abort })
+    }
+
+    /// Whether the instances' deadlines need the tick callback ([`on_tick`]) rather
+    /// than the plain epoch trap.
+    fn ticks_checked(&self) -> bool {
+        self.limits.clock != BudgetClock::Wall || self.abort.is_some()
     }
 
     /// The models worker `w`'s instance sees.
@@ -585,11 +695,25 @@ impl PolicyInstance {
             log_lines: 0,
             panic: None,
             initialising: true,
+            deadline: TickDeadline {
+                clock: limits.clock,
+                abort: binding.abort.clone(),
+                budget: init_budget,
+                call: 1,
+                seen: 0,
+                ticks: 0,
+                since: Duration::ZERO,
+            },
         };
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| s);
-        store.epoch_deadline_trap();
-        store.set_epoch_deadline(ticks(init_budget));
+        if binding.ticks_checked() {
+            store.epoch_deadline_callback(on_tick);
+            store.set_epoch_deadline(1);
+        } else {
+            store.epoch_deadline_trap();
+            store.set_epoch_deadline(ticks(init_budget));
+        }
         let name = compiled.name.clone();
         let instantiate_err =
             |e: wasmtime::Error| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") };
@@ -644,7 +768,12 @@ impl PolicyInstance {
             self.poisoned = false;
             self.revivals += 1;
         }
-        self.store.set_epoch_deadline(ticks(self.binding.limits.call_budget));
+        if self.binding.ticks_checked() {
+            self.store.data_mut().deadline.start(self.binding.limits.call_budget);
+            self.store.set_epoch_deadline(1);
+        } else {
+            self.store.set_epoch_deadline(ticks(self.binding.limits.call_budget));
+        }
         Ok(())
     }
 

@@ -59,7 +59,8 @@ pub struct ReplayJob {
 /// Cancellation and progress of a running replay, shared with whoever started it.
 #[derive(Debug, Default)]
 pub struct ReplayControl {
-    cancel: AtomicBool,
+    /// Shared with the replay's policy bindings ([`ReplayControl::abort_flag`]).
+    cancel: Arc<AtomicBool>,
     done: AtomicU64,
     total: AtomicU64,
 }
@@ -73,6 +74,13 @@ impl ReplayControl {
     /// Whether [`ReplayControl::cancel`] was called.
     pub fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Acquire)
+    }
+
+    /// The flag [`ReplayControl::cancel`] sets, for the replay's policy bindings
+    /// (`runtime::Binding::abort`): a policy call in progress stops at the next epoch
+    /// tick instead of running out its budget.
+    pub fn abort_flag(&self) -> Arc<AtomicBool> {
+        self.cancel.clone()
     }
 
     /// The replay reports that `done` of `total` units of work are finished.

@@ -207,6 +207,14 @@ fn default_pipeline_policy() -> String {
 fn default_pipeline_queue() -> usize {
     4096
 }
+    /// `scale_down_window_s = 60`: re-plans and routing tables follow the peak of the
+    /// demand measured over this window, so demand that rises is planned for at once
+    /// and demand that falls only after the window (Kubernetes's HPA waits 300 s
+    /// before it scales down). 0 follows each measurement (the paper's rule), which
+    /// re-plans an idle pipeline for `min_demand_qps` and overloads it when traffic
+    /// resumes. At most 3600.
+    #[serde(default = "default_scale_down_window")]
+    pub scale_down_window_s: f64,
 fn default_routing_utilization() -> f64 {
     1.0
 }
@@ -230,6 +238,9 @@ fn default_policy_dir() -> PathBuf {
     PathBuf::from("var/policies")
 }
 fn default_builtin_dir() -> PathBuf {
+fn default_scale_down_window() -> f64 {
+    60.0
+}
     PathBuf::from("target/policies")
 }
 fn default_max_body() -> usize {
@@ -415,6 +426,9 @@ mod tests {
 name = "a"
 slo_ms = 100
 workers = 2
+            if !(p.scale_down_window_s.is_finite() && (0.0..=3600.0).contains(&p.scale_down_window_s)) {
+                return Err(invalid(field("scale_down_window_s"), "expected seconds in [0, 3600]"));
+            }
 executor = "emulated"
 profile = "p.toml"
 policy = "fixed"

@@ -39,6 +39,7 @@ use sluice_alloc::loki::routing::{
 use sluice_alloc::loki::{self, Plan};
 use sluice_core::clock::{Clock as _, WallClock};
 use sluice_core::decision;
+use sluice_core::demand::{Forecaster as _, WindowPeak};
 use sluice_core::pipeline::{fanout_count, slo_per_stage_us, Pipeline, RootDispatch};
 use sluice_core::queue::Reply;
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
@@ -904,6 +905,10 @@ impl PipelineApp {
 /// `replan_threshold` from the plan's; ends when the pipeline stops accepting.
 pub async fn control_loop(pipeline: std::sync::Weak<PipelineApp>) {
     let Some(period) = pipeline.upgrade().map(|p| Duration::from_millis(p.config.routing_period_ms)) else { return };
+    let Some(window_s) = pipeline.upgrade().map(|p| p.config.scale_down_window_s) else { return };
+    // The measured demand of the last `scale_down_window_s`, one sample a tick.
+    let window_ticks = ((window_s * 1000.0 / period.as_millis().max(1) as f64).ceil() as usize).max(1);
+    let mut seen: std::collections::VecDeque<f64> = std::collections::VecDeque::with_capacity(window_ticks + 1);
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -914,7 +919,14 @@ pub async fn control_loop(pipeline: std::sync::Weak<PipelineApp>) {
         if !p.accepting.load(Ordering::Acquire) {
             return;
         }
-        let demand = p.demand();
+        // Plans and tables follow the peak of the last `scale_down_window_s`: up at
+        // once, down only after the window (a pause must not leave the pipeline
+        // planned for an idle stream when traffic resumes).
+        seen.push_back(p.demand());
+        if seen.len() > window_ticks {
+            seen.pop_front();
+        }
+        let demand = WindowPeak { window: window_ticks }.forecast(seen.make_contiguous());
         // A re-plan in progress owns the routing; skip this tick.
         let Ok(st) = p.plan.try_lock() else { continue };
         let planned = st.plan.as_ref().map_or(0.0, |plan| plan.demand_qps);
@@ -925,7 +937,7 @@ pub async fn control_loop(pipeline: std::sync::Weak<PipelineApp>) {
             drop(st);
             last = tokio::time::Instant::now();
             let reason = if shifted { "demand shift" } else { "period" };
-            if let Err(e) = p.replan(reason, None).await {
+            if let Err(e) = p.replan(reason, Some(demand)).await {
                 tracing::warn!(pipeline = p.name(), "re-plan: {e}");
             }
         } else {

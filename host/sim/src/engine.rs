@@ -151,6 +151,9 @@ pub struct Given {
     /// of every app; see [`Simulation::shardable`]. Shards together give the same
     /// results as the whole run ([`Simulation::absorb`]).
     pub shard: Option<(usize, usize)>,
+    /// Set when the run is cancelled ([`sluice_core::whatif::ReplayControl::abort_flag`]):
+    /// a policy call in progress then stops at the next epoch tick.
+    pub abort: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 enum Event {
@@ -301,16 +304,22 @@ impl Simulation {
                 None => spec.params_json(base).with_context(|| format!("app {}", spec.name))?,
             };
             let given_loaded = given.loaded.get(index).and_then(Option::as_ref);
-            // The budget is wall time while the simulation's is virtual: generous, so a
-            // busy machine (a descheduled thread) cannot turn into a policy fault and
-            // change the results, while a runaway policy is still stopped.
-            let limits = Limits { call_budget: std::time::Duration::from_secs(1), ..Limits::default() };
+            // The app's live budgets, on the thread's CPU clock: a policy that overruns
+            // live overruns here, and a busy machine (a descheduled thread) cannot turn
+            // into a fault that changes the results (`Limits::simulated`).
+            let limits = spec.limits().simulated();
             let all: Vec<u32> = (0..models.len() as u32).collect();
             let mut workers = Vec::new();
             // One binding per app and run: its instances share one config and store.
             let binding = compiled.as_ref().map(|c| {
                 let config = spec.policy_config(&models, &params);
-                Binding::per_worker(c.clone(), config, limits, device_models.clone().map(std::sync::Arc::new))
+                Binding::abortable(
+                    c.clone(),
+                    config,
+                    limits,
+                    device_models.clone().map(std::sync::Arc::new),
+                    given.abort.clone(),
+                )
             });
             for w in 0..spec.workers {
                 let policy = match &binding {
@@ -470,9 +479,9 @@ impl Simulation {
         self.timed = false;
     }
 
-    /// Processes events until none is left, the run overloads, or `control` (polled
-    /// every [`POLL_EVENTS`] events) is cancelled; reports the share of arrivals
-    /// processed into it. False when cancelled.
+    /// Processes events until none is left, the run overloads, or `control` is
+    /// cancelled (looked at before every event); reports the share of arrivals
+    /// processed into it every [`POLL_EVENTS`] events. False when cancelled.
     pub fn run_events(&mut self, control: Option<&ReplayControl>) -> bool {
         let total: u64 = self.apps.iter().map(|a| a.arrivals.len() as u64).sum();
         let mut polled = 0u32;
@@ -481,12 +490,14 @@ impl Simulation {
                 break;
             }
             if let Some(c) = control {
+                // Every event: one event costs at most a policy call's budget, so a
+                // cancel is seen within that much time whatever the policy does.
+                if c.cancelled() {
+                    return false;
+                }
                 polled += 1;
                 if polled == POLL_EVENTS {
                     polled = 0;
-                    if c.cancelled() {
-                        return false;
-                    }
                     c.report(self.apps.iter().map(|a| a.next_arrival as u64).sum(), total);
                 }
             }
@@ -691,8 +702,8 @@ fn owns(shard: Option<(usize, usize)>, w: usize) -> bool {
     shard.is_none_or(|(index, count)| w % count == index)
 }
 
-/// Events between two looks at a [`ReplayControl`]: often enough that a cancel
-/// lands within about a millisecond, rarely enough to cost nothing measurable.
+/// Events between two progress reports to a [`ReplayControl`]: often enough for a
+/// progress bar, rarely enough to cost nothing measurable.
 const POLL_EVENTS: u32 = 4096;
 
 /// The allocator looks at the demand this often (virtual µs).

@@ -1287,10 +1287,8 @@ impl<'a> PipelineSim<'a> {
             models: (*models).clone(),
             params: self.params.clone(),
         };
-        // The budget is wall time while the simulation's is virtual: generous, so a
-        // busy machine (a descheduled thread) cannot turn into a policy fault and
-        // change the results, while a runaway policy is still stopped.
-        let limits = Limits { call_budget: std::time::Duration::from_secs(1), ..Limits::default() };
+        // The live host's default limits, on the thread's CPU clock (`Limits::simulated`).
+        let limits = Limits::default().simulated();
         let b = (Binding::new(compiled, config, limits), models);
         self.bindings.insert(key, b.clone());
         b

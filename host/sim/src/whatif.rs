@@ -73,7 +73,12 @@ fn experiment(job: &ReplayJob, app: AppConfig) -> Experiment {
 /// gives exactly the results of one thread (the test
 /// `a_split_replay_gives_the_results_of_one_thread` checks it).
 pub fn replay(job: &ReplayJob, control: &ReplayControl, threads: usize) -> Result<ReplayResult, ReplayError> {
-    let failed = |e: anyhow::Error| ReplayError::Failed(format!("{e:#}"));
+    // Once cancelled, an error (a policy's `init` stopped by the cancel) is the
+    // cancel's doing.
+    let failed = |e: anyhow::Error| match control.cancelled() {
+        true => ReplayError::Cancelled,
+        false => ReplayError::Failed(format!("{e:#}")),
+    };
     let mut cache = PolicyCache::with_engine(job.engine.clone(), PathBuf::new(), PathBuf::new());
     let (exp, run) = run_of(job, &mut cache);
     let profile_path = PathBuf::from(&run.apps[0].profile);
@@ -85,6 +90,7 @@ pub fn replay(job: &ReplayJob, control: &ReplayControl, threads: usize) -> Resul
         loaded: vec![job.loaded.clone()],
         params: vec![Some(job.policy.params.clone())],
         shard,
+        abort: Some(control.abort_flag()),
     };
     // One shard: build it, run it; false when cancelled.
     let shard = |index: usize, cache: &mut PolicyCache| -> Result<Option<Simulation>, ReplayError> {
