@@ -196,6 +196,10 @@ async fn worker_models_change_at_run_time() {
     let bad = admin(&mut c, "PUT", "/admin/apps/emu/workers/0/models", br#"{"models": ["huge"]}"#).await;
     assert_eq!(bad.status, 400);
     assert!(String::from_utf8_lossy(&bad.body).contains("no model `huge`"));
+    // A model named twice is a mistake in the request (issue 40), not merged silently.
+    let twice = admin(&mut c, "PUT", "/admin/apps/emu/workers/0/models", br#"{"models": ["small", "small"]}"#).await;
+    assert_eq!(twice.status, 400, "{}", twice.text());
+    assert!(twice.text().contains("model `small` is listed twice"), "{}", twice.text());
     let r = admin(&mut c, "PUT", "/admin/apps/emu/workers/0/models", br#"{"models": ["small", "large"]}"#).await;
     assert_eq!(r.status, 200);
     let served: Vec<Value> = {

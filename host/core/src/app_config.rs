@@ -383,6 +383,9 @@ impl AppConfig {
             if models.is_empty() {
                 return Err(invalid("models", "expected at least one model name"));
             }
+            if let Some((i, m)) = models.iter().enumerate().find(|(i, m)| models[..*i].contains(m)) {
+                return Err(invalid(&format!("models[{i}]"), &format!("`{m}` is listed twice")));
+            }
         }
         Ok(())
     }

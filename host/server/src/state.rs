@@ -210,6 +210,11 @@ impl State {
                 let known: Vec<&str> = a.models.iter().map(|m| m.name.as_str()).collect();
                 format!("app {app} has no model `{n}` (models: {})", known.join(", "))
             })?;
+            // A model named twice would be loaded twice and counted as one: a mistake
+            // in the request, refused rather than silently merged.
+            if ids.contains(&(id as u32)) {
+                return Err(format!("model `{n}` is listed twice"));
+            }
             ids.push(id as u32);
         }
         let sources: Vec<(u32, ModelSource)> = ids.iter().map(|&id| (id, src.models[id as usize].clone())).collect();
