@@ -185,6 +185,10 @@ impl<'a> Leader<'a> {
         let demand = Mirror::start(self.store.clone(), keys.demand());
         let replan = Mirror::start(self.store.clone(), keys.replan());
         agents.wait_for(Duration::from_secs(10), |s| s.revision > 0).await;
+        // The frontends' demand before the first plan: a new leader that planned on an
+        // empty snapshot planned for the configured default (1 req/s) until its next
+        // re-plan.
+        demand.wait_for(Duration::from_secs(10), |s| s.revision > 0).await;
         let mut agents_rx = agents.subscribe();
         let mut replan_rx = replan.subscribe();
         let mut asked = replan.current().kvs.values().map(|kv| kv.mod_revision).max().unwrap_or(0);
@@ -261,7 +265,9 @@ impl<'a> Leader<'a> {
     }
 
     /// Each app's demand: the sum over frontends, at least `min_demand_qps`; before
-    /// any frontend reports, `[allocator] demand_qps` (default 1).
+    /// any frontend reports, the demand the plan in force was made for (kept with the
+    /// routing table, for a newly elected allocator), else `[allocator] demand_qps`
+    /// (default 1).
     fn demand(&self, snapshot: &Snapshot) -> BTreeMap<String, f64> {
         let mut sum: BTreeMap<String, f64> = BTreeMap::new();
         let mut reported = false;
@@ -279,7 +285,12 @@ impl<'a> Leader<'a> {
                 let d = if reported {
                     sum.get(&app.name).copied().unwrap_or(0.0)
                 } else {
-                    a.demand_qps.get(&app.name).copied().unwrap_or(1.0)
+                    self.routing
+                        .demand_qps
+                        .get(&app.name)
+                        .or_else(|| a.demand_qps.get(&app.name))
+                        .copied()
+                        .unwrap_or(1.0)
                 };
                 (app.name.clone(), d.max(a.min_demand_qps))
             })
@@ -369,7 +380,7 @@ impl<'a> Leader<'a> {
             .filter_map(|(k, kv)| decode::<AgentRecord>(k, &kv.value).ok())
             .map(|r| (r.id, r.addr))
             .collect();
-        let mut table = RoutingTable { epoch, apps: BTreeMap::new() };
+        let mut table = RoutingTable { epoch, apps: BTreeMap::new(), demand_qps: demand.clone() };
         for (a, share) in &assignments {
             table.apps.entry(a.app.clone()).or_default().push(Route {
                 key: route_key(&a.agent, a.device),

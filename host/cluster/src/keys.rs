@@ -209,6 +209,11 @@ pub struct RoutingTable {
     pub epoch: u64,
     /// Per app, its routes.
     pub apps: BTreeMap<String, Vec<Route>>,
+    /// Per app, the demand (requests/s) the plan was made for: a newly elected
+    /// allocator plans for it until the frontends' reports say otherwise, instead
+    /// of for the configured default (absent in tables written before it was kept).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub demand_qps: BTreeMap<String, f64>,
 }
 
 /// The routing key of a device.

@@ -109,7 +109,13 @@ pub struct SimReport {
     pub replans: u64,
     /// Agent failovers the allocators counted.
     pub failovers: u64,
+    /// The demand of app `img` the standby's first plan was made for (the frontends
+    /// report none, and one more reports [`LEADER_DEMAND_QPS`] before the leader dies).
+    pub standby_planned_for: Option<f64>,
 }
+
+/// The demand reported before the leader is killed.
+pub const LEADER_DEMAND_QPS: f64 = 37.0;
 
 impl std::fmt::Display for SimReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -291,7 +297,10 @@ async fn run(spec: &SimSpec, dir: &Path) -> anyhow::Result<SimReport> {
         watch.until_epoch(step, before, |agents| agents == &alive).await.context("the healed agent placed again")?,
     );
 
-    // 5. The leading allocator killed.
+    // 5. The leading allocator killed, with demand reported: the standby's first plan
+    // must be made for it (it once planned on an empty snapshot, for the default).
+    let demand_record = crate::keys::DemandRecord { qps: LEADER_DEMAND_QPS, at_ms: 0 };
+    operator.put(&keys.demand_of("fe-load", "img"), crate::keys::encode(&demand_record), None).await?;
     let leader = crate::election::leader(store.as_ref(), &keys.election()).await?.context("no allocator leads")?;
     let (dead, standby) = match allocators.iter().position(|a| a.id == leader) {
         Some(i) => (allocators.remove(i), allocators.pop().context("the standby")?),
@@ -306,6 +315,11 @@ async fn run(spec: &SimSpec, dir: &Path) -> anyhow::Result<SimReport> {
         crate::election::leader(store.as_ref(), &keys.election()).await?.as_deref() == Some(standby.id.as_str()),
         "the standby does not lead"
     );
+    let table = routing.current();
+    let table = table.kvs.get(&keys.routing()).context("no routing table")?;
+    let table: crate::keys::RoutingTable =
+        crate::keys::decode(&keys.routing(), &table.value).map_err(anyhow::Error::msg)?;
+    let standby_planned_for = table.demand_qps.get("img").copied();
 
     let report = SimReport {
         agents: n,
@@ -319,6 +333,7 @@ async fn run(spec: &SimSpec, dir: &Path) -> anyhow::Result<SimReport> {
             .unwrap_or_default(),
         replans: stats.iter().map(|s| s.replans.load(Ordering::Relaxed)).sum(),
         failovers: stats.iter().map(|s| s.failovers.load(Ordering::Relaxed)).sum(),
+        standby_planned_for,
     };
     for node in agents.iter().chain(&frontends).chain(std::iter::once(&standby)) {
         node.task.abort();

@@ -38,4 +38,6 @@ fn a_simulated_cluster_routes_around_dead_and_partitioned_agents_and_a_dead_lead
     let leader = step("leader killed");
     assert!(leader.published >= ttl * 2 / 3 && leader.published <= ttl + Duration::from_secs(2), "{report}");
     assert!(report.failovers >= 2, "the kill and the partition are failovers: {report}");
+    // The standby planned for the demand reported, not the configured default.
+    assert_eq!(report.standby_planned_for, Some(sluice_cluster::simulate::LEADER_DEMAND_QPS), "{report}");
 }

@@ -82,6 +82,27 @@ impl DemandMonitor {
 pub trait Forecaster: Send + Sync {
     /// The forecast, requests/s (0 without history).
     fn forecast(&self, per_second: &[f64]) -> f64;
+
+    /// Seconds of counts the forecast needs before it stands on its own: until the
+    /// counts cover them, [`planned_demand`] keeps the demand that was planned for.
+    fn window(&self) -> usize;
+}
+
+/// Seconds [`DecayingPercentile`] waits for: its percentile of fewer counts says
+/// little (it reads every count it is given, weighing old ones less).
+pub const PERCENTILE_WARMUP_S: usize = 60;
+
+/// The demand to plan an app for, from its per-second counts since it started
+/// (oldest first), floored at `min_demand`: the forecast once the counts cover the
+/// forecaster's window, and before that at least `standing` (the configured
+/// `demand_qps`, or the demand the plan in force was made for). Without it, a plan
+/// made at startup for the configured demand was replaced within milliseconds by
+/// one for `min_demand` (no counts yet), and the first seconds of load found the
+/// app under-provisioned. The live host and the simulator call this one rule.
+pub fn planned_demand(f: &dyn Forecaster, per_second: &[f64], standing: f64, min_demand: f64) -> f64 {
+    let forecast = f.forecast(per_second);
+    let d = if per_second.len() < f.window() { forecast.max(standing) } else { forecast };
+    d.max(min_demand)
 }
 
 /// An exponentially weighted mean over the last `window` counts, as pandas
@@ -117,6 +138,10 @@ impl Forecaster for Ewma {
             0.0
         }
     }
+
+    fn window(&self) -> usize {
+        self.window
+    }
 }
 
 /// The highest count over the last `window` seconds.
@@ -129,6 +154,10 @@ pub struct WindowPeak {
 impl Forecaster for WindowPeak {
     fn forecast(&self, per_second: &[f64]) -> f64 {
         per_second[per_second.len().saturating_sub(self.window)..].iter().copied().fold(0.0, f64::max)
+    }
+
+    fn window(&self) -> usize {
+        self.window
     }
 }
 
@@ -150,6 +179,10 @@ impl Default for PeakAhead {
 impl Forecaster for PeakAhead {
     fn forecast(&self, per_second: &[f64]) -> f64 {
         WindowPeak { window: self.window }.forecast(per_second) * (1.0 + self.margin)
+    }
+
+    fn window(&self) -> usize {
+        self.window
     }
 }
 
@@ -192,11 +225,31 @@ impl Forecaster for DecayingPercentile {
         }
         weighted.last().map_or(0.0, |w| w.0)
     }
+
+    fn window(&self) -> usize {
+        PERCENTILE_WARMUP_S
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_planned_demand_stands_until_the_counts_cover_the_window() {
+        let f = WindowPeak { window: 3 };
+        // No counts yet: the configured demand stands, not the floor.
+        assert_eq!(planned_demand(&f, &[], 50.0, 1.0), 50.0);
+        // Two seconds of 10 req/s: still the configured 50; a surge past it counts.
+        assert_eq!(planned_demand(&f, &[10.0, 10.0], 50.0, 1.0), 50.0);
+        assert_eq!(planned_demand(&f, &[10.0, 80.0], 50.0, 1.0), 80.0);
+        // A full window: the forecast alone, floored.
+        assert_eq!(planned_demand(&f, &[10.0, 10.0, 10.0], 50.0, 1.0), 10.0);
+        assert_eq!(planned_demand(&f, &[0.0, 0.0, 0.0], 50.0, 1.0), 1.0);
+        assert_eq!(Ewma::default().window(), 20);
+        assert_eq!(PeakAhead::default().window(), 60);
+        assert_eq!(DecayingPercentile::default().window(), PERCENTILE_WARMUP_S);
+    }
 
     #[test]
     fn counts_whole_seconds_including_empty_ones() {
