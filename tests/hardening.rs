@@ -333,23 +333,275 @@ async fn bodies_beyond_the_reading_budget_are_refused() {
     server.stop().await.unwrap();
 }
 
-/// Failed admin logins are throttled per client address: after ten in a minute,
-/// that address gets 429 whatever it sends, while inference is untouched.
+/// Failed admin logins are slowed per client address: after ten, each admin
+/// request from that address waits before its token is checked (longer with each
+/// failure), so a token cannot be guessed at line rate. A right token is never
+/// refused: a 429 to every request from the address, the right token included,
+/// locked out an operator behind the same proxy (issue 40). Inference is untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_admin_logins_are_throttled() {
+async fn failed_admin_logins_are_slowed_and_a_right_token_still_gets_in() {
     let server =
         TestServer::start(&emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\"")).await.unwrap();
     let mut c = server.client().await;
     for i in 0..10 {
+        let t = Instant::now();
         let r = c.request("GET", "/admin/apps/emu", &[("authorization", "Bearer wrong")], b"").await.unwrap();
         assert_eq!(r.status, 401, "attempt {i}");
+        assert!(t.elapsed() < Duration::from_millis(200), "the first ten are not slowed: {:?}", t.elapsed());
     }
+    let t = Instant::now();
     let r = c.request("GET", "/admin/apps/emu", &[("authorization", "Bearer wrong")], b"").await.unwrap();
-    assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
-    assert!(r.json()["error"].as_str().unwrap().contains("too many failed admin logins"), "{}", r.json());
-    // Even the right token waits out the window from this address.
-    assert_eq!(admin(&mut c, "GET", "/admin/apps/emu", b"").await.status, 429);
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(t.elapsed() >= sluice_server::api::LOGIN_DELAY_STEP, "the eleventh is slowed: {:?}", t.elapsed());
+    // The right token from the same address waits its turn, and gets in.
+    let t = Instant::now();
+    let r = admin(&mut c, "GET", "/admin/apps/emu", b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(t.elapsed() >= sluice_server::api::LOGIN_DELAY_STEP * 2, "slowed too: {:?}", t.elapsed());
+    let t = Instant::now();
     let r = c.post_json("/v2/models/emu/infer", &small_infer(1)).await.unwrap();
     assert_eq!(r.status, 200, "inference is not throttled");
+    assert!(t.elapsed() < Duration::from_millis(200), "nor slowed: {:?}", t.elapsed());
+    server.stop().await.unwrap();
+}
+
+// Issue 40: the second probe.
+
+/// An in-range input that makes the model's output non-finite (4 × 3e38 overflows
+/// the emulated model's FP32 sum) got a 500 while `sluice_requests_total`, the
+/// admin counters and the statistics extension counted it as served (`fail` +0).
+/// Now a non-finite output fails the execution, and the 500 is counted as one
+/// everywhere: `dropped-executor-error`, the admin's `dropped`, Triton's `fail`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_500_for_a_non_finite_output_is_counted_as_a_failure() {
+    let server = TestServer::start(&emu_app(
+        "zero",
+        "slo_ms = 200\nworkers = 1\npolicy = \"fixed\"\nparams = { model = \"small\" }",
+    ))
+    .await
+    .unwrap();
+    let mut c = server.client().await;
+    let r = c.post_json("/v2/models/emu/infer", &small_infer(1)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let poisoned =
+        json!({ "inputs": [{ "name": "x", "datatype": "FP32", "shape": [1, 4], "data": [3e38, 3e38, 3e38, 3e38] }] });
+    let r = c.post_json("/v2/models/emu/infer", &poisoned).await.unwrap();
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.json()["error"].as_str().unwrap().contains("internal server error"), "{}", r.json());
+
+    let counters = app_status(&mut c, "emu").await["counters"].clone();
+    assert_eq!((counters["served"].clone(), counters["dropped"].clone()), (json!(1), json!(1)), "{counters}");
+    let metrics = c.get("/metrics").await.unwrap().text();
+    let line = |prefix: &str| metrics.lines().find(|l| l.starts_with(prefix)).map(str::to_string);
+    assert_eq!(
+        line("sluice_requests_total{app=\"emu\",model=\"small\",outcome=\"served\"}").as_deref(),
+        Some("sluice_requests_total{app=\"emu\",model=\"small\",outcome=\"served\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(
+        line("sluice_requests_total{app=\"emu\",model=\"\",outcome=\"dropped-executor-error\"}").as_deref(),
+        Some("sluice_requests_total{app=\"emu\",model=\"\",outcome=\"dropped-executor-error\"} 1"),
+        "{metrics}"
+    );
+    // Every answer the client got is counted by its status.
+    for code in ["200", "500"] {
+        let prefix = format!("sluice_responses_total{{front=\"http\",code=\"{code}\"}}");
+        assert!(line(&prefix).is_some_and(|l| !l.ends_with(" 0")), "{code}: {metrics}");
+    }
+    let stats = c.get("/v2/models/emu/stats").await.unwrap().json();
+    let s = &stats["model_stats"][0]["inference_stats"];
+    assert_eq!((s["success"]["count"].clone(), s["fail"]["count"].clone()), (json!(1), json!(1)), "{stats}");
+    assert_eq!(stats["model_stats"][0]["inference_count"], json!(1), "{stats}");
+    server.stop().await.unwrap();
+}
+
+/// `safe` (the native fallback the simulator and what-if evaluations run for that
+/// name) could be uploaded as a component: live it then meant the upload while a
+/// replay "against current" meant the fallback. The registry reserves the name
+/// now: an upload is refused with 409 naming why, before its body is read, a swap
+/// to it likewise, and a `safe.wasm` stored before is not loaded. A test fixture's
+/// name (`misbehave`) is not reserved: fixtures are never built-ins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reserved_name_safe_cannot_be_uploaded() {
+    let policies = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
+    // One stored by a server before the fix.
+    std::fs::write(policies.path().join("safe.wasm"), &bytes).unwrap();
+    let server = TestServer::start_with_policy_dir(
+        &emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\""),
+        Some(policies.path()),
+    )
+    .await
+    .unwrap();
+    let mut c = server.client().await;
+    let listed = admin(&mut c, "GET", "/admin/policies", b"").await.json();
+    assert!(listed["policies"].as_array().unwrap().iter().all(|p| p["name"] != json!("safe")), "{listed}");
+
+    let r = upload(&mut c, "safe", &bytes).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    let e = r.json()["error"].as_str().unwrap().to_string();
+    assert!(e.contains("`safe` is reserved") && e.contains("native safe policy"), "{e}");
+    let r = swap(&mut c, "emu", "safe", json!({})).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.json()["error"].as_str().unwrap().contains("reserved"), "{}", r.json());
+    assert_eq!(app_status(&mut c, "emu").await["policy"], json!("jellyfish"));
+    // A built-in's name is refused as before; a fixture's is an ordinary upload.
+    assert_eq!(upload(&mut c, "jellyfish", &bytes).await.status, 409);
+    assert_eq!(upload(&mut c, "misbehave", &bytes).await.status, 201);
+    server.stop().await.unwrap();
+}
+
+/// Sends a request head announcing a 4 MiB body with `Expect: 100-continue` and
+/// no body; returns what came back before the server closed (or 3 s passed) and
+/// whether it closed.
+async fn expect_continue(addr: std::net::SocketAddr, path: &str, auth: &str) -> (String, bool) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{auth}content-length: 4194304\r\nexpect: 100-continue\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    read_until_closed(&mut s, Duration::from_secs(3)).await
+}
+
+/// On a 429 at the admission precheck, a 404 for an unknown app, a version-pinned
+/// 400 (and a refused upload or admin token) the server sent `100 Continue` and
+/// read the whole body first (curl sends `Expect` above 1 MB: 4.2 MB uploaded to be
+/// refused). Now the final status goes instead of the 100, the body unread, and
+/// the connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_from_the_head_come_instead_of_100_continue() {
+    use tokio::io::AsyncWriteExt as _;
+    let slow = tempfile::tempdir().unwrap();
+    // `slow` serves one request in 100 ms at best: nothing meets its 50 ms SLO.
+    std::fs::write(slow.path().join("slow.toml"), emulated_profile(100.0)).unwrap();
+    let config = format!(
+        "{}[[app]]\nname = \"slow\"\nexecutor = \"emulated\"\nprofile = \"{}\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nworkers = 1\npolicy = \"fixed\"\nparams = {{ model = \"small\" }}\nslo_ms = 50\n",
+        emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\""),
+        slow.path().join("slow.toml").display()
+    );
+    let server = TestServer::start(&config).await.unwrap();
+    let token = format!("authorization: Bearer {TOKEN}\r\n");
+    let cases = [
+        ("/v2/models/slow/infer", "", "429", "overloaded"),
+        ("/v2/models/nope/infer", "", "404", "unknown app `nope`"),
+        ("/v2/models/emu/versions/small/infer", "", "400", "is not supported"),
+        ("/v2/models/emu/versions/huge/infer", "", "404", "has no version `huge`"),
+        ("/admin/policies?name=safe", token.as_str(), "409", "reserved"),
+        ("/admin/policies", token.as_str(), "400", "missing ?name="),
+        ("/admin/policies?name=x", "authorization: Bearer wrong\r\n", "401", "invalid admin token"),
+    ];
+    for (path, auth, status, says) in cases {
+        let (answer, closed) = expect_continue(server.addr, path, auth).await;
+        assert!(answer.starts_with(&format!("HTTP/1.1 {status} ")), "{path}: {answer}");
+        assert!(!answer.contains("100 Continue"), "{path}: {answer}");
+        assert!(answer.contains(says), "{path}: {answer}");
+        assert!(answer.to_ascii_lowercase().contains("connection: close"), "{path}: {answer}");
+        assert!(closed, "{path}: the connection closes, its body never read");
+    }
+    // An admitted request still gets its 100 Continue, then its answer.
+    let body = small_infer(1).to_string();
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let head = format!(
+        "POST /v2/models/emu/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut first = [0u8; 25];
+    tokio::io::AsyncReadExt::read_exact(&mut s, &mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(body.as_bytes()).await.unwrap();
+    let (answer, _) = read_until_closed(&mut s, Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    server.stop().await.unwrap();
+}
+
+/// A raw connection from `from` (any 127/8 address reaches the loopback server)
+/// that has had one request answered, so the server holds it open and idle.
+async fn idle_connection_from(from: &str, to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut s = socket.connect(to).await.unwrap();
+    s.write_all(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).contains("{\"live\":true}") {
+        let n = tokio::time::timeout(Duration::from_secs(3), tokio::io::AsyncReadExt::read(&mut s, &mut buf))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+    s
+}
+
+/// One client re-opening idle sockets held every connection slot and kept the
+/// others at 503. Now, with every slot taken, a client under its share
+/// (`connection_share`) takes the slot of an idle connection of the client holding
+/// the most, while that client's own next connection is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_take_every_connection_slot() {
+    let server = TestServer::start(&format!(
+        "max_connections = 6\nconnection_share = 2\n{}",
+        emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\"")
+    ))
+    .await
+    .unwrap();
+    let addr = server.addr;
+    let mut hog = Vec::new();
+    for _ in 0..6 {
+        hog.push(idle_connection_from("127.0.0.1", addr).await);
+    }
+    // At the cap, the client holding every slot is refused one more.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut seventh = socket.connect(addr).await.unwrap();
+    let (answer, _) = read_until_closed(&mut seventh, Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    // Two other clients get in, each in place of one of the hog's idle connections.
+    let _a = idle_connection_from("127.0.0.2", addr).await;
+    let _b = idle_connection_from("127.0.0.3", addr).await;
+    let mut closed = 0;
+    for s in &mut hog {
+        if read_until_closed(s, Duration::from_millis(300)).await.1 {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 2, "two of the hog's idle connections gave their slots up");
+    let metrics = server.state.metrics.render();
+    assert!(metrics.contains("sluice_connections_closed_total{reason=\"fairness\"} 2"), "{metrics}");
+    server.stop().await.unwrap();
+}
+
+/// gRPC connections count in the same table, with the same shares: an idle one of
+/// the client holding the most gives its slot up (it ends between calls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_connections_give_their_slots_up_too() {
+    let server = TestServer::start_with_grpc(&format!(
+        "max_connections = 2\nconnection_share = 1\n{}",
+        emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\"")
+    ))
+    .await
+    .unwrap();
+    let mut hog = Vec::new();
+    for _ in 0..2 {
+        hog.push(tokio::net::TcpStream::connect(server.grpc.unwrap()).await.unwrap());
+    }
+    let open = &server.state.metrics.connections.open;
+    assert!(eventually(Duration::from_secs(5), || open.load(Ordering::Relaxed) == 2).await, "both gRPC ones admitted");
+    // An HTTP connection from another client takes the slot of one of them.
+    let _other = idle_connection_from("127.0.0.2", server.addr).await;
+    let mut closed = 0;
+    for s in &mut hog {
+        if read_until_closed(s, Duration::from_millis(500)).await.1 {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 1, "one gRPC connection gave its slot up");
+    assert_eq!(server.state.metrics.connections.evicted.load(Ordering::Relaxed), 1);
+    drop(hog);
     server.stop().await.unwrap();
 }

@@ -18,6 +18,14 @@ use thiserror::Error;
 use crate::app_config::valid_name;
 use crate::runtime::{CompiledPolicy, PolicyEngine, PolicyError};
 
+/// Names no component may take. `safe` is the native safe policy (the fallback
+/// every app answers with after a fault, and what the simulator and what-if
+/// evaluations run for `policy = "safe"` without asking the registry): a component
+/// stored under it would mean one thing live and another in a replay. Test
+/// fixtures (`misbehave`) are not reserved: they are never built-ins
+/// (`target/fixtures/`), and uploading one is an ordinary upload.
+pub const RESERVED: &[&str] = &["safe"];
+
 /// Largest accepted component: far above any real policy (the built-ins are ~20-100 KB),
 /// small enough that an upload cannot exhaust memory.
 pub const MAX_POLICY_BYTES: usize = 32 << 20;
@@ -33,6 +41,12 @@ pub enum RegistryError {
         "invalid policy name `{0}`: expected 1-64 characters of a-z, A-Z, 0-9, '-', '_', '.', not starting with '.'"
     )]
     BadName(String),
+    /// The name is reserved ([`RESERVED`]).
+    #[error(
+        "policy name `{0}` is reserved: it names the native safe policy (the fallback), which is not a component; \
+         upload under another name"
+    )]
+    Reserved(String),
     /// Uploads may not replace a built-in.
     #[error("policy `{0}` is a built-in and cannot be replaced; upload it under another name")]
     Builtin(String),
@@ -120,6 +134,12 @@ impl Registry {
             .filter(|n| valid_name(n))
             .collect();
         for name in names {
+            if RESERVED.contains(&name.as_str()) {
+                tracing::error!(
+                    "skipping stored policy {name}.wasm: the name `{name}` is reserved for the native safe policy"
+                );
+                continue;
+            }
             if registry.entries.read().get(&name).is_some_and(|e| e.source == Source::Builtin) {
                 continue;
             }
@@ -148,6 +168,9 @@ impl Registry {
 
     /// The compiled policy `name`, compiling a built-in on first use.
     pub fn get(&self, name: &str) -> Result<Arc<CompiledPolicy>, RegistryError> {
+        if RESERVED.contains(&name) {
+            return Err(RegistryError::Reserved(name.to_string()));
+        }
         if let Some(c) = self.entries.read().get(name).and_then(|e| e.compiled.clone()) {
             return Ok(c);
         }
@@ -167,14 +190,9 @@ impl Registry {
     /// Validates, compiles and stores an uploaded component under `name`. Nothing is
     /// stored unless it compiles against the world.
     pub fn upload(&self, name: &str, bytes: &[u8]) -> Result<Arc<CompiledPolicy>, RegistryError> {
-        if !valid_name(name) {
-            return Err(RegistryError::BadName(name.to_string()));
-        }
+        self.check_upload_name(name)?;
         if bytes.len() > MAX_POLICY_BYTES {
             return Err(RegistryError::TooLarge(bytes.len()));
-        }
-        if self.entries.read().get(name).is_some_and(|e| e.source == Source::Builtin) {
-            return Err(RegistryError::Builtin(name.to_string()));
         }
         let compiled = self.engine.compile(name, bytes)?;
         let io = |source| RegistryError::Io { dir: self.upload_path.display().to_string(), source };
@@ -186,6 +204,22 @@ impl Registry {
             .write()
             .insert(name.to_string(), Entry { source: Source::Uploaded, path: None, compiled: Some(compiled.clone()) });
         Ok(compiled)
+    }
+
+    /// Whether a component may be uploaded as `name`: a valid name, not reserved
+    /// ([`RESERVED`]), not a built-in's. The admin API asks before reading the
+    /// body, so a refused upload costs no transfer.
+    pub fn check_upload_name(&self, name: &str) -> Result<(), RegistryError> {
+        if !valid_name(name) {
+            return Err(RegistryError::BadName(name.to_string()));
+        }
+        if RESERVED.contains(&name) {
+            return Err(RegistryError::Reserved(name.to_string()));
+        }
+        if self.entries.read().get(name).is_some_and(|e| e.source == Source::Builtin) {
+            return Err(RegistryError::Builtin(name.to_string()));
+        }
+        Ok(())
     }
 
     /// Every known policy.

@@ -63,26 +63,16 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
     match (&method, rest) {
         (&Method::GET, ["policies"]) => ok(json!({ "policies": state.registry.list() })),
         (&Method::POST, ["policies"]) => {
-            let name = query_param(&req, "name")
-                .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing ?name=<policy name>"))?;
-            let body = read_body(state, req).await?;
-            let registry = state.registry.clone();
-            let n = name.clone();
-            // Compilation takes tens of milliseconds: keep it off the async threads.
-            let compiled = tokio::task::spawn_blocking(move || registry.upload(&n, &body))
-                .await
-                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-                .map_err(registry_error)?;
-            tracing::info!(policy = name, digest = compiled.digest, "policy uploaded");
-            Ok(with_status(
-                StatusCode::CREATED,
-                json!({
-                    "name": compiled.name,
-                    "digest": compiled.digest,
-                    "size": compiled.size,
-                    "compile_ms": compiled.compile_time.as_secs_f64() * 1e3,
-                }),
-            ))
+            // The name is judged from the head: a refused upload (no name, a bad,
+            // reserved or built-in one) costs no transfer.
+            let refusal = match query_param(&req, "name") {
+                None => ApiError::bad_request("missing ?name=<policy name>"),
+                Some(name) => match state.registry.check_upload_name(&name) {
+                    Ok(()) => return upload(state, req, name).await,
+                    Err(e) => registry_error(e),
+                },
+            };
+            Ok(crate::http::refuse_before_body(state, req, refusal).await)
         }
         (&Method::GET, ["apps"]) => ok(json!({ "apps": state.apps.keys().collect::<Vec<_>>() })),
         // Off the async threads: a policy's `status` runs under its worker's slot
@@ -212,6 +202,29 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             Err(ApiError::new(StatusCode::NOT_FOUND, format!("no admin route for {method} /admin/{}", rest.join("/"))))
         }
     }
+}
+
+/// `POST /admin/policies?name=...` once the name was accepted: reads, compiles and
+/// stores the component.
+async fn upload(state: &State, req: Request<Incoming>, name: String) -> Result<Response<Body>, ApiError> {
+    let body = read_body(state, req).await?;
+    let registry = state.registry.clone();
+    let n = name.clone();
+    // Compilation takes tens of milliseconds: keep it off the async threads.
+    let compiled = tokio::task::spawn_blocking(move || registry.upload(&n, &body))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(registry_error)?;
+    tracing::info!(policy = name, digest = compiled.digest, "policy uploaded");
+    Ok(with_status(
+        StatusCode::CREATED,
+        json!({
+            "name": compiled.name,
+            "digest": compiled.digest,
+            "size": compiled.size,
+            "compile_ms": compiled.compile_time.as_secs_f64() * 1e3,
+        }),
+    ))
 }
 
 fn pipeline_of<'a>(state: &'a State, name: &str) -> Result<&'a Arc<crate::pipeline::PipelineApp>, ApiError> {

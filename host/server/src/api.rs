@@ -153,12 +153,13 @@ pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T,
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
-/// Maps registry errors: unknown → 404, bad input → 400, I/O → 500.
+/// Maps registry errors: unknown → 404, a built-in's or reserved name → 409, too
+/// large → 413, other bad input → 400, I/O → 500.
 pub(crate) fn registry_error(e: RegistryError) -> ApiError {
     match e {
         RegistryError::Unknown(_) => ApiError::not_found(e.to_string()),
         RegistryError::Io { .. } => ApiError::internal(e),
-        RegistryError::Builtin(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+        RegistryError::Builtin(_) | RegistryError::Reserved(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
         RegistryError::TooLarge(_) => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
         _ => ApiError::bad_request(e.to_string()),
     }
@@ -173,33 +174,60 @@ pub struct Peer(pub std::net::SocketAddr);
 #[derive(Clone, Copy, Debug)]
 pub struct AdminListener;
 
-/// Failed admin logins allowed per client address per window before it is refused.
+/// Failed admin logins an address may make before its admin requests are slowed.
 pub const LOGIN_FAILURES_ALLOWED: u32 = 10;
 
-/// The window failed admin logins are counted over.
+/// How long an address's failed logins are remembered: its count starts over once
+/// it has not failed for this long (a steady guesser stays slowed).
 pub const LOGIN_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The delay an admin request from a slowed address waits per failure beyond
+/// [`LOGIN_FAILURES_ALLOWED`] ...
+pub const LOGIN_DELAY_STEP: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// ... up to this.
+pub const LOGIN_DELAY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Addresses tracked at most (beyond it, expired entries are swept, then the
 /// oldest dropped: memory stays bounded whatever the attacker's address space).
 const LOGIN_TRACKED_MAX: usize = 4096;
 
-/// Failed admin logins per client address: after [`LOGIN_FAILURES_ALLOWED`] in a
-/// [`LOGIN_WINDOW`], that address gets 429 until the window ends, whatever token it
-/// sends, so a token cannot be guessed at line rate. Failures are logged at most
-/// once a second.
+/// Failed admin logins per client address, which slow that address's admin
+/// requests without ever refusing a right token.
+///
+/// After [`LOGIN_FAILURES_ALLOWED`] failures (none more than [`LOGIN_WINDOW`] after
+/// the one before), every admin request from the address waits [`LOGIN_DELAY_STEP`]
+/// per failure beyond them, up to [`LOGIN_DELAY_MAX`], before its token is checked;
+/// then a right token is served and a wrong one gets its 401. The wait applies to
+/// right tokens too: were a right token answered at once, a guesser would know a
+/// guess wrong as soon as no answer came, and the delay would slow nothing. So an
+/// address's guesses are bounded by the connections it may hold (its share of
+/// `max_connections`, [`crate::server`]) over the delay, while an operator behind
+/// the same proxy (or on localhost) as a guesser is slowed, never locked out: the
+/// earlier rule (429 to every request from the address for the rest of a minute,
+/// whatever the token) let anyone sharing the address lock the operator out. A
+/// strong token is the defence against guessing (`admin_listen` on an internal
+/// address the other); this only makes a weak one costly to guess. Failures are
+/// logged at most once a second.
 #[derive(Default)]
 pub struct LoginGuard {
+    /// Per address: when it last failed, and how many times in a row (each within
+    /// [`LOGIN_WINDOW`] of the previous).
     failures: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
     log: RateLimitedLog,
 }
 
 impl LoginGuard {
-    /// Seconds until `ip` may try again, when it has failed too often.
-    pub fn blocked(&self, ip: std::net::IpAddr) -> Option<u64> {
+    /// How long an admin request from `ip` waits before its token is checked (zero
+    /// while the address has failed fewer than [`LOGIN_FAILURES_ALLOWED`] times).
+    pub fn delay(&self, ip: std::net::IpAddr) -> std::time::Duration {
         let map = self.failures.lock();
-        let (start, n) = map.get(&ip)?;
-        let left = LOGIN_WINDOW.checked_sub(start.elapsed())?;
-        (*n >= LOGIN_FAILURES_ALLOWED).then(|| left.as_secs().max(1))
+        match map.get(&ip) {
+            Some((last, n)) if *n >= LOGIN_FAILURES_ALLOWED && last.elapsed() < LOGIN_WINDOW => {
+                LOGIN_DELAY_STEP.saturating_mul(n - LOGIN_FAILURES_ALLOWED + 1).min(LOGIN_DELAY_MAX)
+            }
+            _ => std::time::Duration::ZERO,
+        }
     }
 
     /// Counts a failed login from `ip`.
@@ -208,18 +236,18 @@ impl LoginGuard {
         let n = {
             let mut map = self.failures.lock();
             if map.len() >= LOGIN_TRACKED_MAX && !map.contains_key(&ip) {
-                map.retain(|_, (start, _)| start.elapsed() < LOGIN_WINDOW);
+                map.retain(|_, (last, _)| last.elapsed() < LOGIN_WINDOW);
                 if map.len() >= LOGIN_TRACKED_MAX {
-                    if let Some(oldest) = map.iter().min_by_key(|(_, (start, _))| *start).map(|(k, _)| *k) {
+                    if let Some(oldest) = map.iter().min_by_key(|(_, (last, _))| *last).map(|(k, _)| *k) {
                         map.remove(&oldest);
                     }
                 }
             }
             let entry = map.entry(ip).or_insert((now, 0));
             if entry.0.elapsed() >= LOGIN_WINDOW {
-                *entry = (now, 0);
+                entry.1 = 0;
             }
-            entry.1 += 1;
+            *entry = (now, entry.1.saturating_add(1));
             entry.1
         };
         self.log.warn(

@@ -83,6 +83,14 @@ pub struct Config {
     /// limit (lowered, with a warning, when it is not).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// `connection_share = 256`: the connections one client (an IPv4 address, an
+    /// IPv6 /64) keeps once `max_connections` are all open. Below the cap any client
+    /// may open more; at the cap, a connection from a client holding fewer than its
+    /// share takes the slot of an idle connection of the client holding the most,
+    /// when that one holds more than its share, and is refused otherwise. Default: a
+    /// quarter of `max_connections`, at least 8; 0 turns the fairness off.
+    #[serde(default)]
+    pub connection_share: Option<usize>,
     /// `arrival_ring = 2000000`: per app, how many of its most recent arrivals the
     /// host keeps for what-if evaluations (`POST /admin/apps/{app}/evaluate`), 8
     /// bytes each, allocated as the ring fills (the default holds 10 minutes at

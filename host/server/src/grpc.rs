@@ -24,7 +24,7 @@ use hyper::StatusCode;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status};
 
@@ -50,12 +50,14 @@ pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_repository", "mod
 
 /// Serves gRPC on `listener` until `shutdown` resolves, then finishes the calls in
 /// progress (h2 GOAWAY: no new calls on open connections) and returns. Each
-/// connection holds one of `slots` (the `max_connections` the HTTP front shares);
-/// one over the limit is closed at once and counted as refused.
-pub async fn serve(
+/// connection holds one of `slots` (the `max_connections` the HTTP front shares,
+/// with each client's share of them: `crate::server::Connections`); one refused is
+/// closed at once and counted, and one asked to give its slot up ends once no call
+/// is in progress on it.
+pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<State>,
-    slots: Arc<Semaphore>,
+    slots: Arc<crate::server::Connections>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Counted>>(16);
@@ -66,8 +68,8 @@ pub async fn serve(
     let accept = tokio::spawn(async move {
         let errors = crate::api::RateLimitedLog::default();
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     errors.warn(|n| tracing::warn!("gRPC accept failed: {e} ({n} more not logged)"));
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -75,18 +77,22 @@ pub async fn serve(
                 }
             };
             let _ = stream.set_nodelay(true);
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
+            let activity = crate::server::Activity::start();
+            let Some(slot) = slots.admit(peer.ip(), &activity, &metrics) else {
                 // No HTTP/2 answer can be written before the handshake: closing is
                 // the refusal (the client sees UNAVAILABLE).
                 metrics.connections.refused.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
             metrics.connections.open.fetch_add(1, Ordering::Relaxed);
+            let close = slot.close.clone();
             let conn = Counted {
                 inner: stream,
-                _permit: permit,
+                _slot: slot,
+                asked: Box::pin(async move { close.asked().await }),
+                giving_up: false,
                 metrics: metrics.clone(),
-                activity: crate::server::Activity::start(),
+                activity,
                 idle,
                 ended: false,
                 timer: Box::pin(tokio::time::sleep(idle)),
@@ -232,7 +238,12 @@ impl tokio_stream::Stream for Incoming {
 /// grpc-go's `MaxConnectionIdle` does.
 struct Counted {
     inner: TcpStream,
-    _permit: OwnedSemaphorePermit,
+    /// Its place in the connection table, given back when dropped.
+    _slot: crate::server::Slot,
+    /// Resolves when the table asks for the slot back (another client needs it).
+    asked: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Set once asked: it ends as soon as no call is in progress.
+    giving_up: bool,
     metrics: Arc<Metrics>,
     activity: Arc<crate::server::Activity>,
     idle: std::time::Duration,
@@ -272,18 +283,31 @@ impl AsyncRead for Counted {
         if read.is_ready() {
             return read;
         }
-        // Nothing to read: end the connection if it is idle, else look again when
-        // it could first be.
+        // Nothing to read: end the connection if it is idle or gives its slot up,
+        // else look again when it could first be.
         loop {
+            if !this.giving_up && this.asked.as_mut().poll(cx).is_ready() {
+                this.giving_up = true;
+            }
+            // Asked for its slot (counted by the table): it ends between calls.
+            if this.giving_up && !this.activity.busy() {
+                this.ended = true;
+                return Poll::Ready(Ok(()));
+            }
             if this.activity.idle(this.idle) {
                 this.ended = true;
                 this.metrics.connections.idle_closed.fetch_add(1, Ordering::Relaxed);
                 return Poll::Ready(Ok(()));
             }
             // A call in progress touches the activity when it ends; until then
-            // look again a whole period later.
-            let left =
-                if this.activity.busy() { this.idle } else { this.idle.saturating_sub(this.activity.idle_for()) };
+            // look again a whole period later (soon, when giving the slot up).
+            let left = if this.giving_up {
+                std::time::Duration::from_millis(10)
+            } else if this.activity.busy() {
+                this.idle
+            } else {
+                this.idle.saturating_sub(this.activity.idle_for())
+            };
             let left = left.max(std::time::Duration::from_millis(10));
             this.timer.as_mut().reset(tokio::time::Instant::now() + left);
             if this.timer.as_mut().poll(cx).is_pending() {
@@ -351,6 +375,56 @@ impl Service {
     fn target(&self, name: &str) -> Result<Target, ApiError> {
         target(&self.state, name)
     }
+
+    /// `ModelInfer`, its answer counted by [`GrpcInferenceService::model_infer`].
+    async fn infer(&self, req: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
+        // The message is in: its arrival is now (tonic has read and decoded it).
+        let arrived = Instant::now();
+        let r = req.into_inner();
+        let target = self.target(&r.model_name).map_err(status)?;
+        if !r.model_version.is_empty() {
+            target.check_version(&r.model_version).map_err(status)?;
+            return Err(status(pinned_version(&r.model_name, &r.model_version)));
+        }
+        // Counted as incoming while its inputs are decoded.
+        let incoming = target.precheck().map_err(status)?;
+        let requested: Vec<&str> = r.outputs.iter().map(|o| o.name.as_str()).collect();
+        target.check_outputs(&requested).map_err(status)?;
+        let raw = !r.raw_input_contents.is_empty();
+        let inputs = decode_inputs(target.name(), r.inputs, r.raw_input_contents).map_err(status)?;
+        drop(incoming);
+        let id = (!r.id.is_empty()).then_some(r.id.as_str());
+        let answer = target.infer(id, inputs, arrived).await.map_err(status)?;
+        let mut outputs = Vec::with_capacity(answer.outputs.len());
+        let mut raw_outputs = Vec::new();
+        for t in answer.outputs {
+            if let Some(i) = t.data.first_non_finite() {
+                return Err(status(ApiError::internal(format!(
+                    "{}: variant {} produced a non-finite output (element {i})",
+                    target.describe(),
+                    answer.model_version
+                ))));
+            }
+            let (contents, bytes) =
+                if raw { (None, Some(Bytes::from(t.data.to_le_bytes()))) } else { (Some(contents(&t)), None) };
+            raw_outputs.extend(bytes);
+            outputs.push(model_infer_response::InferOutputTensor {
+                name: t.name.clone(),
+                datatype: t.datatype().oip_name().into(),
+                shape: t.shape.iter().map(|d| *d as i64).collect(),
+                parameters: HashMap::new(),
+                contents,
+            });
+        }
+        Ok(Response::new(ModelInferResponse {
+            model_name: answer.model_name,
+            model_version: answer.model_version,
+            id: r.id,
+            parameters: answer.parameters.into_iter().map(|(k, v)| (k, parameter(v))).collect(),
+            outputs,
+            raw_output_contents: raw_outputs,
+        }))
+    }
 }
 
 #[tonic::async_trait]
@@ -402,52 +476,13 @@ impl GrpcInferenceService for Service {
     }
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
-        // The message is in: its arrival is now (tonic has read and decoded it).
-        let arrived = Instant::now();
-        let r = req.into_inner();
-        let target = self.target(&r.model_name).map_err(status)?;
-        if !r.model_version.is_empty() {
-            target.check_version(&r.model_version).map_err(status)?;
-            return Err(status(pinned_version(&r.model_name, &r.model_version)));
-        }
-        // Counted as incoming while its inputs are decoded.
-        let incoming = target.precheck().map_err(status)?;
-        let requested: Vec<&str> = r.outputs.iter().map(|o| o.name.as_str()).collect();
-        target.check_outputs(&requested).map_err(status)?;
-        let raw = !r.raw_input_contents.is_empty();
-        let inputs = decode_inputs(target.name(), r.inputs, r.raw_input_contents).map_err(status)?;
-        drop(incoming);
-        let id = (!r.id.is_empty()).then_some(r.id.as_str());
-        let answer = target.infer(id, inputs, arrived).await.map_err(status)?;
-        let mut outputs = Vec::with_capacity(answer.outputs.len());
-        let mut raw_outputs = Vec::new();
-        for t in answer.outputs {
-            if let Some(i) = t.data.first_non_finite() {
-                return Err(status(ApiError::internal(format!(
-                    "{}: variant {} produced a non-finite output (element {i})",
-                    target.describe(),
-                    answer.model_version
-                ))));
-            }
-            let (contents, bytes) =
-                if raw { (None, Some(Bytes::from(t.data.to_le_bytes()))) } else { (Some(contents(&t)), None) };
-            raw_outputs.extend(bytes);
-            outputs.push(model_infer_response::InferOutputTensor {
-                name: t.name.clone(),
-                datatype: t.datatype().oip_name().into(),
-                shape: t.shape.iter().map(|d| *d as i64).collect(),
-                parameters: HashMap::new(),
-                contents,
-            });
-        }
-        Ok(Response::new(ModelInferResponse {
-            model_name: answer.model_name,
-            model_version: answer.model_version,
-            id: r.id,
-            parameters: answer.parameters.into_iter().map(|(k, v)| (k, parameter(v))).collect(),
-            outputs,
-            raw_output_contents: raw_outputs,
-        }))
+        let answer = self.infer(req).await;
+        let code = match &answer {
+            Ok(_) => Code::Ok,
+            Err(s) => s.code(),
+        };
+        self.state.metrics.response("grpc", &format!("{code:?}"));
+        answer
     }
 
     async fn model_config(&self, req: Request<ModelConfigRequest>) -> Result<Response<ModelConfigResponse>, Status> {

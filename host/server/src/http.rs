@@ -66,12 +66,12 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         (&Method::GET, ["v2", "models", app, "versions", v, "stats"]) => statistics(state, Some(app), v),
         (&Method::POST, ["v2", "models", app, "versions", v, "infer"]) => {
             // The policy picks the variant: a version-pinned inference is refused
-            // (404 for a version the app does not have), after reading the body.
+            // (404 for a version the app does not have), from its head.
             let e = match target(state, app).and_then(|t| t.check_version(v)) {
                 Ok(()) => pinned_version(app, v),
                 Err(e) => e,
             };
-            Err(discard_body(state, req, e).await)
+            Ok(refuse_before_body(state, req, e).await)
         }
         (&Method::POST, ["v2", "repository", "index"]) => {
             let body = {
@@ -88,15 +88,14 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                      PUT /admin/apps/{{app}}/workers/{{w}}/models"
                 ),
             );
-            Err(discard_body(state, req, e).await)
+            Ok(refuse_before_body(state, req, e).await)
         }
         (&Method::POST, ["v2", "models", app, "infer"]) => {
             let arrived = std::time::Instant::now();
             // Errors found before the body is read (an unknown app, an overloaded
-            // one, a bad framing header, no room to read it) are answered after
-            // reading it, so a client still sending sees the answer, not a reset.
-            // Past the precheck, the request counts as incoming (ahead of later
-            // arrivals) until its body is parsed.
+            // one, a bad framing header, no room to read it) are answered from the
+            // head ([`refuse_before_body`]). Past the precheck, the request counts
+            // as incoming (ahead of later arrivals) until its body is parsed.
             let admitted = target(state, app).and_then(|t| Ok((t.precheck()?, t)));
             let early = admitted.and_then(|(incoming, t)| {
                 let budget = crate::api::reserve_body(state, &req)?;
@@ -104,7 +103,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             });
             let (target, incoming, budget, json_len) = match early {
                 Ok(x) => x,
-                Err(e) => return Err(discard_body(state, req, e).await),
+                Err(e) => return Ok(refuse_before_body(state, req, e).await),
             };
             let (request, data) = {
                 let (_incoming, _budget) = (incoming, budget);
@@ -115,9 +114,13 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         }
         (&Method::POST, ["infer"]) => {
             let arrived = std::time::Instant::now();
+            let early = crate::api::reserve_body(state, &req).and_then(|b| Ok((b, binary::header_length(&req)?)));
+            let (budget, json_len) = match early {
+                Ok(x) => x,
+                Err(e) => return Ok(refuse_before_body(state, req, e).await),
+            };
             let (request, data) = {
-                let _budget = crate::api::reserve_body(state, &req)?;
-                let json_len = binary::header_length(&req)?;
+                let _budget = budget;
                 let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
                 (parse_off_thread::<SimpleInferRequest>(json).await?, data)
             };
@@ -141,7 +144,9 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             Ok(r)
         }
         (_, ["admin", ..]) => {
-            authorize(state, &req)?;
+            if let Err(e) = authorize(state, &req).await {
+                return Ok(refuse_before_body(state, req, e).await);
+            }
             crate::admin::route(state, req, &segments[1..]).await
         }
         (_, route) => match allowed(route) {
@@ -206,19 +211,20 @@ fn allowed(route: &[&str]) -> Option<&'static str> {
     }
 }
 
-fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), ApiError> {
+/// Checks the admin bearer token; an address that failed too often waits first
+/// ([`crate::api::LoginGuard`]: failures are slowed, a right token is never refused).
+async fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), ApiError> {
     let Some(token) = &state.admin_token else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "admin API disabled: set admin_token in the config or SLUICE_ADMIN_TOKEN",
         ));
     };
-    let ip = req.extensions().get::<crate::api::Peer>().map(|p| p.0.ip());
-    if let Some(wait) = ip.and_then(|ip| state.logins.blocked(ip)) {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("too many failed admin logins from this address; retry in {wait} s"),
-        ));
+    // Counted per client as connections are: an IPv4 address, an IPv6 /64.
+    let ip = req.extensions().get::<crate::api::Peer>().map(|p| crate::server::client_of(p.0.ip()));
+    let delay = ip.map(|ip| state.logins.delay(ip)).unwrap_or_default();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
     let given = req
         .headers()
@@ -395,10 +401,39 @@ async fn parse_off_thread<T: for<'de> Deserialize<'de> + Send + 'static>(json: B
     tokio::task::spawn_blocking(move || parse_json(&json)).await.map_err(ApiError::internal)?
 }
 
-/// Reads and throws away a request's body (within the body timeout) before
-/// answering `error`, so an ordinary client sees the answer rather than a reset
-/// connection while it is still sending.
-async fn discard_body(state: &State, req: Request<Incoming>, error: ApiError) -> ApiError {
+/// Whether the client sent `Expect: 100-continue`: it waits for a `100 Continue`
+/// before it sends the body.
+fn expects_continue(req: &Request<Incoming>) -> bool {
+    req.headers().get(hyper::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// The answer to a request refused from its head alone (an unknown app, an
+/// overloaded one, a version-pinned inference, a refused admin token, a reserved
+/// policy name), its body unread or thrown away:
+/// - a client that sent `Expect: 100-continue` waits for a `100 Continue` before it
+///   sends the body, and hyper writes that `100` only when the body is first read.
+///   The body is not touched: the final status goes instead of the `100`, as RFC
+///   9110 §10.1.1 allows (curl sends `Expect` above 1 MB: a 4 MB image refused
+///   after its upload cost the client the upload). The answer says
+///   `Connection: close`: the announced body never came, so the connection cannot
+///   carry another request (hyper closes it once the unread body is dropped).
+/// - any other client is already sending: the body is read and thrown away (within
+///   the body timeout, up to `max_body_bytes`) before answering, so it sees the
+///   answer rather than a connection reset under its upload.
+pub(crate) async fn refuse_before_body(state: &State, req: Request<Incoming>, error: ApiError) -> Response<Body> {
+    if expects_continue(&req) {
+        drop(req);
+        let mut r = error.into_response();
+        r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+        return r;
+    }
+    discard_body(state, req).await;
+    error.into_response()
+}
+
+/// Reads and throws away a request's body (within the body timeout, up to
+/// `max_body_bytes`).
+async fn discard_body(state: &State, req: Request<Incoming>) {
     use http_body_util::BodyExt as _;
     let mut body = req.into_body();
     let limit = state.config.max_body_bytes;
@@ -413,7 +448,6 @@ async fn discard_body(state: &State, req: Request<Incoming>, error: ApiError) ->
         }
     })
     .await;
-    error
 }
 
 /// Which outputs go back in binary: every output when the request says

@@ -416,7 +416,11 @@ fn concat_outputs(app: &str, served: &[Box<Served>]) -> Result<Vec<Tensor>, ApiE
 fn reply_error(app: &App, reply: Reply, id: Option<&str>) -> ApiError {
     match reply {
         Reply::Served(_) => ApiError::internal("a served reply taken for an error"),
-        Reply::Dropped { reason: DropReason::ExecutorError, detail, .. } => ApiError::internal(detail),
+        // The worker logged the cause with the batch; the client gets the generic
+        // message of a server error (a non-finite output is one).
+        Reply::Dropped { reason: DropReason::ExecutorError, .. } => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal server error (see the server log)")
+        }
         Reply::Dropped { reason, detail, policy } => ApiError {
             status: StatusCode::GATEWAY_TIMEOUT,
             message: format!("app {}: request dropped ({}): {detail}", app.name(), reason.as_str()),
@@ -631,7 +635,8 @@ pub(crate) struct Stats {
     pub executions: u64,
     /// Total ns from arrival to answer of the served requests: `success.ns`.
     pub latency_ns: u64,
-    /// Requests dropped or refused: `fail.count`.
+    /// Requests dropped (a failed execution included: the executor error behind a
+    /// 500) or refused: `fail.count`.
     pub failed: u64,
     /// Total ns the served requests waited in the queue: `queue.ns`.
     pub queue_ns: u64,

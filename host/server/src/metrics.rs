@@ -40,6 +40,9 @@ pub struct ConnectionStats {
     pub idle_closed: std::sync::atomic::AtomicU64,
     /// Connections closed because a request's head did not arrive in time.
     pub header_timeouts: std::sync::atomic::AtomicU64,
+    /// Connections asked to give their slot to a client under its share
+    /// (`connection_share`; `crate::server::Connections`).
+    pub evicted: std::sync::atomic::AtomicU64,
 }
 
 /// All of sluice's metrics.
@@ -48,6 +51,7 @@ pub struct Metrics {
     /// Connection gauges and counters (the HTTP front updates them directly).
     pub connections: ConnectionStats,
     requests: Mutex<BTreeMap<Labels, u64>>,
+    responses: Mutex<BTreeMap<Labels, u64>>,
     faults: Mutex<BTreeMap<Labels, u64>>,
     swaps: Mutex<BTreeMap<Labels, u64>>,
     histograms: Mutex<BTreeMap<(&'static str, Labels), Histogram>>,
@@ -78,6 +82,13 @@ impl Metrics {
     pub fn request(&self, app: &str, model: &str, outcome: &str) {
         let key = vec![("app", app.to_string()), ("model", model.to_string()), ("outcome", outcome.to_string())];
         *self.requests.lock().entry(key).or_default() += 1;
+    }
+
+    /// Counts one answer a client received from `front` (`http`: every response,
+    /// by status code; `grpc`: every inference call, by gRPC code name).
+    pub fn response(&self, front: &'static str, code: &str) {
+        let key = vec![("front", front.to_string()), ("code", code.to_string())];
+        *self.responses.lock().entry(key).or_default() += 1;
     }
 
     /// Counts one policy fault of `kind` (`PolicyFault::kind`: `trap`, `timeout`,
@@ -123,8 +134,14 @@ impl Metrics {
         counter(
             &mut out,
             "sluice_requests_total",
-            "Answered requests by app, model (empty when none served it) and outcome: served, late, dropped-{policy,expired,executor-error}, rejected-{queue-full,overload,shutdown}.",
+            "Answered requests by app, model (empty when none served it) and outcome, each the status its client got: served and late (200), dropped-{policy,expired} (504), dropped-executor-error (500: a failed batch, a non-finite output), rejected-{queue-full,overload} (429), rejected-shutdown (503). A batched request counts each sample.",
             &self.requests.lock(),
+        );
+        counter(
+            &mut out,
+            "sluice_responses_total",
+            "Answers sent, by front and code: every HTTP response by status, every gRPC inference call by code.",
+            &self.responses.lock(),
         );
         counter(
             &mut out,
@@ -142,14 +159,19 @@ impl Metrics {
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let _ = writeln!(
             out,
-            "# HELP sluice_connections_open Open HTTP connections.\n# TYPE sluice_connections_open gauge\nsluice_connections_open {}",
+            "# HELP sluice_connections_open Open connections (HTTP and gRPC).\n# TYPE sluice_connections_open gauge\nsluice_connections_open {}",
             get(&c.open)
         );
         let _ = writeln!(
             out,
-            "# HELP sluice_connections_closed_total HTTP connections refused or closed by the server, by reason.\n# TYPE sluice_connections_closed_total counter"
+            "# HELP sluice_connections_closed_total Connections (HTTP and gRPC) refused or closed by the server, by reason: limit (refused at max_connections), idle, header-timeout, fairness (asked to give its slot to a client under its connection_share).\n# TYPE sluice_connections_closed_total counter"
         );
-        for (reason, v) in [("limit", &c.refused), ("idle", &c.idle_closed), ("header-timeout", &c.header_timeouts)] {
+        for (reason, v) in [
+            ("limit", &c.refused),
+            ("idle", &c.idle_closed),
+            ("header-timeout", &c.header_timeouts),
+            ("fairness", &c.evicted),
+        ] {
             let _ = writeln!(out, "sluice_connections_closed_total{{reason=\"{reason}\"}} {}", get(v));
         }
         let map = self.histograms.lock();

@@ -59,41 +59,65 @@ pub fn model_set(loaded: std::collections::BTreeMap<u32, LoadedModel>) -> sluice
 
 impl Executor for LoadedModel {
     /// Runs one batch: the samples are concatenated along dimension 0 and the
-    /// outputs split back, one `Vec<Tensor>` per sample in order.
+    /// outputs split back, one `Vec<Tensor>` per sample in order. A non-finite
+    /// output fails the batch ([`finite`]).
     fn run(&self, model_id: u32, samples: Vec<Tensor>) -> BatchFuture<'_> {
-        Box::pin(async move {
-            match self {
-                LoadedModel::Emulated(table) => {
-                    let latency = emulated::batch_latency(table, samples.len());
-                    if latency >= EMULATED_TIMER_ABOVE {
-                        tokio::time::sleep(latency).await;
-                    } else if !latency.is_zero() {
-                        // tokio's timer wheel has millisecond ticks: a short sleep would
-                        // last up to a millisecond longer than profiled. A blocking
-                        // thread's sleep is accurate to tens of microseconds.
-                        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(latency)).await;
-                    }
-                    Ok(samples.iter().map(|s| vec![emulated::output_for(model_id, s)]).collect())
-                }
-                LoadedModel::Onnx(session) => {
-                    let session = session.clone();
-                    let n = samples.len();
-                    tokio::task::spawn_blocking(move || -> Result<Vec<Vec<Tensor>>, ExecError> {
-                        let refs: Vec<&Tensor> = samples.iter().collect();
-                        let batch = Tensor::concat(&refs).map_err(|e| ExecError::Onnx(e.to_string()))?;
-                        let outputs = session.lock().run(&batch).map_err(|e| ExecError::Onnx(e.to_string()))?;
-                        let first = outputs
-                            .into_iter()
-                            .next()
-                            .ok_or_else(|| ExecError::Onnx("the model has no output".into()))?;
-                        let parts = app_output(first).split(n).map_err(|e| ExecError::Onnx(e.to_string()))?;
-                        Ok(parts.into_iter().map(|p| vec![p]).collect())
-                    })
-                    .await
-                    .map_err(|e| ExecError::Join(e.to_string()))?
-                }
+        Box::pin(async move { finite(self.run_batch(model_id, samples).await?) })
+    }
+}
+
+/// A batch whose outputs hold a non-finite value (an in-range input can overflow a
+/// model: four elements of 3e38 sum past the FP32 range) failed: JSON cannot carry
+/// the value, and it is no answer. Failing it here, where the worker counts
+/// outcomes, makes the client's 500 count as a failed execution
+/// (`dropped-executor-error`, Triton's `fail`) rather than as served. The worker
+/// answers a failed batch as a whole, so the batch's other samples fail with it
+/// (as a backend's failed batch does in Triton).
+fn finite(outputs: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>, ExecError> {
+    for (s, sample) in outputs.iter().enumerate() {
+        for t in sample {
+            if let Some(i) = t.data.first_non_finite() {
+                return Err(ExecError::Backend(format!(
+                    "the model produced a non-finite output (sample {s} of the batch, element {i} of `{}`)",
+                    t.name
+                )));
             }
-        })
+        }
+    }
+    Ok(outputs)
+}
+
+impl LoadedModel {
+    async fn run_batch(&self, model_id: u32, samples: Vec<Tensor>) -> Result<Vec<Vec<Tensor>>, ExecError> {
+        match self {
+            LoadedModel::Emulated(table) => {
+                let latency = emulated::batch_latency(table, samples.len());
+                if latency >= EMULATED_TIMER_ABOVE {
+                    tokio::time::sleep(latency).await;
+                } else if !latency.is_zero() {
+                    // tokio's timer wheel has millisecond ticks: a short sleep would
+                    // last up to a millisecond longer than profiled. A blocking
+                    // thread's sleep is accurate to tens of microseconds.
+                    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(latency)).await;
+                }
+                Ok(samples.iter().map(|s| vec![emulated::output_for(model_id, s)]).collect())
+            }
+            LoadedModel::Onnx(session) => {
+                let session = session.clone();
+                let n = samples.len();
+                tokio::task::spawn_blocking(move || -> Result<Vec<Vec<Tensor>>, ExecError> {
+                    let refs: Vec<&Tensor> = samples.iter().collect();
+                    let batch = Tensor::concat(&refs).map_err(|e| ExecError::Onnx(e.to_string()))?;
+                    let outputs = session.lock().run(&batch).map_err(|e| ExecError::Onnx(e.to_string()))?;
+                    let first =
+                        outputs.into_iter().next().ok_or_else(|| ExecError::Onnx("the model has no output".into()))?;
+                    let parts = app_output(first).split(n).map_err(|e| ExecError::Onnx(e.to_string()))?;
+                    Ok(parts.into_iter().map(|p| vec![p]).collect())
+                })
+                .await
+                .map_err(|e| ExecError::Join(e.to_string()))?
+            }
+        }
     }
 }
 
