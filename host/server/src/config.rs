@@ -207,14 +207,6 @@ pub struct PipelineConfig {
     /// `min_demand_qps = 1`: the least demand a plan is made for.
     #[serde(default = "default_min_demand")]
     pub min_demand_qps: f64,
-}
-
-fn default_pipeline_policy() -> String {
-    "fixed".into()
-}
-fn default_pipeline_queue() -> usize {
-    4096
-}
     /// `scale_down_window_s = 60`: re-plans and routing tables follow the peak of the
     /// demand measured over this window, so demand that rises is planned for at once
     /// and demand that falls only after the window (Kubernetes's HPA waits 300 s
@@ -223,6 +215,14 @@ fn default_pipeline_queue() -> usize {
     /// resumes. At most 3600.
     #[serde(default = "default_scale_down_window")]
     pub scale_down_window_s: f64,
+}
+
+fn default_pipeline_policy() -> String {
+    "fixed".into()
+}
+fn default_pipeline_queue() -> usize {
+    4096
+}
 fn default_routing_utilization() -> f64 {
     1.0
 }
@@ -238,6 +238,9 @@ fn default_replan_threshold() -> f64 {
 fn default_min_demand() -> f64 {
     1.0
 }
+fn default_scale_down_window() -> f64 {
+    60.0
+}
 
 fn default_listen() -> SocketAddr {
     "127.0.0.1:8080".parse().expect("valid literal")
@@ -246,9 +249,6 @@ fn default_policy_dir() -> PathBuf {
     PathBuf::from("var/policies")
 }
 fn default_builtin_dir() -> PathBuf {
-fn default_scale_down_window() -> f64 {
-    60.0
-}
     PathBuf::from("target/policies")
 }
 fn default_max_body() -> usize {
@@ -412,6 +412,9 @@ impl Config {
                     return Err(invalid(field(name), "expected a non-negative number"));
                 }
             }
+            if !(p.scale_down_window_s.is_finite() && (0.0..=3600.0).contains(&p.scale_down_window_s)) {
+                return Err(invalid(field("scale_down_window_s"), "expected seconds in [0, 3600]"));
+            }
         }
         if self.apps.is_empty() {
             return Ok(());
@@ -434,9 +437,6 @@ mod tests {
 name = "a"
 slo_ms = 100
 workers = 2
-            if !(p.scale_down_window_s.is_finite() && (0.0..=3600.0).contains(&p.scale_down_window_s)) {
-                return Err(invalid(field("scale_down_window_s"), "expected seconds in [0, 3600]"));
-            }
 executor = "emulated"
 profile = "p.toml"
 policy = "fixed"
