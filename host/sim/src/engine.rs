@@ -24,7 +24,7 @@ use sluice_core::decision::{self, Context, Next, Queued};
 use sluice_core::demand::DemandMonitor;
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
-use sluice_core::runtime::{Binding, Limits, PolicyInstance};
+use sluice_core::runtime::{Binding, PolicyInstance};
 use sluice_core::whatif::ReplayControl;
 use sluice_core::workload::ArrivalSpec;
 
