@@ -13,6 +13,8 @@ use sluice_core::profile::Profile;
 use sluice_core::router::RouterMode;
 use sluice_sdk as sdk;
 
+use crate::limits;
+use crate::problem::{check_batches, check_count, check_demand, check_ladder, check_memory, check_total};
 use crate::proteus;
 
 /// A group of identical devices.
@@ -177,7 +179,8 @@ impl Default for AllocatorConfig {
 
 /// Checks `[[device]]`s and `[allocator]` against the apps (the server config and an
 /// experiment both call it): device types unique and non-empty, every app with one
-/// worker per device and the weighted router, the allocator's settings in range.
+/// worker per device and the weighted router, the allocator's settings in range
+/// (`crate::limits`; docs/allocator.md, "Ranges").
 pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &AllocatorConfig) -> Result<(), InvalidField> {
     let invalid = |field: String, message: &str| InvalidField { field, message: message.to_string() };
     let a = allocator;
@@ -199,24 +202,32 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
     if a.method.is_cores() {
         validate_cores(apps, devices, a)?;
     }
-    for name in a.demand_qps.keys() {
+    for (name, &qps) in &a.demand_qps {
         if !apps.iter().any(|x| &x.name == name) {
             return Err(invalid(format!("allocator.demand_qps.{name}"), "no app of that name"));
         }
+        check_demand(qps).map_err(|m| invalid(format!("allocator.demand_qps.{name}"), &m))?;
     }
-    if a.demand_qps.values().any(|d| !(d.is_finite() && *d >= 0.0)) {
-        return Err(invalid("allocator.demand_qps".into(), "expected non-negative requests/s"));
+    if !(a.period_s.is_finite() && limits::PERIOD_S.contains(&a.period_s)) {
+        return Err(invalid(
+            "allocator.period_s".into(),
+            &format!("expected {} to {} s", limits::PERIOD_S.start(), limits::PERIOD_S.end()),
+        ));
     }
-    if !(a.period_s.is_finite() && a.period_s >= 0.1) {
-        return Err(invalid("allocator.period_s".into(), "expected at least 0.1 s"));
+    if !limits::positive_within(a.threshold, limits::MAX_FACTOR) {
+        return Err(invalid(
+            "allocator.threshold".into(),
+            &format!("expected a positive fraction, at most {:e}", limits::MAX_FACTOR),
+        ));
     }
-    let positive = |x: f64| x.is_finite() && x > 0.0;
-    if !positive(a.threshold) || !positive(a.min_demand_qps) {
-        return Err(invalid("allocator.threshold".into(), "threshold and min_demand_qps must be positive"));
+    if !limits::positive_within(a.min_demand_qps, limits::MAX_DEMAND_QPS) {
+        return Err(invalid(
+            "allocator.min_demand_qps".into(),
+            &format!("expected a positive number of requests/s, at most {:e}", limits::MAX_DEMAND_QPS),
+        ));
     }
-    if a.batch_sizes.is_empty() || a.batch_sizes.contains(&0) {
-        return Err(invalid("allocator.batch_sizes".into(), "expected batch sizes of at least 1"));
-    }
+    check_batches(&a.batch_sizes).map_err(|m| invalid("allocator.batch_sizes".into(), &m))?;
+    check_ladder(&a.ladder).map_err(|m| invalid("allocator.ladder".into(), &m))?;
     if devices.is_empty() {
         return Ok(());
     }
@@ -225,14 +236,14 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
         if types.insert(d.kind.clone(), ()).is_some() {
             return Err(invalid(format!("device.{}.type", d.kind), "duplicate device type"));
         }
-        if d.count == 0 {
-            return Err(invalid(format!("device.{}.count", d.kind), "expected at least 1 device"));
-        }
-        if d.memory_mb.is_some_and(|m| !(m.is_finite() && m > 0.0)) {
-            return Err(invalid(format!("device.{}.memory_mb", d.kind), "expected a positive number of MB"));
+        check_count(d.count).map_err(|m| invalid(format!("device.{}.count", d.kind), &m))?;
+        if let Some(mb) = d.memory_mb {
+            check_memory(mb).map_err(|m| invalid(format!("device.{}.memory_mb", d.kind), &m))?;
         }
     }
-    let total: u32 = devices.iter().map(|d| d.count).sum();
+    // Summed wide: thousands of types of 10,000 devices must not wrap around.
+    let total = u32::try_from(devices.iter().map(|d| u64::from(d.count)).sum::<u64>()).unwrap_or(u32::MAX);
+    check_total(total, a.formulation).map_err(|m| invalid("device".into(), &m))?;
     for app in apps {
         if app.workers != total {
             return Err(invalid(
@@ -259,6 +270,13 @@ fn validate_cores(apps: &[AppConfig], devices: &[DeviceConfig], a: &AllocatorCon
         return Err(invalid(
             "allocator.method",
             "the core methods plan one [[app]] on one [[device]] group (its cores)".into(),
+        ));
+    }
+    // The device count is the core budget, and the ILP has a binary per core count.
+    if !limits::CORES.contains(&devices[0].count) {
+        return Err(invalid(
+            &format!("device.{}.count", devices[0].kind),
+            format!("the core methods plan a budget of {} cores", limits::span(&limits::CORES)),
         ));
     }
     let model = crate::cores::CoreModel::load(&a.cores).map_err(|m| invalid("allocator.cores.capacity", m))?;

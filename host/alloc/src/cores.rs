@@ -199,21 +199,22 @@ impl Default for CoreSettings {
 impl CoreSettings {
     /// Checks the values (not the table: [`CoreModel::load`] reads it).
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.sla_ms.is_finite() && self.sla_ms > 0.0) {
-            return Err("sla_ms: expected a positive number of milliseconds".into());
+        use crate::problem::{check_cores, check_factor, check_fit_cpus, check_slo, check_weights};
+        check_slo(self.sla_ms).map_err(|m| format!("sla_ms: {m}"))?;
+        check_fit_cpus(&self.fit_cpus).map_err(|m| format!("fit_cpus: {m}"))?;
+        check_cores(self.min_cores, true).map_err(|m| format!("min_cores: {m}"))?;
+        if let Some(c) = self.capacity_coef {
+            check_factor(c).map_err(|m| format!("capacity_coef: {m}"))?;
         }
-        if self.fit_cpus.len() < 2 || self.fit_cpus.contains(&0) {
-            return Err("fit_cpus: expected at least two core counts of at least 1".into());
+        check_weights(&self.weights).map_err(|m| format!("weights: {m}"))?;
+        if self.stabilization > crate::limits::MAX_STABILIZATION {
+            return Err(format!("stabilization: expected 0 to {} decisions", crate::limits::MAX_STABILIZATION));
         }
-        if self.capacity_coef.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
-            return Err("capacity_coef: expected a positive factor".into());
-        }
-        let w = &self.weights;
-        if ![w.accuracy, w.cores, w.loading].iter().all(|x| x.is_finite() && *x >= 0.0) {
-            return Err("weights: expected non-negative weights".into());
-        }
-        if !(self.vpa_margin.is_finite() && self.vpa_margin >= 0.0) {
-            return Err("vpa_margin: expected a non-negative fraction".into());
+        if !crate::limits::within(self.vpa_margin, crate::limits::MAX_FACTOR) {
+            return Err(format!(
+                "vpa_margin: expected a non-negative fraction, at most {:e}",
+                crate::limits::MAX_FACTOR
+            ));
         }
         Ok(())
     }

@@ -169,8 +169,25 @@ fn core_options(p: &Problem) -> Vec<u32> {
     std::iter::once(0).chain(p.min_cores.max(1)..=p.budget_cores).collect()
 }
 
-/// Solves the problem down the ladder.
+/// Solves the problem down the ladder. A budget or demand out of its range
+/// ([`crate::limits`]; a problem file refuses them as it is read) is refused before
+/// the model, one binary per variant and core count, is built.
 pub fn solve(problem: &Problem) -> Result<Outcome, SolveError> {
+    use crate::limits::{self, span, within, CORES};
+    if !CORES.contains(&problem.budget_cores) || problem.min_cores > *CORES.end() {
+        return Err(SolveError::OutOfRange(format!(
+            "cores {} (min_cores {}): expected a budget of {} cores",
+            problem.budget_cores,
+            problem.min_cores,
+            span(&CORES)
+        )));
+    }
+    if !within(problem.demand_rps, limits::MAX_DEMAND_QPS) {
+        return Err(SolveError::OutOfRange(format!(
+            "demand_rps: expected 0 to {:e} requests/s",
+            limits::MAX_DEMAND_QPS
+        )));
+    }
     let d = problem.ladder.descend(|beta| solve_at(problem, beta.min(1.0)))?;
     Ok(Outcome { report: d.report, attempts: d.tried, plan: d.plan })
 }

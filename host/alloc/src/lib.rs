@@ -12,7 +12,10 @@
 //! - [`problem::AnyProblem`]: the strict, versioned problem file `sluice allocate`
 //!   reads.
 //! - [`solver`]: one bounded solve (time limit, MIP gap) and its report (status,
-//!   objective, achieved gap, solve time).
+//!   objective, achieved gap, solve time); any model, even one without variables,
+//!   is answered without a panic.
+//! - [`limits`]: the range of every number of a problem file and an `[allocator]`
+//!   config, checked where it is parsed.
 //! - [`planner::Planner`]: what a config's `[allocator]` runs — the MILP, or a
 //!   baseline of Proteus's evaluation around it (a static plan, fixed placement,
 //!   restricted variants, uniform routing, [`infaas`]'s greedy autoscaler) — for the
@@ -33,6 +36,7 @@ pub mod cores;
 pub mod infaas;
 pub mod infadapter;
 pub mod ladder;
+pub mod limits;
 pub mod loki;
 pub mod planner;
 pub mod problem;

@@ -21,6 +21,7 @@ use sluice_core::profile::{Percentile, Profile};
 
 use crate::cores::CapacityTable;
 use crate::infadapter::{self, Weights};
+use crate::limits::{self, positive_within, span, within};
 use crate::loki::{self, Scaling, TieBreak};
 use crate::proteus::{self, Formulation, Ladder, Objective};
 use crate::solver::SolverSettings;
@@ -278,18 +279,10 @@ pub fn load_loki(path: &Path) -> Result<(loki::Problem, LokiSource), ProblemErro
     }
 }
 
-fn non_negative(v: f64) -> bool {
-    v.is_finite() && v >= 0.0
-}
-
-fn positive(v: f64) -> bool {
-    v.is_finite() && v > 0.0
-}
-
 fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::Problem, ProblemError> {
     let invalid = |field: String, message: &str| ProblemError::invalid(file, field, message);
     f.solver.validate().map_err(|m| invalid("solver".into(), &m))?;
-    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes".into(), m))?;
+    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes".into(), &m))?;
     check_ladder(&f.ladder).map_err(|m| invalid("ladder".into(), &m))?;
     if f.devices.is_empty() {
         return Err(invalid("device".into(), "at least one [[device]] is required"));
@@ -304,10 +297,9 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
         if devices.iter().any(|x: &proteus::DeviceType| x.name == d.kind) {
             return Err(invalid(at("type"), "duplicate device type"));
         }
+        check_count(d.count).map_err(|m| invalid(at("count"), &m))?;
         if let Some(m) = d.memory_mb {
-            if !positive(m) {
-                return Err(invalid(at("memory_mb"), "expected a positive number of MB"));
-            }
+            check_memory(m).map_err(|m| invalid(at("memory_mb"), &m))?;
         }
         let path = base.join(&d.profile);
         let profile = match profiles.get(&path) {
@@ -320,18 +312,17 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
         };
         devices.push(proteus::DeviceType { name: d.kind, count: d.count, memory_mb: d.memory_mb, profile });
     }
+    // Summed wide: thousands of types of 10,000 devices must not wrap around.
+    let total = u32::try_from(devices.iter().map(|d| u64::from(d.count)).sum::<u64>()).unwrap_or(u32::MAX);
+    check_total(total, f.formulation).map_err(|m| invalid("device".into(), &m))?;
     let mut apps: Vec<proteus::App> = Vec::new();
     for a in f.apps {
         let at = |k: &str| format!("app.{}.{k}", a.name);
         if apps.iter().any(|x| x.name == a.name) {
             return Err(invalid(at("name"), "duplicate app name"));
         }
-        if !positive(a.slo_ms) {
-            return Err(invalid(at("slo_ms"), "expected a positive number of milliseconds"));
-        }
-        if !non_negative(a.demand_qps) {
-            return Err(invalid(at("demand_qps"), "expected a non-negative number of requests/s"));
-        }
+        check_slo(a.slo_ms).map_err(|m| invalid(at("slo_ms"), &m))?;
+        check_demand(a.demand_qps).map_err(|m| invalid(at("demand_qps"), &m))?;
         if a.models.is_empty() {
             return Err(invalid(at("models"), "expected at least one variant"));
         }
@@ -344,9 +335,7 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
             if !a.models.contains(m) {
                 return Err(invalid(at("memory_mb"), &format!("`{m}` is not one of the app's models")));
             }
-            if !positive(*mb) {
-                return Err(invalid(at("memory_mb"), &format!("{m}: expected a positive number of MB")));
-            }
+            check_memory(*mb).map_err(|e| invalid(at("memory_mb"), &format!("{m}: {e}")))?;
         }
         apps.push(proteus::App {
             name: a.name,
@@ -369,19 +358,109 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
     })
 }
 
-fn check_batches(sizes: &[u32]) -> Result<(), &'static str> {
-    if sizes.is_empty() || sizes.contains(&0) {
-        return Err("expected batch sizes of at least 1");
+// The range checks every problem file and `[allocator]` config shares (the ranges:
+// `crate::limits`; docs/allocator.md, "Ranges"). Each returns the message; the caller
+// names the field.
+
+/// `count` of one device type: 1 to 10,000.
+pub(crate) fn check_count(count: u32) -> Result<(), String> {
+    if !limits::DEVICE_COUNT.contains(&count) {
+        return Err(format!(
+            "expected {} devices (a type with none is a mistake: remove its [[device]])",
+            span(&limits::DEVICE_COUNT)
+        ));
     }
     Ok(())
 }
 
-fn check_ladder(l: &Ladder) -> Result<(), String> {
-    if !(positive(l.beta) && positive(l.step) && non_negative(l.min_beta)) {
-        return Err("beta and step must be positive, min_beta non-negative".into());
+/// The devices of all types together: at most 10,000, or 1,000 per-device.
+pub(crate) fn check_total(total: u32, formulation: Formulation) -> Result<(), String> {
+    let (max, why) = match formulation {
+        Formulation::Aggregated => (limits::MAX_DEVICES, ""),
+        Formulation::PerDevice => (limits::MAX_PER_DEVICE_DEVICES, " with formulation = \"per-device\""),
+    };
+    if total > max {
+        return Err(format!("{total} devices in all: expected at most {max}{why}"));
+    }
+    Ok(())
+}
+
+/// `memory_mb`: positive, at most 1e9 MB.
+pub(crate) fn check_memory(mb: f64) -> Result<(), String> {
+    if !positive_within(mb, limits::MAX_MEMORY_MB) {
+        return Err(format!("expected a positive number of MB, at most {:e}", limits::MAX_MEMORY_MB));
+    }
+    Ok(())
+}
+
+/// An SLO or SLA, ms: positive, at most an hour.
+pub(crate) fn check_slo(ms: f64) -> Result<(), String> {
+    if !positive_within(ms, limits::MAX_LATENCY_MS) {
+        return Err(format!("expected a positive number of milliseconds, at most {}", limits::MAX_LATENCY_MS));
+    }
+    Ok(())
+}
+
+/// Demand, requests/s: finite, 0 to 1e9.
+pub(crate) fn check_demand(qps: f64) -> Result<(), String> {
+    if !within(qps, limits::MAX_DEMAND_QPS) {
+        return Err(format!("expected a number of requests/s from 0 to {:e}", limits::MAX_DEMAND_QPS));
+    }
+    Ok(())
+}
+
+/// `batch_sizes`: 1 to 64 sizes of 1 to 4,096.
+pub(crate) fn check_batches(sizes: &[u32]) -> Result<(), String> {
+    if sizes.is_empty() || sizes.len() > limits::MAX_LIST || sizes.iter().any(|b| !limits::BATCH_SIZE.contains(b)) {
+        return Err(format!("expected 1 to {} batch sizes of {} each", limits::MAX_LIST, span(&limits::BATCH_SIZE)));
+    }
+    Ok(())
+}
+
+/// `[ladder]`: 0 ≤ min_beta < beta ≤ 10, 0 < step ≤ 1.
+pub(crate) fn check_ladder(l: &Ladder) -> Result<(), String> {
+    if !(positive_within(l.beta, limits::MAX_BETA) && positive_within(l.step, 1.0) && within(l.min_beta, l.beta)) {
+        return Err(format!(
+            "expected beta in (0, {}], step in (0, 1] and min_beta from 0 to below beta",
+            limits::MAX_BETA
+        ));
     }
     if l.beta <= l.min_beta {
         return Err("beta must be above min_beta".into());
+    }
+    Ok(())
+}
+
+/// A core count (`cores`, `min_cores`, `fit_cpus`, `current`): 1 to 4,096 (`zero_ok`:
+/// 0 too).
+pub(crate) fn check_cores(n: u32, zero_ok: bool) -> Result<(), String> {
+    if !(limits::CORES.contains(&n) || zero_ok && n == 0) {
+        let from = if zero_ok { 0 } else { *limits::CORES.start() };
+        return Err(format!("expected {from} to {} cores", limits::CORES.end()));
+    }
+    Ok(())
+}
+
+/// `fit_cpus`: 2 to 64 core counts of 1 to 4,096.
+pub(crate) fn check_fit_cpus(cpus: &[u32]) -> Result<(), String> {
+    if cpus.len() < 2 || cpus.len() > limits::MAX_LIST || cpus.iter().any(|&n| check_cores(n, false).is_err()) {
+        return Err(format!("expected 2 to {} core counts of {} each", limits::MAX_LIST, span(&limits::CORES)));
+    }
+    Ok(())
+}
+
+/// `[weights]`: finite, 0 to 1e6 each.
+pub(crate) fn check_weights(w: &Weights) -> Result<(), String> {
+    if ![w.accuracy, w.cores, w.loading].iter().all(|&x| within(x, limits::MAX_FACTOR)) {
+        return Err(format!("expected weights from 0 to {:e}", limits::MAX_FACTOR));
+    }
+    Ok(())
+}
+
+/// A factor (`capacity_coef`): positive, at most 1e6.
+pub(crate) fn check_factor(x: f64) -> Result<(), String> {
+    if !positive_within(x, limits::MAX_FACTOR) {
+        return Err(format!("expected a positive factor, at most {:e}", limits::MAX_FACTOR));
     }
     Ok(())
 }
@@ -390,28 +469,23 @@ fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infa
     let invalid = |field: &str, message: &str| ProblemError::invalid(file, field, message);
     f.solver.validate().map_err(|m| invalid("solver", &m))?;
     check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m))?;
-    if !non_negative(f.demand_rps) {
-        return Err(invalid("demand_rps", "expected a non-negative number of requests/s"));
-    }
-    if f.cores == 0 {
-        return Err(invalid("cores", "expected a budget of at least 1 core"));
+    check_demand(f.demand_rps).map_err(|m| invalid("demand_rps", &m))?;
+    if !limits::CORES.contains(&f.cores) {
+        return Err(invalid("cores", &format!("expected a budget of {} cores", span(&limits::CORES))));
     }
     if f.min_cores > f.cores {
         return Err(invalid("min_cores", "exceeds the core budget"));
     }
-    if !positive(f.sla_ms) {
-        return Err(invalid("sla_ms", "expected a positive number of milliseconds"));
-    }
-    let w = &f.weights;
-    if ![w.accuracy, w.cores, w.loading].iter().all(|&x| non_negative(x)) {
-        return Err(invalid("weights", "expected non-negative weights"));
+    check_slo(f.sla_ms).map_err(|m| invalid("sla_ms", &m))?;
+    check_fit_cpus(&f.fit_cpus).map_err(|m| invalid("fit_cpus", &m))?;
+    check_weights(&f.weights).map_err(|m| invalid("weights", &m))?;
+    for (name, &n) in &f.current {
+        check_cores(n, true).map_err(|m| invalid("current", &format!("{name}: {m}")))?;
     }
     let path = base.join(&f.capacity);
     let table = CapacityTable::load(&path).map_err(|e| invalid("capacity", &e))?;
     let coef = f.capacity_coef.or(table.capacity_coef).unwrap_or(1.0);
-    if !positive(coef) {
-        return Err(invalid("capacity_coef", "expected a positive factor"));
-    }
+    check_factor(coef).map_err(|m| invalid("capacity_coef", &m))?;
     let variants = table
         .variants(f.models.as_deref(), f.sla_ms, &f.fit_cpus)
         .map_err(|(field, m)| invalid(field, &format!("{m} ({})", path.display())))?;
@@ -440,20 +514,22 @@ fn loki_problem(f: LokiFile, file: &str, base: &Path) -> Result<loki::Problem, P
     let invalid = |field: &str, message: &str| ProblemError::invalid(file, field, message);
     f.solver.validate().map_err(|m| invalid("solver", &m))?;
     check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m))?;
-    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes", m))?;
-    if !positive(f.slo_ms) {
-        return Err(invalid("slo_ms", "expected a positive number of milliseconds"));
+    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes", &m))?;
+    check_slo(f.slo_ms).map_err(|m| invalid("slo_ms", &m))?;
+    if !within(f.comm_latency_ms, limits::MAX_LATENCY_MS) {
+        return Err(invalid(
+            "comm_latency_ms",
+            &format!("expected a number of milliseconds from 0 to {}", limits::MAX_LATENCY_MS),
+        ));
     }
-    if !non_negative(f.comm_latency_ms) {
-        return Err(invalid("comm_latency_ms", "expected a non-negative number of milliseconds"));
-    }
-    if !non_negative(f.demand_qps) {
-        return Err(invalid("demand_qps", "expected a non-negative number of requests/s"));
-    }
-    if f.workers == 0 {
-        return Err(invalid("workers", "expected at least 1 worker"));
+    check_demand(f.demand_qps).map_err(|m| invalid("demand_qps", &m))?;
+    if !limits::WORKERS.contains(&f.workers) {
+        return Err(invalid("workers", &format!("expected {} workers", span(&limits::WORKERS))));
     }
     let pipeline = Pipeline::new(&f.pipeline).map_err(|e| invalid("pipeline", &e.to_string()))?;
+    if let Some(t) = loki::passthrough_sink(&pipeline) {
+        return Err(invalid(&format!("pipeline.task.{t}.models"), &loki::passthrough_sink_message(t)));
+    }
     let path = base.join(&f.profile);
     let profile = Profile::load(&path).map_err(|e| invalid("profile", &e.to_string()))?;
     let variants = loki::variants(&pipeline, &profile, f.percentile, &f.batch_sizes)

@@ -142,6 +142,21 @@ pub enum ProteusError {
         /// The variant.
         model: String,
     },
+    /// No device to plan on: every device type has a count of 0 (a problem file or
+    /// config refuses that where it is parsed; a problem built in code may not).
+    #[error("no device: every device type has count 0")]
+    NoDevices,
+    /// No device can serve the app at any demand: none of its variants runs a batch
+    /// within half its SLO (or fits the memory) on a device type that has devices.
+    /// Said before any solve: no demand factor changes it, and the solver would only
+    /// report the whole problem infeasible.
+    #[error("app {app}: no device can serve it: {reason}")]
+    Unservable {
+        /// The app.
+        app: String,
+        /// Why: the fastest of its variants and what it misses.
+        reason: String,
+    },
     /// The solver failed (not an infeasible model: that lowers β).
     #[error(transparent)]
     Solve(#[from] SolveError),
@@ -494,7 +509,58 @@ pub(crate) fn candidates(problem: &Problem) -> Result<Vec<Cand>, ProteusError> {
             }
         }
     }
+    servable(problem, &out)?;
     Ok(out)
+}
+
+/// Refuses a problem no plan can serve, naming the cause: no device at all, or an
+/// app with no variant that runs within half its SLO (and fits the memory) on a
+/// device type that has devices — whatever its demand, since such an app is a
+/// configuration mistake, not a load to shed.
+fn servable(problem: &Problem, cands: &[Cand]) -> Result<(), ProteusError> {
+    if problem.devices.iter().all(|d| d.count == 0) {
+        return Err(ProteusError::NoDevices);
+    }
+    // Sizes a problem file or config refuses as it is read, for a problem built in
+    // code: the plan lists every device, and 1e300 requests/s is not a coefficient.
+    let total: u64 = problem.devices.iter().map(|d| u64::from(d.count)).sum();
+    let total = u32::try_from(total).unwrap_or(u32::MAX);
+    crate::problem::check_total(total, problem.formulation)
+        .map_err(|m| SolveError::OutOfRange(format!("device: {m}")))?;
+    for app in &problem.apps {
+        crate::problem::check_demand(app.demand_qps)
+            .map_err(|m| SolveError::OutOfRange(format!("app {}: demand_qps: {m}", app.name)))?;
+    }
+    for (q, app) in problem.apps.iter().enumerate() {
+        if cands.iter().any(|c| c.q == q && problem.devices[c.t].count > 0) {
+            continue;
+        }
+        // The fastest (variant, device type) at its smallest allowed batch size.
+        let fastest = problem
+            .devices
+            .iter()
+            .filter(|d| d.count > 0)
+            .flat_map(|d| app.models.iter().filter_map(move |m| Some((d, m, d.profile.model(m)?))))
+            .filter_map(|(d, m, mp)| {
+                let measured = mp.batch_sizes.iter().zip(mp.measured_us(Percentile::P50));
+                let (b, us) = measured.filter(|(b, _)| problem.batch_sizes.contains(b)).min_by_key(|(b, _)| **b)?;
+                Some((d, m, *b, *us))
+            })
+            .min_by_key(|&(_, _, _, us)| us);
+        let reason = match fastest {
+            None => "none of its variants is measured at an allowed batch size on a device type with devices".into(),
+            Some((d, m, b, 0)) => format!("its fastest variant, `{m}` on `{}`, has no latency at batch {b}", d.name),
+            Some((d, m, b, us)) if us as f64 >= app.slo_ms * 1000.0 / 2.0 => format!(
+                "its fastest variant, `{m}` on `{}`, takes {:.1} ms at batch {b}, not under half its SLO of {} ms",
+                d.name,
+                us as f64 / 1000.0,
+                app.slo_ms
+            ),
+            Some(_) => "none of its variants fits the memory of a device type with devices".into(),
+        };
+        return Err(ProteusError::Unservable { app: app.name.clone(), reason });
+    }
+    Ok(())
 }
 
 /// Solves the problem: the configured objective, then (when hardware scaling is

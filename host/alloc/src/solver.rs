@@ -18,6 +18,8 @@ use good_lp::{
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::limits;
+
 /// Limits of one solve. Every solve has both: a MILP can take arbitrarily long, and
 /// a plan that arrives after the demand it was made for has changed is worth less
 /// than a slightly suboptimal one on time.
@@ -55,16 +57,20 @@ impl Default for SolverSettings {
 }
 
 impl SolverSettings {
-    /// Checks the values (a zero time limit or a negative gap is a configuration error).
+    /// Checks the values against their ranges ([`crate::limits`]): `time_limit_s` in
+    /// (0, 86400], `mip_gap` in [0, 1], `threads` 1 to 256. The error names the field.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.time_limit_s.is_finite() && self.time_limit_s > 0.0) {
-            return Err("time_limit_s: expected a positive number of seconds".into());
+        if !limits::positive_within(self.time_limit_s, limits::MAX_TIME_LIMIT_S) {
+            return Err(format!(
+                "time_limit_s: expected a positive number of seconds, at most {}",
+                limits::MAX_TIME_LIMIT_S
+            ));
         }
-        if !(self.mip_gap.is_finite() && self.mip_gap >= 0.0) {
-            return Err("mip_gap: expected a non-negative fraction".into());
+        if !(self.mip_gap.is_finite() && limits::MIP_GAP.contains(&self.mip_gap)) {
+            return Err("mip_gap: expected a fraction from 0 to 1".into());
         }
-        if self.threads == 0 {
-            return Err("threads: expected at least 1".into());
+        if !limits::THREADS.contains(&self.threads) {
+            return Err(format!("threads: expected {} threads", limits::span(&limits::THREADS)));
         }
         Ok(())
     }
@@ -123,6 +129,10 @@ pub enum SolveError {
     /// The time limit passed before any feasible plan was found.
     #[error("no feasible plan found within the time limit of {0} s")]
     NoPlanInTime(f64),
+    /// A number of a problem built in code is out of its range ([`crate::limits`]):
+    /// refused before a model of that size is built.
+    #[error("{0}")]
+    OutOfRange(String),
 }
 
 /// A MILP under construction: variables (whose creation order is kept, to read
@@ -158,8 +168,9 @@ impl Solution for Values {
         SolutionStatus::Optimal
     }
 
+    /// The variable's value (0 for a variable of another model).
     fn value(&self, variable: Variable) -> f64 {
-        self.columns[self.index[&variable]]
+        self.index.get(&variable).and_then(|&i| self.columns.get(i)).copied().unwrap_or(0.0)
     }
 }
 
@@ -218,12 +229,20 @@ impl Milp {
 
     /// Solves with `settings`: `Ok((report, Some(values)))` with a plan, `Ok((report,
     /// None))` when the model is infeasible.
+    ///
+    /// Any model is answered without a panic: a model with no variables is decided
+    /// here (its constraints are constants, HiGHS leaves such a model's solution
+    /// status undefined and its Rust bindings panic reading it), and HiGHS's answers
+    /// are read through the calls that return errors rather than panic.
     pub fn solve(
         self,
         sense: Sense,
         objective: Expression,
         settings: &SolverSettings,
     ) -> Result<(SolveReport, Option<Values>), SolveError> {
+        if self.index.is_empty() {
+            return Ok(self.solve_constant(&objective));
+        }
         let Milp { vars, index, constraints, switches, limits } = self;
         let variables = index.len();
         let rows = constraints.len();
@@ -248,12 +267,21 @@ impl Milp {
         for (option, value) in limits {
             model.try_set_option(option, value).map_err(|e| SolveError::Highs(format!("option {option}: {e:?}")))?;
         }
-        model.set_threads(NonZeroU32::new(settings.threads.max(1)).expect("at least 1"));
+        // Clamped as well as validated: HiGHS starts this many scheduler workers
+        // whatever the machine has, and aborts the process on 100,000.
+        let threads = settings.threads.clamp(*crate::limits::THREADS.start(), *crate::limits::THREADS.end());
+        model.set_threads(NonZeroU32::new(threads).unwrap_or(NonZeroU32::MIN));
         let started = Instant::now();
         let solved = model.try_solve().map_err(|e| SolveError::Highs(format!("{e:?}")))?;
         let solve_seconds = started.elapsed().as_secs_f64();
         use highs::HighsModelStatus as H;
-        let feasible = solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible;
+        // `primal_solution_status()` and `mip_gap()` panic where HiGHS has no such
+        // information (an empty model): read them as values that may be missing.
+        let feasible = solved
+            .int_info_value(c"primal_solution_status")
+            .ok()
+            .and_then(|v| highs::HighsSolutionStatus::try_from(v as std::os::raw::c_int).ok())
+            == Some(highs::HighsSolutionStatus::Feasible);
         let status = match solved.status() {
             H::Optimal | H::ObjectiveBound | H::ObjectiveTarget => Status::Optimal,
             H::Infeasible | H::UnboundedOrInfeasible => Status::Infeasible,
@@ -282,10 +310,38 @@ impl Milp {
             return Ok((report(None, None), None));
         }
         // A pure LP (no integer columns) reports an infinite MIP gap: it is exact.
-        let gap = solved.mip_gap();
+        let gap = solved.double_info_value(c"mip_gap").unwrap_or(0.0);
         let gap = if gap.is_finite() { gap.max(0.0) } else { 0.0 };
         let columns = solved.get_solution().columns().to_vec();
+        if columns.len() != variables {
+            return Err(SolveError::Highs(format!("{} columns in the solution of {variables}", columns.len())));
+        }
         Ok((report(Some(solved.objective_value()), Some(gap)), Some(Values { columns, index })))
+    }
+
+    /// A model without variables: each constraint is a constant that holds or not
+    /// (good_lp keeps it as `constant ≤ 0` or `constant = 0`), and the objective is
+    /// its constant. Within HiGHS's default feasibility tolerance, 1e-7.
+    fn solve_constant(self, objective: &Expression) -> (SolveReport, Option<Values>) {
+        let none = Values { columns: Vec::new(), index: HashMap::new() };
+        let holds = self.constraints.iter().all(|c| {
+            let v = c.expression().eval_with(&none);
+            if c.is_equality() {
+                v.abs() <= 1e-7
+            } else {
+                v <= 1e-7
+            }
+        });
+        let status = if holds { Status::Optimal } else { Status::Infeasible };
+        let report = SolveReport {
+            status,
+            objective: holds.then(|| objective.eval_with(&none)),
+            gap: holds.then_some(0.0),
+            solve_seconds: 0.0,
+            variables: 0,
+            constraints: self.constraints.len(),
+        };
+        (report, holds.then_some(none))
     }
 }
 
@@ -355,7 +411,62 @@ mod tests {
     fn settings_are_checked() {
         let bad = SolverSettings { time_limit_s: 0.0, ..SolverSettings::default() };
         assert!(bad.validate().unwrap_err().contains("time_limit_s"));
+        let bad = SolverSettings { time_limit_s: 1e12, ..SolverSettings::default() };
+        assert!(bad.validate().unwrap_err().contains("time_limit_s"));
         let bad = SolverSettings { mip_gap: -1.0, ..SolverSettings::default() };
         assert!(bad.validate().unwrap_err().contains("mip_gap"));
+        let bad = SolverSettings { mip_gap: 2.0, ..SolverSettings::default() };
+        assert!(bad.validate().unwrap_err().contains("mip_gap"));
+        // 100,000 HiGHS threads abort the process with std::bad_alloc.
+        for threads in [0, 257, 100_000] {
+            let bad = SolverSettings { threads, ..SolverSettings::default() };
+            assert_eq!(bad.validate().unwrap_err(), "threads: expected 1 to 256 threads");
+        }
+        assert!(SolverSettings { threads: 256, ..SolverSettings::default() }.validate().is_ok());
+    }
+
+    #[test]
+    fn a_model_without_variables_is_decided_without_highs() {
+        // HiGHS leaves an empty model's solution status undefined, and its bindings
+        // panicked reading it (a problem where no device can host any variant).
+        let feasible = |c: good_lp::Constraint| {
+            let mut m = Milp::default();
+            m.constrain(c);
+            let objective = Expression::from(2.0);
+            let (report, values) = m.solve(Sense::Maximise, objective, &SolverSettings::default()).unwrap();
+            assert_eq!((report.variables, report.constraints), (0, 1));
+            assert_eq!(values.is_some(), report.status == Status::Optimal);
+            report
+        };
+        let zero = Expression::from(0.0);
+        let r = feasible(constraint!(zero.clone() == 1));
+        assert_eq!((r.status, r.objective), (Status::Infeasible, None));
+        let r = feasible(constraint!(zero.clone() <= 3));
+        assert_eq!((r.status, r.objective, r.gap), (Status::Optimal, Some(2.0), Some(0.0)));
+        let r = feasible(constraint!(zero.clone() >= 3));
+        assert_eq!(r.status, Status::Infeasible);
+        let r = feasible(constraint!(zero == 0));
+        assert_eq!(r.status, Status::Optimal);
+        // No constraints either: the objective's constant.
+        let (r, values) =
+            Milp::default().solve(Sense::Minimise, Expression::from(0.0), &SolverSettings::default()).unwrap();
+        assert_eq!((r.status, r.objective), (Status::Optimal, Some(0.0)));
+        assert!(values.is_some());
+    }
+
+    #[test]
+    fn models_highs_reduces_to_nothing_are_answered() {
+        // Variables whose constraints presolve removes entirely, and a variable in no
+        // constraint: HiGHS solves them without a panic.
+        let mut m = Milp::default();
+        let a = m.add(variable().integer().min(0).max(0));
+        let (r, values) = m.solve(Sense::Maximise, a.into(), &SolverSettings::default()).unwrap();
+        assert_eq!((r.status, r.objective), (Status::Optimal, Some(0.0)));
+        assert_eq!(values.unwrap().value(a), 0.0);
+        let mut m = Milp::default();
+        let a = m.add(variable().min(0).max(1));
+        m.constrain(constraint!(a - a >= 1));
+        let (r, _) = m.solve(Sense::Maximise, a.into(), &SolverSettings::default()).unwrap();
+        assert_eq!(r.status, Status::Infeasible);
     }
 }

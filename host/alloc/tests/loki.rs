@@ -276,7 +276,71 @@ fn pipeline_problem_files_name_what_is_wrong() {
         .starts_with("problem.toml: pipeline.task.facial_recognition.models: `genderNet_99` is not in the profile"));
     assert_eq!(
         error(&text.replace("workers = 20", "workers = 0")),
-        "problem.toml: workers: expected at least 1 worker"
+        "problem.toml: workers: expected 1 to 10000 workers"
     );
     assert!(error(&text.replace("slo_ms = 250", "slo_ms = 250\nslo = 1")).contains("unknown field `slo`"));
+}
+
+#[test]
+fn a_sink_without_models_is_refused_naming_the_task() {
+    // A task with `models = []` was planned as a pass-through and credited an
+    // accuracy of 1 even as a sink, where it answers with no model (issue 40, item 9).
+    let text = std::fs::read_to_string(root().join("examples/allocate/loki-traffic.toml")).unwrap();
+    let base = root().join("examples/allocate");
+    let error = |t: &str| AnyProblem::parse(t, "problem.toml", &base).expect_err("an error").to_string();
+    let empty = text.replace(
+        "models = [\"genderNet\", \"genderNet_11\", \"genderNet_13\", \"genderNet_16\", \"genderNet_19\"]",
+        "models = []",
+    );
+    assert_eq!(
+        error(&empty),
+        "problem.toml: pipeline.task.facial_recognition.models: expected at least one model: a task without models \
+         only fans out to its children, and `facial_recognition` has none (the front end collects the sinks' \
+         answers: no sink pseudo-task is needed)"
+    );
+    // A one-task pipeline with no models at all: the same, for its one task.
+    let alone = "version = 1\nkind = \"loki\"\nprofile = \"../../profiles/loki-simulator.toml\"\nslo_ms = 250\n\
+                 workers = 20\ndemand_qps = 50\n[[pipeline.task]]\nname = \"only\"\nmodels = []\n";
+    assert!(error(alone).starts_with("problem.toml: pipeline.task.only.models: expected at least one model"));
+    // A pass-through root that fans out (Loki's social-media `source`) is still fine.
+    assert!(AnyProblem::load(&root().join("examples/allocate/loki-social.toml")).is_ok());
+    // And a problem built in code is refused by the solve.
+    let spec: PipelineSpec = toml::from_str(
+        "[[task]]\nname = \"detect\"\nmodels = [\"a1\"]\n[[task]]\nname = \"sink\"\n[[edge]]\nfrom = \"detect\"\nto = \"sink\"\n",
+    )
+    .unwrap();
+    let p = Problem {
+        pipeline: Pipeline::new(&spec).unwrap(),
+        variants: vec![vec![variant("a1", 0.5, &[(1, 10.0)])], vec![]],
+        ..two_tasks(10.0, 4, 200.0)
+    };
+    let e = loki::solve(&p).expect_err("refused").to_string();
+    assert!(e.starts_with("task `sink`: expected at least one model"), "{e}");
+}
+
+#[test]
+fn loki_numbers_are_checked_against_their_ranges() {
+    let text = std::fs::read_to_string(root().join("examples/allocate/loki-traffic.toml")).unwrap();
+    let base = root().join("examples/allocate");
+    let error = |from: &str, to: &str| {
+        AnyProblem::parse(&text.replace(from, to), "problem.toml", &base).expect_err("an error").to_string()
+    };
+    assert_eq!(error("workers = 20", "workers = 4000000000"), "problem.toml: workers: expected 1 to 10000 workers");
+    assert_eq!(
+        error("demand_qps = 50", "demand_qps = 1e300"),
+        "problem.toml: demand_qps: expected a number of requests/s from 0 to 1e9"
+    );
+    assert_eq!(
+        error("slo_ms = 250", "slo_ms = 250\ncomm_latency_ms = inf"),
+        "problem.toml: comm_latency_ms: expected a number of milliseconds from 0 to 3600000"
+    );
+    let threads = format!("{text}\n[solver]\nthreads = 100000\n");
+    assert_eq!(
+        AnyProblem::parse(&threads, "problem.toml", &base).expect_err("an error").to_string(),
+        "problem.toml: solver: threads: expected 1 to 256 threads"
+    );
+    // In code, past the file's checks: the solve refuses them too.
+    for p in [two_tasks(1e300, 4, 200.0), two_tasks(10.0, 4_000_000_000, 200.0), two_tasks(10.0, 4, f64::INFINITY)] {
+        assert!(loki::solve(&p).is_err());
+    }
 }

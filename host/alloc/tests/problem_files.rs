@@ -107,7 +107,7 @@ fn bad_problem_files_name_file_and_field() {
     assert!(e.starts_with("problem.toml: TOML parse error") && e.contains("unknown field `cores`"), "{e}");
     assert_eq!(
         error(&PROTEUS.replace("slo_ms = 100", "slo_ms = -1")),
-        "problem.toml: app.a.slo_ms: expected a positive number of milliseconds"
+        "problem.toml: app.a.slo_ms: expected a positive number of milliseconds, at most 3600000"
     );
     assert_eq!(
         error(&PROTEUS.replace("[\"m\"]", "[\"nope\"]")),
@@ -117,14 +117,14 @@ fn bad_problem_files_name_file_and_field() {
     assert!(e.starts_with("problem.toml: device.cpu.profile: ") && e.contains("missing.toml"), "{e}");
     assert_eq!(
         error(&format!("{PROTEUS}[solver]\ntime_limit_s = 0\n")),
-        "problem.toml: solver: time_limit_s: expected a positive number of seconds"
+        "problem.toml: solver: time_limit_s: expected a positive number of seconds, at most 86400"
     );
     let infadapter =
         "version = 1\nkind = \"infadapter\"\ncapacity = \"cap-capacity.toml\"\ndemand_rps = 10\ncores = 4\n";
     assert!(AnyProblem::parse(infadapter, "problem.toml", dir.path()).is_err(), "no capacity file in that dir");
     assert_eq!(
         error(&infadapter.replace("cores = 4", "cores = 0")),
-        "problem.toml: cores: expected a budget of at least 1 core"
+        "problem.toml: cores: expected a budget of 1 to 4096 cores"
     );
     assert_eq!(
         error(&format!("{infadapter}current = {{ x = 2 }}\n")),
@@ -135,4 +135,171 @@ fn bad_problem_files_name_file_and_field() {
         e.starts_with("problem.toml: models: `q` is not in the capacity table (") && e.ends_with("cap-capacity.toml)"),
         "{e}"
     );
+}
+
+/// A problem file's text in a directory with the test profile and capacity table.
+fn allocate(text: &str) -> sluice_alloc::Allocation {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.toml"), PROFILE).unwrap();
+    let p = AnyProblem::parse(text, "problem.toml", dir.path()).unwrap();
+    Allocator::default().allocate(&p)
+}
+
+#[test]
+fn every_number_has_a_range_checked_where_it_is_parsed() {
+    // Each was a panic, an abort or a multi-gigabyte allocation (issue 40, item 4):
+    // count = 0 panicked inside the HiGHS bindings, 1e8 devices or 4e9 cores were
+    // models of gigabytes, 100,000 threads aborted with std::bad_alloc, and 1e300
+    // requests/s reached HiGHS.
+    let proteus = |from: &str, to: &str| error(&PROTEUS.replace(from, to));
+    let remove = "(a type with none is a mistake: remove its [[device]])";
+    assert_eq!(
+        proteus("count = 2", "count = 0"),
+        format!("problem.toml: device.cpu.count: expected 1 to 10000 devices {remove}")
+    );
+    assert_eq!(
+        proteus("count = 2", "count = 100000000"),
+        format!("problem.toml: device.cpu.count: expected 1 to 10000 devices {remove}")
+    );
+    let e = proteus("count = 2", "count = 1e8");
+    assert!(e.starts_with("problem.toml: TOML parse error") && e.contains("count"), "{e}");
+    // 10,000 of one type and 1 of another: too many together.
+    let two = format!("{}[[device]]\ntype = \"gpu\"\ncount = 1\nprofile = \"p.toml\"\n", PROTEUS)
+        .replace("count = 2", "count = 10000");
+    assert_eq!(error(&two), "problem.toml: device: 10001 devices in all: expected at most 10000");
+    assert_eq!(
+        error(&format!("formulation = \"per-device\"\n{}", PROTEUS.replace("count = 2", "count = 1001")))
+            .replace("problem.toml: ", ""),
+        "device: 1001 devices in all: expected at most 1000 with formulation = \"per-device\""
+    );
+    assert_eq!(
+        proteus("demand_qps = 10", "demand_qps = 1e300"),
+        "problem.toml: app.a.demand_qps: expected a number of requests/s from 0 to 1e9"
+    );
+    assert_eq!(
+        proteus("demand_qps = 10", "demand_qps = nan"),
+        "problem.toml: app.a.demand_qps: expected a number of requests/s from 0 to 1e9"
+    );
+    assert_eq!(
+        proteus("slo_ms = 100", "slo_ms = 1e300"),
+        "problem.toml: app.a.slo_ms: expected a positive number of milliseconds, at most 3600000"
+    );
+    assert_eq!(
+        proteus("count = 2", "count = 2\nmemory_mb = 1e300"),
+        "problem.toml: device.cpu.memory_mb: expected a positive number of MB, at most 1e9"
+    );
+    assert_eq!(
+        proteus("models = [\"m\"]", "models = [\"m\"]\nmemory_mb = { m = inf }"),
+        "problem.toml: app.a.memory_mb: m: expected a positive number of MB, at most 1e9"
+    );
+    assert_eq!(
+        error(&format!("batch_sizes = [1, 100000]\n{PROTEUS}")),
+        "problem.toml: batch_sizes: expected 1 to 64 batch sizes of 1 to 4096 each"
+    );
+    assert_eq!(
+        error(&format!("{PROTEUS}[ladder]\nbeta = 1e9\n")),
+        "problem.toml: ladder: expected beta in (0, 10], step in (0, 1] and min_beta from 0 to below beta"
+    );
+    let solver = |line: &str| error(&format!("{PROTEUS}[solver]\n{line}\n"));
+    assert_eq!(solver("threads = 100000"), "problem.toml: solver: threads: expected 1 to 256 threads");
+    assert_eq!(solver("threads = 0"), "problem.toml: solver: threads: expected 1 to 256 threads");
+    assert_eq!(
+        solver("time_limit_s = 1e12"),
+        "problem.toml: solver: time_limit_s: expected a positive number of seconds, at most 86400"
+    );
+    assert_eq!(solver("mip_gap = 2"), "problem.toml: solver: mip_gap: expected a fraction from 0 to 1");
+
+    let infadapter =
+        "version = 1\nkind = \"infadapter\"\ncapacity = \"cap-capacity.toml\"\ndemand_rps = 10\ncores = 4\n";
+    let inf = |from: &str, to: &str| error(&infadapter.replace(from, to));
+    assert_eq!(inf("cores = 4", "cores = 4000000000"), "problem.toml: cores: expected a budget of 1 to 4096 cores");
+    assert_eq!(
+        inf("demand_rps = 10", "demand_rps = 1e300"),
+        "problem.toml: demand_rps: expected a number of requests/s from 0 to 1e9"
+    );
+    assert_eq!(
+        inf("cores = 4", "cores = 4\nfit_cpus = [1, 100000]"),
+        "problem.toml: fit_cpus: expected 2 to 64 core counts of 1 to 4096 each"
+    );
+    assert_eq!(
+        inf("cores = 4", "cores = 4\ncurrent = { r = 100000 }"),
+        "problem.toml: current: r: expected 0 to 4096 cores"
+    );
+    assert_eq!(
+        inf("cores = 4", "cores = 4\n[weights]\nloading = 1e300"),
+        "problem.toml: weights: expected weights from 0 to 1e6"
+    );
+    assert_eq!(
+        inf("cores = 4", "cores = 4\ncapacity_coef = 1e300"),
+        "problem.toml: capacity_coef: expected a positive factor, at most 1e6"
+    );
+}
+
+#[test]
+fn a_problem_no_device_can_serve_is_a_typed_error_naming_the_app() {
+    // An SLO below every latency: no variant on any device. This panicked inside the
+    // HiGHS bindings (a model with no columns) and `sluice allocate` exited 101.
+    let a = allocate(&PROTEUS.replace("slo_ms = 100", "slo_ms = 5"));
+    assert!(a.plan.is_none(), "{a:?}");
+    assert_eq!(
+        a.error.as_deref(),
+        Some("app a: no device can serve it: its fastest variant, `m` on `cpu`, takes 10.0 ms at batch 1, not under half its SLO of 5 ms")
+    );
+    // One app that fits nowhere among others that do: it is the one named.
+    let two = format!("{PROTEUS}[[app]]\nname = \"tight\"\nslo_ms = 15\ndemand_qps = 0\nmodels = [\"m\"]\n");
+    let a = allocate(&two);
+    assert!(a.error.as_deref().is_some_and(|e| e.starts_with("app tight: no device can serve it")), "{a:?}");
+    // Memory: the variant runs fast enough but fits no device.
+    let big = PROTEUS
+        .replace("count = 2", "count = 2\nmemory_mb = 100")
+        .replace("models = [\"m\"]", "models = [\"m\"]\nmemory_mb = { m = 200 }");
+    assert_eq!(
+        allocate(&big).error.as_deref(),
+        Some("app a: no device can serve it: none of its variants fits the memory of a device type with devices")
+    );
+
+    // A problem built in code, where nothing checked the counts: every count 0.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.toml"), PROFILE).unwrap();
+    let AnyProblem::Proteus(mut p) = AnyProblem::parse(PROTEUS, "problem.toml", dir.path()).unwrap() else {
+        unreachable!()
+    };
+    p.devices[0].count = 0;
+    for formulation in [sluice_alloc::proteus::Formulation::Aggregated, sluice_alloc::proteus::Formulation::PerDevice] {
+        p.formulation = formulation;
+        let e = sluice_alloc::proteus::solve(&p).expect_err("refused");
+        assert_eq!(e.to_string(), "no device: every device type has count 0");
+    }
+    let e = sluice_alloc::infaas::step(&p, None, &Default::default()).expect_err("refused");
+    assert_eq!(e.to_string(), "no device: every device type has count 0");
+}
+
+#[test]
+fn problems_built_in_code_are_checked_before_a_model_is_built() {
+    // Past the file's checks (the simulator and the live host build problems), the
+    // solves refuse the sizes that would be multi-gigabyte models or plans.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.toml"), PROFILE).unwrap();
+    std::fs::write(dir.path().join("cap-capacity.toml"), CAPACITY).unwrap();
+    let AnyProblem::Proteus(good) = AnyProblem::parse(PROTEUS, "problem.toml", dir.path()).unwrap() else {
+        unreachable!()
+    };
+    let mut p = good.clone();
+    p.devices[0].count = 100_000_000;
+    let e = sluice_alloc::proteus::solve(&p).expect_err("refused").to_string();
+    assert_eq!(e, "device: 100000000 devices in all: expected at most 10000");
+    let mut p = good;
+    p.apps[0].demand_qps = 1e300;
+    let e = sluice_alloc::proteus::solve(&p).expect_err("refused").to_string();
+    assert_eq!(e, "app a: demand_qps: expected a number of requests/s from 0 to 1e9");
+
+    let text = "version = 1\nkind = \"infadapter\"\ncapacity = \"cap-capacity.toml\"\ndemand_rps = 10\ncores = 4\n";
+    let AnyProblem::InfAdapter(good) = AnyProblem::parse(text, "problem.toml", dir.path()).unwrap() else {
+        unreachable!()
+    };
+    let p = sluice_alloc::infadapter::Problem { budget_cores: 4_000_000_000, ..good.clone() };
+    let e = sluice_alloc::infadapter::solve(&p).expect_err("refused").to_string();
+    assert_eq!(e, "cores 4000000000 (min_cores 2): expected a budget of 1 to 4096 cores");
+    let p = sluice_alloc::infadapter::Problem { demand_rps: f64::INFINITY, ..good };
+    assert!(sluice_alloc::infadapter::solve(&p).is_err());
 }

@@ -163,6 +163,34 @@ fn bench_compares_on_the_standard_scenarios() {
 }
 
 #[test]
+fn bench_refuses_sizes_that_would_exhaust_memory() {
+    // `--duration 1e12` or `--scale 1e9` drew every arrival up front and grew to
+    // 22 GB: now clap's usage error (exit 2) naming the flag, or (both in range, too
+    // much together) one line naming both (exit 1), before anything runs.
+    let bench = |args: &[&str]| {
+        let out = sluice().args(["policy", "bench"]).args(args).arg(template_wasm()).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for (flag, value) in [
+        ("--duration", "1e12"),
+        ("--duration", "0"),
+        ("--duration", "inf"),
+        ("--scale", "1e9"),
+        ("--scale", "0"),
+        ("--workers", "0"),
+        ("--workers", "100000"),
+        ("--seed", "18446744073709551615"),
+    ] {
+        let (code, e) = bench(&[flag, value]);
+        assert_eq!(code, Some(2), "{flag} {value}: {e}");
+        assert!(e.contains(flag) && e.contains(value), "{e}");
+    }
+    let (code, e) = bench(&["--scale", "100", "--duration", "1000"]);
+    assert_eq!(code, Some(1), "{e}");
+    assert!(e.contains("--scale 100 × --duration 1000: the busiest scenario would simulate about 390500000"), "{e}");
+}
+
+#[test]
 fn upload_and_swap_against_a_real_server() {
     let root = root();
     let dir = tempfile::tempdir().unwrap();

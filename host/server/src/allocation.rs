@@ -230,8 +230,12 @@ pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<St
         if !forecast.contains_key(&app) {
             return Err(format!("demand_qps.{app}: no app of that name"));
         }
-        if !(d.is_finite() && d >= 0.0) {
-            return Err(format!("demand_qps.{app}: expected non-negative requests/s"));
+        // The problem files' and configs' range: 1e300 requests/s must not reach HiGHS.
+        if !sluice_alloc::limits::within(d, sluice_alloc::limits::MAX_DEMAND_QPS) {
+            return Err(format!(
+                "demand_qps.{app}: expected 0 to {:e} requests/s",
+                sluice_alloc::limits::MAX_DEMAND_QPS
+            ));
         }
         forecast.insert(app, d.max(a.config.allocator.min_demand_qps));
     }

@@ -284,6 +284,12 @@ fn default_evaluation_threads() -> usize {
 
 /// The largest `arrival_ring`: 2 GiB of arrival times per app.
 pub const MAX_ARRIVAL_RING: usize = 1 << 28;
+
+/// The most ONNX Runtime intra-op threads per session (`intra_threads`, 1 to 256):
+/// each worker's session starts its own, so more than the machine's cores only
+/// contend; 100,000 hung start-up.
+pub const MAX_INTRA_THREADS: usize = 256;
+
 impl Config {
     /// Reads and validates a config file; relative paths are resolved against its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -372,6 +378,14 @@ impl Config {
             }
             if app.executor.is_none() {
                 return Err(invalid(format!("app.{}.executor", app.name), "required: \"onnx\" or \"emulated\""));
+            }
+            // ONNX Runtime starts this many threads per session, per worker: 100,000
+            // hung start-up for minutes without a word.
+            if !(1..=MAX_INTRA_THREADS).contains(&app.intra_threads) {
+                return Err(invalid(
+                    format!("app.{}.intra_threads", app.name),
+                    &format!("expected 1 to {MAX_INTRA_THREADS} threads"),
+                ));
             }
         }
         for p in &self.pipelines {

@@ -115,6 +115,23 @@ pub fn variants(
         .collect()
 }
 
+/// The first task without models that has no children, if any. A task without
+/// models is a pass-through (Loki's social-media `source`): it fans a request out to
+/// its children and takes no worker. A sink without models would answer with no
+/// model at all, and the plan would credit it an accuracy of 1: refused, as an app
+/// with `models = []` is.
+pub fn passthrough_sink(pipeline: &Pipeline) -> Option<&str> {
+    pipeline.tasks.iter().find(|t| t.is_passthrough() && t.is_sink()).map(|t| t.name.as_str())
+}
+
+/// Why [`passthrough_sink`]'s task is refused.
+pub fn passthrough_sink_message(task: &str) -> String {
+    format!(
+        "expected at least one model: a task without models only fans out to its children, and `{task}` has none \
+         (the front end collects the sinks' answers: no sink pseudo-task is needed)"
+    )
+}
+
 /// Which steps run.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -292,6 +309,14 @@ pub enum LokiError {
         /// Variant.
         variant: String,
     },
+    /// A task without models that is a sink: a pass-through only fans a request out
+    /// to its children, so this one would answer with no model (and the plan would
+    /// credit it an accuracy of 1).
+    #[error("task `{task}`: {}", passthrough_sink_message(task))]
+    PassThroughSink {
+        /// The task.
+        task: String,
+    },
     /// A number that cannot be used.
     #[error("{0}")]
     Invalid(String),
@@ -316,12 +341,30 @@ impl Problem {
                 }
             }
         }
-        let finite = |v: f64| v.is_finite() && v >= 0.0;
-        if !finite(self.demand_qps) {
-            return Err(LokiError::Invalid(format!("demand_qps {}: expected a finite number ≥ 0", self.demand_qps)));
+        if let Some(task) = passthrough_sink(&self.pipeline) {
+            return Err(LokiError::PassThroughSink { task: task.to_string() });
         }
-        if !(finite(self.slo_ms) && self.slo_ms > 0.0 && finite(self.comm_latency_ms)) {
-            return Err(LokiError::Invalid("slo_ms > 0 and comm_latency_ms ≥ 0 expected".into()));
+        use crate::limits::{self, positive_within, within};
+        if !within(self.demand_qps, limits::MAX_DEMAND_QPS) {
+            return Err(LokiError::Invalid(format!(
+                "demand_qps: expected a number of requests/s from 0 to {:e}",
+                limits::MAX_DEMAND_QPS
+            )));
+        }
+        if !(positive_within(self.slo_ms, limits::MAX_LATENCY_MS)
+            && within(self.comm_latency_ms, limits::MAX_LATENCY_MS))
+        {
+            return Err(LokiError::Invalid(format!(
+                "expected slo_ms in (0, {0}] and comm_latency_ms from 0 to {0}",
+                limits::MAX_LATENCY_MS
+            )));
+        }
+        if !limits::WORKERS.contains(&self.workers) {
+            return Err(LokiError::Invalid(format!(
+                "workers {}: expected {}",
+                self.workers,
+                limits::span(&limits::WORKERS)
+            )));
         }
         self.solver.validate().map_err(LokiError::Invalid)
     }

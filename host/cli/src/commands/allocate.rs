@@ -1,6 +1,11 @@
 //! `sluice allocate --problem <file> [--json]`: solves one allocation problem
 //! ([`sluice_alloc::AnyProblem`]) and prints the plan; with `--json`, one object with
 //! `status`, `objective`, `gap`, `solve_seconds` and the `plan`.
+//!
+//! A file with a number out of its range (docs/allocator.md, "Ranges") is refused as
+//! it is read, naming the field; a problem no plan can serve (no device, or an app
+//! whose variants all miss its SLO) is refused by the allocator, naming the app. Both
+//! exit 1 with one line, never a panic.
 
 use std::path::PathBuf;
 
@@ -22,6 +27,10 @@ pub struct AllocateArgs {
 pub fn run(args: AllocateArgs) -> Result<()> {
     let problem = AnyProblem::load(&args.problem)?;
     let allocation = Allocator::default().allocate(&problem);
+    if let (Some(e), None, false) = (&allocation.error, &allocation.plan, args.json) {
+        // Nothing was solved and nothing is in force: the status line has nothing to say.
+        bail!("{}: {e}", args.problem.display());
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&allocation)?);
     } else {

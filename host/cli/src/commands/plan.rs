@@ -38,17 +38,17 @@ pub struct PlanArgs {
     /// RAMSIS experiments use; the other models are never chosen by RAMSIS anyway.
     #[arg(long, value_delimiter = ',')]
     pub models: Vec<String>,
-    /// Latency SLO (`150ms`, `0.15s`, `150000us`; a bare number is ms).
-    #[arg(long, value_parser = parse_duration_us)]
+    /// Latency SLO (`150ms`, `0.15s`, `150000us`; a bare number is ms), at most an hour.
+    #[arg(long, value_parser = slo_us)]
     pub slo: f64,
-    /// Load to plan for, requests per second (constant, Poisson arrivals).
-    #[arg(long)]
+    /// Load to plan for, requests per second (constant, Poisson arrivals): (0, 1e6].
+    #[arg(long, value_parser = |t: &str| number_in(t, 0.0, true, MAX_LOAD_QPS))]
     pub load: f64,
-    /// The least accuracy (mean over the requests served on time).
-    #[arg(long)]
+    /// The least accuracy (mean over the requests served on time): [0, 1].
+    #[arg(long, value_parser = |t: &str| number_in(t, 0.0, false, 1.0))]
     pub accuracy: f64,
-    /// The largest SLO-violation rate (fraction of requests late or dropped).
-    #[arg(long)]
+    /// The largest SLO-violation rate (fraction of requests late or dropped): [0, 1].
+    #[arg(long, value_parser = |t: &str| number_in(t, 0.0, false, 1.0))]
     pub violation: f64,
     /// `ramsis` (planned from its MDP), `model-switching` (its table built by
     /// simulation per worker count, then simulated), or any other built-in or
@@ -65,30 +65,30 @@ pub struct PlanArgs {
     /// Which percentile of the profile the policies plan with.
     #[arg(long, default_value = "p95")]
     pub percentile: Percentile,
-    /// Largest batch (RAMSIS: N_w, the largest modelled queue).
-    #[arg(long, default_value_t = 32)]
+    /// Largest batch (RAMSIS: N_w, the largest modelled queue): 1 to 4096.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=MAX_BATCH))]
     pub max_batch: u32,
-    /// RAMSIS: `fld:<D>` or `md` (see `sluice ramsis gen`).
-    #[arg(long, default_value = "fld:100")]
+    /// RAMSIS: `fld:<D>` (D from 1 to 10000) or `md` (see `sluice ramsis gen`).
+    #[arg(long, default_value = "fld:100", value_parser = discretization)]
     pub discretization: Discretization,
-    /// The most workers a plan may use.
-    #[arg(long, default_value_t = 1024)]
+    /// The most workers a plan may use: 1 to 4096.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=MAX_WORKERS))]
     pub max_workers: u32,
-    /// Worker counts evaluated at once (default: the machine's cores, at most 4).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Simulated seconds per worker count (simulated policies and `--verify`).
-    #[arg(long, default_value_t = 30.0)]
+    /// Worker counts evaluated at once (default: the machine's cores, at most 4): 1 to 64.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS))]
+    pub threads: Option<u16>,
+    /// Simulated seconds per worker count (simulated policies and `--verify`): (0, 86400].
+    #[arg(long, default_value_t = 30.0, value_parser = |t: &str| number_in(t, 0.0, true, MAX_DURATION_S))]
     pub duration: f64,
-    /// Seed of the simulated arrivals.
-    #[arg(long, default_value_t = 1)]
+    /// Seed of the simulated arrivals: 0 to 2^63 − 1 (a TOML integer).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=i64::MAX as u64))]
     pub seed: u64,
     /// Where the built-in policy components are.
     #[arg(long, default_value = "target/policies")]
     pub policies: PathBuf,
-    /// Points on the accuracy–workers curve (0: no curve).
-    #[arg(long, default_value_t = 8)]
-    pub curve_points: usize,
+    /// Points on the accuracy–workers curve (0: no curve): 0 to 256.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(0..=MAX_CURVE_POINTS))]
+    pub curve_points: u16,
     /// Write the accuracy–workers curve as an SVG plot here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -99,6 +99,69 @@ pub struct PlanArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+// The ranges of the numeric flags (docs/capacity-planning.md, "Ranges"), checked as
+// the flags are parsed: a value outside is a one-line error naming the flag, never a
+// run that exhausts the machine (`--max-batch 4000000000` filled a 32 GB latency
+// table per model).
+
+/// `--max-batch`: the RAMSIS generator's largest queue (its own bound).
+const MAX_BATCH: i64 = 4096;
+/// `--max-workers`: an app's most workers.
+const MAX_WORKERS: i64 = 4096;
+/// `--threads`: evaluations at once, each with its own MDP or simulation in memory.
+const MAX_THREADS: i64 = 64;
+/// `--curve-points`: evaluations on the curve.
+const MAX_CURVE_POINTS: i64 = 256;
+/// `--load`, requests/s.
+const MAX_LOAD_QPS: f64 = 1e6;
+/// `--duration`, simulated seconds: a day.
+const MAX_DURATION_S: f64 = 86_400.0;
+/// `--slo`, µs: an hour.
+const MAX_SLO_US: f64 = 3.6e9;
+/// `--discretization fld:<D>`: the most slack levels.
+const MAX_LEVELS: u32 = 10_000;
+
+/// Requests simulated at once (`--load` × `--duration` × `--threads`): a simulation
+/// holds every arrival of its run, about 60 bytes a request with both policies'
+/// results, so 20 million is about 1.2 GB. `sluice policy bench` has the same cap
+/// per scenario.
+pub(crate) const MAX_SIMULATED_REQUESTS: f64 = 20e6;
+
+/// RAMSIS states in memory at once (per evaluation × `--threads`): about 1.3 KB a
+/// state, so 2²¹ states is about 2.7 GB.
+const MAX_STATES: f64 = (1u64 << 21) as f64;
+
+/// A finite number from `min` (`open`: above it) to `max`, for a flag's value parser:
+/// clap names the flag and the value in the error.
+pub(crate) fn number_in(text: &str, min: f64, open: bool, max: f64) -> std::result::Result<f64, String> {
+    let v: f64 = text.trim().parse().map_err(|_| format!("`{text}` is not a number"))?;
+    let above = if open { v > min } else { v >= min };
+    if !(v.is_finite() && above && v <= max) {
+        return Err(format!("expected a number in {}{min}, {max}]", if open { "(" } else { "[" }));
+    }
+    Ok(v)
+}
+
+/// `--slo`: a positive duration of at most an hour, µs.
+fn slo_us(text: &str) -> std::result::Result<f64, String> {
+    let us = parse_duration_us(text)?;
+    if us > MAX_SLO_US {
+        return Err(format!("`{text}`: expected at most an hour"));
+    }
+    Ok(us)
+}
+
+/// `--discretization`: `md`, or `fld:<D>` with D at most 10000.
+fn discretization(text: &str) -> std::result::Result<Discretization, String> {
+    let d: Discretization = text.parse()?;
+    if let Discretization::Fld(levels) = d {
+        if levels > MAX_LEVELS {
+            return Err(format!("`{text}`: expected D from 1 to {MAX_LEVELS}"));
+        }
+    }
+    Ok(d)
 }
 
 /// One policy's plan and curve.
@@ -151,9 +214,6 @@ pub fn run(args: PlanArgs) -> Result<()> {
 }
 
 fn setting(args: &PlanArgs) -> Result<Setting> {
-    if !(args.load.is_finite() && args.load > 0.0) {
-        bail!("--load {} must be a positive rate (requests per second)", args.load);
-    }
     let profile = Profile::load(&args.profile)?;
     let all = models_from_profile(&profile, args.percentile, args.max_batch);
     let chosen: Vec<ModelSpec> = if args.models.is_empty() {
@@ -187,9 +247,53 @@ fn setting(args: &PlanArgs) -> Result<Setting> {
             best.accuracy
         );
     }
-    let threads =
-        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)).max(1);
+    let threads = args
+        .threads
+        .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4), usize::from)
+        .max(1);
+    check_memory(args, chosen.len(), threads)?;
     Ok(Setting { models: chosen.iter().map(|m| m.name.clone()).collect(), specs: chosen, profile, targets, threads })
+}
+
+/// Refuses flags whose evaluations at once would not fit in memory: the RAMSIS
+/// states of `--max-batch` and `--discretization` (per evaluation, × `--threads`),
+/// and the requests a simulated policy offers (`--load` × `--duration` × `--threads`).
+fn check_memory(args: &PlanArgs, models: usize, threads: usize) -> Result<()> {
+    let policies = || std::iter::once(&args.policy).chain(&args.compare);
+    let n = args.max_batch as f64;
+    if policies().any(|p| is_ramsis(p)) {
+        // J slack levels: D + 1 (FLD), or at most every latency ≤ SLO plus 0 and SLO (MD).
+        let levels = match args.discretization {
+            Discretization::Fld(d) => d as f64 + 1.0,
+            Discretization::Md => models as f64 * n + 2.0,
+        };
+        let states = (n + 1.0) * levels + 1.0;
+        if states * threads as f64 > MAX_STATES {
+            bail!(
+                "--max-batch {} and --discretization {} give {states:.0} RAMSIS states per evaluation, {threads}                  evaluation(s) at once (--threads): more than {MAX_STATES:.0} (about 3 GB); lower one of them",
+                args.max_batch,
+                discretization_name(args.discretization)
+            );
+        }
+    }
+    if args.verify || policies().any(|p| !is_ramsis(p)) {
+        let requests = args.load * args.duration * threads as f64;
+        if requests > MAX_SIMULATED_REQUESTS {
+            bail!(
+                "--load {} × --duration {} × {threads} evaluation(s) at once (--threads) simulate {requests:.0}                  requests at once: more than {MAX_SIMULATED_REQUESTS:.0} (about 1.2 GB); lower one of them",
+                args.load,
+                args.duration
+            );
+        }
+    }
+    Ok(())
+}
+
+fn discretization_name(d: Discretization) -> String {
+    match d {
+        Discretization::Fld(levels) => format!("fld:{levels}"),
+        Discretization::Md => "md".into(),
+    }
 }
 
 /// The policy names `plan` knows without a component: RAMSIS (its MDP).
@@ -262,7 +366,7 @@ where
     if args.curve_points == 0 {
         return Ok(Vec::new());
     }
-    let workers = plan::curve_workers(from, plan.workers, args.max_workers, args.curve_points);
+    let workers = plan::curve_workers(from, plan.workers, args.max_workers, args.curve_points.into());
     evals.get(&workers)
 }
 

@@ -14,6 +14,16 @@ use sluice_sim::{run_experiment, Experiment};
 use toml::Value;
 
 use super::standard;
+use crate::commands::plan::{number_in, MAX_SIMULATED_REQUESTS};
+
+// The ranges of the numeric flags (docs/writing-a-policy.md, `bench`), checked as they are
+// parsed; their product below: every arrival of a scenario is drawn before it runs,
+// so `--duration 1e12` or `--scale 1e9` grew to 22 GB.
+
+/// `--duration`, simulated seconds: a day.
+const MAX_DURATION_S: f64 = 86_400.0;
+/// `--scale`: a thousand times the standard loads.
+const MAX_SCALE: f64 = 1000.0;
 
 /// `sluice policy bench`.
 #[derive(Debug, Args)]
@@ -29,11 +39,11 @@ pub struct BenchArgs {
     /// Params of `--against` (a JSON object).
     #[arg(long)]
     pub against_params: Option<String>,
-    /// Simulated seconds per scenario (the Twitter trace is 300 s long).
-    #[arg(long, default_value_t = 120.0)]
+    /// Simulated seconds per scenario (the Twitter trace is 300 s long): (0, 86400].
+    #[arg(long, default_value_t = 120.0, value_parser = |t: &str| number_in(t, 0.0, true, MAX_DURATION_S))]
     pub duration: f64,
-    /// Workers.
-    #[arg(long, default_value_t = standard::WORKERS)]
+    /// Workers: 1 to 4096.
+    #[arg(long, default_value_t = standard::WORKERS, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub workers: u32,
     /// A profile instead of the standard one (ramsis-image-cpu, its 9 Pareto models).
     #[arg(long)]
@@ -42,11 +52,12 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub models: Vec<String>,
     /// The scenarios' loads are these multiples of the standard ones (1000, 2000,
-    /// 3000 requests/s; the trace's 1617–3905), for other profiles and worker counts.
-    #[arg(long, default_value_t = 1.0)]
+    /// 3000 requests/s; the trace's 1617–3905), for other profiles and worker counts:
+    /// (0, 1000].
+    #[arg(long, default_value_t = 1.0, value_parser = |t: &str| number_in(t, 0.0, true, MAX_SCALE))]
     pub scale: f64,
-    /// Seed of the arrivals (the same for both policies).
-    #[arg(long, default_value_t = 1)]
+    /// Seed of the arrivals (the same for both policies): 0 to 2^63 − 1 (a TOML integer).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=i64::MAX as u64))]
     pub seed: u64,
     /// Where built-in components are (default: ./target/policies, else the
     /// checkout's this sluice was built from).
@@ -135,9 +146,14 @@ fn component(policy: &str, builtin: &Path) -> Result<String> {
 
 /// Runs `sluice policy bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
-    let positive = |x: f64| x.is_finite() && x > 0.0;
-    if !positive(args.duration) || !positive(args.scale) {
-        bail!("--duration and --scale must be positive");
+    let requests = standard::PEAK_QPS * args.scale * args.duration;
+    if requests > MAX_SIMULATED_REQUESTS {
+        bail!(
+            "--scale {} × --duration {}: the busiest scenario would simulate about {requests:.0} requests, more than \
+             {MAX_SIMULATED_REQUESTS:.0} (about 1.2 GB); lower one of them",
+            args.scale,
+            args.duration
+        );
     }
     let builtin = standard::builtin_dir(args.policies.as_deref());
     let candidate = component(&args.file.display().to_string(), &builtin)?;

@@ -37,6 +37,10 @@ pub const WORKERS: u32 = 60;
 /// Largest batch.
 pub const MAX_BATCH: u32 = 32;
 
+/// The busiest rate of the standard scenarios at `--scale 1`, requests/s: the
+/// Twitter trace's peak (the constant loads are 1000–3000, the bursts 3600).
+pub const PEAK_QPS: f64 = 3905.0;
+
 /// The models as a policy sees them (`config.models`): `--profile`'s, or the
 /// standard profile's 9 (`models` picks others of the profile).
 pub fn models(profile: Option<&Path>, names: &[String]) -> Result<Vec<sluice_sdk::Model>> {

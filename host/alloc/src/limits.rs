@@ -1,0 +1,93 @@
+//! The ranges every number of a problem file and of a config's `[[device]]` and
+//! `[allocator]` is checked against where it is parsed (docs/allocator.md, "Ranges").
+//!
+//! The bounds are far above any deployment the allocator is built for (the Proteus
+//! paper's cluster has 40 devices, Loki's 20 workers, InfAdapter's 20 cores) and far
+//! below what breaks it: each says what an input beyond it would do. A number out of
+//! range is a one-line error naming the field, never a model HiGHS is handed: a
+//! count of 1e8 devices or cores is a multi-gigabyte model (or `Vec`) before the
+//! first solve, 1e300 requests/s is a coefficient HiGHS cannot scale, and 100,000
+//! solver threads abort the process in HiGHS's scheduler.
+
+use std::ops::RangeInclusive;
+
+/// Devices of one `[[device]]` type: 1 to 10,000. A type with no devices is a
+/// configuration mistake (remove the group instead); above 10,000, the models
+/// and the plan's one entry per device grow past what a solve can use.
+pub const DEVICE_COUNT: RangeInclusive<u32> = 1..=10_000;
+
+/// Devices of all types together: at most 10,000 (the plan lists every device).
+pub const MAX_DEVICES: u32 = 10_000;
+
+/// Devices of all types together with `formulation = "per-device"`: at most 1,000.
+/// That formulation has a binary per device and variant (the paper's model, kept
+/// for comparison): 10,000 devices of the paper's 46 variants would be a
+/// million-column model before the first solve.
+pub const MAX_PER_DEVICE_DEVICES: u32 = 1_000;
+
+/// An InfAdapter core budget (`cores`), and any core count (`min_cores`,
+/// `fit_cpus`, `current`): 1 to 4,096. Each variant has one binary per core count
+/// it may get, so the budget is the model's width.
+pub const CORES: RangeInclusive<u32> = 1..=4_096;
+
+/// Loki's cluster (`workers`): 1 to 10,000.
+pub const WORKERS: RangeInclusive<u32> = 1..=10_000;
+
+/// Demand (`demand_qps`, `demand_rps`, `min_demand_qps`), requests/s: finite, 0 to
+/// 1e9. A coefficient of 1e300 reaches HiGHS as a number it cannot scale.
+pub const MAX_DEMAND_QPS: f64 = 1e9;
+
+/// An SLO or SLA (`slo_ms`, `sla_ms`) and `comm_latency_ms`, ms: at most an hour.
+pub const MAX_LATENCY_MS: f64 = 3_600_000.0;
+
+/// Memory of a device or a variant (`memory_mb`), MB: positive, at most 1e9 (an
+/// exabyte).
+pub const MAX_MEMORY_MB: f64 = 1e9;
+
+/// One batch size (`batch_sizes`): 1 to 4,096 (the largest a profile or a worker's
+/// queue takes).
+pub const BATCH_SIZE: RangeInclusive<u32> = 1..=4_096;
+
+/// How many batch sizes (`batch_sizes`, `fit_cpus`) a list may have: at most 64.
+/// Loki has a vertex per variant and batch size.
+pub const MAX_LIST: usize = 64;
+
+/// HiGHS threads (`[solver] threads`): 1 to 256. HiGHS starts this many workers in
+/// its scheduler whatever the machine has (100,000 aborts with `std::bad_alloc`);
+/// more than the machine's cores only slows the solve.
+pub const THREADS: RangeInclusive<u32> = 1..=256;
+
+/// The limit of one solve (`time_limit_s`), s: positive, at most a day.
+pub const MAX_TIME_LIMIT_S: f64 = 86_400.0;
+
+/// The relative MIP gap (`mip_gap`): 0 to 1.
+pub const MIP_GAP: RangeInclusive<f64> = 0.0..=1.0;
+
+/// The ladder's first demand factor (`beta`): above `min_beta`, at most 10 (ten
+/// times the demand as headroom).
+pub const MAX_BETA: f64 = 10.0;
+
+/// A weight (`[weights]`) or a factor (`capacity_coef`, `threshold`, `vpa_margin`):
+/// finite, at most 1e6.
+pub const MAX_FACTOR: f64 = 1e6;
+
+/// The re-plan period (`period_s`), s: 0.1 to a day.
+pub const PERIOD_S: RangeInclusive<f64> = 0.1..=86_400.0;
+
+/// Re-plans skipped while demand stays (`stabilization`): at most 1,000,000.
+pub const MAX_STABILIZATION: u32 = 1_000_000;
+
+/// Whether `x` is finite and within `0..=max`.
+pub fn within(x: f64, max: f64) -> bool {
+    x.is_finite() && (0.0..=max).contains(&x)
+}
+
+/// Whether `x` is finite, above 0 and at most `max`.
+pub fn positive_within(x: f64, max: f64) -> bool {
+    x.is_finite() && x > 0.0 && x <= max
+}
+
+/// "1 to 10000" for a range's error message.
+pub fn span(r: &RangeInclusive<u32>) -> String {
+    format!("{} to {}", r.start(), r.end())
+}
