@@ -107,7 +107,9 @@ async fn a_demand_shift_replans_under_load_without_losing_a_request() {
     // the demand (a's 2000 req/s need 3 devices of `large` at 727 req/s each).
     let text = config().replace(
         "demand_qps = { a = 300, b = 20 }",
-        "objective = \"hardware-first\"\ndemand_qps = { a = 2000, b = 20 }\nperiod_s = 0.5\nthreshold = 0.5",
+        // Forecasts from the first tick and re-plans at every shift: this test is
+        // about re-plans under load, not the warm-up or the interval (tested below).
+        "objective = \"hardware-first\"\ndemand_qps = { a = 2000, b = 20 }\nperiod_s = 0.5\nthreshold = 0.5\nwarmup_s = 0\nmin_interval_s = 0",
     );
     let server = TestServer::start(&text).await.unwrap();
     let mut c = server.client().await;
@@ -206,6 +208,62 @@ async fn a_demand_shift_replans_under_load_without_losing_a_request() {
 /// InfAdapter on the live host: 20 core devices, the ILP's plan from the measured
 /// capacity table; each core worker loads the variant the plan put on it, and
 /// requests go only to cores with a share, served by their variant.
+/// Issue 34: the plan made at startup for the configured demand stands until the
+/// forecaster has a window of counts. It used to be replaced at the control loop's
+/// first tick (15 ms after start) by one for `min_demand_qps` (no counts yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_demand_stands_until_a_window_is_counted() {
+    let server = TestServer::start(&config()).await.unwrap();
+    let mut c = server.client().await;
+    // Four ticks of the control loop, with no traffic.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let view = admin(&mut c, "GET", "/admin/allocation", b"").await.json();
+    assert_eq!(view["demand_qps"], json!({ "a": 300.0, "b": 20.0 }), "{view}");
+    assert_eq!(view["history"].as_array().unwrap().len(), 1, "re-planned before a window was counted: {view}");
+    server.stop().await.unwrap();
+}
+
+/// Issue 34: a ramp does not re-plan at every step: shifts re-plan at most every
+/// `min_interval_s` (default 5 s). b's load doubles every second for 6 s, moving
+/// its forecast past the band at every tick of the control loop; with
+/// `min_interval_s = 0` the same ramp re-plans at (nearly) every step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ramp_replans_at_most_once_per_interval() {
+    let mut shifts = Vec::new();
+    for interval in ["", "\nmin_interval_s = 0"] {
+        let text = config().replace(
+            "demand_qps = { a = 300, b = 20 }",
+            &format!("demand_qps = {{ a = 300, b = 20 }}\nperiod_s = 60\nthreshold = 0.2\nwarmup_s = 0{interval}"),
+        );
+        let server = TestServer::start(&text).await.unwrap();
+        for step in 0..6 {
+            let s = sluice_loadgen::run(sluice_loadgen::LoadArgs {
+                addr: server.addr,
+                app: "b".into(),
+                rate: 10.0 * f64::from(1u32 << step),
+                concurrency: 32,
+                duration: 1.0,
+                input: None,
+                swaps: vec![],
+                admin_token: None,
+                json: false,
+            })
+            .await
+            .unwrap();
+            assert!(s.by_status.keys().all(|&k| k == 200 || k == 429), "{:?}", s.by_status);
+        }
+        let mut c = server.client().await;
+        let view = admin(&mut c, "GET", "/admin/allocation", b"").await.json();
+        let history = view["history"].as_array().unwrap().clone();
+        shifts.push(history.iter().filter(|h| h["reason"] == json!("demand shift")).count());
+        server.stop().await.unwrap();
+    }
+    // Default: the first shift at the first tick (a's forecast falls to its floor),
+    // then at most one more 5 s later within the 6 s. Without the interval: more.
+    assert!((1..=2).contains(&shifts[0]), "{} re-plans on shifts in 6 s", shifts[0]);
+    assert!(shifts[1] > shifts[0] + 1, "without the interval the ramp re-planned only {} times", shifts[1]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn infadapter_plans_cores_and_the_server_follows() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

@@ -430,6 +430,7 @@ pub fn measure(root: &Path, venv: &Path, args: &PeersArgs) -> Result<Vec<Row>> {
                     addr: server.addr,
                     path: server.path.clone(),
                     body: body.clone(),
+                    headers: Arc::default(),
                     rate,
                     duration: Duration::from_secs_f64(args.seconds),
                     seed: args.seed,

@@ -59,6 +59,21 @@ pub struct AllocatorConfig {
     /// (relative) from the demand of the plan in force.
     #[serde(default = "default_threshold")]
     pub threshold: f64,
+    /// `min_interval_s = 5`: the live host re-plans on a demand shift at most this
+    /// often (a ramp re-planned 5 times in 6 s: each re-plan moves devices and
+    /// reloads variants); `period_s` re-plans are not held back, so the interval is
+    /// at most `period_s`. 0: every shift re-plans at once, as the simulator does
+    /// (the papers' simulators re-plan on every shift).
+    #[serde(default = "default_min_interval")]
+    pub min_interval_s: f64,
+    /// `warmup_s = 20`: the live host plans each app for at least its configured
+    /// `demand_qps` until it has counted this many seconds of arrivals (default: the
+    /// forecaster's window, 20 s for `ewma`, 60 s for the others), so the plan made
+    /// at startup for the configured demand is not replaced by one made from a few
+    /// milliseconds of counts (`sluice_core::demand::planned_demand`). 0: the
+    /// forecast from the first tick.
+    #[serde(default)]
+    pub warmup_s: Option<f64>,
     /// `forecaster = "ewma"` (Proteus: EWMA over the last 20 s) or `"peak-ahead"`
     /// (InfAdapter: the last minute's peak + 10 %).
     #[serde(default)]
@@ -106,6 +121,9 @@ pub struct AllocatorConfig {
 
 fn default_batch_sizes() -> Vec<u32> {
     vec![1, 2, 4, 8]
+}
+fn default_min_interval() -> f64 {
+    5.0
 }
 fn default_period() -> f64 {
     10.0
@@ -160,6 +178,8 @@ impl Default for AllocatorConfig {
             batch_sizes: default_batch_sizes(),
             demand_qps: BTreeMap::new(),
             period_s: default_period(),
+            min_interval_s: default_min_interval(),
+            warmup_s: None,
             threshold: default_threshold(),
             forecaster: ForecasterKind::default(),
             min_demand_qps: default_min_demand(),
@@ -213,6 +233,11 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
             "allocator.period_s".into(),
             &format!("expected {} to {} s", limits::PERIOD_S.start(), limits::PERIOD_S.end()),
         ));
+    }
+    for (key, v) in [("min_interval_s", Some(a.min_interval_s)), ("warmup_s", a.warmup_s)] {
+        if v.is_some_and(|v| !(v.is_finite() && (0.0..=*limits::PERIOD_S.end()).contains(&v))) {
+            return Err(invalid(format!("allocator.{key}"), &format!("expected 0 to {} s", limits::PERIOD_S.end())));
+        }
     }
     if !limits::positive_within(a.threshold, limits::MAX_FACTOR) {
         return Err(invalid(

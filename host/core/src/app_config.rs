@@ -79,6 +79,15 @@ pub struct AppConfig {
     /// Default 0: never wait for a batch.
     #[serde(default)]
     pub max_batch_wait_ms: f64,
+    /// `admission_audit = 0.01`: the share, in [0, 1], of requests admission would
+    /// refuse as overloaded that are admitted anyway, to check the refusal: each is
+    /// counted as a false refusal when it is then served by its deadline (the admin
+    /// view's `admission_audit`: `audited` and `met`).
+    /// Default 0 (off): an audited request that misses its deadline is a late answer
+    /// a refusal would have spared; 1 admits everything and measures every refusal,
+    /// for a benchmark below capacity.
+    #[serde(default)]
+    pub admission_audit: f64,
     /// `load_window_ms = 500`: window of the arrival-rate estimate given to policies.
     #[serde(default = "default_load_window")]
     pub load_window_ms: u64,
@@ -364,6 +373,9 @@ impl AppConfig {
             && self.max_batch_wait_ms < self.slo_ms)
         {
             return Err(invalid("max_batch_wait_ms", "expected a non-negative number of milliseconds below slo_ms"));
+        }
+        if !(self.admission_audit.is_finite() && (0.0..=1.0).contains(&self.admission_audit)) {
+            return Err(invalid("admission_audit", "expected a share in [0, 1]"));
         }
         if let Some(w) = &self.weights {
             if self.router != RouterMode::Weighted {

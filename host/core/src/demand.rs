@@ -93,15 +93,20 @@ pub trait Forecaster: Send + Sync {
 pub const PERCENTILE_WARMUP_S: usize = 60;
 
 /// The demand to plan an app for, from its per-second counts since it started
-/// (oldest first), floored at `min_demand`: the forecast once the counts cover the
-/// forecaster's window, and before that at least `standing` (the configured
-/// `demand_qps`, or the demand the plan in force was made for). Without it, a plan
-/// made at startup for the configured demand was replaced within milliseconds by
-/// one for `min_demand` (no counts yet), and the first seconds of load found the
-/// app under-provisioned. The live host and the simulator call this one rule.
-pub fn planned_demand(f: &dyn Forecaster, per_second: &[f64], standing: f64, min_demand: f64) -> f64 {
+/// (oldest first), floored at `min_demand`: the forecast once the counts cover
+/// `warmup` seconds (None: the forecaster's window), and before that at least
+/// `standing` (the configured `demand_qps`). Without it, a plan made at startup for
+/// the configured demand was replaced within milliseconds by one for `min_demand`
+/// (no counts yet), and the first seconds of load found the app under-provisioned.
+pub fn planned_demand(
+    f: &dyn Forecaster,
+    per_second: &[f64],
+    standing: f64,
+    min_demand: f64,
+    warmup: Option<usize>,
+) -> f64 {
     let forecast = f.forecast(per_second);
-    let d = if per_second.len() < f.window() { forecast.max(standing) } else { forecast };
+    let d = if per_second.len() < warmup.unwrap_or_else(|| f.window()) { forecast.max(standing) } else { forecast };
     d.max(min_demand)
 }
 
@@ -239,13 +244,16 @@ mod tests {
     fn the_planned_demand_stands_until_the_counts_cover_the_window() {
         let f = WindowPeak { window: 3 };
         // No counts yet: the configured demand stands, not the floor.
-        assert_eq!(planned_demand(&f, &[], 50.0, 1.0), 50.0);
+        assert_eq!(planned_demand(&f, &[], 50.0, 1.0, None), 50.0);
         // Two seconds of 10 req/s: still the configured 50; a surge past it counts.
-        assert_eq!(planned_demand(&f, &[10.0, 10.0], 50.0, 1.0), 50.0);
-        assert_eq!(planned_demand(&f, &[10.0, 80.0], 50.0, 1.0), 80.0);
+        assert_eq!(planned_demand(&f, &[10.0, 10.0], 50.0, 1.0, None), 50.0);
+        assert_eq!(planned_demand(&f, &[10.0, 80.0], 50.0, 1.0, None), 80.0);
         // A full window: the forecast alone, floored.
-        assert_eq!(planned_demand(&f, &[10.0, 10.0, 10.0], 50.0, 1.0), 10.0);
-        assert_eq!(planned_demand(&f, &[0.0, 0.0, 0.0], 50.0, 1.0), 1.0);
+        assert_eq!(planned_demand(&f, &[10.0, 10.0, 10.0], 50.0, 1.0, None), 10.0);
+        assert_eq!(planned_demand(&f, &[0.0, 0.0, 0.0], 50.0, 1.0, None), 1.0);
+        // A warm-up of its own: 0 forecasts from the first tick.
+        assert_eq!(planned_demand(&f, &[], 50.0, 1.0, Some(0)), 1.0);
+        assert_eq!(planned_demand(&f, &[10.0], 50.0, 1.0, Some(1)), 10.0);
         assert_eq!(Ewma::default().window(), 20);
         assert_eq!(PeakAhead::default().window(), 60);
         assert_eq!(DecayingPercentile::default().window(), PERCENTILE_WARMUP_S);

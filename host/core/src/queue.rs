@@ -93,6 +93,10 @@ pub struct Request {
     /// When admission predicted it would be answered (host clock, µs; 0 when it
     /// made no prediction, as for a pipeline's intermediate requests).
     pub predicted: u64,
+    /// Admitted although admission predicted it would miss its deadline, to check
+    /// that prediction (`admission_audit`): its answer says whether the refusal
+    /// would have been false.
+    pub audit: bool,
     /// The request's one input tensor (leading dimension 1).
     pub input: Tensor,
     /// Where the answer goes.

@@ -37,8 +37,12 @@ pub struct PoissonArgs {
     pub addr: SocketAddr,
     /// Path to `POST`, e.g. `/v2/models/resnet50/infer`.
     pub path: String,
-    /// The request body (sent with `content-type: application/json`).
+    /// The request body.
     pub body: Arc<Vec<u8>>,
+    /// Header lines sent with it; without a `content-type` among them,
+    /// `content-type: application/json` is sent (e.g. the binary tensor extension's
+    /// `inference-header-content-length` with `application/octet-stream`).
+    pub headers: Arc<Vec<(String, String)>>,
     /// Mean arrival rate, requests/s.
     pub rate: f64,
     /// How long arrivals are generated.
@@ -131,12 +135,18 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
         };
         let (idle, open, path, body, addr, timeout) =
             (idle.clone(), open.clone(), path.clone(), args.body.clone(), args.addr, args.timeout);
+        let headers = args.headers.clone();
         tasks.spawn(async move {
             let work = async {
                 let post = |mut c: Client| {
-                    let (path, body) = (path.clone(), body.clone());
+                    let (path, body, headers) = (path.clone(), body.clone(), headers.clone());
                     async move {
-                        let r = c.request("POST", &path, &[("content-type", "application/json")], &body).await?;
+                        let mut lines: Vec<(&str, &str)> =
+                            headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                        if !lines.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+                            lines.push(("content-type", "application/json"));
+                        }
+                        let r = c.request("POST", &path, &lines, &body).await?;
                         Ok::<_, anyhow::Error>((c, r.status))
                     }
                 };

@@ -310,7 +310,11 @@ fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
             "faults": load(&c.faults),
             "swaps": load(&c.swaps),
             "reviving_decisions": load(&c.reviving_decisions),
+            "rejected_overload": load(&c.rejected_overload),
         },
+        // Requests admitted to check a refusal (`admission_audit`), and how many of
+        // them made their deadline: refusals that would have been false.
+        "admission_audit": { "audited": load(&c.audited), "met": load(&c.audited_met) },
         "swap_max_wait_us": load(&c.swap_max_wait_ns) as f64 / 1e3,
         "shared_store_bytes": b.shared.as_ref().map(|s| s.bytes()),
         "arrival_ring": a.ring.get().map(|r| r.view()),

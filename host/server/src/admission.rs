@@ -26,9 +26,10 @@ pub fn learned_batch(previous: u32, size: usize, left: usize) -> u32 {
 }
 
 /// µs until a worker has served `queued` requests and one more with `model`:
-/// `running` requests in a batch that started `elapsed` µs ago (what is left of
-/// its profiled time), then the queue from its head in batches of `batch` (at most
-/// the model's largest profiled batch), all at `slowdown` times the profile.
+/// `running` requests in a batch of `running_model` that started `elapsed` µs ago
+/// (what is left of its profiled time), then the queue from its head in batches of
+/// `batch` (at most the model's largest profiled batch), all at `slowdown` times
+/// the profile.
 ///
 /// The request's own batch holds the requests known to be in it (itself included)
 /// and those expected to arrive before it starts, `arrivals_per_us` times the
@@ -37,6 +38,7 @@ pub fn learned_batch(previous: u32, size: usize, left: usize) -> u32 {
 /// a pair finishes with its partner), while under light load the request is
 /// served nearly alone. Alone at an idle worker it runs at once, alone.
 pub fn predict_us(
+    running_model: &sdk::Model,
     model: &sdk::Model,
     slowdown: f64,
     (running, elapsed): (usize, u64),
@@ -44,10 +46,15 @@ pub fn predict_us(
     batch: u32,
     arrivals_per_us: f64,
 ) -> f64 {
-    let latency = |b: u64| model.latency(u32::try_from(b).unwrap_or(u32::MAX)).unwrap_or(0) as f64 * slowdown;
+    let latency_of =
+        |m: &sdk::Model, b: u64| m.latency(u32::try_from(b).unwrap_or(u32::MAX)).unwrap_or(0) as f64 * slowdown;
+    let latency = |b: u64| latency_of(model, b);
     let left = match running {
         0 => 0.0,
-        size => (latency((size as u64).min(u64::from(model.max_batch().max(1)))) - elapsed as f64).max(0.0),
+        size => {
+            let size = (size as u64).min(u64::from(running_model.max_batch().max(1)));
+            (latency_of(running_model, size) - elapsed as f64).max(0.0)
+        }
     };
     if running == 0 && queued == 0 {
         return latency(1);
@@ -140,17 +147,27 @@ mod tests {
     fn queued_requests_are_served_in_the_batches_the_policy_forms() {
         let (cpu, gpu) = (cpu(), gpu());
         // One by one (fixed on a CPU): 3 × 104 behind a batch just finishing.
-        assert_eq!(predict_us(&cpu, 1.0, (1, 104), 2, 1, FLOOD), 312.0);
+        assert_eq!(predict_us(&cpu, &cpu, 1.0, (1, 104), 2, 1, FLOOD), 312.0);
         // In pairs (jellyfish's SLO/2 rule) under overload: the third waits for a
         // second pair, which fills.
-        assert_eq!(predict_us(&cpu, 1.0, (1, 104), 2, 2, FLOOD), 2.0 * 279.0);
+        assert_eq!(predict_us(&cpu, &cpu, 1.0, (1, 104), 2, 2, FLOOD), 2.0 * 279.0);
         // Under light load the second pair holds only the third.
-        assert_eq!(predict_us(&cpu, 1.0, (1, 104), 2, 2, 0.0), 279.0 + 104.0);
+        assert_eq!(predict_us(&cpu, &cpu, 1.0, (1, 104), 2, 2, 0.0), 279.0 + 104.0);
         // Up to 4 on the GPU-like one: 9 in three batches; capped by the profile.
-        assert_eq!(predict_us(&gpu, 1.0, (1, 10), 8, 4, FLOOD), 45.0);
-        assert_eq!(predict_us(&gpu, 1.0, (1, 10), 8, 32, FLOOD), 45.0);
+        assert_eq!(predict_us(&gpu, &gpu, 1.0, (1, 10), 8, 4, FLOOD), 45.0);
+        assert_eq!(predict_us(&gpu, &gpu, 1.0, (1, 10), 8, 32, FLOOD), 45.0);
         // Arrivals expected while it waits: 2 known, 10 µs of wait at 0.1/µs → 1.
-        assert_eq!(predict_us(&gpu, 1.0, (1, 0), 1, 4, 0.1), 10.0 + 13.0);
+        assert_eq!(predict_us(&gpu, &gpu, 1.0, (1, 0), 1, 4, 0.1), 10.0 + 13.0);
+    }
+
+    #[test]
+    fn the_queue_is_predicted_with_its_model_and_the_running_batch_with_its_own() {
+        let (slow, fast) = (cpu(), gpu());
+        // A slow batch 60 µs into its 104, then two queued and this one on the fast
+        // model one by one: 44 + 3 × 10.
+        assert_eq!(predict_us(&slow, &fast, 1.0, (1, 60), 2, 1, FLOOD), 44.0 + 30.0);
+        // Idle: the request alone on the queue's model.
+        assert_eq!(predict_us(&slow, &fast, 1.0, (0, 0), 0, 1, FLOOD), 10.0);
     }
 
     #[test]
@@ -169,19 +186,19 @@ mod tests {
     fn a_running_batch_counts_only_what_is_left_of_it() {
         let m = cpu();
         // Idle worker: the request alone, even for a policy that forms pairs.
-        assert_eq!(predict_us(&m, 1.0, (0, 0), 0, 1, FLOOD), 104.0);
-        assert_eq!(predict_us(&m, 1.0, (0, 0), 0, 2, FLOOD), 104.0);
+        assert_eq!(predict_us(&m, &m, 1.0, (0, 0), 0, 1, FLOOD), 104.0);
+        assert_eq!(predict_us(&m, &m, 1.0, (0, 0), 0, 2, FLOOD), 104.0);
         // A single request 60 µs into its 104: 44 left, then this one.
-        assert_eq!(predict_us(&m, 1.0, (1, 60), 0, 1, FLOOD), 148.0);
+        assert_eq!(predict_us(&m, &m, 1.0, (1, 60), 0, 1, FLOOD), 148.0);
         // Overrunning its profile: nothing more is predicted for it.
-        assert_eq!(predict_us(&m, 1.0, (1, 500), 1, 1, FLOOD), 208.0);
+        assert_eq!(predict_us(&m, &m, 1.0, (1, 500), 1, 1, FLOOD), 208.0);
         // At twice the profile, everything doubles (the elapsed time does not).
-        assert_eq!(predict_us(&m, 2.0, (1, 60), 0, 1, FLOOD), 2.0 * 104.0 - 60.0 + 208.0);
+        assert_eq!(predict_us(&m, &m, 2.0, (1, 60), 0, 1, FLOOD), 2.0 * 104.0 - 60.0 + 208.0);
         // A running batch of 2, just started, then two queued and this one.
-        assert_eq!(predict_us(&m, 1.0, (2, 0), 2, 1, FLOOD), 279.0 + 312.0);
+        assert_eq!(predict_us(&m, &m, 1.0, (2, 0), 2, 1, FLOOD), 279.0 + 312.0);
         // Behind a running batch, a policy that forms pairs pairs it with a later
         // arrival under overload.
-        assert_eq!(predict_us(&m, 1.0, (1, 0), 0, 2, FLOOD), 104.0 + 279.0);
+        assert_eq!(predict_us(&m, &m, 1.0, (1, 0), 0, 2, FLOOD), 104.0 + 279.0);
     }
 
     #[test]

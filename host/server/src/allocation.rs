@@ -28,6 +28,7 @@ use sluice_sdk as sdk;
 use std::sync::atomic::Ordering;
 
 use sluice_core::clock::Clock as _;
+use sluice_core::demand::planned_demand;
 
 use crate::config::{AppConfig, Config, ExecutorKind};
 use crate::executor::{model_set, LoadedModel};
@@ -205,7 +206,9 @@ impl Allocation {
     }
 }
 
-/// The forecast demand of every app (at least `min_demand_qps`).
+/// The demand every app is planned for: its forecast once its counts cover the
+/// forecaster's window, and until then at least its configured `demand_qps`
+/// (`sluice_core::demand::planned_demand`), at least `min_demand_qps`.
 fn forecast(state: &State, config: &Config) -> BTreeMap<String, f64> {
     let a = &config.allocator;
     let f = a.forecaster();
@@ -214,7 +217,9 @@ fn forecast(state: &State, config: &Config) -> BTreeMap<String, f64> {
         .values()
         .map(|app| {
             let counts = app.demand.per_second(app.clock.now());
-            (app.name().to_string(), f.forecast(&counts).max(a.min_demand_qps))
+            let configured = a.demand_qps.get(app.name()).copied().unwrap_or(0.0);
+            let warmup = a.warmup_s.map(|s| s.ceil() as usize);
+            (app.name().to_string(), planned_demand(f.as_ref(), &counts, configured, a.min_demand_qps, warmup))
         })
         .collect()
 }
@@ -346,19 +351,25 @@ pub async fn control_loop(state: std::sync::Weak<State>) {
         if state.apps.values().any(|a| a.draining.load(Ordering::Acquire)) {
             return;
         }
-        let Some((period, threshold, used, config)) = state.allocation.try_lock().ok().and_then(|g| {
-            g.as_ref().filter(|a| a.planner.replans()).map(|a| {
-                (a.config.allocator.period_s, a.config.allocator.threshold, a.demand.clone(), a.config.clone())
-            })
-        }) else {
+        let Some((used, config)) = state
+            .allocation
+            .try_lock()
+            .ok()
+            .and_then(|g| g.as_ref().filter(|a| a.planner.replans()).map(|a| (a.demand.clone(), a.config.clone())))
+        else {
             continue;
         };
-        let due = last.elapsed().as_secs_f64() >= period;
+        let a = &config.allocator;
+        let since = last.elapsed().as_secs_f64();
+        let due = since >= a.period_s;
         let now = forecast(&state, &config);
-        let shifted = now.iter().any(|(app, f)| {
-            let u = used.get(app).copied().unwrap_or(1.0);
-            (f - u).abs() > threshold * u.max(1.0)
-        });
+        // A shift past the band re-plans early, but not within `min_interval_s` of
+        // the last re-plan: a ramp would otherwise re-plan at every step of it.
+        let shifted = since >= a.min_interval_s.min(a.period_s)
+            && now.iter().any(|(app, f)| {
+                let u = used.get(app).copied().unwrap_or(1.0);
+                (f - u).abs() > a.threshold * u.max(1.0)
+            });
         if due || shifted {
             last = tokio::time::Instant::now();
             let reason = if shifted { "demand shift" } else { "period" };

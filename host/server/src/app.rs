@@ -44,19 +44,38 @@ pub enum AdmitError {
     /// The queue ahead could not be served by the request's deadline: refused at
     /// once rather than served late (Triton's queue policy rejects on timeout; this
     /// rejects what would time out, before it costs anything).
-    #[error(
-        "app {app}: overloaded: {ahead} requests ahead would take about {wait_ms:.0} ms, past the {slo_ms} ms SLO; retry later"
-    )]
+    #[error("app {app}: overloaded: {}; retry later", overload_reason(*.ahead, *.wait_ms, *.margin_ms, *.slo_ms, *.pushes_back))]
     WouldMissDeadline {
         /// The app.
         app: String,
         /// Requests queued or running ahead on the chosen worker.
         ahead: usize,
-        /// The predicted time to serve them and this one.
+        /// The predicted time to serve them and this one, the margin included.
         wait_ms: f64,
-        /// The app's SLO.
+        /// The margin in it (a high quantile of recent prediction errors).
+        margin_ms: f64,
+        /// The app's SLO: the request's deadline from its arrival.
         slo_ms: f64,
+        /// It would itself be on time, but would push a request queued behind its
+        /// place past that request's deadline.
+        pushes_back: bool,
     },
+}
+
+/// Why a request was refused as overloaded, in words: which deadline would be
+/// missed, and how the prediction was made up (a refusal that quotes a wait below
+/// the SLO, or an SLO for a deadline, reads as a bug).
+fn overload_reason(ahead: usize, wait_ms: f64, margin_ms: f64, slo_ms: f64, pushes_back: bool) -> String {
+    let requests = if ahead == 1 { "request" } else { "requests" };
+    if pushes_back {
+        return format!(
+            "admitting it behind {ahead} {requests} would push a request queued after it past its deadline"
+        );
+    }
+    format!(
+        "behind {ahead} {requests} it would be answered in about {wait_ms:.0} ms ({:.0} ms predicted + {margin_ms:.0} ms margin for prediction errors), past its {slo_ms} ms deadline",
+        (wait_ms - margin_ms).max(0.0)
+    )
 }
 
 /// A worker's policy slot. The worker holds the lock for the whole of a decision
@@ -104,6 +123,9 @@ pub struct WorkerHandle {
     pub batch_size: AtomicU32,
     /// The model of its running or last batch (admission predicts with it).
     pub last_model: std::sync::atomic::AtomicU32,
+    /// Its loaded model with the shortest batch-1 latency (admission predicts with
+    /// it too: [`WorkerHandle::predicted_us`]); set when its models change.
+    pub fastest_model: std::sync::atomic::AtomicU32,
     /// Measured over profiled batch time, an EWMA (f64 bits; 1.0 to start).
     pub slowdown: AtomicU64,
 }
@@ -121,11 +143,33 @@ impl WorkerHandle {
     /// (its SLO/2 rule) and a request in a pair finishes with its partner.
     /// Predicting either policy's batching for the other refused requests at half
     /// of capacity, or admitted them to finish late (BENCHMARKS §7, §8).
-    fn predicted_us(&self, model: &sdk::Model, running: usize, queued: usize, now: u64, arrivals_per_us: f64) -> f64 {
+    ///
+    /// The queue is predicted with the last model and with the fastest loaded one,
+    /// and the sooner counts: a policy that picks its model by load (jellyfish
+    /// serves its most accurate model while that keeps up, a faster one when the
+    /// queue grows) serves a longer queue faster than its last batch's model would.
+    /// Predicting with the last model alone refused 14 % of requests at half of
+    /// jellyfish's capacity, every one of which then made its deadline when
+    /// admitted (`cargo bench -p sluice --bench admission`). A policy pinned to a
+    /// slower model than the fastest is predicted early; the margin learns how
+    /// early ([`App::margin_us`]).
+    fn predicted_us(
+        &self,
+        models: &[sdk::Model],
+        running: usize,
+        queued: usize,
+        now: u64,
+        arrivals_per_us: f64,
+    ) -> Option<f64> {
+        let last = models.get(self.last_model.load(Ordering::Relaxed) as usize)?;
+        let fastest = models.get(self.fastest_model.load(Ordering::Relaxed) as usize).unwrap_or(last);
         let elapsed = now.saturating_sub(self.batch_started.load(Ordering::Relaxed));
         let batch = self.batch_size.load(Ordering::Relaxed);
         let slowdown = f64::from_bits(self.slowdown.load(Ordering::Relaxed));
-        admission::predict_us(model, slowdown, (running, elapsed), queued, batch, arrivals_per_us)
+        let with = |m: &sdk::Model| {
+            admission::predict_us(last, m, slowdown, (running, elapsed), queued, batch, arrivals_per_us)
+        };
+        Some(with(last).min(with(fastest)))
     }
 
     /// Marks the start of a batch of `size` requests with `model` at `now`, formed
@@ -211,10 +255,15 @@ pub struct AppCounters {
     /// Refused at admission because the queue ahead could not be served in time
     /// (also counted in `rejected`).
     pub rejected_overload: AtomicU64,
+    /// Admitted although admission would have refused them, to check the refusal
+    /// (`admission_audit`; not counted in `rejected`).
+    pub audited: AtomicU64,
+    /// Audited requests served by their deadline: false refusals.
+    pub audited_met: AtomicU64,
 }
 
 /// The loaded model with the shortest batch-1 latency (admission's first guess).
-fn fastest(models: &[sdk::Model], loaded: &[u32]) -> u32 {
+pub fn fastest(models: &[sdk::Model], loaded: &[u32]) -> u32 {
     loaded
         .iter()
         .copied()
@@ -259,6 +308,8 @@ pub struct App {
     pub queued: AtomicUsize,
     /// Requests past [`App::precheck`] whose bodies are being read and parsed.
     incoming: Arc<AtomicUsize>,
+    /// Refusals judged so far, for `admission_audit`'s sampling ([`App::audits`]).
+    refusals_seen: AtomicU64,
     /// How late answers came against admission's prediction, recently.
     errors: Mutex<admission::PredictionErrors>,
     /// The margin those errors give ([`App::margin_us`]).
@@ -450,6 +501,7 @@ impl App {
                 batch_size: AtomicU32::new(1),
                 // Until the first batch, predict with the fastest loaded model.
                 last_model: std::sync::atomic::AtomicU32::new(fastest(&models, &set.ids())),
+                fastest_model: std::sync::atomic::AtomicU32::new(fastest(&models, &set.ids())),
                 slowdown: AtomicU64::new(1f64.to_bits()),
             });
             workers.push(handle.clone());
@@ -489,6 +541,7 @@ impl App {
             unbind_generation: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             incoming: Arc::new(AtomicUsize::new(0)),
+            refusals_seen: AtomicU64::new(0),
             errors: Mutex::new(admission::PredictionErrors::default()),
             margin_us: AtomicU64::new(0),
             arrival_rate: AtomicU64::new(0),
@@ -546,7 +599,9 @@ impl App {
             return Err(self.queue_full());
         }
         match self.best_prediction(incoming).map(|(ahead, wait_us)| (ahead, wait_us + self.margin_us())) {
-            Some((ahead, wait_us)) if wait_us > self.slo_us as f64 => Err(self.would_miss(ahead, wait_us)),
+            Some((ahead, wait_us)) if wait_us > self.slo_us as f64 && !self.audits() => {
+                Err(self.would_miss(ahead, wait_us, false))
+            }
             _ => {
                 self.incoming.fetch_add(1, Ordering::AcqRel);
                 Ok(Incoming(self.incoming.clone()))
@@ -610,15 +665,23 @@ impl App {
             (handle.in_flight.load(Ordering::Acquire), queued)
         };
         let models = self.models_of(w as u32);
-        let model = handle.last_model.load(Ordering::Relaxed) as usize;
-        match models.get(model) {
-            Some(m) => {
-                let arrivals_per_us = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed)) / 1e6;
-                let per_worker = arrivals_per_us / self.workers.len() as f64;
-                (running + queued, handle.predicted_us(m, running, queued, self.clock.now(), per_worker))
-            }
-            None => (running + queued, 0.0),
+        let arrivals_per_us = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed)) / 1e6;
+        let per_worker = arrivals_per_us / self.workers.len() as f64;
+        let predicted = handle.predicted_us(models, running, queued, self.clock.now(), per_worker);
+        (running + queued, predicted.unwrap_or(0.0))
+    }
+
+    /// Whether the refusal being judged is one `admission_audit` samples: admitted
+    /// anyway, to see whether it would have made its deadline. Every k-th refusal
+    /// for a share of 1/k (deterministic: a benchmark's figure does not depend on a
+    /// random draw).
+    fn audits(&self) -> bool {
+        let share = self.config.admission_audit;
+        if share <= 0.0 {
+            return false;
         }
+        let n = self.refusals_seen.fetch_add(1, Ordering::Relaxed) as f64;
+        (n * share).floor() != ((n + 1.0) * share).floor()
     }
 
     fn queue_full(&self) -> AdmitError {
@@ -627,7 +690,7 @@ impl App {
         AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue }
     }
 
-    fn would_miss(&self, ahead: usize, wait_us: f64) -> AdmitError {
+    fn would_miss(&self, ahead: usize, wait_us: f64, pushes_back: bool) -> AdmitError {
         // Debug level: under overload this is once per refused request.
         tracing::debug!(
             app = self.name(),
@@ -643,7 +706,9 @@ impl App {
             app: self.name().to_string(),
             ahead,
             wait_ms: wait_us / 1e3,
+            margin_ms: self.margin_us() / 1e3,
             slo_ms: self.slo_us as f64 / 1e3,
+            pushes_back,
         }
     }
 
@@ -695,6 +760,7 @@ impl App {
             arrival,
             deadline: deadline.unwrap_or(arrival + self.slo_us),
             predicted: 0,
+            audit: false,
             input,
             reply: tx,
         };
@@ -709,25 +775,32 @@ impl App {
                     let w = &self.workers[i];
                     w.queue.len() + w.in_flight.load(Ordering::Relaxed)
                 });
-                let mut refused = (0, 0.0);
+                let mut refused = (0, 0.0, false);
                 let deadline = arrival + self.slo_us;
                 let margin = self.margin_us();
                 let pushed = self.workers[w].queue.push_if(request, |at, request, behind| {
                     let (ahead, wait_us) = self.prediction_with(w, at);
-                    refused = (ahead, wait_us + margin);
                     request.predicted = now + wait_us as u64;
                     // It must make its deadline, and so must every request it would
                     // push back by one place.
                     let on_time = |wait_us: f64, deadline: u64| now as f64 + wait_us + margin <= deadline as f64;
-                    on_time(wait_us, deadline)
+                    let itself = on_time(wait_us, deadline);
+                    let others = itself
                         && behind
                             .iter()
                             .enumerate()
-                            .all(|(k, r)| on_time(self.prediction_with(w, at + 1 + k).1, r.deadline))
+                            .all(|(k, r)| on_time(self.prediction_with(w, at + 1 + k).1, r.deadline));
+                    refused = (ahead, wait_us + margin, itself);
+                    others
                 });
-                if pushed.is_err() {
-                    self.queued.fetch_sub(1, Ordering::AcqRel);
-                    return Err(self.would_miss(refused.0, refused.1));
+                if let Err(mut request) = pushed {
+                    if !self.audits() {
+                        self.queued.fetch_sub(1, Ordering::AcqRel);
+                        return Err(self.would_miss(refused.0, refused.1, refused.2));
+                    }
+                    request.audit = true;
+                    self.counters.audited.fetch_add(1, Ordering::Relaxed);
+                    self.workers[w].queue.push(request);
                 }
             }
         }

@@ -129,6 +129,8 @@ fn install(
     // is a move, and the old ones are dropped here, after the switch.
     let old = std::mem::replace(models, set);
     *handle.loaded.lock() = models.ids();
+    let fastest = crate::app::fastest(app.models_of(handle.index), &models.ids());
+    handle.fastest_model.store(fastest, Ordering::Relaxed);
     drop(old);
     tracing::info!(app = app.name(), worker = handle.index, models = ?models.ids(), "worker models switched");
     let _ = done.send(());
@@ -306,6 +308,10 @@ async fn execute(
                 let met = decision::met(finished, r.deadline);
                 if !met {
                     app.counters.late.fetch_add(1, Ordering::Relaxed);
+                }
+                if r.audit && met {
+                    // Admitted to check a refusal, and on time: the refusal was false.
+                    app.counters.audited_met.fetch_add(1, Ordering::Relaxed);
                 }
                 app.counters.served.fetch_add(1, Ordering::Relaxed);
                 app.metrics.request(app.name(), &variant, if met { "served" } else { "late" });
