@@ -59,32 +59,17 @@ pub fn model_set(loaded: std::collections::BTreeMap<u32, LoadedModel>) -> sluice
 
 impl Executor for LoadedModel {
     /// Runs one batch: the samples are concatenated along dimension 0 and the
-    /// outputs split back, one `Vec<Tensor>` per sample in order. A non-finite
-    /// output fails the batch ([`finite`]).
+    /// outputs split back, one `Vec<Tensor>` per sample in order. Whatever the
+    /// model answers is the answer, NaN and infinities included, as in Triton: an
+    /// image of random bytes (perf_analyzer's default data) holds NaNs and its
+    /// output is NaN, which is the model's business, not a failed execution. The
+    /// fronts carry such an output (HTTP in binary, since JSON has no NaN: see
+    /// `crate::http`), so it is served and counted served, as its client's 200 says
+    /// (issue 39; it was failed here, issue 40, which made every perf_analyzer
+    /// request a 500).
     fn run(&self, model_id: u32, samples: Vec<Tensor>) -> BatchFuture<'_> {
-        Box::pin(async move { finite(self.run_batch(model_id, samples).await?) })
+        Box::pin(self.run_batch(model_id, samples))
     }
-}
-
-/// A batch whose outputs hold a non-finite value (an in-range input can overflow a
-/// model: four elements of 3e38 sum past the FP32 range) failed: JSON cannot carry
-/// the value, and it is no answer. Failing it here, where the worker counts
-/// outcomes, makes the client's 500 count as a failed execution
-/// (`dropped-executor-error`, Triton's `fail`) rather than as served. The worker
-/// answers a failed batch as a whole, so the batch's other samples fail with it
-/// (as a backend's failed batch does in Triton).
-fn finite(outputs: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>, ExecError> {
-    for (s, sample) in outputs.iter().enumerate() {
-        for t in sample {
-            if let Some(i) = t.data.first_non_finite() {
-                return Err(ExecError::Backend(format!(
-                    "the model produced a non-finite output (sample {s} of the batch, element {i} of `{}`)",
-                    t.name
-                )));
-            }
-        }
-    }
-    Ok(outputs)
 }
 
 impl LoadedModel {
