@@ -49,7 +49,37 @@ async fn bad_requests_get_clear_client_errors() {
             "non-numeric data",
             tensor("x", "FP32", json!([1, 4]), json!(["a", 2, 3, 4])).to_string(),
             400,
-            "invalid JSON body",
+            "input `x`: data element 0 is a string, not a number; FP32 data is JSON numbers",
+        ),
+        (
+            "booleans",
+            tensor("x", "FP32", json!([1, 4]), json!([1, 2, true, 4])).to_string(),
+            400,
+            "input `x`: data element 2 is a boolean (true), not a number",
+        ),
+        (
+            "null",
+            tensor("x", "FP32", json!([1, 4]), json!([1, null, 3, 4])).to_string(),
+            400,
+            "input `x`: data element 1 is null, not a number",
+        ),
+        (
+            "a ragged array",
+            tensor("x", "FP32", json!([2, 4]), json!([[1, 2, 3, 4], [5, 6, 7]])).to_string(),
+            400,
+            "input `x`: data is a ragged array: arrays of 4 and 3 elements at depth 2",
+        ),
+        (
+            "numbers beside arrays",
+            tensor("x", "FP32", json!([1, 4]), json!([[1, 2, 3], 4])).to_string(),
+            400,
+            "input `x`: data is a ragged array: numbers and arrays side by side at depth 2",
+        ),
+        (
+            "nested unlike the shape",
+            tensor("x", "FP32", json!([1, 4]), json!([[1, 2], [3, 4]])).to_string(),
+            400,
+            "input `x`: data nested as [2, 2] but the shape is [1, 4]",
         ),
         (
             "beyond the FP32 range",
@@ -87,9 +117,13 @@ async fn bad_requests_get_clear_client_errors() {
         let err = r.json()["error"].as_str().unwrap_or_default().to_string();
         assert!(err.contains(needle), "{what}: error `{err}` should mention `{needle}`");
     }
-    // Nested data is accepted (the protocol allows it).
-    let nested = tensor("x", "FP32", json!([1, 4]), json!([[1, 2], [3, 4]]));
+    // Nested data is accepted (the protocol allows it) when it nests as the shape.
+    let nested = tensor("x", "FP32", json!([1, 4]), json!([[1, 2, 3, 4]]));
     assert_eq!(c.post_json(infer, &nested).await.unwrap().status, 200);
+    let nested = tensor("x", "FP32", json!([2, 4]), json!([[1, 2, 3, 4], [5, 6, 7, 8]]));
+    assert_eq!(c.post_json(infer, &nested).await.unwrap().status, 200);
+    let one = tensor("x", "FP32", json!([4]), json!([1, 2, 3, 4]));
+    assert_eq!(c.post_json(infer, &one).await.unwrap().status, 200);
 
     // Unknown app, on both endpoints.
     let r = c.post_json("/v2/models/nope/infer", &small_infer(1)).await.unwrap();
@@ -155,7 +189,7 @@ async fn bad_requests_get_clear_client_errors() {
     s["app"] = json!("emu");
     assert_eq!(c2.post_json("/infer", &s).await.unwrap().status, 200);
     let status = app_status(&mut c2, "emu").await;
-    assert_eq!(status["counters"]["accepted"], json!(9), "bad requests never enter a queue");
+    assert_eq!(status["counters"]["accepted"], json!(12), "bad requests never enter a queue");
     assert_eq!(status["policy"], json!("jellyfish"));
     server.stop().await.unwrap();
 }

@@ -25,11 +25,12 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
+use tonic::codec::CompressionEncoding;
 use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status};
 
 use crate::api::ApiError;
-use crate::infer::{self, pinned_version, target, Data, Input, Target};
+use crate::infer::{self, pinned_version, target, Data, Input, Output, Target, Unsupported};
 use crate::metrics::Metrics;
 use crate::state::State;
 use sluice_core::tensor::{DataType, Tensor, TensorData};
@@ -46,7 +47,8 @@ use proto::infer_parameter::ParameterChoice;
 use proto::*;
 
 /// The protocol extensions both fronts serve (`GET /v2`, `ServerMetadata`).
-pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_repository", "model_configuration", "statistics"];
+pub const EXTENSIONS: &[&str] =
+    &["classification", "binary_tensor_data", "model_repository", "model_configuration", "statistics"];
 
 /// Serves gRPC on `listener` until `shutdown` resolves, then finishes the calls in
 /// progress (h2 GOAWAY: no new calls on open connections) and returns. Each
@@ -103,12 +105,7 @@ pub(crate) async fn serve(
         }
     });
     let config = &state.config;
-    let service = Budgeted {
-        inner: GrpcInferenceServiceServer::new(Service { state: state.clone() })
-            .max_decoding_message_size(config.max_body_bytes)
-            .max_encoding_message_size(usize::MAX),
-        state: state.clone(),
-    };
+    let service = Budgeted { inner: Service::new(state.clone()), state: state.clone() };
     let result = tonic::transport::Server::builder()
         // Dead peers are found by keep-alive pings; a connection with no call in
         // progress for `idle_timeout_ms` is closed (`Counted`), and every connection
@@ -367,9 +364,21 @@ pub struct Service {
 }
 
 impl Service {
-    /// The service for `state` (tests mount it on a server of their own).
+    /// The service for `state` (tests mount it on a server of their own): messages
+    /// up to `max_body_bytes` (tonic refuses a larger one OUT_OF_RANGE before
+    /// decoding it), gzip- or deflate-compressed requests accepted (tritonclient's
+    /// `compression_algorithm`; tonic bounds the decompressed message by the same
+    /// limit as it inflates), answers uncompressed: Triton's C++ client announces
+    /// `grpc-accept-encoding: gzip` on every call, so compressing whatever a client
+    /// accepts would spend CPU on every answer for a loopback's sake, and Triton
+    /// compresses answers only when configured to.
     pub fn new(state: Arc<State>) -> GrpcInferenceServiceServer<Service> {
+        let max = state.config.max_body_bytes;
         GrpcInferenceServiceServer::new(Service { state })
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(usize::MAX)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Deflate)
     }
 
     fn target(&self, name: &str) -> Result<Target, ApiError> {
@@ -390,28 +399,24 @@ impl Service {
         let incoming = target.precheck().map_err(status)?;
         let requested: Vec<&str> = r.outputs.iter().map(|o| o.name.as_str()).collect();
         target.check_outputs(&requested).map_err(status)?;
+        let counts = class_counts(&r.outputs).map_err(status)?;
         let raw = !r.raw_input_contents.is_empty();
         let inputs = decode_inputs(target.name(), r.inputs, r.raw_input_contents).map_err(status)?;
         drop(incoming);
         let id = (!r.id.is_empty()).then_some(r.id.as_str());
         let answer = target.infer(id, inputs, arrived).await.map_err(status)?;
-        let mut outputs = Vec::with_capacity(answer.outputs.len());
+        let answered = infer::classify(&target, answer.outputs, &counts);
+        let mut outputs = Vec::with_capacity(answered.len());
         let mut raw_outputs = Vec::new();
-        for t in answer.outputs {
-            if let Some(i) = t.data.first_non_finite() {
-                return Err(status(ApiError::internal(format!(
-                    "{}: variant {} produced a non-finite output (element {i})",
-                    target.describe(),
-                    answer.model_version
-                ))));
-            }
-            let (contents, bytes) =
-                if raw { (None, Some(Bytes::from(t.data.to_le_bytes()))) } else { (Some(contents(&t)), None) };
+        // Protobuf carries any float, NaN and infinities included: what the model
+        // answered goes back as it is, raw or typed as the request came.
+        for o in answered {
+            let (contents, bytes) = if raw { (None, Some(raw_bytes(&o))) } else { (Some(contents(&o)), None) };
             raw_outputs.extend(bytes);
             outputs.push(model_infer_response::InferOutputTensor {
-                name: t.name.clone(),
-                datatype: t.datatype().oip_name().into(),
-                shape: t.shape.iter().map(|d| *d as i64).collect(),
+                name: o.name().to_string(),
+                datatype: o.datatype().into(),
+                shape: o.shape().iter().map(|d| *d as i64).collect(),
                 parameters: HashMap::new(),
                 contents,
             });
@@ -524,6 +529,7 @@ impl GrpcInferenceService for Service {
                         name: name.clone(),
                         data_type: data_type(d),
                         dims: dims.clone(),
+                        label_filename: c.label_filename.clone().unwrap_or_default(),
                     })
                     .collect(),
                 dynamic_batching: Some(ModelDynamicBatching::default()),
@@ -537,45 +543,27 @@ impl GrpcInferenceService for Service {
         req: Request<ModelStatisticsRequest>,
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
         let r = req.into_inner();
-        let apps: Vec<_> = if r.name.is_empty() {
-            self.state.apps.values().cloned().collect()
-        } else {
-            match self.target(&r.name).map_err(status)? {
-                Target::App(app) => {
-                    Target::App(app.clone()).check_version(&r.version).map_err(status)?;
-                    vec![app]
-                }
-                Target::Pipeline(_) => {
-                    return Err(status(ApiError::bad_request(format!(
-                        "pipeline {} has no statistics of its own: ask for its task apps' ({}.<task>)",
-                        r.name, r.name
-                    ))))
-                }
-            }
-        };
         let d = |count: u64, ns: u64| Some(StatisticDuration { count, ns });
-        let model_stats = apps
-            .iter()
-            .map(|app| {
-                let s = infer::stats(&self.state, app);
-                ModelStatistics {
-                    name: s.name,
-                    version: String::new(),
-                    last_inference: 0,
-                    inference_count: s.served,
-                    execution_count: s.executions,
-                    inference_stats: Some(InferStatistics {
-                        success: d(s.served, s.latency_ns),
-                        fail: d(s.failed, 0),
-                        queue: d(s.served, s.queue_ns),
-                        compute_input: d(0, 0),
-                        compute_infer: d(s.served, s.latency_ns.saturating_sub(s.queue_ns)),
-                        compute_output: d(0, 0),
-                        cache_hit: d(0, 0),
-                        cache_miss: d(0, 0),
-                    }),
-                    batch_stats: Vec::new(),
-                }
+        let model_stats = infer::statistics(&self.state, &r.name, &r.version)
+            .map_err(status)?
+            .into_iter()
+            .map(|s| ModelStatistics {
+                name: s.name,
+                version: infer::STATS_VERSION.into(),
+                last_inference: 0,
+                inference_count: s.served,
+                execution_count: s.executions,
+                inference_stats: Some(InferStatistics {
+                    success: d(s.served, s.latency_ns),
+                    fail: d(s.failed, 0),
+                    queue: d(s.served, s.queue_ns),
+                    compute_input: d(s.served, 0),
+                    compute_infer: d(s.served, s.compute_ns),
+                    compute_output: d(s.served, 0),
+                    cache_hit: d(0, 0),
+                    cache_miss: d(0, 0),
+                }),
+                batch_stats: Vec::new(),
             })
             .collect();
         Ok(Response::new(ModelStatisticsResponse { model_stats }))
@@ -597,6 +585,107 @@ impl GrpcInferenceService for Service {
             .collect();
         Ok(Response::new(RepositoryIndexResponse { models }))
     }
+
+    // What sluice does not serve: UNIMPLEMENTED with the message the HTTP front's
+    // 501 carries (`infer::Unsupported`), never an empty one.
+
+    type ModelStreamInferStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<ModelStreamInferResponse, Status>> + Send + 'static>>;
+
+    async fn model_stream_infer(
+        &self,
+        _: Request<tonic::Streaming<ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        Err(status(Unsupported::Streaming.error("ModelStreamInfer")))
+    }
+
+    async fn repository_model_load(
+        &self,
+        req: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        let m = req.into_inner().model_name;
+        Err(status(Unsupported::RepositoryControl.error(&format!("RepositoryModelLoad: cannot load `{m}`"))))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        req: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        let m = req.into_inner().model_name;
+        Err(status(Unsupported::RepositoryControl.error(&format!("RepositoryModelUnload: cannot unload `{m}`"))))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        _: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        Err(status(Unsupported::SystemSharedMemory.error("SystemSharedMemoryStatus")))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        _: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        Err(status(Unsupported::SystemSharedMemory.error("SystemSharedMemoryRegister")))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        _: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        Err(status(Unsupported::SystemSharedMemory.error("SystemSharedMemoryUnregister")))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<CudaSharedMemoryStatusResponse>, Status> {
+        Err(status(Unsupported::CudaSharedMemory.error("CudaSharedMemoryStatus")))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryRegisterResponse>, Status> {
+        Err(status(Unsupported::CudaSharedMemory.error("CudaSharedMemoryRegister")))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
+        Err(status(Unsupported::CudaSharedMemory.error("CudaSharedMemoryUnregister")))
+    }
+
+    async fn trace_setting(&self, _: Request<TraceSettingRequest>) -> Result<Response<TraceSettingResponse>, Status> {
+        Err(status(Unsupported::Trace.error("TraceSetting")))
+    }
+
+    async fn log_settings(&self, _: Request<LogSettingsRequest>) -> Result<Response<LogSettingsResponse>, Status> {
+        Err(status(Unsupported::Logging.error("LogSettings")))
+    }
+}
+
+/// The classification extension's counts: each requested output's
+/// `parameters["classification"]` (tritonclient's `class_count`, an int64).
+fn class_counts(outputs: &[model_infer_request::InferRequestedOutputTensor]) -> Result<Vec<(String, u64)>, ApiError> {
+    let mut counts = Vec::new();
+    for o in outputs {
+        let Some(p) = o.parameters.get("classification") else { continue };
+        let k = match p.parameter_choice {
+            Some(ParameterChoice::Int64Param(k)) => u64::try_from(k).ok(),
+            Some(ParameterChoice::Uint64Param(k)) => Some(k),
+            _ => None,
+        };
+        let k = k.ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "output `{}`: parameters[\"classification\"]: expected a class count (an int64 >= 0), got {:?}",
+                o.name, p.parameter_choice
+            ))
+        })?;
+        counts.push((o.name.clone(), k));
+    }
+    Ok(counts)
 }
 
 /// The request's inputs in the shared form: `raw_input_contents` (one entry per
@@ -669,9 +758,25 @@ fn typed(input: &model_infer_request::InferInputTensor) -> Result<Data, String> 
     Ok(Data::Typed(data))
 }
 
-/// A tensor's typed contents (answering a request that sent typed contents).
-fn contents(t: &Tensor) -> InferTensorContents {
+/// An output's raw contents: a tensor's little-endian elements, or BYTES elements
+/// each after its u32 length.
+fn raw_bytes(o: &Output) -> Bytes {
+    match o {
+        Output::Tensor(t) => Bytes::from(t.data.to_le_bytes()),
+        Output::Classes { values, .. } => Bytes::from(infer::bytes_elements(values)),
+    }
+}
+
+/// An output's typed contents (answering a request that sent typed contents).
+fn contents(o: &Output) -> InferTensorContents {
     let mut c = InferTensorContents::default();
+    let t: &Tensor = match o {
+        Output::Tensor(t) => t,
+        Output::Classes { values, .. } => {
+            c.bytes_contents = values.iter().map(|v| v.as_bytes().to_vec()).collect();
+            return c;
+        }
+    };
     match &t.data {
         TensorData::F32(v) => c.fp32_contents = v.clone(),
         TensorData::F64(v) => c.fp64_contents = v.clone(),

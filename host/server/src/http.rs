@@ -14,17 +14,49 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::{app_of, json_response, ok, parse_json, read_body, ApiError, Body};
-use crate::app::App;
 use crate::binary;
-use crate::infer::{self, pinned_version, target, Data, Input, Target};
+use crate::infer::{self, pinned_version, target, Data, Input, Output, Target, Unsupported};
 use crate::state::State;
 use sluice_core::tensor::{Tensor, TensorData};
 
-/// Routes one request.
+/// Routes one request; the answer is compressed when the client accepts it
+/// ([`encoding::accepted`]) and tells an HTTP/1.1 client how long its idle
+/// connection is kept ([`keep_alive`]).
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
-    match route(&state, req).await {
+    let http11 = req.version() == hyper::Version::HTTP_11;
+    let accepted = encoding::accepted(req.headers());
+    let response = match route(&state, req).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
+    };
+    let mut response = match accepted {
+        Some(coding) => encoding::compress(response, coding).await,
+        None => response,
+    };
+    if http11 {
+        keep_alive(&state, &mut response);
+    }
+    response
+}
+
+/// Says `Keep-Alive: timeout=N` on an answer whose connection stays open: an idle
+/// keep-alive connection is closed after `header_read_timeout_ms` (hyper's timer
+/// runs while it waits for the next request's head) or `idle_timeout_ms`,
+/// whichever is shorter (`crate::server`). Without the hint a pooled client
+/// reused a socket the server had just closed (10 s, issue 40); with it, clients
+/// that read it (browsers, undici, Go's and Java's pools can be set to) retire the
+/// socket first. Whole seconds, rounded down, so the hint is never late; below one
+/// second, none is sent.
+fn keep_alive(state: &State, response: &mut Response<Body>) {
+    let closes =
+        response.headers().get(hyper::header::CONNECTION).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+    let idle_ms = state.config.header_read_timeout_ms.min(state.config.idle_timeout_ms);
+    if closes || idle_ms < 1000 {
+        return;
+    }
+    let value = format!("timeout={}", idle_ms / 1000);
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&value) {
+        response.headers_mut().insert(hyper::header::HeaderName::from_static("keep-alive"), v);
     }
 }
 
@@ -74,20 +106,42 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             Ok(refuse_before_body(state, req, e).await)
         }
         (&Method::POST, ["v2", "repository", "index"]) => {
-            let body = {
-                let _budget = crate::api::reserve_body(state, &req)?;
-                read_body(state, req).await?
-            };
+            let coding = encoding::of_request(&req)?;
+            let _budget = crate::api::reserve_body(state, &req)?;
+            let (body, _inflated) = encoding::decode(state, coding, read_body(state, req).await?).await?;
             repository_index(state, &body)
         }
         (&Method::POST, ["v2", "repository", "models", m, action @ ("load" | "unload")]) => {
-            let e = ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                format!(
-                    "cannot {action} `{m}`: sluice serves the apps of its config; change a worker's models with \
-                     PUT /admin/apps/{{app}}/workers/{{w}}/models"
-                ),
-            );
+            let e = Unsupported::RepositoryControl.error(&format!("cannot {action} `{m}`"));
+            Ok(refuse_before_body(state, req, e).await)
+        }
+        // The protocol's extensions sluice does not serve, on any method: 501 naming
+        // what is not supported (never a 404 a client could take for a typo).
+        (_, ["v2", area @ ("systemsharedmemory" | "cudasharedmemory"), rest @ ..])
+            if matches!(rest, [_] | ["region", _, _]) =>
+        {
+            let kind = if *area == "cudasharedmemory" {
+                Unsupported::CudaSharedMemory
+            } else {
+                Unsupported::SystemSharedMemory
+            };
+            let e = kind.error(&format!("{method} {path}"));
+            Ok(refuse_before_body(state, req, e).await)
+        }
+        (_, ["v2", "trace", "setting"] | ["v2", "models", _, "trace", "setting"]) => {
+            let e = Unsupported::Trace.error(&format!("{method} {path}"));
+            Ok(refuse_before_body(state, req, e).await)
+        }
+        (_, ["v2", "logging"]) => {
+            let e = Unsupported::Logging.error(&format!("{method} {path}"));
+            Ok(refuse_before_body(state, req, e).await)
+        }
+        (
+            _,
+            ["v2", "models", _, "generate" | "generate_stream"]
+            | ["v2", "models", _, "versions", _, "generate" | "generate_stream"],
+        ) => {
+            let e = Unsupported::Generate.error(&format!("{method} {path}"));
             Ok(refuse_before_body(state, req, e).await)
         }
         (&Method::POST, ["v2", "models", app, "infer"]) => {
@@ -98,30 +152,34 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             // as incoming (ahead of later arrivals) until its body is parsed.
             let admitted = target(state, app).and_then(|t| Ok((t.precheck()?, t)));
             let early = admitted.and_then(|(incoming, t)| {
+                let coding = encoding::of_request(&req)?;
                 let budget = crate::api::reserve_body(state, &req)?;
-                Ok((t, incoming, budget, binary::header_length(&req)?))
+                Ok((t, incoming, budget, binary::header_length(&req)?, coding))
             });
-            let (target, incoming, budget, json_len) = match early {
+            let (target, incoming, budget, json_len, coding) = match early {
                 Ok(x) => x,
                 Err(e) => return Ok(refuse_before_body(state, req, e).await),
             };
             let (request, data) = {
                 let (_incoming, _budget) = (incoming, budget);
-                let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
+                let (body, _inflated) = encoding::decode(state, coding, read_body(state, req).await?).await?;
+                let (json, data) = binary::split(body, json_len)?;
                 (parse_off_thread::<InferRequest>(json).await?, data)
             };
             infer(&target, request, data, arrived).await
         }
         (&Method::POST, ["infer"]) => {
             let arrived = std::time::Instant::now();
-            let early = crate::api::reserve_body(state, &req).and_then(|b| Ok((b, binary::header_length(&req)?)));
-            let (budget, json_len) = match early {
+            let early = encoding::of_request(&req)
+                .and_then(|coding| Ok((crate::api::reserve_body(state, &req)?, binary::header_length(&req)?, coding)));
+            let (budget, json_len, coding) = match early {
                 Ok(x) => x,
                 Err(e) => return Ok(refuse_before_body(state, req, e).await),
             };
             let (request, data) = {
                 let _budget = budget;
-                let (json, data) = binary::split(read_body(state, req).await?, json_len)?;
+                let (body, _inflated) = encoding::decode(state, coding, read_body(state, req).await?).await?;
+                let (json, data) = binary::split(body, json_len)?;
                 (parse_off_thread::<SimpleInferRequest>(json).await?, data)
             };
             let target = target(state, &request.app)?;
@@ -291,22 +349,111 @@ struct InputTensor {
     datatype: String,
     /// JSON data; absent when `parameters.binary_data_size` puts it after the JSON.
     #[serde(default)]
-    data: Option<FlatNumbers>,
+    data: Option<JsonData>,
     #[serde(default)]
     parameters: Option<Value>,
 }
 
 /// Tensor data, flat or nested (the protocol allows both), flattened while parsing
-/// so a large image never becomes a tree of `serde_json::Value`s.
-struct FlatNumbers(Vec<f64>);
+/// so a large image never becomes a tree of `serde_json::Value`s. Its nesting is
+/// recorded (the length at each depth) and checked as it goes: a ragged array, or
+/// an element that is not a number (a boolean, a string, null, an object), makes
+/// it no tensor, kept as the reason ([`Data::Numbers`]) so that the refusal names
+/// the input (a serde error here could only say "invalid JSON body"; booleans were
+/// taken as 0 and 1 and ragged arrays flattened, issue 40).
+struct JsonData {
+    values: Vec<f64>,
+    nesting: Result<Vec<usize>, String>,
+}
 
-impl<'de> Deserialize<'de> for FlatNumbers {
+/// What [`JsonData`]'s parser has seen of the array's structure.
+#[derive(Default)]
+struct Nesting {
+    /// Per depth: whether arrays (`Some(true)`) or numbers (`Some(false)`) are there
+    /// (the first seen; the others must agree).
+    arrays: Vec<Option<bool>>,
+    /// Per depth: the length of its arrays (the first finished; the others must
+    /// agree).
+    dims: Vec<Option<usize>>,
+    /// Leaves seen (numbers or not): the index of the next element.
+    leaves: usize,
+    /// The first thing that makes the data no tensor.
+    problem: Option<String>,
+}
+
+impl Nesting {
+    fn fail(&mut self, problem: String) {
+        if self.problem.is_none() {
+            self.problem = Some(problem);
+        }
+    }
+
+    /// Something at `depth`: an array or a number; they may not be side by side.
+    fn enter(&mut self, depth: usize, array: bool) {
+        if self.arrays.len() <= depth {
+            self.arrays.resize(depth + 1, None);
+        }
+        match self.arrays[depth] {
+            Some(a) if a != array => {
+                self.fail(format!("is a ragged array: numbers and arrays side by side at depth {}", depth + 1))
+            }
+            Some(_) => {}
+            None => self.arrays[depth] = Some(array),
+        }
+    }
+
+    /// An array of `len` elements ended at `depth`: arrays at one depth are alike.
+    fn array(&mut self, depth: usize, len: usize) {
+        if self.dims.len() <= depth {
+            self.dims.resize(depth + 1, None);
+        }
+        match self.dims[depth] {
+            Some(d) if d != len => {
+                self.fail(format!("is a ragged array: arrays of {d} and {len} elements at depth {}", depth + 1))
+            }
+            Some(_) => {}
+            None => self.dims[depth] = Some(len),
+        }
+    }
+
+    fn leaf(&mut self, depth: usize, not_a_number: Option<&str>) {
+        if let Some(what) = not_a_number {
+            self.fail(format!("element {} is {what}, not a number", self.leaves));
+        }
+        self.leaves += 1;
+        self.enter(depth, false);
+    }
+
+    /// The lengths at each depth (one entry for a flat array, none for a number),
+    /// or what makes the data no tensor.
+    fn finish(self) -> Result<Vec<usize>, String> {
+        match self.problem {
+            Some(p) => Err(p),
+            None => Ok(self.dims.into_iter().map_while(|d| d).collect()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for JsonData {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(&'a mut Vec<f64>);
+        struct V<'a> {
+            values: &'a mut Vec<f64>,
+            nesting: &'a mut Nesting,
+            depth: usize,
+        }
         impl<'de> de::DeserializeSeed<'de> for V<'_> {
             type Value = ();
             fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
                 d.deserialize_any(self)
+            }
+        }
+        impl V<'_> {
+            fn number(self, v: f64) {
+                self.values.push(v);
+                self.nesting.leaf(self.depth, None);
+            }
+            fn other(self, what: &str) {
+                self.nesting.leaf(self.depth, Some(what));
             }
         }
         impl<'de> Visitor<'de> for V<'_> {
@@ -315,32 +462,59 @@ impl<'de> Deserialize<'de> for FlatNumbers {
                 f.write_str("numbers or (nested) arrays of numbers")
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-                self.0.push(v);
+                self.number(v);
                 Ok(())
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-                self.0.push(v as f64);
+                self.number(v as f64);
                 Ok(())
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-                self.0.push(v as f64);
+                self.number(v as f64);
                 Ok(())
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-                self.0.push(if v { 1.0 } else { 0.0 });
+                self.other(&format!("a boolean ({v})"));
+                Ok(())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+                self.other("a string");
+                Ok(())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+                self.other("null");
+                Ok(())
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                self.other("an object");
                 Ok(())
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-                if let Some(n) = seq.size_hint() {
-                    self.0.reserve(n);
+                if self.depth == 0 {
+                    if let Some(n) = seq.size_hint() {
+                        self.values.reserve(n);
+                    }
                 }
-                while seq.next_element_seed(V(&mut *self.0))?.is_some() {}
+                self.nesting.enter(self.depth, true);
+                let mut len = 0;
+                while seq
+                    .next_element_seed(V {
+                        values: &mut *self.values,
+                        nesting: &mut *self.nesting,
+                        depth: self.depth + 1,
+                    })?
+                    .is_some()
+                {
+                    len += 1;
+                }
+                self.nesting.array(self.depth, len);
                 Ok(())
             }
         }
-        let mut out = Vec::new();
-        de::DeserializeSeed::deserialize(V(&mut out), d)?;
-        Ok(FlatNumbers(out))
+        let (mut values, mut nesting) = (Vec::new(), Nesting::default());
+        de::DeserializeSeed::deserialize(V { values: &mut values, nesting: &mut nesting, depth: 0 }, d)?;
+        Ok(JsonData { values, nesting: nesting.finish() })
     }
 }
 
@@ -364,7 +538,7 @@ fn decode_inputs(app: &str, inputs: Vec<InputTensor>, binary: Bytes) -> Result<V
                 return Err(bad(format!("input `{}`: both `data` and binary_data_size given", input.name)));
             }
             (None, None) => return Err(bad(format!("input `{}`: no `data` (nor binary_data_size)", input.name))),
-            (Some(FlatNumbers(values)), None) => Data::Numbers(values),
+            (Some(JsonData { values, nesting }), None) => Data::Numbers { values, nesting },
             (None, Some(size)) => {
                 let bytes = rest.split_to(size.min(rest.len()));
                 Data::Bytes { bytes, declared: Some(size), source: "binary_data_size" }
@@ -379,15 +553,16 @@ fn decode_inputs(app: &str, inputs: Vec<InputTensor>, binary: Bytes) -> Result<V
     Ok(out)
 }
 
+/// A tensor's elements as JSON numbers (finite ones: [`encode_outputs`] sends the
+/// others in binary).
 fn tensor_json(t: &Tensor) -> Value {
-    let data = match &t.data {
+    match &t.data {
         TensorData::F32(v) => json!(v),
         TensorData::F64(v) => json!(v),
         TensorData::I32(v) => json!(v),
         TensorData::I64(v) => json!(v),
         TensorData::U8(v) => json!(v),
-    };
-    json!({ "name": t.name, "datatype": t.datatype().oip_name(), "shape": t.shape, "data": data })
+    }
 }
 
 /// Bodies larger than this are parsed on the blocking pool: parsing a JSON image
@@ -463,29 +638,55 @@ fn binary_outputs<'a>(
     }
 }
 
-/// The outputs as JSON entries and the binary tail. A non-finite value is a model
-/// fault (JSON has no NaN or infinity), not a 200.
-fn encode_outputs<'a>(
-    what: &str,
-    tensors: impl IntoIterator<Item = &'a Tensor>,
-    binary_out: impl Fn(&str) -> bool,
-) -> Result<(Vec<Value>, Vec<u8>), ApiError> {
-    let mut tail = Vec::new();
-    let mut outputs = Vec::new();
-    for t in tensors {
-        if let Some(i) = t.data.first_non_finite() {
-            return Err(ApiError::internal(format!("{what} produced a non-finite output (element {i})")));
-        }
-        if binary_out(&t.name) {
-            let bytes = t.data.to_le_bytes();
-            outputs.push(json!({ "name": t.name, "datatype": t.datatype().oip_name(), "shape": t.shape,
-                                 "parameters": { "binary_data_size": bytes.len() } }));
-            tail.extend(bytes);
-        } else {
-            outputs.push(tensor_json(t));
+/// The classification extension's counts: each requested output's
+/// `parameters.classification` (tritonclient's `class_count`), 0 where not asked.
+fn class_counts(outputs: &Option<Vec<RequestedOutput>>) -> Result<Vec<(String, u64)>, ApiError> {
+    let mut counts = Vec::new();
+    for o in outputs.iter().flatten() {
+        if let Some(v) = o.parameters.as_ref().and_then(|p| p.get("classification")) {
+            let k = v.as_u64().ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "output `{}`: parameters.classification: expected a class count (an integer >= 0), got {v}",
+                    o.name
+                ))
+            })?;
+            counts.push((o.name.clone(), k));
         }
     }
-    Ok((outputs, tail))
+    Ok(counts)
+}
+
+/// The outputs as JSON entries and the binary tail. An output goes in binary when
+/// asked, and also when JSON cannot carry it: a NaN or an infinity (the model's
+/// business, as any value is: Triton returns them) has no JSON number, and an
+/// answer of `null`s would be no tensor at all. The entry's `binary_data_size` says
+/// so, which tritonclient reads whatever it asked.
+fn encode_outputs(outputs: &[Output], binary_out: impl Fn(&str) -> bool) -> (Vec<Value>, Vec<u8>) {
+    let mut tail = Vec::new();
+    let mut entries = Vec::new();
+    for o in outputs {
+        let in_json = !binary_out(o.name())
+            && match o {
+                Output::Tensor(t) => t.data.first_non_finite().is_none(),
+                Output::Classes { .. } => true,
+            };
+        let mut entry = json!({ "name": o.name(), "datatype": o.datatype(), "shape": o.shape() });
+        if in_json {
+            entry["data"] = match o {
+                Output::Tensor(t) => tensor_json(t),
+                Output::Classes { values, .. } => json!(values),
+            };
+        } else {
+            let bytes = match o {
+                Output::Tensor(t) => t.data.to_le_bytes(),
+                Output::Classes { values, .. } => infer::bytes_elements(values),
+            };
+            entry["parameters"] = json!({ "binary_data_size": bytes.len() });
+            tail.extend(bytes);
+        }
+        entries.push(entry);
+    }
+    (entries, tail)
 }
 
 /// A 200 with `body`, and the binary tail after it when there is one.
@@ -514,20 +715,21 @@ async fn infer(
     let InferRequest { id, inputs, outputs, parameters } = request;
     let requested: Vec<&str> = outputs.iter().flatten().map(|o| o.name.as_str()).collect();
     target.check_outputs(&requested)?;
+    let counts = class_counts(&outputs)?;
     let inputs = decode_inputs(target.name(), inputs, data)?;
     let answer = target.infer(id.as_deref(), inputs, arrived).await?;
-    let what = match target {
-        Target::App(_) => format!("{}: variant {}", target.describe(), answer.model_version),
-        Target::Pipeline(_) => target.describe(),
-    };
-    let (outputs, tail) = encode_outputs(&what, &answer.outputs, binary_outputs(parameters.as_ref(), &outputs))?;
-    let body = json!({
+    let answered = infer::classify(target, answer.outputs, &counts);
+    let (entries, tail) = encode_outputs(&answered, binary_outputs(parameters.as_ref(), &outputs));
+    let mut body = json!({
         "model_name": answer.model_name,
         "model_version": answer.model_version,
-        "id": id,
-        "outputs": outputs,
+        "outputs": entries,
         "parameters": answer.parameters,
     });
+    // The request's id, echoed; absent when it sent none (as Triton: not `null`).
+    if let Some(id) = id {
+        body["id"] = json!(id);
+    }
     respond(body, tail)
 }
 
@@ -566,6 +768,12 @@ fn model_config(target: &Target, version: &str) -> Result<Response<Body>, ApiErr
     };
     let parameters: serde_json::Map<String, Value> =
         c.parameters.iter().map(|(k, v)| (k.clone(), json!({ "string_value": v }))).collect();
+    let mut outputs = tensors(&c.outputs);
+    if let Some(file) = &c.label_filename {
+        for o in &mut outputs {
+            o["label_filename"] = json!(file);
+        }
+    }
     ok(json!({
         "name": c.name,
         "platform": c.platform,
@@ -573,35 +781,22 @@ fn model_config(target: &Target, version: &str) -> Result<Response<Body>, ApiErr
         "max_batch_size": c.max_batch_size,
         "version_policy": { "all": {} },
         "input": tensors(&c.inputs),
-        "output": tensors(&c.outputs),
+        "output": outputs,
         "dynamic_batching": {},
         "parameters": parameters,
     }))
 }
 
-/// The statistics extension, in Triton's JSON form: every app, or one.
+/// The statistics extension, in Triton's JSON form: every app, one app, or a
+/// pipeline's task apps ([`infer::statistics`]).
 fn statistics(state: &State, name: Option<&str>, version: &str) -> Result<Response<Body>, ApiError> {
-    let apps: Vec<&Arc<App>> = match name {
-        Some(name) => {
-            let t = target(state, name)?;
-            if matches!(t, Target::Pipeline(_)) {
-                return Err(ApiError::bad_request(format!(
-                    "pipeline {name} has no statistics of its own: ask for its task apps' ({name}.<task>) in /metrics"
-                )));
-            }
-            t.check_version(version)?;
-            vec![app_of(state, name)?]
-        }
-        None => state.apps.values().collect(),
-    };
     let duration = |count: u64, ns: u64| json!({ "count": count, "ns": ns });
-    let stats: Vec<Value> = apps
+    let stats: Vec<Value> = infer::statistics(state, name.unwrap_or_default(), version)?
         .into_iter()
-        .map(|app| {
-            let s = infer::stats(state, app);
+        .map(|s| {
             json!({
                 "name": s.name,
-                "version": "",
+                "version": infer::STATS_VERSION,
                 "last_inference": 0,
                 "inference_count": s.served,
                 "execution_count": s.executions,
@@ -609,9 +804,9 @@ fn statistics(state: &State, name: Option<&str>, version: &str) -> Result<Respon
                     "success": duration(s.served, s.latency_ns),
                     "fail": duration(s.failed, 0),
                     "queue": duration(s.served, s.queue_ns),
-                    "compute_input": duration(0, 0),
-                    "compute_infer": duration(s.served, s.latency_ns.saturating_sub(s.queue_ns)),
-                    "compute_output": duration(0, 0),
+                    "compute_input": duration(s.served, 0),
+                    "compute_infer": duration(s.served, s.compute_ns),
+                    "compute_output": duration(s.served, 0),
                     "cache_hit": duration(0, 0),
                     "cache_miss": duration(0, 0),
                 },
@@ -637,6 +832,223 @@ fn repository_index(state: &State, body: &[u8]) -> Result<Response<Body>, ApiErr
         .map(|e| json!({ "name": e.name, "version": e.version, "state": e.state, "reason": e.reason }))
         .collect();
     ok(Value::Array(entries))
+}
+
+/// HTTP content codings: compressed request bodies (`Content-Encoding`, which
+/// tritonclient sends with `request_compression_algorithm`) and compressed answers
+/// (`Accept-Encoding`), gzip and deflate, as Triton's HTTP front offers them.
+mod encoding {
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt as _, Full};
+    use hyper::body::Incoming;
+    use hyper::header::{HeaderMap, HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, VARY};
+    use hyper::{Request, Response, StatusCode};
+    use tokio::sync::OwnedSemaphorePermit;
+
+    use crate::api::{ApiError, Body};
+    use crate::state::State;
+
+    /// A content coding sluice reads and writes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Coding {
+        /// gzip (RFC 1952), `x-gzip` too.
+        Gzip,
+        /// `deflate`: zlib (RFC 1950) as RFC 9110 defines it; a raw deflate stream
+        /// (what some clients send under that name) is read too.
+        Deflate,
+    }
+
+    impl Coding {
+        fn name(self) -> &'static str {
+            match self {
+                Coding::Gzip => "gzip",
+                Coding::Deflate => "deflate",
+            }
+        }
+    }
+
+    /// Decompressed bodies are read in pieces of this size, each counted against
+    /// `max_body_bytes` and the body budget before the next is read.
+    const PIECE: usize = 64 << 10;
+
+    /// Answers smaller than this go uncompressed whatever the client accepts: a few
+    /// hundred bytes of JSON gain nothing worth the CPU (`identity` is always
+    /// acceptable, RFC 9110 §12.5.3).
+    const COMPRESS_MIN: usize = 1024;
+
+    /// Bodies larger than this are (de)compressed on the blocking pool, as large
+    /// bodies are parsed there.
+    const INLINE_MAX: usize = super::PARSE_INLINE_MAX;
+
+    /// The request body's coding, from its head: none (or `identity`), gzip or
+    /// deflate; anything else is 415 naming what is accepted.
+    pub(super) fn of_request(req: &Request<Incoming>) -> Result<Option<Coding>, ApiError> {
+        let Some(v) = req.headers().get(CONTENT_ENCODING) else { return Ok(None) };
+        let v = String::from_utf8_lossy(v.as_bytes()).trim().to_ascii_lowercase();
+        match v.as_str() {
+            "" | "identity" => Ok(None),
+            "gzip" | "x-gzip" => Ok(Some(Coding::Gzip)),
+            "deflate" => Ok(Some(Coding::Deflate)),
+            other => Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "content-encoding `{other}` is not supported: send the body as is, gzip or deflate (one coding)"
+                ),
+            )),
+        }
+    }
+
+    /// The body as sent, decompressed when it came compressed. A decompressed body
+    /// is bounded as a plain one is: past `max_body_bytes` it is refused with 413
+    /// while it is being decompressed (a small body that inflates to gigabytes is
+    /// stopped at the limit, never held), and its size is taken from the body budget
+    /// (`body_budget_bytes`) as it grows, held until the returned permit drops
+    /// (after parsing); with no room, 503 as for any body.
+    pub(super) async fn decode(
+        state: &Arc<State>,
+        coding: Option<Coding>,
+        body: Bytes,
+    ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+        let Some(coding) = coding else { return Ok((body, None)) };
+        if body.len() <= INLINE_MAX {
+            return inflate(state, coding, &body);
+        }
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || inflate(&state, coding, &body)).await.map_err(ApiError::internal)?
+    }
+
+    fn inflate(state: &State, coding: Coding, body: &[u8]) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+        let mut reader: Box<dyn Read + '_> = match coding {
+            Coding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(body)),
+            // A zlib stream starts with a header whose 16 bits are a multiple of 31
+            // and whose method is 8 (deflate); anything else is read as raw deflate.
+            Coding::Deflate
+                if body.len() >= 2 && body[0] & 0x0f == 8 && u16::from_be_bytes([body[0], body[1]]) % 31 == 0 =>
+            {
+                Box::new(flate2::read::ZlibDecoder::new(body))
+            }
+            Coding::Deflate => Box::new(flate2::read::DeflateDecoder::new(body)),
+        };
+        let limit = state.config.max_body_bytes;
+        let mut out: Vec<u8> = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
+        let mut held: Option<OwnedSemaphorePermit> = None;
+        let mut held_kib = 0usize;
+        loop {
+            let start = out.len();
+            // Never more than one byte past the limit: that byte says it is over.
+            let room = (limit + 1).saturating_sub(start).min(PIECE);
+            out.resize(start + room, 0);
+            let n = match reader.read(&mut out[start..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
+                Err(e) => {
+                    return Err(ApiError::bad_request(format!(
+                        "content-encoding {}: the body does not decompress: {e}",
+                        coding.name()
+                    )))
+                }
+            };
+            out.truncate(start + n);
+            if out.len() > limit {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "the body decompresses ({}) past the limit of {limit} bytes (max_body_bytes)",
+                        coding.name()
+                    ),
+                ));
+            }
+            let kib = out.len().div_ceil(1024);
+            if kib > held_kib {
+                let more = u32::try_from(kib - held_kib).unwrap_or(u32::MAX);
+                let permit = state
+                    .body_budget
+                    .clone()
+                    .try_acquire_many_owned(more)
+                    .map_err(|_| crate::api::budget_full(state))?;
+                match &mut held {
+                    Some(h) => h.merge(permit),
+                    None => held = Some(permit),
+                }
+                held_kib = kib;
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        Ok((Bytes::from(out), held))
+    }
+
+    /// The coding the client prefers among those sluice writes (`Accept-Encoding`,
+    /// q-values honoured, gzip first on a tie; `*` counts as gzip), or none.
+    pub(super) fn accepted(headers: &HeaderMap) -> Option<Coding> {
+        let mut best: Option<(f32, Coding)> = None;
+        for value in headers.get_all(ACCEPT_ENCODING) {
+            let Ok(value) = value.to_str() else { continue };
+            for item in value.split(',') {
+                let mut parts = item.split(';');
+                let name = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+                let q = parts
+                    .filter_map(|p| p.trim().strip_prefix("q=").and_then(|q| q.trim().parse::<f32>().ok()))
+                    .next()
+                    .unwrap_or(1.0);
+                let coding = match name.as_str() {
+                    "gzip" | "x-gzip" | "*" => Coding::Gzip,
+                    "deflate" => Coding::Deflate,
+                    _ => continue,
+                };
+                if q > 0.0 && best.is_none_or(|(b, c)| q > b || (q == b && coding == Coding::Gzip && c != Coding::Gzip))
+                {
+                    best = Some((q, coding));
+                }
+            }
+        }
+        best.map(|(_, c)| c)
+    }
+
+    /// The answer compressed with `coding` (fast level: the point is fewer bytes on
+    /// a slow link for little CPU), unless it is small, already coded, or a 1xx/204.
+    pub(super) async fn compress(response: Response<Body>, coding: Coding) -> Response<Body> {
+        use http_body::Body as _;
+        let small = response.body().size_hint().exact().is_none_or(|n| (n as usize) < COMPRESS_MIN);
+        if small || response.headers().contains_key(CONTENT_ENCODING) {
+            return response;
+        }
+        let (mut parts, body) = response.into_parts();
+        let Ok(collected) = body.collect().await;
+        let bytes = collected.to_bytes();
+        let input = bytes.clone();
+        let encode = move || -> std::io::Result<Vec<u8>> {
+            let level = flate2::Compression::fast();
+            let out = Vec::with_capacity(input.len() / 2);
+            match coding {
+                Coding::Gzip => {
+                    let mut e = flate2::write::GzEncoder::new(out, level);
+                    e.write_all(&input)?;
+                    e.finish()
+                }
+                Coding::Deflate => {
+                    let mut e = flate2::write::ZlibEncoder::new(out, level);
+                    e.write_all(&input)?;
+                    e.finish()
+                }
+            }
+        };
+        let compressed = if bytes.len() > INLINE_MAX {
+            tokio::task::spawn_blocking(encode).await.ok().and_then(Result::ok)
+        } else {
+            encode().ok()
+        };
+        // Writing into memory does not fail; were it to, the answer goes as it was.
+        let Some(compressed) = compressed else { return Response::from_parts(parts, Full::new(bytes)) };
+        parts.headers.remove(hyper::header::CONTENT_LENGTH);
+        parts.headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.name()));
+        parts.headers.append(VARY, HeaderValue::from_static("accept-encoding"));
+        Response::from_parts(parts, Full::new(Bytes::from(compressed)))
+    }
 }
 
 /// Property-based fuzzing of request parsing (JSON and binary tensors): seeds from

@@ -44,12 +44,19 @@ pub(crate) struct Input {
 
 /// An input's data, in one of the forms the protocols carry.
 pub(crate) enum Data {
-    /// JSON numbers (HTTP), range-checked against the datatype.
-    Numbers(Vec<f64>),
+    /// JSON numbers (HTTP), range-checked against the datatype: the elements in
+    /// row-major order, and how the array nested them (`Ok(dims)`: the length at
+    /// each depth, one entry for a flat array; `Err`: what made it no tensor, a
+    /// boolean, a string or a ragged array, reported naming the input once its
+    /// name, datatype and shape are known good).
+    Numbers { values: Vec<f64>, nesting: Result<Vec<usize>, String> },
     /// Little-endian bytes: HTTP's binary tensor data extension (`declared`: its
     /// `binary_data_size`) or gRPC's `raw_input_contents` (`source` names it).
+    /// Taken as bytes, as Triton takes them: any bit pattern is an element (a NaN
+    /// in an FP32 image is the model's business, not a malformed request).
     Bytes { bytes: Bytes, declared: Option<usize>, source: &'static str },
-    /// Typed values (gRPC's `contents`), already of the declared datatype.
+    /// Typed values (gRPC's `contents`), already of the declared datatype (protobuf
+    /// carries any float, so these are taken as they come too).
     Typed(TensorData),
 }
 
@@ -103,6 +110,64 @@ pub(crate) fn pinned_version(name: &str, version: &str) -> ApiError {
         "app {name}: inference on version `{version}` is not supported: sluice's policy picks the variant of \
          every request; send it to the app (no version), and the answer's model_version names the variant"
     ))
+}
+
+/// What the protocol offers that sluice does not serve. Each is refused on both
+/// fronts with the same message (HTTP 501, gRPC UNIMPLEMENTED), naming what is not
+/// supported and what to do instead: a client must never read a refusal as a
+/// success (Triton's C++ client takes a gRPC error with an empty message for OK, so
+/// perf_analyzer "registered" shared memory it then could not use, issue 39).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unsupported {
+    /// System shared memory (status, register, unregister).
+    SystemSharedMemory,
+    /// CUDA shared memory (status, register, unregister).
+    CudaSharedMemory,
+    /// Trace settings.
+    Trace,
+    /// Log settings.
+    Logging,
+    /// Streaming inference (`ModelStreamInfer`).
+    Streaming,
+    /// The generate extension (`/v2/models/{m}/generate[_stream]`).
+    Generate,
+    /// Model repository control (load, unload).
+    RepositoryControl,
+}
+
+impl Unsupported {
+    /// The refusal.
+    pub(crate) fn error(self, detail: &str) -> ApiError {
+        let message = match self {
+            Unsupported::SystemSharedMemory | Unsupported::CudaSharedMemory => {
+                let kind = if self == Unsupported::CudaSharedMemory { "CUDA" } else { "system" };
+                format!(
+                    "{kind} shared memory is not supported by sluice ({detail}): nothing was registered; send the \
+                     tensor data in the request (JSON, the binary tensor data extension, or gRPC raw_input_contents)"
+                )
+            }
+            Unsupported::Trace => format!(
+                "trace settings are not supported by sluice ({detail}): it has no request tracing; \
+                 /metrics and each answer's parameters say where the time went"
+            ),
+            Unsupported::Logging => {
+                format!("log settings are not supported by sluice ({detail}): set RUST_LOG when starting it")
+            }
+            Unsupported::Streaming => format!(
+                "streaming inference is not supported by sluice ({detail}): send each request as a ModelInfer \
+                 call (or POST /v2/models/{{m}}/infer); each is answered by its deadline"
+            ),
+            Unsupported::Generate => format!(
+                "the generate extension is not supported by sluice ({detail}): send tensors to \
+                 POST /v2/models/{{m}}/infer"
+            ),
+            Unsupported::RepositoryControl => format!(
+                "model repository control is not supported by sluice ({detail}): it serves the apps of its \
+                 config; change a worker's models with PUT /admin/apps/{{app}}/workers/{{w}}/models"
+            ),
+        };
+        ApiError::new(StatusCode::NOT_IMPLEMENTED, message)
+    }
 }
 
 impl Target {
@@ -186,14 +251,6 @@ impl Target {
             }
         }
     }
-
-    /// How errors and logs name the target: `app NAME` or `pipeline NAME`.
-    pub(crate) fn describe(&self) -> String {
-        match self {
-            Target::App(app) => format!("app {}", app.name()),
-            Target::Pipeline(p) => format!("pipeline {}", p.name()),
-        }
-    }
 }
 
 /// Checks a request's inputs against the app's input and converts them: exactly
@@ -251,7 +308,18 @@ pub(crate) fn to_tensor(
     }
     let n: usize = shape.iter().product();
     let data = match input.data {
-        Data::Numbers(values) => {
+        Data::Numbers { values, nesting } => {
+            let dims = nesting.map_err(|m| {
+                bad(format!(
+                    "input `{name}`: data {m}; {} data is JSON numbers, flat or nested as the shape",
+                    spec.datatype
+                ))
+            })?;
+            // A nested array is the tensor's shape as the request gives it; a flat
+            // one is the elements in row-major order.
+            if dims.len() > 1 && dims != given {
+                return Err(bad(format!("input `{name}`: data nested as {dims:?} but the shape is {given:?}")));
+            }
             if values.len() != n {
                 return Err(bad(format!(
                     "input `{name}`: shape {given:?} needs {n} elements, data has {}",
@@ -284,9 +352,8 @@ pub(crate) fn to_tensor(
             data
         }
     };
-    if let Some(i) = data.first_non_finite() {
-        return Err(bad(format!("input `{name}`: element {i} is not a finite number")));
-    }
+    // No finiteness check: JSON numbers were range-checked by `convert` (JSON has no
+    // NaN or infinity), and bytes are bytes (see [`Data::Bytes`]).
     Ok(Tensor { name: input.name, shape, data })
 }
 
@@ -625,11 +692,21 @@ pub(crate) fn repository_index(state: &State, ready_only: bool) -> Vec<IndexEntr
     out
 }
 
+/// The version an app's statistics are reported under. Triton numbers a model's
+/// versions and perf_analyzer parses the statistics' `version` as an integer
+/// (`std::stoll`: an empty one aborted it, issue 39); sluice's versions are its
+/// variants, and its statistics are the app's as a whole (the counters are per
+/// app), so they are reported as the one version `1`, and a statistics request for
+/// `1` (or for any variant) gets them.
+pub(crate) const STATS_VERSION: &str = "1";
+
 /// An app's statistics in Triton's terms, from sluice's counters and metrics.
 pub(crate) struct Stats {
-    /// The app.
+    /// The app (a pipeline's task app: `pipeline.task`).
     pub name: String,
-    /// Requests served (on time or late): Triton's `inference_count` and `success.count`.
+    /// Requests served (on time or late): Triton's `inference_count`, and the count
+    /// of `success`, `queue` and the three compute phases (Triton counts each per
+    /// request, and perf_analyzer requires the compute counts to agree).
     pub served: u64,
     /// Batches executed: `execution_count`.
     pub executions: u64,
@@ -640,6 +717,10 @@ pub(crate) struct Stats {
     pub failed: u64,
     /// Total ns the served requests waited in the queue: `queue.ns`.
     pub queue_ns: u64,
+    /// Total ns of the served requests' batches: `compute_infer.ns`. Preparing the
+    /// inputs and outputs (concatenating the samples, splitting the outputs) is not
+    /// measured apart and is in it; `compute_input.ns` and `compute_output.ns` are 0.
+    pub compute_ns: u64,
 }
 
 /// The statistics of an app (pipelines have none of their own: their task apps do).
@@ -650,14 +731,35 @@ pub(crate) fn stats(state: &State, app: &App) -> Stats {
     let (_, latency_s) = hist("sluice_latency_seconds");
     let (_, queue_s) = hist("sluice_queue_seconds");
     let (executions, _) = hist("sluice_batch_size");
+    let latency_ns = (latency_s * 1e9) as u64;
+    let queue_ns = (queue_s * 1e9) as u64;
     Stats {
         name: name.to_string(),
         served: c.served.load(Ordering::Relaxed),
         executions,
-        latency_ns: (latency_s * 1e9) as u64,
+        latency_ns,
         failed: c.dropped.load(Ordering::Relaxed) + c.rejected.load(Ordering::Relaxed),
-        queue_ns: (queue_s * 1e9) as u64,
+        queue_ns,
+        compute_ns: latency_ns.saturating_sub(queue_ns),
     }
+}
+
+/// The statistics extension for both fronts: every app (no name), one app (a
+/// `version` of `1`, [`STATS_VERSION`], or one of its variants, names the app as a
+/// whole), or a pipeline's task apps (a pipeline's statistics are theirs: it runs
+/// no model of its own).
+pub(crate) fn statistics(state: &State, name: &str, version: &str) -> Result<Vec<Stats>, ApiError> {
+    if name.is_empty() {
+        return Ok(state.apps.values().map(|app| stats(state, app)).collect());
+    }
+    let target = target(state, name)?;
+    if version != STATS_VERSION {
+        target.check_version(version)?;
+    }
+    Ok(match target {
+        Target::App(app) => vec![stats(state, &app)],
+        Target::Pipeline(p) => p.tasks.iter().flatten().map(|app| stats(state, app)).collect(),
+    })
 }
 
 /// A target's model configuration in Triton's terms (the model configuration
@@ -675,6 +777,9 @@ pub(crate) struct ModelConfig {
     pub inputs: Vec<(String, String, Vec<i64>)>,
     /// Outputs, as the inputs.
     pub outputs: Vec<(String, String, Vec<i64>)>,
+    /// The outputs' labels file ([`LABELS_FILE`]) where the model directory has one
+    /// (Triton's `label_filename`: the classification extension names its classes).
+    pub label_filename: Option<String>,
     /// Sluice's settings as strings (SLO, workers, policy, router, variants).
     pub parameters: Vec<(String, String)>,
 }
@@ -690,6 +795,7 @@ impl Target {
                 max_batch_size: i32::try_from(app.config.max_queue).unwrap_or(i32::MAX),
                 inputs: m.inputs.into_iter().map(|(n, d, s)| (n, d, s[1..].to_vec())).collect(),
                 outputs: m.outputs.into_iter().map(|(n, d, s)| (n, d, s[1..].to_vec())).collect(),
+                label_filename: app.config.model_dir.as_deref().and_then(labels_in).map(|_| LABELS_FILE.to_string()),
                 parameters: vec![
                     ("slo_ms".into(), app.config.slo_ms.to_string()),
                     ("workers".into(), app.workers.len().to_string()),
@@ -711,6 +817,7 @@ impl Target {
                 max_batch_size: 0,
                 inputs: m.inputs,
                 outputs: m.outputs,
+                label_filename: None,
                 parameters: vec![
                     ("slo_ms".into(), p.problem.slo_ms.to_string()),
                     ("workers".into(), p.problem.workers.to_string()),
@@ -719,5 +826,200 @@ impl Target {
                 ],
             },
         })
+    }
+}
+
+/// The file of class labels the classification extension reads, in a model
+/// directory (`model_dir`): one label per line, line i naming class i, as Triton's
+/// `label_filename`. Without it a class is `score:index`.
+pub(crate) const LABELS_FILE: &str = "labels.txt";
+
+/// An output as the fronts send it: a tensor the model produced, or its
+/// classification.
+pub(crate) enum Output {
+    /// A tensor as served.
+    Tensor(Tensor),
+    /// The classification extension's answer for a tensor: per sample, its `k`
+    /// highest elements as `"score:index"` or `"score:index:label"`, highest first;
+    /// BYTES of shape `[samples, k]`.
+    Classes {
+        /// The output's name.
+        name: String,
+        /// `[samples, k]`.
+        shape: Vec<usize>,
+        /// Row-major.
+        values: Vec<String>,
+    },
+}
+
+impl Output {
+    /// Its name.
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            Output::Tensor(t) => &t.name,
+            Output::Classes { name, .. } => name,
+        }
+    }
+
+    /// Its datatype as the protocol names it.
+    pub(crate) fn datatype(&self) -> &'static str {
+        match self {
+            Output::Tensor(t) => t.datatype().oip_name(),
+            Output::Classes { .. } => "BYTES",
+        }
+    }
+
+    /// Its shape.
+    pub(crate) fn shape(&self) -> &[usize] {
+        match self {
+            Output::Tensor(t) => &t.shape,
+            Output::Classes { shape, .. } => shape,
+        }
+    }
+}
+
+/// BYTES elements in the binary form (the binary tensor data extension's and
+/// gRPC's raw contents): each a little-endian u32 length, then its bytes.
+pub(crate) fn bytes_elements(values: &[String]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.iter().map(|v| v.len() + 4).sum());
+    for v in values {
+        out.extend((v.len() as u32).to_le_bytes());
+        out.extend(v.as_bytes());
+    }
+    out
+}
+
+/// The classification extension (Triton's `class_count`): each output given a
+/// count above 0 in `counts` becomes its classification ([`Output::Classes`]),
+/// k = the count clamped to the elements per sample, as Triton does; the others
+/// stay tensors. Labels come from the model directory's [`LABELS_FILE`] where
+/// there is one.
+pub(crate) fn classify(target: &Target, outputs: Vec<Tensor>, counts: &[(String, u64)]) -> Vec<Output> {
+    outputs
+        .into_iter()
+        .map(|t| match counts.iter().find(|(name, k)| *name == t.name && *k > 0) {
+            None => Output::Tensor(t),
+            Some((_, k)) => {
+                let labels = labels_for(target, &t.name);
+                classes(t, *k, labels.as_deref().map(Vec::as_slice))
+            }
+        })
+        .collect()
+}
+
+/// One tensor's top-k per sample (the leading dimension).
+fn classes(t: Tensor, k: u64, labels: Option<&[String]>) -> Output {
+    let rows = t.shape.first().copied().unwrap_or(1).max(1);
+    let per = t.data.len() / rows;
+    let k = usize::try_from(k).unwrap_or(usize::MAX).min(per);
+    let mut values = Vec::with_capacity(rows * k);
+    for r in 0..rows {
+        let range = r * per..(r + 1) * per;
+        // Highest first; ties in index order; NaN last (Triton's comparison leaves
+        // them wherever its sort put them). Triton's score is std::to_string of the
+        // element: six decimals for floats.
+        let top: Vec<(usize, String)> = match &t.data {
+            TensorData::F32(v) => {
+                let s = &v[range];
+                let order = top(s.len(), k, |a, b| float_order(f64::from(s[a]), f64::from(s[b])));
+                order.into_iter().map(|i| (i, format!("{:.6}", s[i]))).collect()
+            }
+            TensorData::F64(v) => {
+                let s = &v[range];
+                top(s.len(), k, |a, b| float_order(s[a], s[b]))
+                    .into_iter()
+                    .map(|i| (i, format!("{:.6}", s[i])))
+                    .collect()
+            }
+            TensorData::I32(v) => {
+                let s = &v[range];
+                top(s.len(), k, |a, b| s[b].cmp(&s[a])).into_iter().map(|i| (i, s[i].to_string())).collect()
+            }
+            TensorData::I64(v) => {
+                let s = &v[range];
+                top(s.len(), k, |a, b| s[b].cmp(&s[a])).into_iter().map(|i| (i, s[i].to_string())).collect()
+            }
+            TensorData::U8(v) => {
+                let s = &v[range];
+                top(s.len(), k, |a, b| s[b].cmp(&s[a])).into_iter().map(|i| (i, s[i].to_string())).collect()
+            }
+        };
+        for (i, score) in top {
+            match labels.and_then(|l| l.get(i)) {
+                Some(label) => values.push(format!("{score}:{i}:{label}")),
+                None => values.push(format!("{score}:{i}")),
+            }
+        }
+    }
+    Output::Classes { name: t.name, shape: vec![rows, k], values }
+}
+
+/// Descending, NaN last (a total order: Rust's sort needs one).
+fn float_order(a: f64, b: f64) -> std::cmp::Ordering {
+    a.is_nan().cmp(&b.is_nan()).then_with(|| b.total_cmp(&a))
+}
+
+/// The indices of the first `k` of `0..n` in `order` (stable: ties keep index order).
+fn top(n: usize, k: usize, order: impl Fn(usize, usize) -> std::cmp::Ordering) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..n).collect();
+    idx.sort_by(|a, b| order(*a, *b));
+    idx.truncate(k);
+    idx
+}
+
+/// The labels for `output` of `target`: its model directory's [`LABELS_FILE`] (a
+/// pipeline's output is its sink task's, whose app has the directory).
+fn labels_for(target: &Target, output: &str) -> Option<Arc<Vec<String>>> {
+    let app = match target {
+        Target::App(app) => app.clone(),
+        Target::Pipeline(p) => {
+            let t = p.graph.tasks.iter().position(|t| t.name == output)?;
+            p.tasks.get(t)?.clone()?
+        }
+    };
+    labels_in(app.config.model_dir.as_deref()?)
+}
+
+/// The labels file of a model directory, read once and kept (None: there is none,
+/// or it cannot be read: classes are then `score:index`, as Triton's without labels).
+pub(crate) fn labels_in(dir: &std::path::Path) -> Option<Arc<Vec<String>>> {
+    type Cache = parking_lot::Mutex<std::collections::HashMap<std::path::PathBuf, Option<Arc<Vec<String>>>>>;
+    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    let path = dir.join(LABELS_FILE);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(labels) = cache.lock().get(&path) {
+        return labels.clone();
+    }
+    let labels = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(Arc::new(text.lines().map(|l| l.trim_end_matches('\r').to_string()).collect())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!("{}: cannot read the class labels ({e}); classes are answered without them", path.display());
+            None
+        }
+    };
+    cache.lock().insert(path, labels.clone());
+    labels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_the_top_k_per_sample_in_tritons_format() {
+        let t = Tensor::new("output", vec![2, 3], TensorData::F32(vec![0.1, 0.7, 0.2, 0.5, f32::NAN, 0.5])).unwrap();
+        let Output::Classes { shape, values, .. } = classes(t.clone(), 2, None) else { panic!("classes") };
+        assert_eq!(shape, vec![2, 2]);
+        assert_eq!(values, ["0.700000:1", "0.200000:2", "0.500000:0", "0.500000:2"]);
+        let labels: Vec<String> = ["cat", "dog", "cup"].map(String::from).to_vec();
+        let Output::Classes { shape, values, .. } = classes(t, 9, Some(&labels)) else { panic!("classes") };
+        assert_eq!(shape, vec![2, 3], "k is clamped to the elements per sample");
+        assert_eq!(values[0], "0.700000:1:dog");
+        assert_eq!(values[5], "NaN:1:dog", "NaN last");
+        let ints = Tensor::new("o", vec![1, 3], TensorData::I64(vec![3, 9, -1])).unwrap();
+        let Output::Classes { values, .. } = classes(ints, 1, None) else { panic!("classes") };
+        assert_eq!(values, ["9:1"]);
+        assert_eq!(bytes_elements(&["ab".into(), "".into()]), vec![2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]);
     }
 }
