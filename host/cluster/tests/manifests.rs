@@ -12,8 +12,7 @@
 //!   one, a `subPath` names a key of it, and the sluice config in it is valid TOML
 //!   whose `[[device]]` types include every agent's `--devices`;
 //! - sluice containers run `serve` with a known `--role`, `--etcd` naming every etcd
-//!   member, and agents and frontends have readiness probes and a PreStop hook; the
-//!   accelerator pool requests `nvidia.com/gpu`;
+//!   member, and agents and frontends have readiness probes and a PreStop hook;
 //! - `kustomization.yaml` lists exactly the other files; with kubectl installed,
 //!   `kubectl kustomize` renders them;
 //! - every resource validates, strictly (an unknown field anywhere fails), against
@@ -21,8 +20,34 @@
 //!   `kubernetes-validate` (PyPI, schemas bundled: no server, no network), which
 //!   `cargo xtask setup` installs into the project venv.
 //!
+//!
+//! What an operator would apply (`hardening_problems`, each rule shown to catch its
+//! violation by `every_hardening_rule_catches_its_violation`):
+//! - every container has cpu and memory requests and limits (requests within limits)
+//!   and a restricted securityContext: non-root with a fixed uid, read-only root
+//!   filesystem, no privilege escalation, every capability dropped, seccomp
+//!   `RuntimeDefault`; no pod mounts a service account token;
+//! - sluice containers run `sluice:<workspace version>` with `imagePullPolicy:
+//!   IfNotPresent` as the Dockerfile's uid, with writable volumes where they write
+//!   (/tmp; a frontend's policy_dir and compile cache);
+//! - every container of every Deployment and StatefulSet has readiness and liveness
+//!   probes, and a frontend's start-up probe outlasts its wait for the first plan;
+//! - agents and frontends have a PodDisruptionBudget that allows an eviction and a
+//!   preferred pod anti-affinity by hostname;
+//! - a NetworkPolicy selects etcd, admits its client port from the sluice roles' pods
+//!   and its peer port from the members, and nothing from anywhere else;
+//! - only an agent with accelerator devices requests `nvidia.com/gpu`, and only when an
+//!   app runs on CUDA (`executor = "onnx"`, `cuda = true`): an emulated executor
+//!   reserves no GPU;
+//! - sluice accepts the config (`Config::parse`), and every app lists its models,
+//!   each in its profile and every device type's, all of one family.
+//!
+//! The Dockerfile builds what the manifests run (its uid, the policies at the config's
+//! `builtin_policy_dir`, ONNX Runtime at `ORT_DYLIB_PATH`, base images pinned by tag);
+//! with `hadolint` on the PATH it is linted too.
+//!
 //! Not checked: anything only an API server knows (admission, quotas, CRDs, whether
-//! the image exists).
+//! the image exists), or a network plugin (whether NetworkPolicy is enforced).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -44,12 +69,19 @@ fn files() -> Vec<PathBuf> {
     files
 }
 
-fn docs() -> Vec<(String, Value)> {
+/// Each resource file's name and text.
+fn texts() -> Vec<(String, String)> {
+    files()
+        .iter()
+        .map(|f| (f.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(f).unwrap()))
+        .collect()
+}
+
+/// Every YAML document of `texts`, with the name of its file.
+fn parse(texts: &[(String, String)]) -> Vec<(String, Value)> {
     let mut out = Vec::new();
-    for f in files() {
-        let text = std::fs::read_to_string(&f).unwrap();
-        let name = f.file_name().unwrap().to_string_lossy().into_owned();
-        for d in serde_yaml::Deserializer::from_str(&text) {
+    for (name, text) in texts {
+        for d in serde_yaml::Deserializer::from_str(text) {
             let v = Value::deserialize(d).unwrap_or_else(|e| panic!("{name}: not YAML: {e}"));
             if !v.is_null() {
                 out.push((name.clone(), v));
@@ -57,6 +89,10 @@ fn docs() -> Vec<(String, Value)> {
         }
     }
     out
+}
+
+fn docs() -> Vec<(String, Value)> {
+    parse(&texts())
 }
 
 use serde::Deserialize as _;
@@ -118,6 +154,7 @@ fn the_kubernetes_manifests_are_well_formed_and_consistent() {
         ("Deployment", "apps/v1"),
         ("StatefulSet", "apps/v1"),
         ("PodDisruptionBudget", "policy/v1"),
+        ("NetworkPolicy", "networking.k8s.io/v1"),
     ]
     .into();
     let mut configmaps: BTreeMap<String, Value> = BTreeMap::new();
@@ -189,7 +226,7 @@ fn the_kubernetes_manifests_are_well_formed_and_consistent() {
                 assert!(s(p, &["containerPort"]).and_then(Value::as_u64).is_some(), "{what}: containerPort");
                 ports.insert(str_at(p, &["name"]));
             }
-            for probe in ["readinessProbe", "livenessProbe"] {
+            for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
                 if let Some(p) = s(c, &[probe]) {
                     only(&format!("{what}: {probe}"), p, PROBE);
                     if let Some(port) = s(p, &["httpGet", "port"]).and_then(Value::as_str) {
@@ -237,12 +274,6 @@ fn the_kubernetes_manifests_are_well_formed_and_consistent() {
                 let devices = flag("devices").unwrap_or_else(|| panic!("{what}: an agent needs --devices"));
                 for d in devices.split(',') {
                     assert!(device_types.contains(d), "{what}: device type `{d}` is not in the config's [[device]]s");
-                }
-                if devices.split(',').any(|d| d != "cpu") {
-                    assert!(
-                        s(c, &["resources", "limits", "nvidia.com/gpu"]).is_some(),
-                        "{what}: an accelerator pool must request nvidia.com/gpu"
-                    );
                 }
             }
             roles.insert(role);
@@ -342,4 +373,748 @@ fn a_field_the_schema_does_not_know_fails_the_schema_check() {
     assert!(!out.status.success(), "a misspelt field passed the schema check");
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("readinessProbes"), "{said}");
+}
+
+// ---- What an operator would apply -------------------------------------------------
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Where the pods mount the `sluice-profiles` ConfigMap (made from profiles/).
+const PROFILES_MOUNT: &str = "/etc/sluice/profiles";
+
+/// What the manifests must agree with, read from the repository.
+struct Expected {
+    /// `sluice:<the workspace's version>`.
+    image: String,
+    /// The uid of the image's `USER` (Dockerfile).
+    uid: u64,
+    /// The image's `SLUICE_COMPILE_CACHE`: where a frontend writes compiled policies.
+    compile_cache: String,
+    /// How long a frontend waits for its first routing table before it answers HTTP
+    /// (`FIRST_PLAN_TIMEOUT`, host/cluster/src/roles.rs).
+    first_plan_timeout_s: u64,
+}
+
+impl Expected {
+    fn read() -> Expected {
+        let cargo: toml::Value = toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
+        let version = cargo["workspace"]["package"]["version"].as_str().expect("[workspace.package] version");
+        let docker = Dockerfile::read();
+        let user = docker.last("USER").expect("Dockerfile: the runtime stage sets USER");
+        let uid = user.split(':').next().and_then(|u| u.parse().ok()).unwrap_or_else(|| {
+            panic!("Dockerfile: USER {user}: expected a numeric uid (runAsNonRoot can only check a number)")
+        });
+        let compile_cache = docker.env("SLUICE_COMPILE_CACHE").expect("Dockerfile: ENV SLUICE_COMPILE_CACHE");
+        let roles = std::fs::read_to_string(root().join("host/cluster/src/roles.rs")).unwrap();
+        let first_plan_timeout_s = roles
+            .split("const FIRST_PLAN_TIMEOUT: Duration = Duration::from_secs(")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .and_then(|n| n.parse().ok())
+            .expect("host/cluster/src/roles.rs: `const FIRST_PLAN_TIMEOUT: Duration = Duration::from_secs(N)`");
+        Expected { image: format!("sluice:{version}"), uid, compile_cache, first_plan_timeout_s }
+    }
+}
+
+/// The repository's Dockerfile: its instructions (continued lines joined, comments
+/// dropped) in stages, one per `FROM`.
+struct Dockerfile {
+    stages: Vec<Vec<(String, String)>>,
+}
+
+impl Dockerfile {
+    fn read() -> Dockerfile {
+        let text = std::fs::read_to_string(root().join("Dockerfile")).expect("a Dockerfile at the repository root");
+        let mut stages: Vec<Vec<(String, String)>> = Vec::new();
+        let mut line = String::new();
+        for raw in text.lines() {
+            let t = raw.trim();
+            // Docker drops comment lines, inside a continued instruction too.
+            if t.starts_with('#') || (line.is_empty() && t.is_empty()) {
+                continue;
+            }
+            if let Some(head) = t.strip_suffix('\\') {
+                line.push_str(head);
+                line.push(' ');
+                continue;
+            }
+            line.push_str(t);
+            let (instruction, rest) = line.split_once(char::is_whitespace).unwrap_or((&line, ""));
+            let instruction = instruction.to_ascii_uppercase();
+            if instruction == "FROM" {
+                stages.push(Vec::new());
+            }
+            stages.last_mut().expect("Dockerfile: an instruction before FROM").push((instruction, rest.trim().into()));
+            line.clear();
+        }
+        Dockerfile { stages }
+    }
+
+    /// The runtime stage's last `instruction`.
+    fn last(&self, instruction: &str) -> Option<String> {
+        self.stages.last()?.iter().rev().find(|(i, _)| i == instruction).map(|(_, rest)| rest.clone())
+    }
+
+    /// The runtime stage's `ENV key=value`.
+    fn env(&self, key: &str) -> Option<String> {
+        let stage = self.stages.last()?;
+        stage.iter().filter(|(i, _)| i == "ENV").flat_map(|(_, rest)| rest.split_whitespace()).find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k == key).then(|| v.to_string())
+        })
+    }
+
+    /// Where the runtime stage's `COPY`s write.
+    fn copied_to(&self) -> Vec<String> {
+        let stage = self.stages.last().map(Vec::as_slice).unwrap_or_default();
+        stage
+            .iter()
+            .filter(|(i, _)| i == "COPY")
+            .filter_map(|(_, rest)| rest.split_whitespace().last())
+            .map(|to| to.trim_end_matches('/').to_string())
+            .collect()
+    }
+}
+
+/// The sluice config of the manifests, as sluice reads it, or why it refuses it.
+fn sluice_config(docs: &[(String, Value)]) -> Result<sluice_server::config::Config, String> {
+    let text = docs
+        .iter()
+        .find(|(_, d)| str_at(d, &["kind"]) == "ConfigMap" && str_at(d, &["metadata", "name"]) == "sluice-config")
+        .map(|(_, d)| str_at(d, &["data", "cluster.toml"]))
+        .ok_or("no ConfigMap sluice-config")?;
+    sluice_server::config::Config::parse(&text, "sluice-config: cluster.toml", std::path::Path::new(""))
+        .map_err(|e| format!("sluice refuses the config: {e}"))
+}
+
+/// A profile the config names, read from profiles/ (the `sluice-profiles` ConfigMap is
+/// made from it): each model's name and family.
+fn profile_families(path: &std::path::Path) -> Result<BTreeMap<String, String>, String> {
+    let file = path.strip_prefix(PROFILES_MOUNT).map_err(|_| {
+        format!("{}: not in the sluice-profiles ConfigMap (mounted at {PROFILES_MOUNT})", path.display())
+    })?;
+    let local = root().join("profiles").join(file);
+    let text =
+        std::fs::read_to_string(&local).map_err(|e| format!("{}: no {}: {e}", path.display(), local.display()))?;
+    let profile: toml::Value = toml::from_str(&text).map_err(|e| format!("{}: {e}", local.display()))?;
+    let models = profile.get("model").and_then(toml::Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for m in models {
+        let name = m.get("name").and_then(toml::Value::as_str).unwrap_or_default();
+        // Proteus's profiles say it in words: "... the resnet family's accuracy as % of ...".
+        let source = m.get("accuracy_source").and_then(toml::Value::as_str).unwrap_or_default();
+        let family = source
+            .find(" family's")
+            .and_then(|end| source[..end].rsplit(' ').next())
+            .ok_or_else(|| format!("{}: model {name}: accuracy_source names no family", local.display()))?;
+        out.insert(name.to_string(), family.to_string());
+    }
+    Ok(out)
+}
+
+/// Every app lists its models, each in its own profile and in every device type's,
+/// all of one family.
+fn config_problems(config: &sluice_server::config::Config) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut profiles = BTreeMap::new();
+    let paths = config.apps.iter().map(|a| &a.profile).chain(config.devices.iter().map(|d| &d.profile));
+    for path in paths {
+        match profile_families(path) {
+            Ok(p) => {
+                profiles.insert(path.clone(), p);
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    for app in &config.apps {
+        let name = &app.name;
+        let models = app.models.as_deref().unwrap_or_default();
+        if models.is_empty() {
+            problems.push(format!(
+                "app {name}: lists no models, so it gets every variant of {} whatever their task",
+                app.profile.display()
+            ));
+        }
+        let paths: BTreeSet<&PathBuf> =
+            std::iter::once(&app.profile).chain(config.devices.iter().map(|d| &d.profile)).collect();
+        for path in paths {
+            let Some(profile) = profiles.get(path) else { continue };
+            for m in models.iter().filter(|m| !profile.contains_key(*m)) {
+                problems.push(format!("app {name}: model {m} is not in {}", path.display()));
+            }
+        }
+        let families: BTreeSet<&String> =
+            models.iter().filter_map(|m| profiles.get(&app.profile).and_then(|p| p.get(m))).collect();
+        if families.len() > 1 {
+            problems.push(format!("app {name}: its models span the families {families:?}: an app serves one task"));
+        }
+    }
+    problems
+}
+
+/// A Kubernetes quantity (`250m`, `2`, `512Mi`, `1Gi`) in its base unit.
+fn quantity(v: &Value) -> Option<f64> {
+    if let Some(n) = v.as_f64() {
+        return Some(n);
+    }
+    const SUFFIXES: &[(&str, f64)] = &[
+        ("Ki", 1024.0),
+        ("Mi", 1_048_576.0),
+        ("Gi", 1_073_741_824.0),
+        ("Ti", 1_099_511_627_776.0),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ];
+    let t = v.as_str()?;
+    let (number, factor) = SUFFIXES.iter().find_map(|(s, f)| t.strip_suffix(s).map(|n| (n, *f))).unwrap_or((t, 1.0));
+    number.parse::<f64>().ok().map(|n| n * factor)
+}
+
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_sequence)
+        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+/// `--name=value` among a container's args.
+fn arg(c: &Value, name: &str) -> Option<String> {
+    strings(s(c, &["args"])).iter().find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_string))
+}
+
+/// A sluice container's role (`serve --role=...`).
+fn role(c: &Value) -> Option<String> {
+    (strings(s(c, &["args"])).first().map(String::as_str) == Some("serve")).then(|| arg(c, "role")).flatten()
+}
+
+/// A selector's labels all on `labels` (an empty selector selects nothing here).
+fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// One Deployment or StatefulSet.
+struct Workload<'a> {
+    what: String,
+    kind: String,
+    replicas: u64,
+    labels: BTreeMap<String, String>,
+    pod: &'a Value,
+    /// Its pod's volumes and claim templates, by name.
+    volumes: BTreeMap<String, &'a Value>,
+}
+
+impl Workload<'_> {
+    fn containers(&self) -> impl Iterator<Item = &Value> {
+        s(self.pod, &["containers"]).and_then(Value::as_sequence).into_iter().flatten()
+    }
+
+    /// Its containers' roles.
+    fn roles(&self) -> BTreeSet<String> {
+        self.containers().filter_map(role).collect()
+    }
+
+    /// Whether `c` can write at `path`: a mount of an emptyDir or a claim there.
+    fn writable(&self, c: &Value, path: &str) -> bool {
+        s(c, &["volumeMounts"]).and_then(Value::as_sequence).into_iter().flatten().any(|m| {
+            str_at(m, &["mountPath"]) == path
+                && s(m, &["readOnly"]).and_then(Value::as_bool) != Some(true)
+                && self.volumes.get(&str_at(m, &["name"])).is_some_and(|v| {
+                    s(v, &["emptyDir"]).is_some()
+                        || s(v, &["persistentVolumeClaim"]).is_some()
+                        || s(v, &["spec"]).is_some()
+                })
+        })
+    }
+}
+
+fn workloads(docs: &[(String, Value)]) -> Vec<Workload<'_>> {
+    let mut out = Vec::new();
+    for (file, d) in docs {
+        let kind = str_at(d, &["kind"]);
+        if kind != "Deployment" && kind != "StatefulSet" {
+            continue;
+        }
+        let Some(pod) = s(d, &["spec", "template", "spec"]) else { continue };
+        let mut volumes: BTreeMap<String, &Value> = s(pod, &["volumes"])
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+            .map(|v| (str_at(v, &["name"]), v))
+            .collect();
+        for t in s(d, &["spec", "volumeClaimTemplates"]).and_then(Value::as_sequence).into_iter().flatten() {
+            volumes.insert(str_at(t, &["metadata", "name"]), t);
+        }
+        out.push(Workload {
+            what: format!("{file}: {kind} {}", str_at(d, &["metadata", "name"])),
+            kind,
+            replicas: s(d, &["spec", "replicas"]).and_then(Value::as_u64).unwrap_or(1),
+            labels: labels(s(d, &["spec", "template", "metadata", "labels"])),
+            pod,
+            volumes,
+        });
+    }
+    out
+}
+
+/// One ingress rule of a NetworkPolicy: the pod labels it admits, the ports it opens.
+struct IngressRule {
+    peers: Vec<BTreeMap<String, String>>,
+    ports: BTreeSet<u64>,
+}
+
+/// The documents of `kind`.
+fn of_kind<'a>(docs: &'a [(String, Value)], kind: &'a str) -> impl Iterator<Item = &'a Value> {
+    docs.iter().filter(move |(_, d)| str_at(d, &["kind"]) == kind).map(|(_, d)| d)
+}
+
+/// What keeps the manifests from being ones an operator would apply: each problem
+/// names the file, the object and, where it is one, the container.
+fn hardening_problems(docs: &[(String, Value)], expected: &Expected) -> Vec<String> {
+    let mut problems = Vec::new();
+    let config = match sluice_config(docs) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            problems.push(e);
+            None
+        }
+    };
+    if let Some(config) = &config {
+        problems.extend(config_problems(config));
+    }
+    // GPUs only for CUDA: an emulated (or CPU) executor must not reserve one.
+    let cuda = config.as_ref().is_some_and(|c| {
+        c.apps.iter().any(|a| a.executor == Some(sluice_server::config::ExecutorKind::Onnx) && a.cuda)
+    });
+    let policy_dir = config.as_ref().map(|c| c.policy_dir.display().to_string());
+    let workloads = workloads(docs);
+    for w in &workloads {
+        let pod = w.pod;
+        let pod_sc = s(pod, &["securityContext"]);
+        if s(pod, &["automountServiceAccountToken"]).and_then(Value::as_bool) != Some(false) {
+            problems.push(format!(
+                "{}: mounts a service account token (automountServiceAccountToken: false: it calls no API server)",
+                w.what
+            ));
+        }
+        let roles = w.roles();
+        for c in w.containers() {
+            let what = format!("{}: container {}", w.what, str_at(c, &["name"]));
+            // Requests and limits.
+            for (kind, resource) in
+                [("requests", "cpu"), ("requests", "memory"), ("limits", "cpu"), ("limits", "memory")]
+            {
+                if s(c, &["resources", kind, resource]).and_then(quantity).is_none() {
+                    problems.push(format!("{what}: no resources.{kind}.{resource}"));
+                }
+            }
+            for resource in ["cpu", "memory"] {
+                let request = s(c, &["resources", "requests", resource]).and_then(quantity);
+                let limit = s(c, &["resources", "limits", resource]).and_then(quantity);
+                if let (Some(r), Some(l)) = (request, limit) {
+                    if r > l {
+                        problems.push(format!("{what}: requests.{resource} above limits.{resource}"));
+                    }
+                }
+            }
+            // The restricted securityContext (the container's setting wins over the pod's).
+            let sc = s(c, &["securityContext"]);
+            let either = |path: &[&str]| sc.and_then(|v| s(v, path)).or_else(|| pod_sc.and_then(|v| s(v, path)));
+            if either(&["runAsNonRoot"]).and_then(Value::as_bool) != Some(true) {
+                problems.push(format!("{what}: securityContext.runAsNonRoot is not true"));
+            }
+            let uid = either(&["runAsUser"]).and_then(Value::as_u64);
+            if uid.is_none_or(|u| u == 0) {
+                problems.push(format!("{what}: no fixed non-root uid (securityContext.runAsUser)"));
+            }
+            if either(&["seccompProfile", "type"]).and_then(Value::as_str) != Some("RuntimeDefault") {
+                problems.push(format!("{what}: securityContext.seccompProfile is not RuntimeDefault"));
+            }
+            if sc.and_then(|v| s(v, &["readOnlyRootFilesystem"])).and_then(Value::as_bool) != Some(true) {
+                problems.push(format!("{what}: securityContext.readOnlyRootFilesystem is not true"));
+            }
+            if sc.and_then(|v| s(v, &["allowPrivilegeEscalation"])).and_then(Value::as_bool) != Some(false) {
+                problems.push(format!("{what}: securityContext.allowPrivilegeEscalation is not false"));
+            }
+            if !strings(sc.and_then(|v| s(v, &["capabilities", "drop"]))).iter().any(|d| d == "ALL") {
+                problems.push(format!("{what}: securityContext.capabilities drops not ALL"));
+            }
+            // Probes on every role (a StatefulSet's and a Deployment's alike).
+            for probe in ["readinessProbe", "livenessProbe"] {
+                match s(c, &[probe]) {
+                    None => problems.push(format!("{what}: no {probe}")),
+                    Some(p) if s(p, &["exec"]).is_some() && strings(s(p, &["exec", "command"])).is_empty() => {
+                        problems.push(format!("{what}: {probe}: exec without a command"))
+                    }
+                    Some(_) => {}
+                }
+            }
+            // The sluice image, as it is built.
+            let image = str_at(c, &["image"]);
+            let role = role(c);
+            if role.is_some() || image.split(':').next() == Some("sluice") {
+                if image != expected.image {
+                    problems.push(format!("{what}: image `{image}`, expected image `{}`", expected.image));
+                }
+                if str_at(c, &["imagePullPolicy"]) != "IfNotPresent" {
+                    problems.push(format!(
+                        "{what}: imagePullPolicy is not IfNotPresent (an image loaded into the nodes would be pulled)"
+                    ));
+                }
+                if let Some(u) = uid.filter(|u| *u != expected.uid) {
+                    problems.push(format!("{what}: runs as uid {u}, the image's USER is uid {}", expected.uid));
+                }
+                if !w.writable(c, "/tmp") {
+                    problems.push(format!("{what}: nothing writable at /tmp (the root filesystem is read-only)"));
+                }
+                let profiles = s(c, &["volumeMounts"]).and_then(Value::as_sequence).into_iter().flatten().any(|m| {
+                    str_at(m, &["mountPath"]) == PROFILES_MOUNT
+                        && w.volumes
+                            .get(&str_at(m, &["name"]))
+                            .is_some_and(|v| str_at(v, &["configMap", "name"]) == "sluice-profiles")
+                });
+                if !profiles {
+                    problems.push(format!("{what}: the sluice-profiles ConfigMap is not mounted at {PROFILES_MOUNT}"));
+                }
+            }
+            if role.as_deref() == Some("frontend") {
+                for (dir, why) in [
+                    (policy_dir.clone().unwrap_or_default(), "the config's policy_dir"),
+                    (expected.compile_cache.clone(), "SLUICE_COMPILE_CACHE"),
+                ] {
+                    if !w.writable(c, &dir) {
+                        problems.push(format!("{what}: nothing writable at {dir} ({why}; the root is read-only)"));
+                    }
+                }
+                // Until its first routing table a frontend answers no HTTP: liveness must
+                // wait at least as long as the frontend does.
+                let startup = s(c, &["startupProbe"]);
+                let field =
+                    |f: &str, default: u64| startup.and_then(|p| s(p, &[f])).and_then(Value::as_u64).unwrap_or(default);
+                let waits = field("periodSeconds", 10) * field("failureThreshold", 3);
+                if startup.is_none() || waits <= expected.first_plan_timeout_s {
+                    problems.push(format!(
+                        "{what}: its start-up probe waits {waits} s, not longer than the {} s a frontend waits for \
+                         its first plan (liveness would restart it meanwhile)",
+                        expected.first_plan_timeout_s
+                    ));
+                }
+            }
+            // GPUs.
+            let gpus = s(c, &["resources", "limits", "nvidia.com/gpu"])
+                .or_else(|| s(c, &["resources", "requests", "nvidia.com/gpu"]))
+                .and_then(quantity)
+                .map(|n| n as u64);
+            let accelerators = match role.as_deref() {
+                Some("agent") => {
+                    arg(c, "devices").unwrap_or_default().split(',').filter(|d| *d != "cpu").count() as u64
+                }
+                _ => 0,
+            };
+            match (gpus, cuda && accelerators > 0) {
+                (Some(_), false) => problems.push(format!(
+                    "{what}: requests nvidia.com/gpu, but {}",
+                    if accelerators == 0 {
+                        "it runs no batch on an accelerator"
+                    } else {
+                        "no app runs on CUDA (executor = \"onnx\" with cuda = true): an emulated executor must not \
+                         reserve GPUs"
+                    }
+                )),
+                (None, true) => problems.push(format!(
+                    "{what}: runs CUDA apps on {accelerators} accelerator device(s) but requests no nvidia.com/gpu"
+                )),
+                (Some(n), true) if n != accelerators => problems
+                    .push(format!("{what}: requests {n} nvidia.com/gpu for {accelerators} accelerator device(s)")),
+                _ => {}
+            }
+        }
+        // Disruption budgets and spreading for the roles that serve traffic.
+        if roles.contains("agent") || roles.contains("frontend") {
+            let budgets: Vec<&Value> = of_kind(docs, "PodDisruptionBudget")
+                .filter(|p| selects(&labels(s(p, &["spec", "selector", "matchLabels"])), &w.labels))
+                .collect();
+            if budgets.is_empty() {
+                problems.push(format!("{}: no PodDisruptionBudget selects its pods", w.what));
+            }
+            for b in budgets {
+                let max_unavailable = s(b, &["spec", "maxUnavailable"]).and_then(Value::as_u64);
+                let min_available = s(b, &["spec", "minAvailable"]).and_then(Value::as_u64);
+                let allows = max_unavailable.is_some_and(|m| m >= 1) || min_available.is_some_and(|m| m < w.replicas);
+                if !allows {
+                    problems.push(format!(
+                        "{}: PodDisruptionBudget {} allows no eviction (a node drain would wait forever)",
+                        w.what,
+                        str_at(b, &["metadata", "name"])
+                    ));
+                }
+            }
+            let spread = s(pod, &["affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution"])
+                .and_then(Value::as_sequence)
+                .into_iter()
+                .flatten()
+                .any(|t| {
+                    str_at(t, &["podAffinityTerm", "topologyKey"]) == "kubernetes.io/hostname"
+                        && selects(&labels(s(t, &["podAffinityTerm", "labelSelector", "matchLabels"])), &w.labels)
+                });
+            if !spread {
+                problems.push(format!("{}: no preferred pod anti-affinity by kubernetes.io/hostname", w.what));
+            }
+        }
+    }
+    // etcd's NetworkPolicy: the sluice roles to its client port, members to its peer
+    // port, nobody else.
+    let Some(etcd) = workloads.iter().find(|w| w.kind == "StatefulSet" && w.what.ends_with(" etcd")) else {
+        problems.push("no etcd StatefulSet".into());
+        return problems;
+    };
+    let etcd_ports: BTreeMap<String, u64> = etcd
+        .containers()
+        .flat_map(|c| s(c, &["ports"]).and_then(Value::as_sequence).into_iter().flatten())
+        .filter_map(|p| Some((str_at(p, &["name"]), s(p, &["containerPort"])?.as_u64()?)))
+        .collect();
+    let policies: Vec<&Value> = of_kind(docs, "NetworkPolicy")
+        .filter(|p| selects(&labels(s(p, &["spec", "podSelector", "matchLabels"])), &etcd.labels))
+        .filter(|p| {
+            let types = strings(s(p, &["spec", "policyTypes"]));
+            types.is_empty() || types.iter().any(|t| t == "Ingress")
+        })
+        .collect();
+    if policies.is_empty() {
+        problems.push(
+            "no NetworkPolicy selects etcd's pods: any pod could reach etcd and rewrite the routing table".into(),
+        );
+    }
+    // Each rule: the labels it admits and the ports it opens.
+    let mut rules: Vec<IngressRule> = Vec::new();
+    for p in &policies {
+        let name = str_at(p, &["metadata", "name"]);
+        for rule in s(p, &["spec", "ingress"]).and_then(Value::as_sequence).into_iter().flatten() {
+            let from = s(rule, &["from"]).and_then(Value::as_sequence).map(Vec::as_slice).unwrap_or_default();
+            if from.is_empty() {
+                problems.push(format!("NetworkPolicy {name}: an ingress rule without `from` admits every source"));
+            }
+            let mut peers = Vec::new();
+            for peer in from {
+                if s(peer, &["namespaceSelector"]).is_some() || s(peer, &["ipBlock"]).is_some() {
+                    problems.push(format!("NetworkPolicy {name}: admits sources outside this namespace's pods"));
+                }
+                let l = labels(s(peer, &["podSelector", "matchLabels"]));
+                if l.is_empty() {
+                    problems.push(format!("NetworkPolicy {name}: a rule admits every pod of the namespace"));
+                }
+                peers.push(l);
+            }
+            let ports: BTreeSet<u64> = s(rule, &["ports"])
+                .and_then(Value::as_sequence)
+                .into_iter()
+                .flatten()
+                .filter_map(|p| {
+                    let port = s(p, &["port"])?;
+                    port.as_u64().or_else(|| etcd_ports.get(port.as_str()?).copied())
+                })
+                .collect();
+            if ports.is_empty() {
+                problems.push(format!("NetworkPolicy {name}: a rule opens every port"));
+            }
+            rules.push(IngressRule { peers, ports });
+        }
+    }
+    let admits = |pod: &BTreeMap<String, String>, port: u64| {
+        rules.iter().any(|r| r.ports.contains(&port) && r.peers.iter().any(|l| selects(l, pod)))
+    };
+    let client = etcd_ports.get("client").copied().unwrap_or(2379);
+    let peer = etcd_ports.get("peer").copied().unwrap_or(2380);
+    for w in workloads.iter().filter(|w| !w.roles().is_empty()) {
+        if !admits(&w.labels, client) {
+            problems.push(format!("{}: its pods are not admitted to etcd's client port {client}", w.what));
+        }
+    }
+    if !admits(&etcd.labels, peer) {
+        problems.push(format!("etcd's members are not admitted to each other's peer port {peer}"));
+    }
+    problems
+}
+
+#[test]
+fn the_manifests_are_what_an_operator_would_apply() {
+    let problems = hardening_problems(&docs(), &Expected::read());
+    assert!(problems.is_empty(), "deploy/kubernetes:\n{}", problems.join("\n"));
+}
+
+/// Each rule of `hardening_problems` broken once in a copy of the manifests: the file,
+/// the text replaced (once), its replacement, and what the problem must say.
+const VIOLATIONS: &[(&str, &str, &str, &str)] = &[
+    ("frontend.yaml", "              memory: 2Gi\n", "", "no resources.limits.memory"),
+    ("agents.yaml", "cpu: \"1\"", "cpu: \"4\"", "requests.cpu above limits.cpu"),
+    ("allocator.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false", "readOnlyRootFilesystem"),
+    ("etcd.yaml", "drop: [\"ALL\"]", "drop: [\"NET_RAW\"]", "drops not ALL"),
+    ("etcd.yaml", "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true", "allowPrivilegeEscalation"),
+    ("agents.yaml", "\n            runAsNonRoot: true", "\n            runAsNonRoot: false", "runAsNonRoot"),
+    ("agents.yaml", "\n            runAsUser: 10001", "\n            runAsUser: 10002", "the image's USER"),
+    ("etcd.yaml", "\n            runAsUser: 65532", "\n            runAsUser: 0", "non-root uid"),
+    (
+        "allocator.yaml",
+        "\n            seccompProfile:\n              type: RuntimeDefault",
+        "\n            seccompProfile:\n              type: Unconfined",
+        "seccompProfile",
+    ),
+    ("frontend.yaml", "automountServiceAccountToken: false", "automountServiceAccountToken: true", "token"),
+    ("allocator.yaml", "imagePullPolicy: IfNotPresent", "imagePullPolicy: Always", "IfNotPresent"),
+    ("allocator.yaml", "image: sluice:0.1.0", "image: sluice:latest", "expected image"),
+    ("allocator.yaml", "          livenessProbe:", "          notLivenessProbe:", "no livenessProbe"),
+    ("etcd.yaml", "          readinessProbe:", "          notReadinessProbe:", "no readinessProbe"),
+    ("frontend.yaml", "failureThreshold: 26", "failureThreshold: 10", "start-up probe"),
+    (
+        "frontend.yaml",
+        "            - name: compile-cache\n              mountPath: /var/cache/sluice\n",
+        "",
+        "/var/cache",
+    ),
+    (
+        "frontend.yaml",
+        "            - name: policies\n              mountPath: /var/lib/sluice/policies\n",
+        "",
+        "policy_dir",
+    ),
+    ("agents.yaml", "            - name: tmp\n              mountPath: /tmp\n", "", "/tmp"),
+    ("allocator.yaml", "mountPath: /etc/sluice/profiles", "mountPath: /profiles", "sluice-profiles"),
+    ("frontend.yaml", "      app.kubernetes.io/name: sluice-frontend\n---", "      app: x\n---", "PodDisruptionBudget"),
+    ("agents.yaml", "  maxUnavailable: 1", "  maxUnavailable: 0", "allows no eviction"),
+    (
+        "frontend.yaml",
+        "topologyKey: kubernetes.io/hostname",
+        "topologyKey: topology.kubernetes.io/zone",
+        "anti-affinity",
+    ),
+    (
+        "etcd.yaml",
+        "      app.kubernetes.io/name: etcd\n  policyTypes:",
+        "      app: x\n  policyTypes:",
+        "no NetworkPolicy",
+    ),
+    ("allocator.yaml", "        sluice.dev/etcd-client: \"true\"\n", "", "client port"),
+    (
+        "etcd.yaml",
+        "        - podSelector:\n            matchLabels:\n              sluice.dev/etcd-client: \"true\"\n",
+        "        - namespaceSelector: {}\n",
+        "outside",
+    ),
+    (
+        "etcd.yaml",
+        "      ports:\n        - protocol: TCP\n          port: 2379\n    - from:",
+        "    - from:",
+        "every port",
+    ),
+    ("etcd.yaml", "          port: 2380\n", "          port: 2381\n", "peer port"),
+    (
+        "agents.yaml",
+        "              cpu: \"1\"\n              memory: 2Gi\n",
+        "              cpu: \"1\"\n              memory: 2Gi\n              nvidia.com/gpu: 2\n",
+        "an emulated executor must not reserve",
+    ),
+    (
+        "config.yaml",
+        "\n    executor = \"emulated\"",
+        "\n    executor = \"onnx\"\n    cuda = true\n    model_dir = \"/models\"",
+        "requests no nvidia.com/gpu",
+    ),
+    ("config.yaml", "models = [", "# models = [", "lists no models"),
+    ("config.yaml", "\"resnet152_v1\"]", "\"yolov5x\"]", "span the families"),
+    ("config.yaml", "\"resnet18_v1\",", "\"resnet18\",", "model resnet18 is not in"),
+    (
+        "config.yaml",
+        "/etc/sluice/profiles/proteus-ampere.toml",
+        "/opt/proteus-ampere.toml",
+        "not in the sluice-profiles",
+    ),
+    ("config.yaml", "workers = 12", "workers = 0", "sluice refuses the config"),
+];
+
+#[test]
+fn every_hardening_rule_catches_its_violation() {
+    let expected = Expected::read();
+    let texts = texts();
+    assert_eq!(hardening_problems(&parse(&texts), &expected), Vec::<String>::new());
+    for (file, from, to, says) in VIOLATIONS {
+        let mut changed = texts.clone();
+        let (_, text) = changed.iter_mut().find(|(f, _)| f == file).unwrap_or_else(|| panic!("no {file}"));
+        assert!(text.contains(from), "{file} no longer contains {from:?}: update this case");
+        *text = text.replacen(from, to, 1);
+        let problems = hardening_problems(&parse(&changed), &expected);
+        assert!(
+            problems.iter().any(|p| p.contains(says)),
+            "{file}: {from:?} -> {to:?} should be reported as `{says}`; reported: {problems:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_dockerfile_builds_what_the_manifests_run() {
+    let docker = Dockerfile::read();
+    let expected = Expected::read();
+    assert!(docker.stages.len() >= 2, "Dockerfile: a build stage, then a runtime stage");
+    // Every base image pinned by a tag (or a digest), never `latest`; a stage built
+    // on an earlier one names it.
+    let mut stage_names = BTreeSet::new();
+    for stage in &docker.stages {
+        let from: Vec<&str> = stage[0].1.split_whitespace().filter(|w| !w.starts_with("--")).collect();
+        let image = from[0];
+        if from.len() == 3 && from[1].eq_ignore_ascii_case("as") {
+            stage_names.insert(from[2].to_string());
+        }
+        if stage_names.contains(image) {
+            continue;
+        }
+        let tag = image.rsplit_once(':').map(|(_, t)| t).filter(|t| !t.contains('/'));
+        assert!(
+            image.contains("@sha256:") || tag.is_some_and(|t| t != "latest"),
+            "Dockerfile: FROM {image}: pin the base image by a tag"
+        );
+    }
+    let runs: Vec<&str> =
+        docker.stages.iter().flatten().filter(|(i, _)| i == "RUN").map(|(_, rest)| rest.as_str()).collect();
+    let ran = |what: &str| runs.iter().any(|r| r.contains(what));
+    assert!(ran("cargo build --release --locked -p sluice"), "Dockerfile: builds the binary");
+    assert!(ran("rustup target add wasm32-unknown-unknown") && ran("cargo xtask policies"), "Dockerfile: policies");
+    for package in ["cmake", "libclang-dev", "protobuf-compiler"] {
+        assert!(ran(package), "Dockerfile: the build needs {package} (xtask's DEBIAN_PACKAGES)");
+    }
+    // The runtime: the config's built-in policies, ONNX Runtime where ORT_DYLIB_PATH
+    // says (the version `cargo xtask setup` installs), the uid the manifests run as.
+    let config = sluice_config(&docs()).unwrap();
+    let copied = docker.copied_to();
+    let builtin = config.builtin_policy_dir.display().to_string();
+    assert!(copied.contains(&builtin), "Dockerfile: nothing copied to builtin_policy_dir {builtin}: {copied:?}");
+    let ort = docker.env("ORT_DYLIB_PATH").expect("Dockerfile: ENV ORT_DYLIB_PATH");
+    assert!(copied.contains(&ort), "Dockerfile: ORT_DYLIB_PATH {ort} is not copied into the image");
+    let xtask = std::fs::read_to_string(root().join("xtask/src/main.rs")).unwrap();
+    let version = xtask
+        .split("\"onnxruntime==")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .expect("xtask/src/main.rs pins onnxruntime==VERSION");
+    assert!(ran(&format!("onnxruntime=={version}")), "Dockerfile: the onnxruntime wheel setup installs ({version})");
+    assert!(ort.ends_with(&format!("libonnxruntime.so.{version}")), "Dockerfile: ORT_DYLIB_PATH {ort}");
+    assert!(expected.uid > 0, "Dockerfile: USER must not be root");
+    assert!(docker.last("ENTRYPOINT").is_some_and(|e| e.contains("sluice")), "Dockerfile: ENTRYPOINT sluice");
+    // The build context: no build outputs, every source the build needs.
+    let ignore = std::fs::read_to_string(root().join(".dockerignore")).expect(".dockerignore");
+    let ignored: BTreeSet<&str> =
+        ignore.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+    for out in ["target", ".venv", ".git"] {
+        assert!(ignored.contains(out), ".dockerignore: {out}");
+    }
+    for needed in
+        ["host", "sdk", "policies", "wit", "xtask", "tests", "profiles", "examples", "Cargo.toml", "Cargo.lock"]
+    {
+        assert!(!ignored.contains(needed), ".dockerignore: the build needs {needed}");
+    }
+    // With hadolint here, the Dockerfile lints clean (docs/cluster.md says how to get it).
+    if let Ok(out) = std::process::Command::new("hadolint").arg(root().join("Dockerfile")).output() {
+        assert!(out.status.success(), "hadolint:\n{}", String::from_utf8_lossy(&out.stdout));
+    }
 }
