@@ -148,6 +148,9 @@ impl WorkQueue {
     /// the queued ones it would delay (an earlier deadline admitted later: its body
     /// took longer to read). `admit` may note its prediction on the request.
     /// Otherwise hands the request back.
+    // The refused request is handed back by value: boxing it would allocate on the
+    // refusal path, which is the hot path under overload.
+    #[allow(clippy::result_large_err)]
     pub fn push_if(
         &self,
         mut request: Request,
