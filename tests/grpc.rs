@@ -81,9 +81,40 @@ async fn tritonclient_grpc_unchanged() {
     assert_eq!(c.accepted.load(Ordering::Relaxed), ok + dropped);
     assert_eq!(c.rejected.load(Ordering::Relaxed), refused);
 
-    // Statistics come from the counters: 1 + 3 samples served on `emu`.
+    // Statistics come from the counters: 1 + 3 samples served on `emu`; as Triton
+    // reports them (a version that parses as an integer, compute phases alike).
     assert_eq!(seen["stats"]["name"], json!("emu"));
     assert_eq!(seen["stats"]["inference_count"], json!("4"), "{}", seen["stats"]);
+    assert_eq!(seen["stats"]["version"], json!("1"), "{}", seen["stats"]);
+    let phases = &seen["stats"]["inference_stats"];
+    for phase in ["success", "queue", "compute_input", "compute_infer", "compute_output"] {
+        assert_eq!(phases[phase]["count"], json!("4"), "{phase}: {phases}");
+    }
+
+    // Classes in raw BYTES: the emulated output is [variant id, 10].
+    let top = seen["top"].as_array().unwrap();
+    assert_eq!(seen["top_shape"], json!([1, 2]));
+    assert_eq!(top[0], json!("10.000000:1"), "{top:?}");
+    assert!(top[1].as_str().unwrap().ends_with(":0"), "{top:?}");
+    for algorithm in ["gzip", "deflate"] {
+        assert_eq!(seen["compressed"][algorithm][0][1], json!(10.0), "{algorithm}: {}", seen["compressed"]);
+    }
+    assert_eq!(seen["no_id"], json!("absent"));
+    let stream = seen["stream_errors"].as_array().unwrap();
+    assert!(stream.iter().any(|e| e.as_str().unwrap().contains("streaming inference is not supported")), "{stream:?}");
+    for (call, needle) in [
+        ("shm_register", "system shared memory is not supported"),
+        ("shm_status", "system shared memory is not supported"),
+        ("cuda_unregister", "CUDA shared memory is not supported"),
+        ("load", "model repository control is not supported"),
+        ("unload", "model repository control is not supported"),
+        ("trace", "trace settings are not supported"),
+        ("log", "log settings are not supported"),
+    ] {
+        let e = &seen["refused"][call];
+        assert_eq!(e["status"], json!("StatusCode.UNIMPLEMENTED"), "{call}: {e}");
+        assert!(e["message"].as_str().is_some_and(|m| m.contains(needle)), "{call}: {e}");
+    }
     server.stop().await.unwrap();
 }
 
@@ -294,5 +325,161 @@ async fn idle_grpc_connections_are_closed() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let r = client.model_infer(request("emu")).await.unwrap().into_inner();
     assert_eq!(r.model_name, "emu");
+    server.stop().await.unwrap();
+}
+
+/// Every method of Triton's service is answered: those sluice does not serve with
+/// UNIMPLEMENTED and a message naming what is not supported (Triton's C++ client
+/// takes an empty message for success, so perf_analyzer once "registered" shared
+/// memory); gzip-compressed requests are read, and one that inflates past
+/// `max_body_bytes` is refused RESOURCE_EXHAUSTED while it inflates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_method_answers_and_compressed_requests_are_read() {
+    use sluice_server::grpc::proto::*;
+    let config =
+        format!("max_body_bytes = 65536\n{}", emu_app("zero", "slo_ms = 100\nworkers = 1\npolicy = \"jellyfish\""));
+    let server = TestServer::start_with_grpc(&config).await.unwrap();
+    let url = format!("http://{}", server.grpc.unwrap());
+    let mut client = GrpcInferenceServiceClient::connect(url.clone()).await.unwrap();
+    let refused: Vec<(&str, tonic::Status, &str)> = vec![
+        (
+            "ModelStreamInfer",
+            client.model_stream_infer(tokio_stream::iter(Vec::<ModelInferRequest>::new())).await.unwrap_err(),
+            "streaming inference is not supported",
+        ),
+        (
+            "RepositoryModelLoad",
+            client
+                .repository_model_load(RepositoryModelLoadRequest { model_name: "emu".into(), ..Default::default() })
+                .await
+                .unwrap_err(),
+            "cannot load `emu`",
+        ),
+        (
+            "RepositoryModelUnload",
+            client.repository_model_unload(RepositoryModelUnloadRequest::default()).await.unwrap_err(),
+            "model repository control is not supported",
+        ),
+        (
+            "SystemSharedMemoryStatus",
+            client.system_shared_memory_status(SystemSharedMemoryStatusRequest::default()).await.unwrap_err(),
+            "system shared memory is not supported",
+        ),
+        (
+            "SystemSharedMemoryRegister",
+            client.system_shared_memory_register(SystemSharedMemoryRegisterRequest::default()).await.unwrap_err(),
+            "nothing was registered",
+        ),
+        (
+            "SystemSharedMemoryUnregister",
+            client.system_shared_memory_unregister(SystemSharedMemoryUnregisterRequest::default()).await.unwrap_err(),
+            "system shared memory is not supported",
+        ),
+        (
+            "CudaSharedMemoryStatus",
+            client.cuda_shared_memory_status(CudaSharedMemoryStatusRequest::default()).await.unwrap_err(),
+            "CUDA shared memory is not supported",
+        ),
+        (
+            "CudaSharedMemoryRegister",
+            client.cuda_shared_memory_register(CudaSharedMemoryRegisterRequest::default()).await.unwrap_err(),
+            "CUDA shared memory is not supported",
+        ),
+        (
+            "CudaSharedMemoryUnregister",
+            client.cuda_shared_memory_unregister(CudaSharedMemoryUnregisterRequest::default()).await.unwrap_err(),
+            "CUDA shared memory is not supported",
+        ),
+        (
+            "TraceSetting",
+            client.trace_setting(TraceSettingRequest::default()).await.unwrap_err(),
+            "trace settings are not supported",
+        ),
+        (
+            "LogSettings",
+            client.log_settings(LogSettingsRequest::default()).await.unwrap_err(),
+            "log settings are not supported",
+        ),
+    ];
+    for (method, e, needle) in refused {
+        assert_eq!(e.code(), tonic::Code::Unimplemented, "{method}: {}", e.message());
+        assert!(e.message().contains(needle), "{method}: `{}` should mention `{needle}`", e.message());
+    }
+
+    // Compressed requests: gzip and deflate, as tritonclient sends them.
+    let request = |values: Vec<f32>| ModelInferRequest {
+        model_name: "emu".into(),
+        inputs: vec![InferInputTensor { contents: None, ..typed(vec![1, 4], vec![]) }],
+        raw_input_contents: vec![values.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into()],
+        ..Default::default()
+    };
+    for encoding in [tonic::codec::CompressionEncoding::Gzip, tonic::codec::CompressionEncoding::Deflate] {
+        let mut compressed = GrpcInferenceServiceClient::connect(url.clone()).await.unwrap().send_compressed(encoding);
+        let r = compressed.model_infer(request(vec![1., 2., 3., 4.])).await.unwrap().into_inner();
+        let out: Vec<f32> =
+            r.raw_output_contents[0].chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(out[1], 10.0, "{encoding:?}");
+        // A bomb: 64 KiB of tensor in far fewer compressed bytes, past the limit once
+        // inflated. Refused while inflating, and nothing admitted.
+        let accepted = server.state.apps["emu"].counters.accepted.load(Ordering::Relaxed);
+        let e = compressed
+            .model_infer(ModelInferRequest {
+                inputs: vec![InferInputTensor { contents: None, ..typed(vec![4096, 4], vec![]) }],
+                ..request(vec![0.; 16384])
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{encoding:?}: {}", e.message());
+        assert!(e.message().contains("size limit"), "{}", e.message());
+        assert_eq!(server.state.apps["emu"].counters.accepted.load(Ordering::Relaxed), accepted);
+    }
+    // What the compressed calls took from the body budget is given back.
+    let budget = server.state.body_budget.clone();
+    assert!(eventually(Duration::from_secs(5), || budget.available_permits() == 256 * 1024).await);
+
+    // Typed contents: classes come back in bytes_contents.
+    let mut classes = request(vec![1., 2., 3., 4.]);
+    classes.raw_input_contents.clear();
+    classes.inputs = vec![typed(vec![1, 4], vec![1., 2., 3., 4.])];
+    classes.outputs = vec![model_infer_request::InferRequestedOutputTensor {
+        name: "output".into(),
+        parameters: [(
+            "classification".to_string(),
+            InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::Int64Param(1)) },
+        )]
+        .into(),
+    }];
+    let r = client.model_infer(classes.clone()).await.unwrap().into_inner();
+    assert_eq!((r.outputs[0].datatype.as_str(), r.outputs[0].shape.clone()), ("BYTES", vec![1, 1]));
+    assert_eq!(r.outputs[0].contents.as_ref().unwrap().bytes_contents, vec![b"10.000000:1".to_vec()]);
+    // A count that is no count is refused, naming the output.
+    classes.outputs[0].parameters.insert(
+        "classification".into(),
+        InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("two".into())) },
+    );
+    let e = client.model_infer(classes).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("output `output`"), "{}", e.message());
+
+    // Statistics: every phase counted per served request, version "1".
+    let stats = client
+        .model_statistics(ModelStatisticsRequest { name: "emu".into(), version: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    let s = &stats.model_stats[0];
+    assert_eq!(s.version, "1");
+    let i = s.inference_stats.as_ref().unwrap();
+    let counts: Vec<u64> = [&i.success, &i.compute_input, &i.compute_infer, &i.compute_output]
+        .iter()
+        .map(|d| d.as_ref().unwrap().count)
+        .collect();
+    assert_eq!(counts, vec![3, 3, 3, 3], "{s:?}");
+    let again = client
+        .model_statistics(ModelStatisticsRequest { name: "emu".into(), version: "1".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.model_stats[0].inference_count, 3, "version 1 is the app's statistics");
     server.stop().await.unwrap();
 }

@@ -5,7 +5,9 @@ Usage: grpc_client.py HOST:PORT APP INPUT_NAME SLOW_APP CALLS
 Checks liveness, readiness, metadata, the model configuration, repository index and
 statistics extensions, runs inferences with the client's defaults (raw tensor
 bytes), a batch of three samples, an unknown model and a bad shape, then fires
-CALLS inferences at SLOW_APP at once (async_infer) to overload it. Prints one JSON
+CALLS inferences at SLOW_APP at once (async_infer) to overload it; then asks for
+classes (class_count), sends compressed requests and calls what sluice refuses
+(streaming, shared memory, load/unload, trace and log settings). Prints one JSON
 line with what it saw.
 """
 import json
@@ -79,7 +81,41 @@ def main():
         assert len(got) == 1, (i, got)
         codes[got[0]] = codes.get(got[0], 0) + 1
     stats = client.get_inference_statistics(app, as_json=True)["model_stats"][0]
+
+    # The classification extension: class_count on a requested output (raw BYTES).
+    top = client.infer(app, [one_sample], outputs=[grpcclient.InferRequestedOutput("output", class_count=2)])
+    # Compressed requests, as the client offers them; no id sent, none answered.
+    compressed = {}
+    for algorithm in ("gzip", "deflate"):
+        got = client.infer(app, [one_sample], compression_algorithm=algorithm)
+        compressed[algorithm] = got.as_numpy("output").tolist()
+    no_id = got.get_response(as_json=True).get("id", "absent")
+    # What sluice does not serve is refused with a message, never taken for a
+    # success (Triton's C++ client reads an empty message as one).
+    stream_errors = []
+    client.start_stream(callback=lambda result, error: stream_errors.append(str(error)))
+    try:
+        client.async_stream_infer(app, [one_sample])
+    except InferenceServerException as e:
+        # The stream already ended with the server's refusal (given to the callback).
+        stream_errors.append(e.message())
+    client.stop_stream()
+    refused = {
+        "shm_register": error_of(lambda: client.register_system_shared_memory("r", "/sluice-test", 64)),
+        "shm_status": error_of(lambda: client.get_system_shared_memory_status()),
+        "cuda_unregister": error_of(lambda: client.unregister_cuda_shared_memory()),
+        "load": error_of(lambda: client.load_model(app)),
+        "unload": error_of(lambda: client.unload_model(app)),
+        "trace": error_of(lambda: client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})),
+        "log": error_of(lambda: client.get_log_settings()),
+    }
     print(json.dumps({
+        "top": [v.decode() for v in top.as_numpy("output").reshape(-1)],
+        "top_shape": list(top.as_numpy("output").shape),
+        "compressed": compressed,
+        "no_id": no_id,
+        "stream_errors": stream_errors,
+        "refused": refused,
         "meta": meta,
         "config": config,
         "index": index,

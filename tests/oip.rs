@@ -1,7 +1,11 @@
 //! Open Inference Protocol conformance: the `tritonclient` Python package (HTTP) can
 //! check liveness and readiness, read metadata and run an inference against sluice,
-//! with JSON tensors and with its defaults (the binary tensor data extension); and
-//! the extension's framing errors are refused clearly.
+//! with JSON tensors and with its defaults (the binary tensor data extension), ask
+//! for classes, send and accept compressed bodies, and is refused clearly what sluice
+//! does not serve; the extension's framing errors are refused clearly; statistics
+//! read as Triton's (a pipeline's are its task apps').
+
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use sluice_e2e::*;
@@ -35,6 +39,34 @@ async fn tritonclient_checks_health_and_infers() {
     // 1 JSON + 2 binary + 3 batched samples served.
     assert_eq!(seen["stats"]["inference_count"], json!(6), "{}", seen["stats"]);
     assert_eq!(seen["stats"]["inference_stats"]["success"]["count"], json!(6));
+    // As Triton reports them: a version that parses as an integer, and the three
+    // compute phases counted alike (perf_analyzer aborts otherwise).
+    assert_eq!(seen["stats"]["version"], json!("1"), "{}", seen["stats"]);
+    for phase in ["compute_input", "compute_infer", "compute_output", "queue"] {
+        assert_eq!(seen["stats"]["inference_stats"][phase]["count"], json!(6), "{phase}: {}", seen["stats"]);
+    }
+    assert_eq!(seen["no_id"], json!("absent"), "no id sent: none answered, not null");
+    // Classes: the emulated output is [variant id, sum of the input] = [0..2, 10].
+    assert_eq!(seen["top"], json!(["10.000000:1"]), "{seen}");
+    assert_eq!(seen["top_shape"], json!([1, 1]));
+    let top_json = seen["top_json"].as_array().unwrap();
+    assert_eq!(top_json.len(), 2, "class_count 5 clamped to the 2 elements: {top_json:?}");
+    assert_eq!(top_json[0], json!("10.000000:1"));
+    assert!(top_json[1].as_str().unwrap().ends_with(":0"), "{top_json:?}");
+    for algorithm in ["gzip", "deflate"] {
+        assert_eq!(seen["compressed"][algorithm][0][1], json!(10.0), "{algorithm}: {}", seen["compressed"]);
+    }
+    for (call, needle) in [
+        ("shm_register", "system shared memory is not supported"),
+        ("shm_status", "system shared memory is not supported"),
+        ("cuda_unregister", "CUDA shared memory is not supported"),
+        ("load", "model repository control is not supported"),
+        ("trace", "trace settings are not supported"),
+        ("log", "log settings are not supported"),
+    ] {
+        let e = &seen["refused"][call];
+        assert!(e["message"].as_str().is_some_and(|m| m.contains(needle)), "{call}: {e}");
+    }
 
     // Readiness turns off while draining; liveness stays.
     let mut c = server.client().await;
@@ -214,5 +246,197 @@ async fn versions_index_config_stats_and_batches() {
     assert_eq!(c.get("/v2/models/nope/stats").await.unwrap().status, 404);
     let counters = &server.state.apps["emu"].counters;
     assert_eq!(counters.accepted.load(std::sync::atomic::Ordering::Relaxed), 5);
+    server.stop().await.unwrap();
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+fn zlib(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+fn raw_deflate(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes).read_to_end(&mut out).unwrap();
+    out
+}
+
+/// The classification extension (labels from the model directory's labels.txt),
+/// compressed bodies both ways (a decompression bomb refused with 413 while it
+/// inflates), the statistics as Triton reports them, the endpoints sluice does not
+/// serve (501 naming what), and the Keep-Alive hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classes_compression_statistics_and_refusals() {
+    let config = format!(
+        "max_body_bytes = 65536\n{}",
+        emu_app("zero", "slo_ms = 100\nworkers = 1\npolicy = \"jellyfish\"\nmodel_dir = \"{dir}/models\"")
+    );
+    let server = TestServer::start(&config).await.unwrap();
+    std::fs::create_dir_all(server.dir.path().join("models")).unwrap();
+    std::fs::write(server.dir.path().join("models/labels.txt"), "variant\nsum\n").unwrap();
+    let mut c = server.client().await;
+    let infer = "/v2/models/emu/infer";
+    let body = |outputs: Value| {
+        json!({ "inputs": [{ "name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4] }],
+                "outputs": outputs })
+    };
+
+    // Classes: the emulated output is [variant id (0-2), sum of the input = 10].
+    let r =
+        c.post_json(infer, &body(json!([{ "name": "output", "parameters": { "classification": 1 } }]))).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let out = &r.json()["outputs"][0];
+    assert_eq!((out["datatype"].clone(), out["shape"].clone()), (json!("BYTES"), json!([1, 1])), "{out}");
+    assert_eq!(out["data"], json!(["10.000000:1:sum"]), "labels from model_dir/labels.txt");
+    let r = c
+        .post_json(
+            infer,
+            &body(json!([{ "name": "output", "parameters": { "classification": 2, "binary_data": true } }])),
+        )
+        .await
+        .unwrap();
+    let json_len: usize = r.header("inference-header-content-length").unwrap().parse().unwrap();
+    let tail = &r.body[json_len..];
+    // BYTES in binary: each element its u32 length, then its bytes.
+    let first = u32::from_le_bytes(tail[..4].try_into().unwrap()) as usize;
+    assert_eq!(&tail[4..4 + first], b"10.000000:1:sum");
+    let second = std::str::from_utf8(&tail[8 + first..]).unwrap();
+    assert!(second.ends_with(":0:variant"), "{second}");
+    let r =
+        c.post_json(infer, &body(json!([{ "name": "output", "parameters": { "classification": -1 } }]))).await.unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("output `output`: parameters.classification"), "{}", r.text());
+    let config = c.get("/v2/models/emu/config").await.unwrap().json();
+    assert_eq!(config["output"][0]["label_filename"], json!("labels.txt"), "{config}");
+
+    // Compressed request bodies: gzip, zlib deflate, raw deflate.
+    let plain = small_infer(5).to_string().into_bytes();
+    for (coding, bytes) in [("gzip", gzip(&plain)), ("deflate", zlib(&plain)), ("deflate", raw_deflate(&plain))] {
+        let r = c.request("POST", infer, &[("content-encoding", coding)], &bytes).await.unwrap();
+        assert_eq!(r.status, 200, "{coding}: {}", r.text());
+        assert_eq!(r.json()["outputs"][0]["data"][1], json!(11.0), "{coding}");
+    }
+    // A bomb: a few hundred bytes that inflate past max_body_bytes: 413, found while
+    // inflating (the inflated body is never held).
+    let bomb = gzip(&vec![b' '; 10 << 20]);
+    assert!(bomb.len() < 65536);
+    let r = c.request("POST", infer, &[("content-encoding", "gzip")], &bomb).await.unwrap();
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.text().contains("decompresses (gzip) past the limit of 65536 bytes"), "{}", r.text());
+    let r = c.request("POST", infer, &[("content-encoding", "gzip")], b"not gzip").await.unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("does not decompress"), "{}", r.text());
+    let r = c.request("POST", infer, &[("content-encoding", "br")], &plain).await.unwrap();
+    assert_eq!(r.status, 415);
+    assert!(r.text().contains("content-encoding `br` is not supported"), "{}", r.text());
+    let budget = server.state.body_budget.clone();
+    assert!(eventually(Duration::from_secs(5), || budget.available_permits() == 256 * 1024).await, "budget given back");
+
+    // Compressed answers for a client that accepts them (when worth it: 1 KiB up).
+    let r = c.request("GET", "/metrics", &[("accept-encoding", "br;q=1, gzip;q=0.5")], b"").await.unwrap();
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    let text = String::from_utf8(gunzip(&r.body)).unwrap();
+    assert!(text.contains("sluice_requests_total"), "{text}");
+    let r = c.request("GET", "/v2/health/live", &[("accept-encoding", "gzip")], b"").await.unwrap();
+    assert_eq!((r.header("content-encoding"), r.json()), (None, json!({ "live": true })), "small: as is");
+    let r = c.request("GET", "/metrics", &[("accept-encoding", "gzip;q=0")], b"").await.unwrap();
+    assert_eq!(r.header("content-encoding"), None);
+
+    // An idle keep-alive connection is closed after header_read_timeout_ms (10 s):
+    // the answer says so.
+    assert_eq!(r.header("keep-alive"), Some("timeout=10"));
+
+    // Statistics as Triton reports them: version "1", every phase counted alike.
+    let stats = c.get("/v2/models/emu/stats").await.unwrap().json();
+    let s = &stats["model_stats"][0];
+    assert_eq!(s["version"], json!("1"), "{s}");
+    let served = s["inference_count"].clone();
+    assert_eq!(served, json!(5), "{s}");
+    for phase in ["success", "queue", "compute_input", "compute_infer", "compute_output"] {
+        assert_eq!(s["inference_stats"][phase]["count"], served, "{phase}: {s}");
+    }
+    assert_eq!(c.get("/v2/models/emu/versions/1/stats").await.unwrap().json()["model_stats"][0], *s);
+
+    // What sluice does not serve: 501 naming it, on any method.
+    for (method, path, needle) in [
+        ("GET", "/v2/systemsharedmemory/status", "system shared memory is not supported"),
+        ("POST", "/v2/systemsharedmemory/region/r/register", "nothing was registered"),
+        ("POST", "/v2/systemsharedmemory/unregister", "system shared memory is not supported"),
+        ("GET", "/v2/cudasharedmemory/region/r/status", "CUDA shared memory is not supported"),
+        ("POST", "/v2/cudasharedmemory/register", "CUDA shared memory is not supported"),
+        ("GET", "/v2/trace/setting", "trace settings are not supported"),
+        ("POST", "/v2/models/emu/trace/setting", "trace settings are not supported"),
+        ("POST", "/v2/logging", "log settings are not supported"),
+        ("POST", "/v2/models/emu/generate", "the generate extension is not supported"),
+        ("POST", "/v2/models/emu/generate_stream", "the generate extension is not supported"),
+        ("POST", "/v2/repository/models/emu/unload", "model repository control is not supported"),
+    ] {
+        let r = c.request(method, path, &[], b"{}").await.unwrap();
+        assert_eq!(r.status, 501, "{method} {path}: {}", r.text());
+        assert!(r.text().contains(needle), "{method} {path}: {}", r.text());
+    }
+    server.stop().await.unwrap();
+}
+
+/// A pipeline's statistics are its task apps': the statistics route answers them
+/// (it answered 400 while the docs said so, issue 40).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelines_statistics_are_its_task_apps() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut profile = String::from("version = 1\nname = \"p\"\ndevice = \"emulated\"\nsource = \"synthetic\"\n");
+    for (name, acc) in [("d-one", 0.8), ("c-one", 0.7)] {
+        profile.push_str(&format!(
+            "\n[[model]]\nname = \"{name}\"\naccuracy = {acc}\naccuracy_source = \"synthetic\"\nbatch_sizes = [1, 2]\n\
+             p50_us = [100, 150]\np95_us = [100, 150]\np99_us = [100, 150]\n"
+        ));
+    }
+    std::fs::write(dir.path().join("profile.toml"), profile).unwrap();
+    let problem = "version = 1\nkind = \"loki\"\nprofile = \"profile.toml\"\nbatch_sizes = [1, 2]\nslo_ms = 100\n\
+                   workers = 2\ndemand_qps = 10\n\
+                   [[pipeline.task]]\nname = \"detect\"\nmodels = [\"d-one\"]\n\
+                   fanout.d-one = { factor = 1.0, branch = { classify = 1.0 } }\n\
+                   [[pipeline.task]]\nname = \"classify\"\nmodels = [\"c-one\"]\n\
+                   [[pipeline.edge]]\nfrom = \"detect\"\nto = \"classify\"\n";
+    std::fs::write(dir.path().join("problem.toml"), problem).unwrap();
+    let config = format!(
+        "[[pipeline]]\nname = \"p\"\nproblem = \"{}\"\nexecutor = \"emulated\"\n\
+         input = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\n",
+        dir.path().join("problem.toml").display()
+    );
+    let server = TestServer::start(&config).await.unwrap();
+    let mut c = server.client().await;
+    // Served at `detect` at least (whether `classify` keeps it is the pipeline's
+    // early dropping: this test is about the statistics).
+    let r = c.post_json("/v2/models/p/infer", &small_infer(1)).await.unwrap();
+    assert!(r.status == 200 || r.status == 504, "{}", r.text());
+    let r = c.get("/v2/models/p/stats").await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let stats = r.json();
+    let names: Vec<&str> =
+        stats["model_stats"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["p.detect", "p.classify"], "{stats}");
+    assert_eq!(stats["model_stats"][0]["inference_count"], json!(1), "{stats}");
+    for s in stats["model_stats"].as_array().unwrap() {
+        assert_eq!(s["version"], json!("1"));
+        let i = &s["inference_stats"];
+        assert_eq!(i["compute_input"]["count"], i["compute_infer"]["count"], "{s}");
+    }
+    assert_eq!(c.get("/v2/models/p/versions/pipeline/stats").await.unwrap().status, 200);
     server.stop().await.unwrap();
 }

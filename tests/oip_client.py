@@ -2,14 +2,25 @@
 
 Usage: oip_client.py HOST:PORT APP INPUT_NAME
 Checks liveness, readiness, model readiness and metadata, runs an inference with
-JSON tensors, then with the client's defaults (binary tensors both ways), and prints
-one JSON line with what it saw.
+JSON tensors, then with the client's defaults (binary tensors both ways), reads the
+extensions (configuration, index, statistics), asks for classes (class_count),
+sends and accepts compressed bodies, calls what sluice refuses (shared memory,
+load, trace and log settings), and prints one JSON line with what it saw.
 """
 import json
 import sys
 
 import numpy as np
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+def error_of(call):
+    try:
+        call()
+    except InferenceServerException as e:
+        return {"status": e.status(), "message": e.message()}
+    return None
 
 
 def main():
@@ -33,7 +44,9 @@ def main():
     inp = httpclient.InferInput(input_name, list(data.shape), "FP32")
     inp.set_data_from_numpy(data)
     default_none = client.infer(app, [inp], request_id="oip-2").as_numpy("output")
-    default_named = client.infer(app, [inp], outputs=[httpclient.InferRequestedOutput("output")]).as_numpy("output")
+    named = client.infer(app, [inp], outputs=[httpclient.InferRequestedOutput("output")])
+    default_named = named.as_numpy("output")
+    default_named_response_id = named.get_response().get("id", "absent")
     assert default_none.dtype == np.float32 and default_named.dtype == np.float32
     assert np.array_equal(default_none, arr) and np.array_equal(default_named, arr), (default_none, arr)
     # A batch of three samples (the metadata's -1): one row per sample, in order.
@@ -49,7 +62,40 @@ def main():
     config = client.get_model_config(app)
     index = client.get_model_repository_index()
     stats = client.get_inference_statistics(app)["model_stats"][0]
+    # The classification extension: class_count on a requested output, in binary
+    # (the client's default) and in JSON.
+    inp = httpclient.InferInput(input_name, list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    top = client.infer(app, [inp], outputs=[httpclient.InferRequestedOutput("output", class_count=1)])
+    top_json = client.infer(
+        app, [inp], outputs=[httpclient.InferRequestedOutput("output", binary_data=False, class_count=5)]
+    )
+    # Compression both ways, as the client offers it.
+    compressed = {}
+    for algorithm in ("gzip", "deflate"):
+        got = client.infer(
+            app,
+            [inp],
+            request_compression_algorithm=algorithm,
+            response_compression_algorithm=algorithm,
+        ).as_numpy("output")
+        compressed[algorithm] = got.tolist()
+    # What sluice does not serve is refused, never taken for a success.
+    refused = {
+        "shm_register": error_of(lambda: client.register_system_shared_memory("r", "/sluice-test", 64)),
+        "shm_status": error_of(lambda: client.get_system_shared_memory_status()),
+        "cuda_unregister": error_of(lambda: client.unregister_cuda_shared_memory()),
+        "load": error_of(lambda: client.load_model(app)),
+        "trace": error_of(lambda: client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})),
+        "log": error_of(lambda: client.update_log_settings(settings={"log_verbose_level": 1})),
+    }
     print(json.dumps({
+        "top": [v.decode() for v in top.as_numpy("output").reshape(-1)],
+        "top_shape": list(top.as_numpy("output").shape),
+        "top_json": [v.decode() if isinstance(v, bytes) else v for v in top_json.as_numpy("output").reshape(-1)],
+        "compressed": compressed,
+        "refused": refused,
+        "no_id": default_named_response_id,
         "rows": rows.tolist(),
         "config": config,
         "index": index,

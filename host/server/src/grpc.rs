@@ -151,7 +151,22 @@ where
         let state = self.state.clone();
         // The call keeps its connection from being idle until it is answered.
         let in_flight = req.extensions().get::<ConnInfo>().map(|c| c.activity.begin());
-        let call = self.inner.call(req.map(|inner| BudgetedBody { inner, state, held: None, taken_bytes: 0 }));
+        // A compressed message inflates inside tonic, up to `max_body_bytes`, where
+        // no frame shows it: the call takes that much from the budget up front, as
+        // the HTTP front does for a body of unknown length, and fails UNAVAILABLE
+        // at its first frame without room.
+        let compressed =
+            req.headers().get("grpc-encoding").is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let (held, refused) = if compressed {
+            let kib = u32::try_from(state.config.max_body_bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+            match state.body_budget.clone().try_acquire_many_owned(kib) {
+                Ok(p) => (Some(p), false),
+                Err(_) => (None, true),
+            }
+        } else {
+            (None, false)
+        };
+        let call = self.inner.call(req.map(|inner| BudgetedBody { inner, state, held, taken_bytes: 0, refused }));
         Box::pin(async move {
             let response = call.await;
             drop(in_flight);
@@ -166,8 +181,12 @@ struct BudgetedBody<B> {
     inner: B,
     state: Arc<State>,
     held: Option<OwnedSemaphorePermit>,
-    /// Bytes received; the permits held cover them rounded up to KiB.
+    /// Bytes received; the permits held cover them rounded up to KiB (beyond what a
+    /// compressed call took up front).
     taken_bytes: usize,
+    /// A compressed call that found no room for its inflated message: it fails at
+    /// its first frame.
+    refused: bool,
 }
 
 impl<B> http_body::Body for BudgetedBody<B>
@@ -182,6 +201,9 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.refused {
+            return Poll::Ready(Some(Err(Box::new(status(crate::api::budget_full(&self.state))))));
+        }
         let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => f,
             Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
