@@ -479,19 +479,27 @@ fn concat_outputs(app: &str, served: &[Box<Served>]) -> Result<Vec<Tensor>, ApiE
         .collect()
 }
 
+/// `body` with the request's `id`, absent when it sent none (as Triton: not `null`).
+fn with_id(mut body: Value, id: Option<&str>) -> Value {
+    if let Some(id) = id {
+        body["id"] = json!(id);
+    }
+    body
+}
+
 /// The error a request gets for a reply other than `Served`.
 fn reply_error(app: &App, reply: Reply, id: Option<&str>) -> ApiError {
     match reply {
         Reply::Served(_) => ApiError::internal("a served reply taken for an error"),
         // The worker logged the cause with the batch; the client gets the generic
-        // message of a server error (a non-finite output is one).
+        // message of a server error.
         Reply::Dropped { reason: DropReason::ExecutorError, .. } => {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal server error (see the server log)")
         }
         Reply::Dropped { reason, detail, policy } => ApiError {
             status: StatusCode::GATEWAY_TIMEOUT,
             message: format!("app {}: request dropped ({}): {detail}", app.name(), reason.as_str()),
-            extra: Some(json!({ "dropped": true, "reason": reason.as_str(), "policy": policy, "id": id })),
+            extra: Some(with_id(json!({ "dropped": true, "reason": reason.as_str(), "policy": policy }), id)),
             allow: None,
         },
         Reply::Rejected { message } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
@@ -531,7 +539,7 @@ async fn pipeline_infer(p: &Arc<PipelineApp>, tensor: Tensor, id: Option<&str>) 
         return Err(ApiError {
             status: StatusCode::GATEWAY_TIMEOUT,
             message: format!("pipeline {}: request dropped at task {task} ({reason})", p.name()),
-            extra: Some(json!({ "dropped": true, "task": task, "reason": reason, "id": id, "parameters": params })),
+            extra: Some(with_id(json!({ "dropped": true, "task": task, "reason": reason, "parameters": params }), id)),
             allow: None,
         });
     }

@@ -134,7 +134,7 @@ impl Metrics {
         counter(
             &mut out,
             "sluice_requests_total",
-            "Answered requests by app, model (empty when none served it) and outcome, each the status its client got: served and late (200), dropped-{policy,expired} (504), dropped-executor-error (500: a failed batch, a non-finite output), rejected-{queue-full,overload} (429), rejected-shutdown (503). A batched request counts each sample.",
+            "Answered requests by app, model (empty when none served it) and outcome, each the status its client got: served and late (200), dropped-{policy,expired} (504), dropped-executor-error (500: a failed batch), rejected-{queue-full,overload} (429), rejected-shutdown (503). A batched request counts each sample.",
             &self.requests.lock(),
         );
         counter(
