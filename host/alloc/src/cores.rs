@@ -441,6 +441,7 @@ fn to_devices(
             served_qps: served,
             shed_qps: (app.demand_qps - served).max(0.0),
             accuracy,
+            unservable: None,
         }],
         routes,
         devices,

@@ -2,6 +2,15 @@
 //! the model is infeasible, lower β and solve again, until a plan is found or β
 //! reaches its floor (Proteus §4; the artifact's `algorithms/ilp.py` steps β from 1.05
 //! by 0.05 while β > 0.2).
+//!
+//! [`Ladder::search`] (Proteus) looks for the same factor — the highest step of
+//! [`Ladder::steps`] with a plan — by bisection over the steps ([`Search::Bisect`],
+//! the default) or one step at a time ([`Search::Descend`], the artifact's), under one
+//! deadline for the whole search. Feasibility is monotone in β (a lower β serves less
+//! of every app and asks less headroom), so both find the same step, and the same
+//! model there gives the same plan.
+
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +29,22 @@ pub struct Ladder {
     /// `min_beta = 0.2`: no solve at or below this factor.
     #[serde(default = "default_min_beta")]
     pub min_beta: f64,
+    /// `search = "bisect"`: how [`Ladder::search`] walks the steps (`"descend"`: one
+    /// at a time from the top, the artifact's).
+    #[serde(default)]
+    pub search: Search,
+}
+
+/// How [`Ladder::search`] walks the ladder's steps.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Search {
+    /// The first step, then bisection over the rest: ⌈log2 n⌉ + 1 solves at most
+    /// (17 steps by default: 6, where a surge to 4× took 17 one at a time).
+    #[default]
+    Bisect,
+    /// One step at a time from the top (the artifact's ladder).
+    Descend,
 }
 
 fn default_beta() -> f64 {
@@ -34,7 +59,7 @@ fn default_min_beta() -> f64 {
 
 impl Default for Ladder {
     fn default() -> Self {
-        Ladder { beta: default_beta(), step: default_step(), min_beta: default_min_beta() }
+        Ladder { beta: default_beta(), step: default_step(), min_beta: default_min_beta(), search: Search::default() }
     }
 }
 
@@ -69,8 +94,11 @@ pub struct Descent<P> {
     pub tried: Vec<Tried>,
     /// The report of the solve that produced the plan, or of the last one.
     pub report: SolveReport,
-    /// The plan (None: infeasible at every factor).
+    /// The plan (None: infeasible at every factor, or none found in time).
     pub plan: Option<P>,
+    /// Whether the deadline stopped the search before it was decided (the plan, if
+    /// any, is the best found by then: the highest factor that had one).
+    pub timed_out: bool,
 }
 
 impl Ladder {
@@ -86,9 +114,63 @@ impl Ladder {
             tried.push(Tried { beta, status: r.status, solve_seconds: r.solve_seconds });
             report = r;
             if plan.is_some() {
-                return Ok(Descent { tried, report, plan });
+                return Ok(Descent { tried, report, plan, timed_out: false });
             }
         }
-        Ok(Descent { tried, report, plan: None })
+        Ok(Descent { tried, report, plan: None, timed_out: false })
+    }
+
+    /// Finds the highest step with a plan, as [`Ladder::search`] says, before
+    /// `deadline`: `solve(beta, seconds_left)` solves at one factor within the time
+    /// left (a solve that runs out of it without a plan answers `None`, like an
+    /// infeasible one: the search goes lower). When the deadline passes, the best plan
+    /// found so far is returned (`timed_out`), or none.
+    pub fn search<P, E>(
+        &self,
+        deadline: Instant,
+        mut solve: impl FnMut(f64, f64) -> Result<(SolveReport, Option<P>), E>,
+    ) -> Result<Descent<P>, E> {
+        let steps = self.steps();
+        let mut tried = Vec::new();
+        let mut last = SolveReport::none();
+        // The highest step with a plan so far: (index, report, plan).
+        let mut best: Option<(usize, SolveReport, P)> = None;
+        let mut timed_out = false;
+        let mut at = |i: usize, tried: &mut Vec<Tried>, last: &mut SolveReport| -> Result<Option<Option<P>>, E> {
+            let left = deadline.saturating_duration_since(Instant::now()).as_secs_f64();
+            if left < 1e-3 {
+                return Ok(None);
+            }
+            let beta = steps[i];
+            let (r, plan) = solve(beta, left)?;
+            tried.push(Tried { beta, status: r.status, solve_seconds: r.solve_seconds });
+            *last = r;
+            Ok(Some(plan))
+        };
+        // Bounds of the bisection: every step below `lo` has no plan; `hi` is the
+        // highest step known to have one (steps.len(): none known).
+        let (mut lo, mut hi) = (0, steps.len());
+        while lo < hi {
+            let mid = match self.search {
+                // The top first: a problem that fits is decided in one solve.
+                Search::Bisect if lo > 0 => lo + (hi - lo) / 2,
+                _ => lo,
+            };
+            match at(mid, &mut tried, &mut last)? {
+                None => {
+                    timed_out = true;
+                    break;
+                }
+                Some(Some(plan)) => {
+                    best = Some((mid, last.clone(), plan));
+                    hi = mid;
+                }
+                Some(None) => lo = mid + 1,
+            }
+        }
+        Ok(match best {
+            Some((_, report, plan)) => Descent { tried, report, plan: Some(plan), timed_out },
+            None => Descent { tried, report: last, plan: None, timed_out },
+        })
     }
 }

@@ -32,6 +32,7 @@
 //! work out to) and β < 1 serves β·s_q of every app and reports the rest as shed.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use good_lp::{constraint, variable, Expression, Solution as _, Variable};
 use serde::{Deserialize, Serialize};
@@ -157,6 +158,18 @@ pub enum ProteusError {
         /// Why: the fastest of its variants and what it misses.
         reason: String,
     },
+    /// The allocation's time limit ([`SolverSettings::time_limit_s`], for the whole
+    /// allocation) passed before any solve found a plan.
+    #[error(
+        "no plan found within the allocation's time limit of {limit_s} s ({solves} solves; \
+         the plan in force, if any, stays)"
+    )]
+    NoPlanInTime {
+        /// The limit, s.
+        limit_s: f64,
+        /// Solves made by then.
+        solves: usize,
+    },
     /// The solver failed (not an infeasible model: that lowers β).
     #[error(transparent)]
     Solve(#[from] SolveError),
@@ -250,6 +263,10 @@ pub struct AppPlan {
     pub shed_qps: f64,
     /// Demand-weighted accuracy of what it serves.
     pub accuracy: f64,
+    /// Why no device can serve it, when none can: it is planned as absent (served 0,
+    /// all its demand shed) and the other apps are planned as usual.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unservable: Option<String>,
 }
 
 /// One device's assignment.
@@ -358,7 +375,7 @@ impl Plan {
     /// no share of the plan's routing: they serve only under a router that fills by
     /// accuracy (Loki's MostAccurateFirst, which the artifact runs for this baseline).
     pub fn upgrade_idle(&mut self, problem: &Problem) -> Result<(), ProteusError> {
-        let cands = candidates(problem)?;
+        let (cands, _) = candidates_shedding(problem)?;
         let mut capacity: Vec<f64> = self
             .apps
             .iter()
@@ -479,6 +496,20 @@ pub struct Outcome {
     pub attempts: Vec<Attempt>,
     /// The plan (None: infeasible at every β down to the ladder's minimum).
     pub plan: Option<Plan>,
+    /// The apps no device can serve, planned as absent (all their demand shed).
+    pub shed: Vec<ShedApp>,
+    /// Whether the allocation's time limit stopped the ladder: the plan is the best
+    /// found by then (the highest β that had one).
+    pub timed_out: bool,
+}
+
+/// An app planned as absent because no device can serve it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ShedApp {
+    /// The app.
+    pub app: String,
+    /// Why (as [`ProteusError::Unservable`] says it).
+    pub reason: String,
 }
 
 /// A candidate: variant `model` of app `q` on device type `t`.
@@ -492,6 +523,26 @@ pub(crate) struct Cand {
 
 /// Index of the feasible (type, variant) pairs.
 pub(crate) fn candidates(problem: &Problem) -> Result<Vec<Cand>, ProteusError> {
+    let (cands, unservable) = all_candidates(problem)?;
+    match unservable.into_iter().next() {
+        Some(ShedApp { app, reason }) => Err(ProteusError::Unservable { app, reason }),
+        None => Ok(cands),
+    }
+}
+
+/// The candidates, and the apps no device can serve (to plan as absent); an error
+/// when no app at all can be served.
+pub(crate) fn candidates_shedding(problem: &Problem) -> Result<(Vec<Cand>, Vec<ShedApp>), ProteusError> {
+    let (cands, unservable) = all_candidates(problem)?;
+    match unservable.first() {
+        Some(ShedApp { app, reason }) if unservable.len() == problem.apps.len() => {
+            Err(ProteusError::Unservable { app: app.clone(), reason: reason.clone() })
+        }
+        _ => Ok((cands, unservable)),
+    }
+}
+
+fn all_candidates(problem: &Problem) -> Result<(Vec<Cand>, Vec<ShedApp>), ProteusError> {
     let mut out = Vec::new();
     for (q, app) in problem.apps.iter().enumerate() {
         for name in &app.models {
@@ -509,15 +560,15 @@ pub(crate) fn candidates(problem: &Problem) -> Result<Vec<Cand>, ProteusError> {
             }
         }
     }
-    servable(problem, &out)?;
-    Ok(out)
+    let unservable = servable(problem, &out)?;
+    Ok((out, unservable))
 }
 
-/// Refuses a problem no plan can serve, naming the cause: no device at all, or an
-/// app with no variant that runs within half its SLO (and fits the memory) on a
-/// device type that has devices — whatever its demand, since such an app is a
-/// configuration mistake, not a load to shed.
-fn servable(problem: &Problem, cands: &[Cand]) -> Result<(), ProteusError> {
+/// Refuses a problem no plan can serve (no device at all, sizes out of range) and
+/// lists, with the cause, every app with no variant that runs within half its SLO
+/// (and fits the memory) on a device type that has devices — whatever its demand: no
+/// demand factor changes it.
+fn servable(problem: &Problem, cands: &[Cand]) -> Result<Vec<ShedApp>, ProteusError> {
     if problem.devices.iter().all(|d| d.count == 0) {
         return Err(ProteusError::NoDevices);
     }
@@ -531,6 +582,7 @@ fn servable(problem: &Problem, cands: &[Cand]) -> Result<(), ProteusError> {
         crate::problem::check_demand(app.demand_qps)
             .map_err(|m| SolveError::OutOfRange(format!("app {}: demand_qps: {m}", app.name)))?;
     }
+    let mut unservable = Vec::new();
     for (q, app) in problem.apps.iter().enumerate() {
         if cands.iter().any(|c| c.q == q && problem.devices[c.t].count > 0) {
             continue;
@@ -558,17 +610,38 @@ fn servable(problem: &Problem, cands: &[Cand]) -> Result<(), ProteusError> {
             ),
             Some(_) => "none of its variants fits the memory of a device type with devices".into(),
         };
-        return Err(ProteusError::Unservable { app: app.name.clone(), reason });
+        unservable.push(ShedApp { app: app.name.clone(), reason });
     }
-    Ok(())
+    Ok(unservable)
 }
 
 /// Solves the problem: the configured objective, then (when hardware scaling is
 /// infeasible, or for the accuracy objective) accuracy scaling down the ladder.
+///
+/// Apps no device can serve are planned as absent and listed in
+/// [`Outcome::shed`]; only when no app can be served is it an error
+/// ([`ProteusError::Unservable`]). `problem.solver.time_limit_s` bounds the whole
+/// allocation: each solve gets the time left, and when it runs out the best plan
+/// found so far is returned ([`Outcome::timed_out`]), or, with none,
+/// [`ProteusError::NoPlanInTime`].
 pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
-    let cands = candidates(problem)?;
+    let deadline = Instant::now() + Duration::from_secs_f64(problem.solver.time_limit_s.clamp(0.0, 1e7));
+    let (cands, shed) = candidates_shedding(problem)?;
+    let absent: Vec<bool> = problem.apps.iter().map(|a| shed.iter().any(|s| s.app == a.name)).collect();
     let allowed = allowed_variants(problem, &cands);
     let mut attempts = Vec::new();
+    let mut no_plan_in_time = false;
+    // One solve within the time left: running out of it without a plan is not an
+    // error here but a step without a plan (a lower β may still have one).
+    let mut within = |keep: &[bool], beta: f64, left: f64, step: Step| match solve_at(
+        problem, &cands, keep, &absent, beta, step, left,
+    ) {
+        Err(ProteusError::Solve(SolveError::NoPlanInTime(s))) => {
+            no_plan_in_time = true;
+            Ok((SolveReport { status: Status::TimeLimit, solve_seconds: s, ..SolveReport::none() }, None))
+        }
+        other => other,
+    };
     if problem.objective == Objective::HardwareFirst {
         // Loki step 1: only each app's most accurate variant among those that fit
         // somewhere; minimise the devices used, at the ladder's first factor.
@@ -584,7 +657,8 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
             .zip(&allowed)
             .map(|(c, ok)| *ok && best[c.q].is_some_and(|b| (c.accuracy - b).abs() < 1e-12))
             .collect();
-        let (report, plan) = solve_at(problem, &cands, &keep, beta, Step::Hardware)?;
+        let left = deadline.saturating_duration_since(Instant::now()).as_secs_f64().max(1e-3);
+        let (report, plan) = within(&keep, beta, left, Step::Hardware)?;
         attempts.push(Attempt {
             step: Step::Hardware,
             beta,
@@ -592,17 +666,30 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
             solve_seconds: report.solve_seconds,
         });
         if plan.is_some() {
-            return Ok(Outcome { report, attempts, plan });
+            let plan = name_shed(plan, &shed);
+            return Ok(Outcome { report, attempts, plan, shed, timed_out: false });
         }
     }
-    let d = problem.ladder.descend(|beta| solve_at(problem, &cands, &allowed, beta, Step::Accuracy))?;
+    let d = problem.ladder.search(deadline, |beta, left| within(&allowed, beta, left, Step::Accuracy))?;
     attempts.extend(d.tried.into_iter().map(|t| Attempt {
         step: Step::Accuracy,
         beta: t.beta,
         status: t.status,
         solve_seconds: t.solve_seconds,
     }));
-    Ok(Outcome { report: d.report, attempts, plan: d.plan })
+    if d.plan.is_none() && (d.timed_out || no_plan_in_time) {
+        return Err(ProteusError::NoPlanInTime { limit_s: problem.solver.time_limit_s, solves: attempts.len() });
+    }
+    let plan = name_shed(d.plan, &shed);
+    Ok(Outcome { report: d.report, attempts, plan, shed, timed_out: d.timed_out })
+}
+
+/// Names in the plan the apps planned as absent, with why.
+fn name_shed(mut plan: Option<Plan>, shed: &[ShedApp]) -> Option<Plan> {
+    for a in plan.iter_mut().flat_map(|p| p.apps.iter_mut()) {
+        a.unservable = shed.iter().find(|s| s.app == a.name).map(|s| s.reason.clone());
+    }
+    plan
 }
 
 /// Which candidates [`Problem::variants`] allows: all, or per app only those of its
@@ -620,22 +707,32 @@ pub(crate) fn allowed_variants(problem: &Problem, cands: &[Cand]) -> Vec<bool> {
     cands.iter().map(|c| picked[c.q].is_none_or(|a| (c.accuracy - a).abs() < 1e-12)).collect()
 }
 
-/// One solve at factor `beta` over the candidates marked in `keep`.
+/// One solve at factor `beta` over the candidates marked in `keep`, within
+/// `time_limit_s`; the apps marked `absent` are served nothing.
 fn solve_at(
     problem: &Problem,
     cands: &[Cand],
     keep: &[bool],
+    absent: &[bool],
     beta: f64,
     step: Step,
+    time_limit_s: f64,
 ) -> Result<(SolveReport, Option<Plan>), ProteusError> {
+    let settings = SolverSettings { time_limit_s, ..problem.solver.clone() };
     let at = At {
         problem,
+        settings: &settings,
         cands,
         keep,
         beta,
         // Headroom above 1; below it, every app is served at β.
         headroom: beta.max(1.0),
-        served: problem.apps.iter().map(|a| a.demand_qps * beta.min(1.0)).collect(),
+        served: problem
+            .apps
+            .iter()
+            .zip(absent)
+            .map(|(a, &gone)| if gone { 0.0 } else { a.demand_qps * beta.min(1.0) })
+            .collect(),
         total: problem.apps.iter().map(|a| a.demand_qps).sum(),
         step,
     };
@@ -648,6 +745,8 @@ fn solve_at(
 /// One solve's inputs.
 struct At<'a> {
     problem: &'a Problem,
+    /// The solver settings of this solve (its time limit: what is left).
+    settings: &'a SolverSettings,
     cands: &'a [Cand],
     /// Which candidates may be used.
     keep: &'a [bool],
@@ -722,7 +821,7 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
                 .sum(),
         ),
     };
-    let (report, values) = m.solve(sense, objective, &problem.solver)?;
+    let (report, values) = m.solve(sense, objective, at.settings)?;
     let Some(values) = values else { return Ok((report, None)) };
     let routes: Vec<(usize, u32, f64)> = cands
         .iter()
@@ -821,7 +920,7 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
                 .sum(),
         ),
     };
-    let (report, values) = m.solve(sense, objective, &problem.solver)?;
+    let (report, values) = m.solve(sense, objective, at.settings)?;
     let Some(values) = values else { return Ok((report, None)) };
     // Sum the devices back into routes (the per-device detail is rebuilt evenly).
     let mut routes: BTreeMap<usize, (u32, f64)> = BTreeMap::new();
@@ -905,6 +1004,7 @@ pub(crate) fn make_plan(
             served_qps: served[q],
             shed_qps: a.demand_qps - served[q],
             accuracy: 0.0,
+            unservable: None,
         })
         .collect();
     let mut plan = Plan {

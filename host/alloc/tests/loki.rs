@@ -182,7 +182,10 @@ fn the_milp_matches_brute_force_on_a_two_task_pipeline() {
 #[test]
 fn the_ladder_sheds_what_no_plan_can_serve() {
     // 500 req/s on 3 workers: a2 (1 worker, batch 2) serves at most 133/s.
-    let p = Problem { ladder: Ladder { beta: 1.0, step: 0.05, min_beta: 0.0 }, ..two_tasks(500.0, 3, 200.0) };
+    let p = Problem {
+        ladder: Ladder { beta: 1.0, step: 0.05, min_beta: 0.0, ..Ladder::default() },
+        ..two_tasks(500.0, 3, 200.0)
+    };
     let plan = loki::solve(&p).unwrap().plan.unwrap();
     assert!(plan.beta < 1.0 && plan.shed_qps > 0.0, "{plan:?}");
     assert!((plan.served_qps + plan.shed_qps - 500.0).abs() < 1e-9);

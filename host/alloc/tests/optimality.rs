@@ -200,6 +200,13 @@ fn both_formulations_match_brute_force_on_random_instances() {
         for formulation in [Formulation::Aggregated, Formulation::PerDevice] {
             p.formulation = formulation;
             let out = proteus::solve(&p).unwrap();
+            // Bisection (the default) and the one-step-at-a-time ladder find the same
+            // plan.
+            let mut descend = p.clone();
+            descend.ladder.search = sluice_alloc::ladder::Search::Descend;
+            let one_by_one = proteus::solve(&descend).unwrap();
+            assert_eq!(out.plan, one_by_one.plan, "case {case} {formulation:?}");
+            assert!(out.attempts.len() <= one_by_one.attempts.len());
             match (&out.plan, first_feasible) {
                 (Some(plan), Some((beta, value))) => {
                     assert!((plan.beta - beta).abs() < 1e-9, "case {case} {formulation:?}: β {} vs {beta}", plan.beta);
@@ -233,7 +240,15 @@ fn infeasible_demand_is_shed_and_reported() {
     p.apps[1].demand_qps = 1.0;
     let out = proteus::solve(&p).unwrap();
     assert!(out.plan.is_none());
-    assert_eq!(out.attempts.len(), p.ladder.steps().len());
+    // Bisection: the top step, then ⌈log2⌉ of the rest.
+    let steps = p.ladder.steps().len();
+    assert!(out.attempts.len() <= 2 + (steps as f64).log2().ceil() as usize, "{:?}", out.attempts);
+    assert!(out.attempts.iter().all(|a| a.status == sluice_alloc::Status::Infeasible));
+    // One step at a time: every step.
+    p.ladder.search = sluice_alloc::ladder::Search::Descend;
+    let out = proteus::solve(&p).unwrap();
+    assert!(out.plan.is_none());
+    assert_eq!(out.attempts.len(), steps);
     assert!(out.attempts.iter().all(|a| a.status == sluice_alloc::Status::Infeasible));
     // A demand that fits at β = 0.5 is served at 0.5 and the rest shed, per app.
     let mut p = random_problem(&mut rng, 1, 1);

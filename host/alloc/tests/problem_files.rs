@@ -245,10 +245,36 @@ fn a_problem_no_device_can_serve_is_a_typed_error_naming_the_app() {
         a.error.as_deref(),
         Some("app a: no device can serve it: its fastest variant, `m` on `cpu`, takes 10.0 ms at batch 1, not under half its SLO of 5 ms")
     );
-    // One app that fits nowhere among others that do: it is the one named.
-    let two = format!("{PROTEUS}[[app]]\nname = \"tight\"\nslo_ms = 15\ndemand_qps = 0\nmodels = [\"m\"]\n");
+    // One app that fits nowhere beside one that fits: the feasible one is planned as
+    // usual, the other planned as absent (all its demand shed) and named, with why.
+    let two = format!("{PROTEUS}[[app]]\nname = \"tight\"\nslo_ms = 15\ndemand_qps = 7\nmodels = [\"m\"]\n");
     let a = allocate(&two);
-    assert!(a.error.as_deref().is_some_and(|e| e.starts_with("app tight: no device can serve it")), "{a:?}");
+    assert_eq!(a.error, None, "{a:?}");
+    let Some(sluice_alloc::AnyPlan::Proteus(plan)) = &a.plan else { panic!("a plan: {a:?}") };
+    let alone = allocate(PROTEUS);
+    let Some(sluice_alloc::AnyPlan::Proteus(alone)) = &alone.plan else { panic!("a plan: {alone:?}") };
+    assert_eq!(plan.routes, alone.routes, "the feasible app is planned as if alone");
+    let (served, tight) = (&plan.apps[0], &plan.apps[1]);
+    assert_eq!((served.served_qps, served.shed_qps, served.unservable.as_deref()), (10.0, 0.0, None));
+    assert_eq!((tight.served_qps, tight.shed_qps), (0.0, 7.0));
+    assert_eq!(
+        tight.unservable.as_deref(),
+        Some("its fastest variant, `m` on `cpu`, takes 10.0 ms at batch 1, not under half its SLO of 15 ms")
+    );
+    assert!(plan.routes.iter().all(|r| r.app == "a") && plan.devices.iter().all(|d| d.app.as_deref() != Some("tight")));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.toml"), PROFILE).unwrap();
+    let AnyProblem::Proteus(p) = AnyProblem::parse(&two, "problem.toml", dir.path()).unwrap() else { unreachable!() };
+    for formulation in [sluice_alloc::proteus::Formulation::Aggregated, sluice_alloc::proteus::Formulation::PerDevice] {
+        let out = sluice_alloc::proteus::solve(&sluice_alloc::proteus::Problem { formulation, ..p.clone() }).unwrap();
+        assert_eq!(out.shed.iter().map(|s| s.app.as_str()).collect::<Vec<_>>(), ["tight"]);
+        // The same served demand and accuracy (the per-device MILP may leave another
+        // device busy: idle devices cost nothing).
+        assert_eq!(out.plan.expect("planned").apps, plan.apps, "{formulation:?}");
+    }
+    // Every app unservable: the error names the first.
+    let both = two.replace("slo_ms = 100", "slo_ms = 5");
+    assert!(allocate(&both).error.as_deref().is_some_and(|e| e.starts_with("app a: no device can serve it")));
     // Memory: the variant runs fast enough but fits no device.
     let big = PROTEUS
         .replace("count = 2", "count = 2\nmemory_mb = 100")
@@ -302,4 +328,58 @@ fn problems_built_in_code_are_checked_before_a_model_is_built() {
     assert_eq!(e, "cores 4000000000 (min_cores 2): expected a budget of 1 to 4096 cores");
     let p = sluice_alloc::infadapter::Problem { demand_rps: f64::INFINITY, ..good };
     assert!(sluice_alloc::infadapter::solve(&p).is_err());
+}
+
+/// The paper's setup at 4× its size and 3× its demand (the surge).
+fn surge() -> sluice_alloc::proteus::Problem {
+    let AnyProblem::Proteus(mut p) = AnyProblem::load(&root().join("examples/allocate/proteus-paper.toml")).unwrap()
+    else {
+        unreachable!()
+    };
+    for d in &mut p.devices {
+        d.count *= 4;
+    }
+    for a in &mut p.apps {
+        a.demand_qps *= 12.0;
+    }
+    p
+}
+
+#[test]
+fn the_time_limit_bounds_the_whole_allocation() {
+    // Tiny limits: each allocation returns within about its limit (plus building
+    // one model), with a plan or an error that says the time ran out.
+    for limit in [1e-4, 0.02, 0.2] {
+        let mut p = surge();
+        p.solver.time_limit_s = limit;
+        for search in [sluice_alloc::ladder::Search::Bisect, sluice_alloc::ladder::Search::Descend] {
+            p.ladder.search = search;
+            let t = std::time::Instant::now();
+            let got = sluice_alloc::proteus::solve(&p);
+            let secs = t.elapsed().as_secs_f64();
+            assert!(secs < limit + 1.0, "{limit} s {search:?}: took {secs} s");
+            match got {
+                Ok(out) => {
+                    let plan = out.plan.expect("a plan or an error");
+                    assert!(plan.beta < 1.0, "3x demand is shed");
+                    assert!(out.timed_out || out.attempts.iter().all(|a| a.solve_seconds <= limit + 0.1));
+                }
+                Err(e) => assert!(
+                    e.to_string()
+                        .starts_with(&format!("no plan found within the allocation's time limit of {limit} s")),
+                    "{e}"
+                ),
+            }
+        }
+    }
+    // The allocator keeps the plan in force when the time runs out with none.
+    let mut p = surge();
+    p.solver.time_limit_s = 1e-4;
+    let mut allocator = Allocator::default();
+    let first = allocator.allocate(&AnyProblem::Proteus(surge()));
+    assert!(first.plan.is_some(), "{first:?}");
+    let next = allocator.allocate(&AnyProblem::Proteus(p));
+    assert_eq!(next.status, "fallback", "{next:?}");
+    assert!(next.error.as_deref().is_some_and(|e| e.contains("time limit")), "{next:?}");
+    assert!(next.plan.is_some());
 }
