@@ -6,12 +6,19 @@
 //! same run, is the paper's per-device formulation on the same instance (where it
 //! finishes within its limit) and the paper's own figure, 4.2 s with Gurobi.
 //!
-//! Run: `cargo bench -p sluice-alloc --bench solve` (`-- quick`: one repetition).
-//! Prints a table, then one JSON line. Asserts nothing.
+//! Then the surge (issue 34): the paper's setup at 2×, 3× and 4× its demand, and 4×
+//! its size at 3× its demand, each allocation with the one-step-at-a-time ladder
+//! (`search = "descend"`, the artifact's) and with bisection (the default) in the
+//! same run, under the same whole-allocation time limit (10 s): time per
+//! allocation, the ratio, solves, β and objective of each.
+//!
+//! Run: `cargo bench -p sluice-alloc --bench solve` (`-- quick`: one repetition;
+//! `-- surge`: only the surge). Prints tables, then one JSON line. Asserts nothing.
 
 use std::path::Path;
 use std::time::Instant;
 
+use sluice_alloc::ladder::Search;
 use sluice_alloc::proteus::{self, Formulation};
 use sluice_alloc::AnyProblem;
 
@@ -123,10 +130,123 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// One ladder on a surge case: seconds per allocation (sorted), and the last run's
+/// solves, β and objective (None: no plan; `error` says why).
+struct SurgeRun {
+    seconds: Vec<f64>,
+    solves: usize,
+    beta: Option<f64>,
+    objective: Option<f64>,
+    error: Option<String>,
+}
+
+fn surge_run(p: &proteus::Problem, search: Search, reps: usize) -> SurgeRun {
+    let mut p = p.clone();
+    p.ladder.search = search;
+    let mut out = SurgeRun { seconds: Vec::new(), solves: 0, beta: None, objective: None, error: None };
+    for _ in 0..reps {
+        let t = Instant::now();
+        let got = proteus::solve(&p);
+        out.seconds.push(t.elapsed().as_secs_f64());
+        match got {
+            Ok(o) => {
+                out.solves = o.attempts.len();
+                out.beta = o.plan.as_ref().map(|p| p.beta);
+                out.objective = o.plan.as_ref().map(proteus::accuracy_objective);
+                out.error = None;
+            }
+            Err(e) => {
+                (out.solves, out.beta, out.objective) = (0, None, None);
+                out.error = Some(e.to_string());
+            }
+        }
+    }
+    out.seconds.sort_by(f64::total_cmp);
+    out
+}
+
+/// The surge table; returns its JSON rows and whether the issue's goals were met.
+fn surge(base: &proteus::Problem, reps: usize) -> (Vec<serde_json::Value>, bool) {
+    let mut cases = Vec::new();
+    for k in [2.0, 3.0, 4.0] {
+        let mut p = base.clone();
+        p.apps.iter_mut().for_each(|a| a.demand_qps *= k);
+        cases.push((format!("paper, {k}x demand"), p, 0.5));
+    }
+    let mut big = more_devices(base.clone(), 4);
+    big.apps.iter_mut().for_each(|a| a.demand_qps *= 3.0);
+    cases.push(("4x size, 3x demand".to_string(), big, 1.0));
+    println!();
+    println!(
+        "surge: whole allocation (limit 10 s), one step at a time (descend) vs bisection; {reps} runs, median and max"
+    );
+    println!(
+        "{:<20} {:>9} {:>9} {:>6} {:>5} {:>9} | {:>9} {:>9} {:>6} {:>5} {:>9} | {:>6} {:>5}",
+        "case",
+        "desc med",
+        "desc max",
+        "solves",
+        "beta",
+        "objective",
+        "bis med",
+        "bis max",
+        "solves",
+        "beta",
+        "objective",
+        "ratio",
+        "goal"
+    );
+    let mut rows = Vec::new();
+    let mut all_met = true;
+    for (name, p, goal) in &cases {
+        let old = surge_run(p, Search::Descend, reps);
+        let new = surge_run(p, Search::Bisect, reps);
+        let ratio = median(&old.seconds) / median(&new.seconds).max(1e-9);
+        let worst = new.seconds.last().copied().unwrap_or(f64::INFINITY);
+        let met = worst <= *goal && new.objective.is_some();
+        all_met &= met;
+        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |x| format!("{x:.d$}"));
+        println!(
+            "{:<20} {:>9.3} {:>9.3} {:>6} {:>5} {:>9} | {:>9.3} {:>9.3} {:>6} {:>5} {:>9} | {:>5.1}x {:>5}",
+            name,
+            median(&old.seconds),
+            old.seconds.last().copied().unwrap_or(0.0),
+            old.solves,
+            f(old.beta, 2),
+            f(old.objective, 5),
+            median(&new.seconds),
+            worst,
+            new.solves,
+            f(new.beta, 2),
+            f(new.objective, 5),
+            ratio,
+            if met { "MET" } else { "NOT" },
+        );
+        for (label, r) in [("descend", &old), ("bisect", &new)] {
+            if let Some(e) = &r.error {
+                println!("  {label}: {e}");
+            }
+        }
+        rows.push(serde_json::json!({
+            "case": name, "goal_s": goal, "ratio": ratio, "goal_met": met,
+            "descend": { "median_s": median(&old.seconds), "max_s": old.seconds.last(), "solves": old.solves,
+                         "beta": old.beta, "objective": old.objective, "error": old.error },
+            "bisect": { "median_s": median(&new.seconds), "max_s": new.seconds.last(), "solves": new.solves,
+                        "beta": new.beta, "objective": new.objective, "error": new.error },
+        }));
+    }
+    (rows, all_met)
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
     let reps = if quick { 1 } else { 5 };
     let base = paper();
+    if std::env::args().any(|a| a == "surge") {
+        let (rows, met) = surge(&base, reps);
+        println!("{}", serde_json::json!({ "bench": "solve", "surge": rows, "surge_goal_met": met }));
+        return;
+    }
     let mut rows = vec![run("paper (aggregated)", &base, reps)];
     let mut per_device = base.clone();
     per_device.formulation = Formulation::PerDevice;
@@ -178,6 +298,7 @@ fn main() {
         "160 devices / 450 variants / 17 apps: worst {worst:.3} s (goal <= 10 s, the paper: under 60 s): {}",
         if worst <= 10.0 { "MET" } else { "NOT MET" }
     );
+    let (surge_rows, surge_met) = surge(&base, reps);
     let json: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| {
@@ -190,6 +311,9 @@ fn main() {
         .collect();
     println!(
         "{}",
-        serde_json::json!({ "bench": "solve", "rows": json, "paper_goal_met": paper_s <= 0.5, "scale_goal_met": worst <= 10.0 })
+        serde_json::json!({
+            "bench": "solve", "rows": json, "paper_goal_met": paper_s <= 0.5, "scale_goal_met": worst <= 10.0,
+            "surge": surge_rows, "surge_goal_met": surge_met,
+        })
     );
 }
