@@ -491,10 +491,11 @@ fn with_id(mut body: Value, id: Option<&str>) -> Value {
 fn reply_error(app: &App, reply: Reply, id: Option<&str>) -> ApiError {
     match reply {
         Reply::Served(_) => ApiError::internal("a served reply taken for an error"),
-        // The worker logged the cause with the batch; the client gets the generic
-        // message of a server error.
-        Reply::Dropped { reason: DropReason::ExecutorError, .. } => {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal server error (see the server log)")
+        // The executor's own words, as Triton passes on its backends' errors: an
+        // operator (and a client) needs to know that an agent was unreachable and no
+        // other copy of the variant was left, not only that something failed.
+        Reply::Dropped { reason: DropReason::ExecutorError, detail, .. } => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("app {}: {detail}", app.name()))
         }
         Reply::Dropped { reason, detail, policy } => ApiError {
             status: StatusCode::GATEWAY_TIMEOUT,

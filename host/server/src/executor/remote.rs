@@ -228,7 +228,10 @@ impl Executor for RemoteExecutor {
                 Err(e @ (SendError::Transport(_) | SendError::Status(StatusCode::NOT_FOUND, _))) => {
                     let first = describe(&self.target, e);
                     let Some(other) = self.fallback.as_ref().and_then(|f| f(&self.target)) else {
-                        return Err(ExecError::Backend(first));
+                        return Err(ExecError::Backend(format!(
+                            "{first}; no other copy of {} on a live agent",
+                            self.target.variant
+                        )));
                     };
                     self.pool.retried.fetch_add(1, Ordering::Relaxed);
                     let (body, json_len) = encode_batch(&batch, other.device);
