@@ -27,7 +27,9 @@ use crate::limits;
 #[serde(deny_unknown_fields)]
 pub struct SolverSettings {
     /// `time_limit_s = 10`: wall-clock limit of one solve; the best plan found by
-    /// then is used (status `time-limit`), and none found is an error.
+    /// then is used (status `time-limit`), and none found is an error. For Proteus
+    /// it bounds the whole allocation, every step of the ladder together
+    /// (`proteus::solve`).
     #[serde(default = "default_time_limit")]
     pub time_limit_s: f64,
     /// `mip_gap = 0.0001`: HiGHS stops when the relative gap between the best plan
