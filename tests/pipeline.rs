@@ -452,7 +452,16 @@ async fn a_graph_that_is_not_a_rooted_tree_is_refused_naming_the_edge() {
 
 /// Serves an example config as is (its policy directory moved to a temp dir).
 async fn serve_example(name: &str) -> (TestServerHandle, std::net::SocketAddr) {
+    serve_example_with(name, |_| {}).await
+}
+
+/// Example `name` as `sluice serve` loads it, changed by `change` before it starts.
+async fn serve_example_with(
+    name: &str,
+    change: impl FnOnce(&mut sluice_server::config::Config),
+) -> (TestServerHandle, std::net::SocketAddr) {
     let mut config = sluice_server::config::Config::load(&root().join("examples").join(name)).unwrap();
+    change(&mut config);
     let dir = tempfile::tempdir().unwrap();
     config.policy_dir = dir.path().join("policies");
     let state = sluice_server::state::State::build(config).await.unwrap();
@@ -516,22 +525,14 @@ async fn an_image_pipeline_runs_on_real_onnx_models() {
 /// The traffic example with a compressed timeline (tables every 250 ms, a re-plan
 /// at least every second) and `scale_down_window_s` = `window`.
 async fn serve_traffic(window: f64) -> (TestServerHandle, std::net::SocketAddr) {
-    let mut config = sluice_server::config::Config::load(&root().join("examples").join("loki-traffic.toml")).unwrap();
-    let p = &mut config.pipelines[0];
-    p.routing_period_ms = 250;
-    p.replan_period_s = 1.0;
-    p.scale_down_window_s = window;
-    config.admin_token = Some(TOKEN.into());
-    let dir = tempfile::tempdir().unwrap();
-    config.policy_dir = dir.path().join("policies");
-    let state = sluice_server::state::State::build(config).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(sluice_server::server::run(listener, state, async {
-        let _ = rx.await;
-    }));
-    (TestServerHandle { tx, task, _dir: dir }, addr)
+    serve_example_with("loki-traffic.toml", |config| {
+        let p = &mut config.pipelines[0];
+        p.routing_period_ms = 250;
+        p.replan_period_s = 1.0;
+        p.scale_down_window_s = window;
+        config.admin_token = Some(TOKEN.into());
+    })
+    .await
 }
 
 /// 40 req/s for `seconds` from 8 clients, each sending every 200 ms (open loop as

@@ -19,10 +19,6 @@
 //! Prints a table, then one JSON line, then the summary line
 //! `admission: false refusals X % at 90 % utilisation (refusals Y %)`.
 
-use std::io::BufReader;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,76 +28,22 @@ use sluice_loadgen::poisson::{run_poisson, PoissonArgs};
 use sluice_loadgen::{infer_body, Client};
 
 mod common;
+#[path = "common/image_app.rs"]
+mod image_app;
+
+use image_app::{scenarios, Server, SLO_MS};
 
 const SECONDS: f64 = 20.0;
-const SLO_MS: f64 = 400.0;
-const WORKERS: f64 = 2.0;
 const TOKEN: &str = "admission-bench";
 const UTILISATIONS: [f64; 3] = [0.5, 0.7, 0.9];
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// One scenario: a policy, its params, the variants, and the capacity the profile
-/// gives for what it serves (req/s).
-struct Scenario {
-    policy: &'static str,
-    params: &'static str,
-    models: &'static [&'static str],
-    capacity: f64,
-}
-
-/// Requests/s one worker serves with `p95` (µs at batch 1, 2, 4, 8) at batches ≤ 4.
-fn per_worker(p95: [f64; 4]) -> f64 {
-    [(1.0, p95[0]), (2.0, p95[1]), (4.0, p95[2])].iter().map(|(b, us)| b / us * 1e6).fold(0.0, f64::max)
-}
-
-/// The server process; killed when dropped.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    _stdout: BufReader<ChildStdout>,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    fn spawn(s: &Scenario) -> Result<Server> {
-        let root = root().canonicalize()?;
-        let dir = tempfile::tempdir()?;
-        let models: Vec<String> = s.models.iter().map(|m| format!("\"{m}\"")).collect();
-        let config = format!(
-            "admin_token = \"{TOKEN}\"\nbuiltin_policy_dir = \"{root}/target/policies\"\npolicy_dir = \"{dir}/policies\"\n\n\
-             [[app]]\nname = \"img\"\nslo_ms = {SLO_MS}\nworkers = {WORKERS}\nrouter = \"shortest-queue\"\nexecutor = \"emulated\"\n\
-             profile = \"{root}/profiles/imagenet-light-cpu.toml\"\nmodels = [{}]\nmax_batch = 4\nmax_queue = 1024\n\
-             admission_audit = 1.0\npolicy = \"{}\"\nparams = {}\ninput = {{ name = \"data_0\", datatype = \"FP32\", shape = [3, 224, 224] }}\n",
-            models.join(", "),
-            s.policy,
-            s.params,
-            root = root.display(),
-            dir = dir.path().display(),
-        );
-        let path = dir.path().join("admission.toml");
-        std::fs::write(&path, config)?;
-        let (child, addr, stdout) = common::start_server(&path)?;
-        Ok(Server { child, addr, _stdout: stdout, _dir: dir })
-    }
-
-    /// The app's admin counters.
-    async fn counters(&self) -> Result<Value> {
-        let mut c = Client::connect(self.addr).await?;
-        let auth = format!("Bearer {TOKEN}");
-        let r = c.request("GET", "/admin/apps/img", &[("authorization", &auth)], b"").await?;
-        anyhow::ensure!(r.status == 200, "admin view: {} {}", r.status, r.text());
-        Ok(r.json())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The app's admin counters.
+async fn counters(server: &Server) -> Result<Value> {
+    let mut c = Client::connect(server.addr).await?;
+    let auth = format!("Bearer {TOKEN}");
+    let r = c.request("GET", "/admin/apps/img", &[("authorization", &auth)], b"").await?;
+    anyhow::ensure!(r.status == 200, "admin view: {} {}", r.status, r.text());
+    Ok(r.json())
 }
 
 /// What one utilisation saw.
@@ -130,7 +72,7 @@ fn count(v: &Value, path: &[&str]) -> u64 {
 }
 
 async fn phase(server: &Server, body: &Arc<Vec<u8>>, capacity: f64, utilisation: f64, seed: u64) -> Result<Phase> {
-    let before = server.counters().await?;
+    let before = counters(server).await?;
     let rate = capacity * utilisation;
     let records = run_poisson(PoissonArgs {
         addr: server.addr,
@@ -144,7 +86,7 @@ async fn phase(server: &Server, body: &Arc<Vec<u8>>, capacity: f64, utilisation:
         max_connections: 512,
     })
     .await?;
-    let after = server.counters().await?;
+    let after = counters(server).await?;
     let delta = |path: &[&str]| count(&after, path).saturating_sub(count(&before, path));
     let ok = records.iter().filter(|r| r.status == 200).count() as u64;
     Ok(Phase {
@@ -160,26 +102,11 @@ async fn phase(server: &Server, body: &Arc<Vec<u8>>, capacity: f64, utilisation:
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let resnet = per_worker([103605.0, 279099.0, 491613.0, 872197.0]);
-    let inception = per_worker([80840.0, 163788.0, 298797.0, 597055.0]);
-    let scenarios = [
-        Scenario {
-            policy: "fixed",
-            params: "{ model = \"resnet50\" }",
-            models: &["resnet50"],
-            capacity: WORKERS * resnet,
-        },
-        Scenario {
-            policy: "jellyfish",
-            params: "{}",
-            models: &["inception_v1", "resnet50"],
-            capacity: WORKERS * inception,
-        },
-    ];
+    let scenarios = scenarios();
     let body = Arc::new(serde_json::to_vec(&infer_body("data_0", &[1, 3, 224, 224], &vec![0.0; 3 * 224 * 224]))?);
     let mut rows = Vec::new();
     for s in &scenarios {
-        let server = Server::spawn(s)?;
+        let server = Server::spawn(s, &format!("admin_token = \"{TOKEN}\"\n"), "admission_audit = 1.0\n")?;
         for (k, u) in UTILISATIONS.iter().enumerate() {
             let p = runtime.block_on(phase(&server, &body, s.capacity, *u, 7 + k as u64)).context(s.policy)?;
             rows.push((s.policy, p));

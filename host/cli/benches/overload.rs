@@ -22,10 +22,7 @@
 //! `overload: worst 5x/1x goodput X, worst late share Y % (JSON and binary, idle and loaded)`.
 
 use std::collections::BTreeMap;
-use std::io::BufReader;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout};
+use std::process::Child;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,79 +33,17 @@ use sluice_loadgen::poisson::{run_poisson, PoissonArgs};
 use sluice_loadgen::{self as loadgen};
 
 mod common;
+#[path = "common/image_app.rs"]
+mod image_app;
+
+use image_app::{scenarios, Server, SLO_MS};
 
 const SECONDS: f64 = 10.0;
-const SLO_MS: f64 = 400.0;
-const WORKERS: f64 = 2.0;
 const POOL: usize = 512;
 const ELEMENTS: usize = 3 * 224 * 224;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// One scenario: a policy, its params, the variants, and the capacity the profile
-/// gives for what it serves (req/s).
-struct Scenario {
-    policy: &'static str,
-    params: &'static str,
-    models: &'static [&'static str],
-    capacity: f64,
-}
-
-/// Requests/s one worker serves with `p95` (µs at batch 1, 2, 4, 8) at batches ≤ 4.
-fn per_worker(p95: [f64; 4]) -> f64 {
-    [(1.0, p95[0]), (2.0, p95[1]), (4.0, p95[2])].iter().map(|(b, us)| b / us * 1e6).fold(0.0, f64::max)
-}
-
-/// The server process; killed when dropped.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    _stdout: BufReader<ChildStdout>,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    fn spawn(s: &Scenario) -> Result<Server> {
-        let root = root().canonicalize()?;
-        let dir = tempfile::tempdir()?;
-        let models: Vec<String> = s.models.iter().map(|m| format!("\"{m}\"")).collect();
-        let config = format!(
-            "builtin_policy_dir = \"{root}/target/policies\"\npolicy_dir = \"{dir}/policies\"\n\n\
-             [[app]]\nname = \"img\"\nslo_ms = {SLO_MS}\nworkers = {WORKERS}\nrouter = \"shortest-queue\"\nexecutor = \"emulated\"\n\
-             profile = \"{root}/profiles/imagenet-light-cpu.toml\"\nmodels = [{}]\nmax_batch = 4\nmax_queue = 1024\n\
-             policy = \"{}\"\nparams = {}\ninput = {{ name = \"data_0\", datatype = \"FP32\", shape = [3, 224, 224] }}\n",
-            models.join(", "),
-            s.policy,
-            s.params,
-            root = root.display(),
-            dir = dir.path().display(),
-        );
-        let path = dir.path().join("overload.toml");
-        std::fs::write(&path, config)?;
-        let (child, addr, stdout) = common::start_server(&path)?;
-        Ok(Server { child, addr, _stdout: stdout, _dir: dir })
-    }
-
-    /// Resident memory of the server process, MiB.
-    fn rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(f64::NAN, |kb| kb / 1024.0)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// A request's body and its header lines.
+type Request = (Arc<Vec<u8>>, Arc<Vec<(String, String)>>);
 
 /// The request body of a phase.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -122,7 +57,7 @@ enum Body {
 
 impl Body {
     /// The body and its header lines.
-    fn request(self) -> (Arc<Vec<u8>>, Arc<Vec<(String, String)>>) {
+    fn request(self) -> Request {
         // Varied values (not all zeros), finite, in the range of normalised pixels.
         let data: Vec<f32> = (0..ELEMENTS).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
         match self {
@@ -232,27 +167,11 @@ async fn phase(server: &Server, body: Body, rate: f64, seed: u64) -> Result<Phas
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let resnet = per_worker([103605.0, 279099.0, 491613.0, 872197.0]);
-    let inception = per_worker([80840.0, 163788.0, 298797.0, 597055.0]);
-    let scenarios = [
-        Scenario {
-            policy: "fixed",
-            params: "{ model = \"resnet50\" }",
-            models: &["resnet50"],
-            capacity: WORKERS * resnet,
-        },
-        // Jellyfish picks between the two by load; at overload it serves the faster.
-        Scenario {
-            policy: "jellyfish",
-            params: "{}",
-            models: &["inception_v1", "resnet50"],
-            capacity: WORKERS * inception,
-        },
-    ];
+    let scenarios = scenarios();
     let mut rows = Vec::new();
     let mut seed = 1;
     for s in &scenarios {
-        let server = Server::spawn(s)?;
+        let server = Server::spawn(s, "", "")?;
         let start_rss = server.rss_mib();
         for background in [0, 1] {
             for body in [Body::Json, Body::Binary] {
