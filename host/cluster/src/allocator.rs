@@ -537,30 +537,36 @@ fn assign(plan: &proteus::Plan, members: &[LiveDevice], previous: &Placement) ->
 /// variants at 0 % sent 101 of 1,326 of the cluster demo's requests to 500 when
 /// that agent was killed (issue 34).
 fn standby_copies(assignments: &mut [(Assignment, f64)], members: &[LiveDevice]) {
-    let kind_of =
-        |a: &Assignment| members.iter().find(|m| m.agent == a.agent && m.device == a.device).map(|m| m.kind.clone());
-    for i in 0..assignments.len() {
-        if assignments[i].1 > 0.0 {
+    let kinds: BTreeMap<(&str, u32), &str> =
+        members.iter().map(|m| ((m.agent.as_str(), m.device), m.kind.as_str())).collect();
+    let kind_of = |a: &Assignment| kinds.get(&(a.agent.as_str(), a.device)).map(|k| k.to_string());
+    // Per kind, the planned variants (a share > 0) and the agents that host them:
+    // copies keep a 0 % share, so this does not change as spares are filled.
+    let mut hosts: BTreeMap<String, BTreeMap<(String, String), BTreeSet<String>>> = BTreeMap::new();
+    for (a, share) in assignments.iter() {
+        if let (true, Some(kind)) = (*share > 0.0, kind_of(a)) {
+            hosts
+                .entry(kind)
+                .or_default()
+                .entry((a.app.clone(), a.variant.clone()))
+                .or_default()
+                .insert(a.agent.clone());
+        }
+    }
+    for (a, share) in assignments.iter_mut() {
+        if *share > 0.0 {
             continue;
         }
-        let Some(kind) = kind_of(&assignments[i].0) else { continue };
-        let agent = assignments[i].0.agent.clone();
-        // Planned variants of this kind, with the agents that host them.
-        let mut hosts: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-        for (a, share) in assignments.iter() {
-            if *share > 0.0 && kind_of(a).as_deref() == Some(kind.as_str()) {
-                hosts.entry((a.app.clone(), a.variant.clone())).or_default().insert(a.agent.clone());
-            }
-        }
+        let Some(planned) = kind_of(a).and_then(|k| hosts.get(&k)) else { continue };
         // The variant with the fewest copies elsewhere, if it has none here yet.
-        let pick = hosts
+        let pick = planned
             .iter()
-            .filter(|(_, agents)| !agents.contains(&agent))
+            .filter(|(_, agents)| !agents.contains(&a.agent))
             .min_by_key(|(_, agents)| agents.len())
             .map(|((app, variant), _)| (app.clone(), variant.clone()));
         if let Some((app, variant)) = pick {
-            assignments[i].0.app = app;
-            assignments[i].0.variant = variant;
+            a.app = app;
+            a.variant = variant;
         }
     }
 }
