@@ -150,6 +150,17 @@ pub enum ForecasterKind {
 }
 
 impl AllocatorConfig {
+    /// Whether an app's demand `now` moved more than `threshold` (relative, against
+    /// at least 1 req/s) from the demand `used` by the plan in force (an app absent
+    /// there counts as 1 req/s): the early re-plan rule of the live host and the
+    /// simulator.
+    pub fn demand_shifted(&self, used: &BTreeMap<String, f64>, now: &BTreeMap<String, f64>) -> bool {
+        now.iter().any(|(app, d)| {
+            let u = used.get(app).copied().unwrap_or(1.0);
+            (d - u).abs() > self.threshold * u.max(1.0)
+        })
+    }
+
     /// The forecaster `forecaster` names.
     pub fn forecaster(&self) -> Box<dyn Forecaster> {
         match self.forecaster {

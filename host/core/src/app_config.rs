@@ -85,7 +85,10 @@ pub struct AppConfig {
     /// view's `admission_audit`: `audited` and `met`).
     /// Default 0 (off): an audited request that misses its deadline is a late answer
     /// a refusal would have spared; 1 admits everything and measures every refusal,
-    /// for a benchmark below capacity.
+    /// for a benchmark below capacity. Below 1 the share is drawn at each of the two
+    /// judgements (before the body is read, and at the queue): a request refused at
+    /// both is audited with the share squared, and only the second counts in
+    /// `audited`, so a share below 1 estimates, where 1 measures.
     #[serde(default)]
     pub admission_audit: f64,
     /// `load_window_ms = 500`: window of the arrival-rate estimate given to policies.

@@ -365,11 +365,7 @@ pub async fn control_loop(state: std::sync::Weak<State>) {
         let now = forecast(&state, &config);
         // A shift past the band re-plans early, but not within `min_interval_s` of
         // the last re-plan: a ramp would otherwise re-plan at every step of it.
-        let shifted = since >= a.min_interval_s.min(a.period_s)
-            && now.iter().any(|(app, f)| {
-                let u = used.get(app).copied().unwrap_or(1.0);
-                (f - u).abs() > a.threshold * u.max(1.0)
-            });
+        let shifted = since >= a.min_interval_s.min(a.period_s) && a.demand_shifted(&used, &now);
         if due || shifted {
             last = tokio::time::Instant::now();
             let reason = if shifted { "demand shift" } else { "period" };

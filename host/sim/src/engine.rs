@@ -827,10 +827,7 @@ impl Simulation {
             .map(|a| (a.spec.name.clone(), f.forecast(&a.demand.per_second(now)).max(alloc.config.min_demand_qps)))
             .collect();
         let due = now.saturating_sub(alloc.last_solve) as f64 >= alloc.config.period_s * 1e6;
-        let shifted = demand.iter().any(|(app, d)| {
-            let u = alloc.demand_used.get(app).copied().unwrap_or(1.0);
-            (d - u).abs() > alloc.config.threshold * u.max(1.0)
-        });
+        let shifted = alloc.config.demand_shifted(&alloc.demand_used, &demand);
         if (due || shifted) && alloc.planner.replans() {
             alloc.last_solve = now;
             if let Some(plan) = alloc.solve(&demand) {
