@@ -233,8 +233,35 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
         let wheel = downloaded_wheel(root, &python, PERF_ANALYZER_WHEEL)?;
         run(Command::new(&python).arg("-c").arg(EXTRACT_PERF_ANALYZER).arg(&wheel).arg(&perf_analyzer))?;
     }
+    // 6. The ImageNet class labels for the classification extension (`class_count`):
+    //    `labels.txt` beside the trained family, one name per class in ILSVRC-2012
+    //    index order, from the synset lists timm's wheel carries.
+    let labels = trained.join("labels.txt");
+    if !labels.exists() {
+        let wheel = downloaded_wheel(root, &python, LABELS_WHEEL)?;
+        run(Command::new(&python).arg("-c").arg(EXTRACT_LABELS).arg(&wheel).arg(&labels))?;
+    }
     Ok(())
 }
+
+/// The timm release whose wheel (pure Python, Apache-2.0) carries the ImageNet-1k
+/// synsets in index order and their WordNet lemmas; only the wheel is downloaded.
+const LABELS_WHEEL: &str = "timm==1.0.15";
+
+/// Writes the first lemma of each ImageNet-1k synset (index order: the sorted
+/// synset ids) from the timm wheel (argv 1) to argv 2, one per line: 281 is
+/// "tabby", 285 "Egyptian cat".
+const EXTRACT_LABELS: &str = r#"import os, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+info = 'timm/data/_info/'
+synsets = z.read(info + 'imagenet_synsets.txt').decode().split()
+lemmas = dict(l.split('\t', 1) for l in z.read(info + 'imagenet_synset_to_lemma.txt').decode().splitlines())
+assert len(synsets) == 1000 and synsets == sorted(synsets), 'not the ImageNet-1k synsets in index order'
+tmp = sys.argv[2] + '.part'
+with open(tmp, 'w') as f:
+    f.write(''.join(lemmas[s].split(',')[0].strip() + '\n' for s in synsets))
+os.replace(tmp, sys.argv[2])
+"#;
 
 /// Copies `tritonclient-*.data/data/bin/perf_analyzer` out of the wheel (argv 1) to
 /// argv 2, executable.
