@@ -19,6 +19,8 @@ use wasmtime::{Engine, Store, StoreContextMut, Trap, UpdateDeadline};
 
 use sluice_sdk as sdk;
 
+pub mod wasi;
+
 /// Host bindings generated from `wit/`, the single source of truth of the contract.
 #[allow(missing_docs)]
 mod bindings {
@@ -43,6 +45,9 @@ const MAX_LOG_LINE: usize = 1024;
 
 /// Longest `status` a policy may report (the rest is cut and marked).
 pub const MAX_STATUS: usize = 64 << 10;
+
+/// Longest Python traceback kept in a fault's detail (the rest is cut).
+const MAX_TRACEBACK: usize = 4096;
 
 /// Log lines a policy instance may write per second before the rest are dropped.
 const LOG_LINES_PER_SECOND: u32 = 20;
@@ -282,6 +287,9 @@ pub struct HostState {
     initialising: bool,
     /// Where a call's deadline is judged by [`on_tick`]: the call in progress.
     deadline: TickDeadline,
+    /// WASI state, only for components that import WASI ([`CompiledPolicy::wasi`]);
+    /// boxed so that a Rust policy's store stays as small as before.
+    wasi: Option<Box<wasi::WasiState>>,
 }
 
 /// A call's deadline as [`on_tick`] judges it, for bindings whose budget is CPU time
@@ -362,6 +370,23 @@ impl PolicyImports for HostState {
             truncate_at_char(&mut m, MAX_LOG_LINE);
             self.panic = Some(m);
         }
+        self.write_log(level, message);
+    }
+
+    fn shared_get(&mut self, key: String) -> Option<Vec<u8>> {
+        self.note_shared_use();
+        self.shared.get(&key).map(|v| v.to_vec())
+    }
+
+    fn shared_put(&mut self, key: String, value: Vec<u8>) -> bool {
+        self.note_shared_use();
+        self.shared.put(key, value)
+    }
+}
+
+impl HostState {
+    /// Writes a policy's log line, within the instance's rate limit.
+    fn write_log(&mut self, level: u8, message: String) {
         let now = Instant::now();
         if now.duration_since(self.log_window) >= Duration::from_secs(1) {
             self.log_window = now;
@@ -383,14 +408,19 @@ impl PolicyImports for HostState {
         }
     }
 
-    fn shared_get(&mut self, key: String) -> Option<Vec<u8>> {
-        self.note_shared_use();
-        self.shared.get(&key).map(|v| v.to_vec())
-    }
-
-    fn shared_put(&mut self, key: String, value: Vec<u8>) -> bool {
-        self.note_shared_use();
-        self.shared.put(key, value)
+    /// Moves what a WASI guest wrote to stdout (info) and stderr (warn) since the
+    /// last call into the policy log, a line per entry within the rate limit; returns
+    /// the stderr text (a Python exception's traceback when the call trapped). Costs
+    /// a Rust policy one branch.
+    fn drain_output(&mut self) -> Option<String> {
+        let wasi = self.wasi.as_ref()?;
+        let (out, err) = (wasi.stdout.take(), wasi.stderr.take());
+        for (level, text) in [(2, &out), (1, &err)] {
+            for line in text.iter().flat_map(|t| t.lines()).filter(|l| !l.trim().is_empty()) {
+                self.write_log(level, line.to_string());
+            }
+        }
+        err
     }
 }
 
@@ -417,6 +447,9 @@ pub struct CompiledPolicy {
     /// Whether the host calls `observe` after each batch: false when the component
     /// declares that its `observe` does nothing ([`HINTS_SECTION`]).
     pub observes: bool,
+    /// Whether the component imports WASI 0.2 (a Python policy): it is linked with
+    /// [`wasi`] and each of its stores carries a WASI context that grants nothing.
+    pub wasi: bool,
     pre: PolicyPre<HostState>,
 }
 
@@ -429,7 +462,10 @@ impl std::fmt::Debug for CompiledPolicy {
 /// The process-wide Wasm engine: compiler, linker, digest cache and epoch ticker.
 pub struct PolicyEngine {
     engine: Engine,
+    /// The contract's imports only: components without WASI imports.
     linker: Linker<HostState>,
+    /// The contract's imports and WASI 0.2 ([`wasi`]): components that import WASI.
+    wasi_linker: Linker<HostState>,
     cache: Mutex<HashMap<String, Arc<CompiledPolicy>>>,
 }
 
@@ -484,7 +520,12 @@ impl PolicyEngine {
         let engine = Engine::new(&config)?;
         let mut linker = Linker::new(&engine);
         Policy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
-        let this = Arc::new(PolicyEngine { engine, linker, cache: Mutex::new(HashMap::new()) });
+        // A second linker with WASI for the components that import it: linking it
+        // for every component would hand a Rust policy interfaces it never asked for
+        // and cost its store a WASI context.
+        let mut wasi_linker = linker.clone();
+        wasi::add_to_linker(&mut wasi_linker)?;
+        let this = Arc::new(PolicyEngine { engine, linker, wasi_linker, cache: Mutex::new(HashMap::new()) });
         let weak: Weak<PolicyEngine> = Arc::downgrade(&this);
         std::thread::Builder::new().name("sluice-epoch".into()).spawn(move || loop {
             std::thread::sleep(EPOCH_TICK);
@@ -511,6 +552,7 @@ impl PolicyEngine {
                 size: c.size,
                 compile_time: Duration::ZERO,
                 observes: c.observes,
+                wasi: c.wasi,
                 pre: c.pre.clone(),
             });
             return Ok(c);
@@ -520,12 +562,15 @@ impl PolicyEngine {
         // The world and its version are read first: a wrong upload is refused in
         // microseconds, not after a compilation of tens of milliseconds. (Text
         // format, for tests and experiments, is left to the compiler.)
-        let mut observes = true;
+        let (mut observes, mut wasi) = (true, false);
         if bytes.starts_with(b"\0asm") {
-            observes = !check_world(bytes).map_err(invalid)?.observe_unused;
+            let interface = check_world(bytes).map_err(invalid)?;
+            observes = !interface.observe_unused;
+            wasi = interface.wasi;
         }
         let component = Component::new(&self.engine, bytes).map_err(|e| invalid(format!("{e:#}")))?;
-        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| invalid(format!("{e:#}")))?;
+        let linker = if wasi { &self.wasi_linker } else { &self.linker };
+        let instance_pre = linker.instantiate_pre(&component).map_err(|e| invalid(format!("{e:#}")))?;
         let pre = PolicyPre::new(instance_pre).map_err(|e| invalid(format!("{e:#}")))?;
         let compiled = Arc::new(CompiledPolicy {
             name: name.to_string(),
@@ -533,6 +578,7 @@ impl PolicyEngine {
             size: bytes.len(),
             compile_time: started.elapsed(),
             observes,
+            wasi,
             pre,
         });
         self.cache.lock().insert(digest, compiled.clone());
@@ -704,6 +750,7 @@ impl PolicyInstance {
                 ticks: 0,
                 since: Duration::ZERO,
             },
+            wasi: compiled.wasi.then(|| Box::new(wasi::WasiState::new())),
         };
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| s);
@@ -715,19 +762,28 @@ impl PolicyInstance {
             store.set_epoch_deadline(ticks(init_budget));
         }
         let name = compiled.name.clone();
-        let instantiate_err =
-            |e: wasmtime::Error| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") };
-        let instance = compiled.pre.instance_pre().instantiate(&mut store).map_err(instantiate_err)?;
-        let bindings = Policy::new(&mut store, &instance).map_err(instantiate_err)?;
+        let instance = match compiled.pre.instance_pre().instantiate(&mut store) {
+            Ok(i) => i,
+            Err(e) => {
+                let reason = classify(&mut store, e, init_budget).to_string();
+                return Err(PolicyError::Instantiate { name, reason });
+            }
+        };
+        let bindings = Policy::new(&mut store, &instance)
+            .map_err(|e| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") })?;
         // `status` is optional: components of the plain `policy` world lack it.
         let status = instance.get_typed_func::<(), (String,)>(&mut store, "status").ok();
         // A transient copy: the record is lowered into the instance's memory.
         match bindings.call_init(&mut store, &to_wit_config(&binding.config, binding.models_of(worker), worker)) {
             Ok(Ok(())) => {
+                store.data_mut().drain_output();
                 store.data_mut().initialising = false;
                 Ok((store, bindings, status))
             }
-            Ok(Err(message)) => Err(PolicyError::Init { name, reason: message }),
+            Ok(Err(message)) => {
+                store.data_mut().drain_output();
+                Err(PolicyError::Init { name, reason: message })
+            }
             Err(e) => {
                 let fault = classify(&mut store, e, init_budget);
                 Err(PolicyError::Init { name, reason: fault.to_string() })
@@ -830,7 +886,10 @@ impl PolicyInstance {
             self.wit_view.queue = Vec::new();
         }
         match called {
-            Ok(d) => Ok(from_wit_decision(d)),
+            Ok(d) => {
+                self.store.data_mut().drain_output();
+                Ok(from_wit_decision(d))
+            }
             Err(e) => {
                 self.poisoned = true;
                 Err(classify(&mut self.store, e, self.binding.limits.call_budget))
@@ -845,6 +904,7 @@ impl PolicyInstance {
         let Some(f) = self.status else { return Ok(None) };
         match f.call(&mut self.store, ()) {
             Ok((mut s,)) => {
+                self.store.data_mut().drain_output();
                 // A policy's status goes into admin answers: capped like its logs.
                 if truncate_at_char(&mut s, MAX_STATUS) {
                     s.push_str("…(truncated)");
@@ -876,10 +936,16 @@ impl PolicyInstance {
             finished: outcome.finished,
             missed: outcome.missed,
         };
-        self.bindings.call_observe(&mut self.store, o).map_err(|e| {
-            self.poisoned = true;
-            classify(&mut self.store, e, self.binding.limits.call_budget)
-        })
+        match self.bindings.call_observe(&mut self.store, o) {
+            Ok(()) => {
+                self.store.data_mut().drain_output();
+                Ok(())
+            }
+            Err(e) => {
+                self.poisoned = true;
+                Err(classify(&mut self.store, e, self.binding.limits.call_budget))
+            }
+        }
     }
 }
 
@@ -918,6 +984,9 @@ pub struct ComponentInterface {
     /// The component declares (in [`HINTS_SECTION`]) that its `observe` does
     /// nothing, so the host need not call it.
     pub observe_unused: bool,
+    /// The component imports WASI interfaces (set by [`check_world`] once they are
+    /// all ones this host provides: [`wasi::PROVIDED`]).
+    pub wasi: bool,
 }
 
 /// The custom section in which the SDK records hints about a policy (its core
@@ -968,16 +1037,18 @@ pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, String> {
             _ => {}
         }
     }
-    Ok(ComponentInterface { imports, exports, observe_unused })
+    Ok(ComponentInterface { imports, exports, observe_unused, wasi: false })
 }
 
 /// Checks a component's imports and exports against the `policy` world of this
 /// host's contract version (what an upload is refused for, before compiling);
 /// returns what it read.
 pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, String> {
-    let interface = component_interface(bytes)?;
+    let mut interface = component_interface(bytes)?;
     let ComponentInterface { imports, exports, .. } = &interface;
     let ours = format!("{CONTRACT}/");
+    let mut unknown = Vec::new();
+    let mut uses_wasi = false;
     for name in imports {
         if let Some(rest) = name.strip_prefix(&ours) {
             let version = rest.split_once('@').map_or("(none)", |(_, v)| v);
@@ -987,13 +1058,21 @@ pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, String> {
                      {CONTRACT}@{CONTRACT_VERSION}"
                 ));
             }
+        } else if wasi::provides(name) {
+            uses_wasi = true;
         } else if !WORLD_IMPORTS.contains(&name.as_str()) {
-            return Err(format!(
-                "imports `{name}`, which the policy world does not provide (a policy may import only {}): \
-                 build for wasm32-unknown-unknown, not a WASI target",
-                WORLD_IMPORTS.join(", ")
-            ));
+            unknown.push(format!("`{name}`"));
         }
+    }
+    if !unknown.is_empty() {
+        return Err(format!(
+            "imports {}, which this host does not provide (a policy may import only {} and the WASI 0.2 \
+             interfaces of wasmtime-wasi, which grant nothing: {}; a Rust policy is built for \
+             wasm32-unknown-unknown and imports no WASI at all)",
+            unknown.join(", "),
+            WORLD_IMPORTS.join(", "),
+            wasi::PROVIDED.join(", ")
+        ));
     }
     for want in WORLD_EXPORTS {
         if !exports.iter().any(|e| e == want) {
@@ -1003,15 +1082,27 @@ pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, String> {
             ));
         }
     }
+    interface.wasi = uses_wasi;
     Ok(interface)
 }
 
 fn classify(store: &mut Store<HostState>, e: wasmtime::Error, budget: Duration) -> PolicyFault {
+    let stderr = store.data_mut().drain_output();
     if store.data().memory_denied {
         return PolicyFault::Memory(store.data().memory_cap);
     }
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => PolicyFault::Timeout(budget),
+        // An uncaught Python exception: componentize-py printed its traceback to
+        // stderr, then trapped. The exception is the fault's message (the traceback's
+        // last line), the traceback its detail; the Wasm backtrace of the
+        // interpreter would say nothing to the policy's author.
+        _ if stderr.as_deref().is_some_and(|t| t.contains("Traceback")) => {
+            let mut text = stderr.unwrap_or_default();
+            truncate_at_char(&mut text, MAX_TRACEBACK);
+            let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+            PolicyFault::Trap(format!("Python exception {last}\n{}", text.trim_end()))
+        }
         // A panic's own message says why; the trap (and its Wasm backtrace) where.
         _ => match store.data_mut().panic.take() {
             Some(why) => PolicyFault::Trap(format!("{why} ({e:#})")),
