@@ -440,3 +440,95 @@ async fn a_pipelines_statistics_are_its_task_apps() {
     assert_eq!(c.get("/v2/models/p/versions/pipeline/stats").await.unwrap().status, 200);
     server.stop().await.unwrap();
 }
+
+/// Every call of docs/host.md's compatibility table through every flavour of
+/// tritonclient (HTTP and gRPC; sync, the sync clients' async_infer, and aio):
+/// what the table says is supported answers as Triton would, what it says is
+/// refused is refused with a status and a message naming what is not supported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tritonclient_flavour_makes_every_call_of_the_table() {
+    let server =
+        TestServer::start_with_grpc(&emu_app("zero", "slo_ms = 1000\nworkers = 2\npolicy = \"fixed\"\nparams = { model = \"small\" }"))
+            .await
+            .unwrap();
+    let python = root().join(".venv/bin/python");
+    assert!(python.exists(), "{} is missing: run `cargo xtask setup`", python.display());
+    let (http, grpc) = (server.addr.to_string(), server.grpc.unwrap().to_string());
+    let out = tokio::process::Command::new(&python)
+        .arg(root().join("tests/tritonclient_calls.py"))
+        .args([http.as_str(), grpc.as_str(), "emu", "x"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "tritonclient failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Value = serde_json::from_slice(out.stdout.trim_ascii()).unwrap();
+    let flavours = ["http-sync", "http-async", "http-aio", "grpc-sync", "grpc-async", "grpc-aio"];
+    assert_eq!(seen.as_object().unwrap().len(), flavours.len(), "{seen}");
+    // The emulated output for [1, 2, 3, 4]: the variant's id (0, `small`), the sum.
+    let served = json!([0.0, 10.0]);
+    for flavour in flavours {
+        let calls = seen[flavour].as_object().unwrap_or_else(|| panic!("{flavour} missing: {seen}"));
+        let grpc = flavour.starts_with("grpc");
+        let ok = |call: &str| -> &Value {
+            let got = &calls[call];
+            assert!(got.get("ok").is_some(), "{flavour} {call}: {got}");
+            &got["ok"]
+        };
+        let refused = |call: &str, needle: &str| {
+            let got = &calls[call];
+            let (status, message) = (got["error"].as_str(), got["message"].as_str().unwrap_or(""));
+            let expected = if grpc { "StatusCode.UNIMPLEMENTED" } else { "501" };
+            assert_eq!(status, Some(expected), "{flavour} {call}: {got}");
+            assert!(message.contains(needle), "{flavour} {call}: {got}");
+        };
+        // Inference, in every flavour.
+        assert_eq!(ok("infer")["output"], served, "{flavour}");
+        assert_eq!(ok("infer")["id"], json!("call-1"), "{flavour}: the id is echoed");
+        assert_eq!(ok("infer_json")["output"], served, "{flavour}");
+        assert_eq!(ok("infer_no_id")["id"], json!("absent"), "{flavour}: none sent, none answered");
+        assert_eq!(ok("infer_parameters")["output"], served, "{flavour}: parameters, priority, timeout accepted");
+        assert_eq!(ok("infer_sequence")["output"], served, "{flavour}: sequence ids accepted");
+        assert_eq!(ok("classification")["output"], json!(["10.000000:1"]), "{flavour}: BYTES score:index");
+        for algorithm in ["gzip", "deflate"] {
+            assert_eq!(ok(&format!("compression_{algorithm}"))["output"], served, "{flavour} {algorithm}");
+        }
+        let pinned = &calls["infer_pinned"];
+        let expected = if grpc { "StatusCode.INVALID_ARGUMENT" } else { "400" };
+        assert_eq!(pinned["error"], json!(expected), "{flavour}: a pinned version is refused: {pinned}");
+        let unknown = &calls["infer_unknown_model"];
+        let expected = if grpc { "StatusCode.NOT_FOUND" } else { "404" };
+        assert_eq!(unknown["error"], json!(expected), "{flavour}: {unknown}");
+        if flavour.ends_with("async") {
+            // The sync clients' async_infer covers inference only.
+            continue;
+        }
+        // Health, metadata and the extensions.
+        for call in ["server_live", "server_ready", "model_ready", "variant_ready"] {
+            assert_eq!(ok(call), &json!(true), "{flavour} {call}");
+        }
+        assert_eq!(ok("server_metadata")["name"], json!("sluice"), "{flavour}");
+        assert_eq!(ok("model_metadata")["name"], json!("emu"), "{flavour}");
+        assert_eq!(ok("model_metadata")["versions"].as_array().unwrap().len(), 3, "{flavour}: the variants");
+        assert_eq!(ok("variant_metadata")["versions"].as_array().unwrap().len(), 1, "{flavour}");
+        assert_eq!(ok("model_config")["name"], json!("emu"), "{flavour}");
+        assert_eq!(ok("repository_index"), &json!(3), "{flavour}: one entry per variant");
+        assert_eq!(ok("statistics")["version"], json!("1"), "{flavour}");
+        // Refused, named.
+        refused("load", "model repository control is not supported");
+        refused("unload", "model repository control is not supported");
+        for call in ["shm_register", "shm_status", "shm_unregister"] {
+            refused(call, "system shared memory is not supported");
+        }
+        for call in ["cuda_status", "cuda_unregister"] {
+            refused(call, "CUDA shared memory is not supported");
+        }
+        refused("trace_get", "trace settings are not supported");
+        refused("trace_update", "trace settings are not supported");
+        refused("log_get", "log settings are not supported");
+        refused("log_update", "log settings are not supported");
+        if grpc {
+            refused("stream", "streaming");
+        }
+    }
+    server.stop().await.unwrap();
+}

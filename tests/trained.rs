@@ -152,3 +152,48 @@ async fn the_default_config_classifies_photos_with_every_trained_variant() {
 
     server.stop().await.unwrap();
 }
+
+/// The classification extension on the trained family: `class_count` answers BYTES
+/// `score:index:label` with ImageNet's names, from the `labels.txt` that `cargo
+/// xtask setup` writes beside the models, and the model configuration names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn class_count_names_the_imagenet_classes() {
+    let labels = std::fs::read_to_string(root().join("models/imagenet-trained/labels.txt"))
+        .expect("models/imagenet-trained/labels.txt: run `cargo xtask setup`");
+    let labels: Vec<&str> = labels.lines().collect();
+    assert_eq!(labels.len(), 1000, "one name per ImageNet-1k class");
+    assert_eq!((labels[0], labels[285], labels[967]), ("tench", "Egyptian cat", "espresso"));
+    let photos = photos();
+    let server = start_default().await;
+    let mut c = server.client().await;
+    let config = c.get("/v2/models/imagenet/config").await.unwrap().json();
+    assert_eq!(config["output"][0]["label_filename"], json!("labels.txt"), "{config}");
+    for photo in &photos {
+        let body = json!({
+            "inputs": [{ "name": "image", "datatype": "FP32", "shape": [1, 3, 260, 260], "data": photo.data }],
+            "outputs": [{ "name": "output", "parameters": { "classification": 5 } }],
+        });
+        let r = c.post_json("/v2/models/imagenet/infer", &body).await.unwrap();
+        assert_eq!(r.status, 200, "{}: {}", photo.name, String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        let out = &v["outputs"][0];
+        assert_eq!(out["datatype"], json!("BYTES"), "{v}");
+        let top: Vec<(usize, String)> = out["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let mut parts = s.as_str().unwrap().splitn(3, ':');
+                let (_score, index, label) = (parts.next(), parts.next().unwrap(), parts.next().unwrap());
+                (index.parse().unwrap(), label.to_string())
+            })
+            .collect();
+        assert_eq!(top.len(), 5, "{v}");
+        for (index, label) in &top {
+            assert_eq!(label, labels[*index], "{}: class {index} is named by labels.txt", photo.name);
+        }
+        let indices: Vec<usize> = top.iter().map(|t| t.0).collect();
+        check(photo, v["parameters"]["variant"].as_str().unwrap(), &indices);
+    }
+    server.stop().await.unwrap();
+}

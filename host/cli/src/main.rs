@@ -38,6 +38,14 @@ enum Command {
     Policy(commands::policy::PolicyArgs),
 }
 
+/// jemalloc, not glibc's malloc: under a long run of large, varied request bodies
+/// glibc's per-thread arenas kept what they had freed and resident memory only
+/// grew; jemalloc's background threads give freed pages back once they have sat
+/// unused for its decay time (10 s), so an idle server shrinks again
+/// (`cargo bench -p sluice --bench memory`, BENCHMARKS §13).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -47,6 +55,11 @@ fn main() -> anyhow::Result<()> {
         // Colour codes only for a person at a terminal, not in files and journals.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // Without background threads jemalloc purges only when a thread allocates, so
+    // an idle server would keep its peak.
+    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+        tracing::warn!("jemalloc background threads not started ({e}): idle memory is returned only under load");
+    }
     match Cli::parse().command {
         Command::Serve(args) => commands::serve::run(args),
         Command::Profile(args) => commands::profile::run(args),

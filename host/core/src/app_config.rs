@@ -85,10 +85,11 @@ pub struct AppConfig {
     /// view's `admission_audit`: `audited` and `met`).
     /// Default 0 (off): an audited request that misses its deadline is a late answer
     /// a refusal would have spared; 1 admits everything and measures every refusal,
-    /// for a benchmark below capacity. Below 1 the share is drawn at each of the two
-    /// judgements (before the body is read, and at the queue): a request refused at
-    /// both is audited with the share squared, and only the second counts in
-    /// `audited`, so a share below 1 estimates, where 1 measures.
+    /// for a benchmark below capacity. Below 1 it samples: every k-th refusal for a
+    /// share of 1/k, drawn once per request (one audited before its body is read
+    /// is admitted at the queue as that same audit), so the false refusals are
+    /// estimated as `rejected-overload × met / audited` while the sample barely
+    /// changes the load it measures.
     #[serde(default)]
     pub admission_audit: f64,
     /// `load_window_ms = 500`: window of the arrival-rate estimate given to policies.

@@ -201,9 +201,19 @@ impl WorkerHandle {
 const MAX_PLACED: usize = 64;
 
 /// A request that passed [`App::precheck`] and is being read and parsed: counted
-/// ahead of later arrivals until dropped.
+/// ahead of later arrivals until dropped. It may have passed only as an audit
+/// ([`Incoming::audited`]).
 #[must_use = "the request counts as incoming only while this is held"]
-pub struct Incoming(Arc<AtomicUsize>);
+pub struct Incoming(Arc<AtomicUsize>, bool);
+
+impl Incoming {
+    /// Whether the precheck would have refused it and `admission_audit` let it in
+    /// to check that refusal: pass it to [`App::submit_arrived`], which then admits
+    /// it as an audit too, instead of judging (and drawing) it a second time.
+    pub fn audited(&self) -> bool {
+        self.1
+    }
+}
 
 impl Drop for Incoming {
     fn drop(&mut self) {
@@ -574,13 +584,19 @@ impl App {
 
     /// Admits a request and routes it to a worker queue; the receiver yields its one answer.
     pub fn submit(&self, input: Tensor) -> Result<oneshot::Receiver<Reply>, AdmitError> {
-        self.admit(input, None, None, None)
+        self.admit(input, None, None, None, false)
     }
 
     /// As [`App::submit`], for a request whose head arrived at `arrived`: its
     /// deadline runs from then, so time spent reading and parsing its body counts.
-    pub fn submit_arrived(&self, input: Tensor, arrived: Instant) -> Result<oneshot::Receiver<Reply>, AdmitError> {
-        self.admit(input, None, None, Some(arrived))
+    /// `audited`: its precheck was an audit ([`Incoming::audited`]).
+    pub fn submit_arrived(
+        &self,
+        input: Tensor,
+        arrived: Instant,
+        audited: bool,
+    ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
+        self.admit(input, None, None, Some(arrived), audited)
     }
 
     /// Whether a request arriving now would be admitted, asked before its body is
@@ -598,15 +614,17 @@ impl App {
         if self.queued.load(Ordering::Acquire) + incoming >= self.config.max_queue {
             return Err(self.queue_full());
         }
-        match self.best_prediction(incoming).map(|(ahead, wait_us)| (ahead, wait_us + self.margin_us())) {
-            Some((ahead, wait_us)) if wait_us > self.slo_us as f64 && !self.audits() => {
-                Err(self.would_miss(ahead, wait_us, false))
+        let audited = match self.best_prediction(incoming).map(|(ahead, wait_us)| (ahead, wait_us + self.margin_us())) {
+            Some((ahead, wait_us)) if wait_us > self.slo_us as f64 => {
+                if !self.audits() {
+                    return Err(self.would_miss(ahead, wait_us, false));
+                }
+                true
             }
-            _ => {
-                self.incoming.fetch_add(1, Ordering::AcqRel);
-                Ok(Incoming(self.incoming.clone()))
-            }
-        }
+            _ => false,
+        };
+        self.incoming.fetch_add(1, Ordering::AcqRel);
+        Ok(Incoming(self.incoming.clone(), audited))
     }
 
     /// The best worker's prediction for one more request after `extra` requests
@@ -721,7 +739,7 @@ impl App {
         input: Tensor,
         deadline: u64,
     ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
-        self.admit(input, Some(worker.min(self.workers.len() - 1)), Some(deadline), None)
+        self.admit(input, Some(worker.min(self.workers.len() - 1)), Some(deadline), None, false)
     }
 
     fn admit(
@@ -730,6 +748,7 @@ impl App {
         worker: Option<usize>,
         deadline: Option<u64>,
         arrived: Option<Instant>,
+        audited: bool,
     ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(AdmitError::ShuttingDown(self.name().to_string()));
@@ -760,7 +779,7 @@ impl App {
             arrival,
             deadline: deadline.unwrap_or(arrival + self.slo_us),
             predicted: 0,
-            audit: false,
+            audit: audited,
             input,
             reply: tx,
         };
@@ -793,14 +812,21 @@ impl App {
                     refused = (ahead, wait_us + margin, itself);
                     others
                 });
-                if let Err(mut request) = pushed {
-                    if !self.audits() {
-                        self.queued.fetch_sub(1, Ordering::AcqRel);
-                        return Err(self.would_miss(refused.0, refused.1, refused.2));
+                let audit = match pushed {
+                    Ok(()) => audited,
+                    // Audited at its precheck: admitted as that audit, not drawn again.
+                    Err(mut request) => {
+                        if !audited && !self.audits() {
+                            self.queued.fetch_sub(1, Ordering::AcqRel);
+                            return Err(self.would_miss(refused.0, refused.1, refused.2));
+                        }
+                        request.audit = true;
+                        self.workers[w].queue.push(request);
+                        true
                     }
-                    request.audit = true;
+                };
+                if audit {
                     self.counters.audited.fetch_add(1, Ordering::Relaxed);
-                    self.workers[w].queue.push(request);
                 }
             }
         }

@@ -424,9 +424,10 @@ impl Service {
         let counts = class_counts(&r.outputs).map_err(status)?;
         let raw = !r.raw_input_contents.is_empty();
         let inputs = decode_inputs(target.name(), r.inputs, r.raw_input_contents).map_err(status)?;
+        let audited = incoming.as_ref().is_some_and(crate::app::Incoming::audited);
         drop(incoming);
         let id = (!r.id.is_empty()).then_some(r.id.as_str());
-        let answer = target.infer(id, inputs, arrived).await.map_err(status)?;
+        let answer = target.infer(id, inputs, arrived, audited).await.map_err(status)?;
         let answered = infer::classify(&target, answer.outputs, &counts);
         let mut outputs = Vec::with_capacity(answered.len());
         let mut raw_outputs = Vec::new();

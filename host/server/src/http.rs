@@ -162,13 +162,14 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                 Ok(x) => x,
                 Err(e) => return Ok(refuse_before_body(state, req, e).await),
             };
+            let audited = incoming.as_ref().is_some_and(crate::app::Incoming::audited);
             let (request, data) = {
                 let (_incoming, _budget) = (incoming, budget);
                 let (body, _inflated) = encoding::decode(state, coding, read_body(state, req).await?).await?;
                 let (json, data) = binary::split(body, json_len)?;
                 (parse_off_thread::<InferRequest>(json).await?, data)
             };
-            infer(&target, request, data, arrived).await
+            infer(&target, request, data, arrived, audited).await
         }
         (&Method::POST, ["infer"]) => {
             let arrived = std::time::Instant::now();
@@ -191,7 +192,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                 outputs: request.outputs,
                 parameters: request.parameters,
             };
-            infer(&target, request, data, arrived).await
+            infer(&target, request, data, arrived, false).await
         }
         (&Method::GET, ["metrics"]) => {
             let mut text = state.metrics.render();
@@ -713,13 +714,14 @@ async fn infer(
     request: InferRequest,
     data: Bytes,
     arrived: std::time::Instant,
+    audited: bool,
 ) -> Result<Response<Body>, ApiError> {
     let InferRequest { id, inputs, outputs, parameters } = request;
     let requested: Vec<&str> = outputs.iter().flatten().map(|o| o.name.as_str()).collect();
     target.check_outputs(&requested)?;
     let counts = class_counts(&outputs)?;
     let inputs = decode_inputs(target.name(), inputs, data)?;
-    let answer = target.infer(id.as_deref(), inputs, arrived).await?;
+    let answer = target.infer(id.as_deref(), inputs, arrived, audited).await?;
     let answered = infer::classify(target, answer.outputs, &counts);
     let (entries, tail) = encode_outputs(&answered, binary_outputs(parameters.as_ref(), &outputs));
     let mut body = json!({

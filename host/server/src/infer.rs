@@ -232,18 +232,21 @@ impl Target {
 
     /// Checks the inputs, admits the request (each sample of a batch) and waits for
     /// its answer. `arrived` is when the request's head came in (its deadline runs
-    /// from then); `id` is the client's request id, echoed in a drop's error.
+    /// from then); `id` is the client's request id, echoed in a drop's error;
+    /// `audited`, whether its precheck admitted it only as an audit
+    /// ([`crate::app::Incoming::audited`]).
     pub(crate) async fn infer(
         &self,
         id: Option<&str>,
         inputs: Vec<Input>,
         arrived: std::time::Instant,
+        audited: bool,
     ) -> Result<Answer, ApiError> {
         match self {
             Target::App(app) => {
                 let limit = (app.config.max_queue, "its max_queue");
                 let tensor = to_tensor(app.name(), &app.input, inputs, limit)?;
-                app_infer(app, tensor, id, arrived).await
+                app_infer(app, tensor, id, arrived, audited).await
             }
             Target::Pipeline(p) => {
                 let tensor = to_tensor(p.name(), &p.input, inputs, (1, "a pipeline takes one sample per request"))?;
@@ -402,6 +405,7 @@ async fn app_infer(
     tensor: Tensor,
     id: Option<&str>,
     arrived: std::time::Instant,
+    audited: bool,
 ) -> Result<Answer, ApiError> {
     let samples = tensor.shape[0];
     let parts = if samples == 1 {
@@ -413,7 +417,7 @@ async fn app_infer(
     for part in parts {
         // A refusal ends the request at once; the samples already queued are served
         // and their answers discarded (the receivers drop here).
-        receivers.push(app.submit_arrived(part, arrived).map_err(admit_error)?);
+        receivers.push(app.submit_arrived(part, arrived, audited).map_err(admit_error)?);
     }
     let mut served = Vec::with_capacity(receivers.len());
     let mut failed = None;

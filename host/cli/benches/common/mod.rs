@@ -11,11 +11,20 @@ use anyhow::{bail, Context, Result};
 /// Starts `sluice serve --config <config> --listen 127.0.0.1:0` (the binary cargo
 /// builds for every bench target) and reads the address it prints. The returned
 /// stdout must be kept open while the server runs.
+#[allow(dead_code)] // The memory bench runs the embedded default instead.
 pub fn start_server(config: &Path) -> Result<(Child, SocketAddr, BufReader<ChildStdout>)> {
+    let dir = std::env::current_dir()?;
+    start_server_with(&dir, &[std::ffi::OsStr::new("--config"), config.as_os_str()])
+}
+
+/// Starts `sluice serve <args> --listen 127.0.0.1:0` in `dir` and reads the address
+/// it prints; no `--config` in `args` serves the embedded default.
+pub fn start_server_with(dir: &Path, args: &[&std::ffi::OsStr]) -> Result<(Child, SocketAddr, BufReader<ChildStdout>)> {
     let exe = env!("CARGO_BIN_EXE_sluice");
     let mut child = Command::new(exe)
-        .args(["serve", "--config"])
-        .arg(config)
+        .current_dir(dir)
+        .arg("serve")
+        .args(args)
         .args(["--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
