@@ -126,6 +126,15 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             let started = crate::evaluate::start(state, &app, &body).await?;
             Ok(with_status(StatusCode::ACCEPTED, started))
         }
+        // The dashboard's one poll: every app's view, the counters it draws, the
+        // events after `?since=`, the allocator, pipelines and evaluations.
+        (&Method::GET, ["dashboard"]) => {
+            let since = query_param(&req, "since").and_then(|s| s.parse().ok()).unwrap_or(0);
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || crate::dashboard::snapshot(&state, since).and_then(ok))
+                .await
+                .map_err(ApiError::internal)?
+        }
         (&Method::GET, ["evaluations"]) => ok(json!({ "evaluations": state.evaluations.list() })),
         (&Method::GET, ["evaluations", id]) => ok(evaluation_of(state, id)?.view()),
         (&Method::DELETE, ["evaluations", id]) => {
@@ -253,6 +262,13 @@ fn with_status(status: StatusCode, body: Value) -> Response<Body> {
 }
 
 fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
+    ok(app_view(state, name)?)
+}
+
+/// `GET /admin/apps/{app}`'s body (the dashboard's snapshot carries one per app).
+/// It asks each worker's policy for its `status` under the worker's slot lock: call
+/// it off the async threads.
+pub(crate) fn app_view(state: &State, name: &str) -> Result<Value, ApiError> {
     let a = app_of(state, name)?;
     let b = a.binding.lock().clone();
     let c = &a.counters;
@@ -285,7 +301,7 @@ fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
             })
         })
         .collect();
-    ok(json!({
+    Ok(json!({
         "app": a.name(),
         "policy": b.policy,
         "digest": b.digest,

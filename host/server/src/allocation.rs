@@ -273,6 +273,8 @@ pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<St
         a.last = result;
         a.demand = demand;
         a.remember(reason);
+        // The dashboard's re-plan marker.
+        state.metrics.event("replan", "allocator", reason);
     } else {
         a.last = result;
         tracing::warn!(status = a.last.status, error = ?a.last.error, "allocator: no new plan; the last one stays");

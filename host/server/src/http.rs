@@ -67,13 +67,13 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
     // With a separate admin listener, each listener serves its own half.
     if state.config.admin_listen.is_some() {
         let on_admin = req.extensions().get::<crate::api::AdminListener>().is_some();
-        let admin_route = matches!(segments.as_slice(), ["admin", ..] | ["metrics"]);
+        let admin_route = matches!(segments.as_slice(), ["admin", ..] | ["metrics"] | ["dashboard", ..]);
         if on_admin && !admin_route {
             return Err(ApiError::not_found(format!(
-                "no route for {method} {path} on the admin listener (it serves /admin and /metrics)"
+                "no route for {method} {path} on the admin listener (it serves /admin, /dashboard and /metrics)"
             )));
         }
-        if !on_admin && segments.first() == Some(&"admin") {
+        if !on_admin && matches!(segments.first(), Some(&"admin") | Some(&"dashboard")) {
             return Err(ApiError::not_found(format!("no route for {method} {path}")));
         }
     }
@@ -204,6 +204,9 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             );
             Ok(r)
         }
+        // The operator's page (its data comes from /admin/dashboard, behind the token).
+        (&Method::GET, ["dashboard"]) => crate::dashboard::asset(None),
+        (&Method::GET, ["dashboard", file]) => crate::dashboard::asset(Some(file)),
         (_, ["admin", ..]) => {
             if let Err(e) = authorize(state, &req).await {
                 return Ok(refuse_before_body(state, req, e).await);
@@ -234,15 +237,21 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
 /// and admission's margin.
 fn queue_gauges(state: &State, out: &mut String) {
     use std::fmt::Write as _;
-    let _ = writeln!(out, "# HELP sluice_queue_depth Requests queued, by app.\n# TYPE sluice_queue_depth gauge");
-    for (name, app) in &state.apps {
-        let _ = writeln!(out, "sluice_queue_depth{{app=\"{name}\"}} {}", app.queued.load(Ordering::Relaxed));
-    }
+    // Named for what they count (`_requests`), as Prometheus' naming guide asks of
+    // a gauge without a base unit (issue 38; they were `sluice_queue_depth` and
+    // `sluice_in_flight`).
     let _ =
-        writeln!(out, "# HELP sluice_in_flight Requests in running batches, by app.\n# TYPE sluice_in_flight gauge");
+        writeln!(out, "# HELP sluice_queued_requests Requests queued, by app.\n# TYPE sluice_queued_requests gauge");
+    for (name, app) in &state.apps {
+        let _ = writeln!(out, "sluice_queued_requests{{app=\"{name}\"}} {}", app.queued.load(Ordering::Relaxed));
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_in_flight_requests Requests in running batches, by app.\n# TYPE sluice_in_flight_requests gauge"
+    );
     for (name, app) in &state.apps {
         let running: usize = app.workers.iter().map(|w| w.in_flight.load(Ordering::Relaxed)).sum();
-        let _ = writeln!(out, "sluice_in_flight{{app=\"{name}\"}} {running}");
+        let _ = writeln!(out, "sluice_in_flight_requests{{app=\"{name}\"}} {running}");
     }
     let _ = writeln!(
         out,
@@ -262,7 +271,9 @@ fn allowed(route: &[&str]) -> Option<&'static str> {
         | ["v2", "models", _, "ready" | "config" | "stats"]
         | ["v2", "models", _, "versions", _]
         | ["v2", "models", _, "versions", _, "ready" | "config" | "stats"]
-        | ["metrics"] => Some("GET"),
+        | ["metrics"]
+        | ["dashboard"]
+        | ["dashboard", _] => Some("GET"),
         ["v2", "models", _, "infer"]
         | ["v2", "models", _, "versions", _, "infer"]
         | ["v2", "repository", "index"]

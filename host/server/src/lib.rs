@@ -21,6 +21,7 @@ pub mod api;
 pub mod app;
 pub mod binary;
 pub mod config;
+pub mod dashboard;
 pub mod evaluate;
 pub mod executor;
 pub mod grpc;

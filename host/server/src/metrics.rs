@@ -55,6 +55,34 @@ pub struct Metrics {
     faults: Mutex<BTreeMap<Labels, u64>>,
     swaps: Mutex<BTreeMap<Labels, u64>>,
     histograms: Mutex<BTreeMap<(&'static str, Labels), Histogram>>,
+    events: Mutex<Events>,
+}
+
+/// How many control events (swaps, re-plans) the dashboard's timeline keeps: a
+/// page polls every half second and asks for those after the last it saw, so only
+/// a page that was closed longer than the host took this many swaps misses some.
+pub const EVENTS_KEPT: usize = 256;
+
+/// The timeline of control events the dashboard draws as markers.
+#[derive(Default)]
+struct Events {
+    next_seq: u64,
+    kept: std::collections::VecDeque<Event>,
+}
+
+/// One control event: a hot swap or a re-plan, when it happened.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Event {
+    /// Its number, counting from 1: a reader asks for those after the last it saw.
+    pub seq: u64,
+    /// When, in milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    /// `swap` or `replan`.
+    pub kind: &'static str,
+    /// The app swapped, or the re-planned scope (`allocator`).
+    pub app: String,
+    /// The policy swapped in, or the re-plan's reason.
+    pub detail: String,
 }
 
 /// Families rendered as histograms: name, help text, buckets.
@@ -102,6 +130,58 @@ impl Metrics {
     pub fn swap(&self, app: &str, policy: &str) {
         let key = vec![("app", app.to_string()), ("policy", policy.to_string())];
         *self.swaps.lock().entry(key).or_default() += 1;
+        self.event("swap", app, policy);
+    }
+
+    /// Records a control event for the dashboard's markers (swaps record theirs
+    /// through [`Metrics::swap`]).
+    pub fn event(&self, kind: &'static str, app: &str, detail: &str) {
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let mut e = self.events.lock();
+        e.next_seq += 1;
+        let seq = e.next_seq;
+        e.kept.push_back(Event { seq, unix_ms, kind, app: app.to_string(), detail: detail.to_string() });
+        while e.kept.len() > EVENTS_KEPT {
+            e.kept.pop_front();
+        }
+    }
+
+    /// The control events after `seq` (0: every one kept), oldest first.
+    pub fn events_after(&self, seq: u64) -> Vec<Event> {
+        self.events.lock().kept.iter().filter(|e| e.seq > seq).cloned().collect()
+    }
+
+    /// `app`'s answered requests by (model, outcome), as `sluice_requests_total` counts them.
+    pub fn requests_of(&self, app: &str) -> Vec<(String, String, u64)> {
+        let map = self.requests.lock();
+        map.iter()
+            .filter(|(l, _)| l.iter().any(|(k, v)| *k == "app" && v == app))
+            .map(|(l, n)| {
+                let get = |key: &str| l.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone()).unwrap_or_default();
+                (get("model"), get("outcome"), *n)
+            })
+            .collect()
+    }
+
+    /// The cumulative bucket counts of histogram family `name` (one of [`HISTOGRAMS`])
+    /// summed over every label set with `app`, one per bucket of the family, then the
+    /// total count (the `+Inf` bucket).
+    pub fn buckets_of(&self, name: &str, app: &str) -> Vec<u64> {
+        let n = HISTOGRAMS.iter().find(|h| h.0 == name).map(|h| h.2.len()).unwrap_or(0);
+        let mut out = vec![0; n + 1];
+        let map = self.histograms.lock();
+        for ((family, labels), h) in map.iter() {
+            if *family == name && labels.iter().any(|(k, v)| *k == "app" && v == app) {
+                for (o, c) in out.iter_mut().zip(&h.counts) {
+                    *o += c;
+                }
+                out[n] += h.count;
+            }
+        }
+        out
     }
 
     /// Records one observation into the histogram family `name` (one of [`HISTOGRAMS`]).

@@ -1,0 +1,108 @@
+//! The operator's dashboard: `GET /dashboard` serves the page (its files are
+//! embedded in the binary by `sluice_dashboard`), and `GET /admin/dashboard`
+//! (behind the admin token, like all of `/admin`) is the one JSON the page polls.
+//!
+//! Why the page itself is served without the token: it holds no data, only the
+//! login form and the script. The token typed into the form stays in the
+//! script's memory and goes out as an `Authorization` header on each poll; it is
+//! never put in a URL, a cookie or storage, so closing the tab forgets it. Every
+//! string the page shows is set as text (`textContent`), never parsed as HTML,
+//! and the Content-Security-Policy ([`sluice_dashboard::CSP`]) forbids inline
+//! script and any other origin, so a policy's `status` or a name cannot run code.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::{Response, StatusCode};
+use serde_json::{json, Value};
+
+use crate::api::{ApiError, Body};
+use crate::state::State;
+
+/// Serves `/dashboard` (the page) and `/dashboard/<file>` (what it loads).
+pub fn asset(file: Option<&str>) -> Result<Response<Body>, ApiError> {
+    let name = file.unwrap_or("index.html");
+    let asset =
+        sluice_dashboard::asset(name).ok_or_else(|| ApiError::not_found(format!("no dashboard file `{name}`")))?;
+    let mut r = Response::new(Full::new(Bytes::from_static(asset.bytes)));
+    *r.status_mut() = StatusCode::OK;
+    let h = r.headers_mut();
+    h.insert(hyper::header::CONTENT_TYPE, HeaderValue::from_static(asset.content_type));
+    h.insert(HeaderName::from_static("content-security-policy"), HeaderValue::from_static(sluice_dashboard::CSP));
+    h.insert(HeaderName::from_static("x-content-type-options"), HeaderValue::from_static("nosniff"));
+    h.insert(HeaderName::from_static("x-frame-options"), HeaderValue::from_static("DENY"));
+    h.insert(HeaderName::from_static("referrer-policy"), HeaderValue::from_static("no-referrer"));
+    // The files change only with the binary; the page is re-read on each visit so
+    // an upgraded host serves its own script.
+    let cache = if name == "index.html" { "no-store" } else { "private, max-age=300" };
+    h.insert(hyper::header::CACHE_CONTROL, HeaderValue::from_static(cache));
+    Ok(r)
+}
+
+/// `GET /admin/dashboard?since=<seq>`: everything the page draws, in one answer,
+/// so ten open pages cost the host ten requests a poll rather than dozens.
+///
+/// - `apps`: each app's `GET /admin/apps/{app}` view, plus `outcomes` (answered
+///   requests by outcome, summed over models), `served_by_model` (served and late
+///   answers by the variant that served them: the variant mix) and
+///   `latency_buckets` (cumulative counts of `sluice_latency_seconds`, with `le`);
+///   the page differences two polls for rates and quantiles.
+/// - `events`: swaps and re-plans after `since`, for the markers.
+/// - `allocation`, `pipelines`, `evaluations`: as their admin routes show them.
+/// - `cluster`: this host's role (`standalone`: a cluster's frontend serves its
+///   routing slots as apps, and its roles are in etcd, not in this host).
+///
+/// It asks every worker's policy for its `status`: call it off the async threads.
+pub fn snapshot(state: &Arc<State>, since: u64) -> Result<Value, ApiError> {
+    let mut apps = Vec::new();
+    for name in state.apps.keys() {
+        let mut view = crate::admin::app_view(state, name)?;
+        let mut outcomes = serde_json::Map::new();
+        let mut by_model = serde_json::Map::new();
+        for (model, outcome, n) in state.metrics.requests_of(name) {
+            let o = outcomes.entry(outcome.clone()).or_insert(json!(0));
+            *o = json!(o.as_u64().unwrap_or(0) + n);
+            if outcome == "served" || outcome == "late" {
+                let m = by_model.entry(model).or_insert(json!(0));
+                *m = json!(m.as_u64().unwrap_or(0) + n);
+            }
+        }
+        if let Value::Object(v) = &mut view {
+            v.insert("outcomes".into(), Value::Object(outcomes));
+            v.insert("served_by_model".into(), Value::Object(by_model));
+            v.insert(
+                "latency_buckets".into(),
+                json!({
+                    "le": crate::metrics::LATENCY_BUCKETS,
+                    "counts": state.metrics.buckets_of("sluice_latency_seconds", name),
+                }),
+            );
+        }
+        apps.push(view);
+    }
+    let pipelines: Vec<Value> = state.pipelines.values().map(|p| p.status()).collect();
+    let evaluations: Vec<Value> = state
+        .evaluations
+        .list()
+        .iter()
+        .filter_map(|e| e["id"].as_u64())
+        .filter_map(|id| state.evaluations.get(id))
+        .map(|e| e.view())
+        .collect();
+    let unix_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    Ok(json!({
+        "unix_ms": unix_ms,
+        "version": env!("CARGO_PKG_VERSION"),
+        "cluster": { "role": "standalone" },
+        "connections_open": state.metrics.connections.open.load(Ordering::Relaxed),
+        "apps": apps,
+        "events": state.metrics.events_after(since),
+        "allocation": state.allocation_view.lock().clone(),
+        "pipelines": pipelines,
+        "evaluations": evaluations,
+    }))
+}
