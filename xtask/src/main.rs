@@ -147,7 +147,11 @@ const SKIMAGE_WHEEL: &str = "scikit-image==0.26.0";
 /// cluster tests, which start real etcd members.
 /// libb64 is the one library Triton's perf_analyzer 2.51 links that Debian has and
 /// the wheel does not carry (tests/perf_analyzer.rs).
-const DEBIAN_PACKAGES: &[&str] = &["cmake", "libclang-dev", "protobuf-compiler", "etcd-server", "libb64-0d"];
+/// chromium and chromium-driver (`/usr/bin/chromium`, `/usr/bin/chromedriver`) run
+/// the dashboard's browser tests (tests/dashboard.rs): Debian's build, since no
+/// browser can be downloaded at test time here.
+const DEBIAN_PACKAGES: &[&str] =
+    &["cmake", "libclang-dev", "protobuf-compiler", "etcd-server", "libb64-0d", "chromium", "chromium-driver"];
 
 fn debian_installed(package: &str) -> bool {
     Command::new("dpkg-query")
