@@ -66,16 +66,16 @@ async fn dashboard_under_load_and_swap_matches_the_admin_api() {
     sign_in(&mut b, &server).await;
 
     // 1. The charts hold data: every chart of the app has points.
-    let charts = "return [...document.querySelectorAll('[data-app=\"emu\"] [data-chart]')]";
+    let charts = "[...document.querySelectorAll('[data-app=\"emu\"] [data-chart]')]";
     assert!(
         b.until(
             Duration::from_secs(10),
-            &format!("{charts}.length === 6 && {charts}.every(c => +c.dataset.points >= 3)")
+            &format!("return {charts}.length === 6 && {charts}.every(c => +c.dataset.points >= 3)")
         )
         .await
         .unwrap(),
         "charts without data: {}",
-        b.exec(&format!("{charts}.map(c => [c.dataset.chart, c.dataset.points])")).await.unwrap()
+        b.exec(&format!("return {charts}.map(c => [c.dataset.chart, c.dataset.points])")).await.unwrap()
     );
     let served = b.exec("return +document.querySelector('[data-app=\"emu\"] [data-field=served]').textContent").await;
     assert!(served.unwrap().as_u64().unwrap_or(0) > 0, "the page shows no served request under load");

@@ -78,16 +78,18 @@
       this.root.dataset.markers = '0';
       this.root.appendChild(el('div', 'title', title));
       parent.appendChild(this.root);
-      const width = Math.max(320, (parent.clientWidth || 860) / 2 - 40);
+      // The card's own width (a grid cell, once appended), less its padding.
+      const width = Math.max(280, (this.root.clientWidth || 440) - 24);
       const series = [{}].concat(names.map((n, i) => ({
         label: String(n),
         stroke: PALETTE[i % PALETTE.length],
         width: 1.5,
         fill: this.stacked ? PALETTE[i % PALETTE.length] + 'aa' : undefined,
       })));
-      const y = opts.range ? { range: opts.range } : {};
+      // Rates, counts and latencies start at zero, so a stacked band or a dip reads true.
+      const y = { range: opts.range || ((u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1]) };
       this.plot = new uPlot({
-        width: Math.min(width, 640),
+        width,
         height: opts.height || 170,
         series,
         scales: { x: { time: opts.time !== false }, y },

@@ -13,6 +13,11 @@
 //!   used (InfAdapter Fig. 5 and 6).
 //!
 //! The SVG code is two generic functions: [`line_chart`] and [`bar_chart`].
+//!
+//! With `timeseries.csv`, `report.html` draws each run's apps with the live
+//! dashboard's own charts (`sluice_dashboard`'s script, style and uPlot, written
+//! beside it under `assets/`), so a simulated and a live run look alike: see
+//! `write_html`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -493,6 +498,92 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
     let md_path = dir.join("report.md");
     std::fs::write(&md_path, md).with_context(|| format!("write {}", md_path.display()))?;
     written.push(md_path);
+    if ts_path.exists() {
+        let dev = if dev_path.exists() { read_devices(&dev_path)? } else { Vec::new() };
+        written.extend(write_html(dir, &title, &rows, &read_timeseries(&ts_path)?, &dev)?);
+    }
+    Ok(written)
+}
+
+/// The drop reasons the simulator's windows count (the dashboard's drops chart).
+const HTML_REASONS: &[&str] = &["dropped", "late"];
+
+/// Writes `report.html` and its `assets/`: every (run, app) of `timeseries.csv` as
+/// the dashboard's points (`charts.js`) (arrivals and answers per second,
+/// on-time rate, accuracy served, p99 from `devices.csv` where the run has
+/// devices), drawn by the dashboard's `charts.js`. The simulator records no
+/// per-variant mix, per-worker queue or p50 per window: those charts are empty.
+/// The data is a JSON block (`type="application/json"`, never executed) read with
+/// `textContent`, and every name is set as text, as on the live page.
+fn write_html(dir: &Path, title: &str, rows: &[Row], ts: &[Window], dev: &[DeviceWindow]) -> Result<Vec<PathBuf>> {
+    let mut runs = Vec::new();
+    for run in unique(rows.iter().map(|r| r.run)) {
+        let mut apps = Vec::new();
+        for r in rows.iter().filter(|r| r.run == run) {
+            let mine: Vec<&Window> = ts.iter().filter(|w| w.run == run && w.app == r.app).collect();
+            let points: Vec<Value> = mine
+                .iter()
+                .enumerate()
+                .map(|(i, w)| {
+                    // A window lasts until the next one starts (the last: as long as the one before).
+                    let len = match (mine.get(i + 1), i.checked_sub(1).and_then(|j| mine.get(j))) {
+                        (Some(n), _) => n.start - w.start,
+                        (None, Some(p)) => w.start - p.start,
+                        _ => 1.0,
+                    }
+                    .max(1e-9);
+                    let p99 =
+                        dev.iter().find(|d| d.run == run && d.app == r.app && d.start == w.start).map(|d| d.p99_ms);
+                    let dropped = (w.arrivals - w.on_time - w.late).max(0.0);
+                    serde_json::json!({
+                        "t": w.start,
+                        "arrivals": w.arrivals / len,
+                        "served": (w.on_time + w.late) / len,
+                        "on_time": (w.arrivals > 0.0).then(|| w.on_time / w.arrivals),
+                        "accuracy": w.accuracy,
+                        "p50_ms": null,
+                        "p99_ms": p99,
+                        "mix": [],
+                        "queue": [],
+                        "drops": [dropped / len, w.late / len],
+                    })
+                })
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            apps.push(serde_json::json!({
+                "app": r.app, "policy": r.policy, "models": [], "workers": [],
+                "reasons": HTML_REASONS, "points": points, "markers": [],
+            }));
+        }
+        if !apps.is_empty() {
+            runs.push(serde_json::json!({ "name": format!("run {run}"), "apps": apps }));
+        }
+    }
+    let data = serde_json::json!({ "title": title, "runs": runs }).to_string();
+    let assets = dir.join("assets");
+    std::fs::create_dir_all(&assets).with_context(|| format!("create {}", assets.display()))?;
+    let mut written = Vec::new();
+    for name in ["uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE", "charts.js", "report.js", "dashboard.css"] {
+        let a = sluice_dashboard::asset(name).context("a dashboard asset is missing")?;
+        let p = assets.join(name);
+        std::fs::write(&p, a.bytes).with_context(|| format!("write {}", p.display()))?;
+        written.push(p);
+    }
+    // `</` cannot close the data block early: JSON allows `<\/` for `</`.
+    let data = data.replace("</", "<\\/");
+    let html = format!(
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{t}</title>\n\
+         <link rel=\"stylesheet\" href=\"assets/uPlot.min.css\">\n<link rel=\"stylesheet\" href=\"assets/dashboard.css\">\n\
+         <script src=\"assets/uPlot.iife.min.js\" defer></script>\n<script src=\"assets/charts.js\" defer></script>\n\
+         <script src=\"assets/report.js\" defer></script>\n</head>\n<body>\n<header><h1>{t}</h1></header>\n<main>\n\
+         <section id=\"apps\"></section>\n</main>\n<script type=\"application/json\" id=\"sluice-data\">{data}</script>\n</body>\n</html>\n",
+        t = esc(title),
+    );
+    let p = dir.join("report.html");
+    std::fs::write(&p, html).with_context(|| format!("write {}", p.display()))?;
+    written.push(p);
     Ok(written)
 }
 
