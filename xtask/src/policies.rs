@@ -136,3 +136,95 @@ pub fn build_examples(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
     }
     Ok(paths)
 }
+
+/// Python policies (`policies/python/<name>`, each a module on `sdk/python` with a
+/// `pyproject.toml` naming it), built with componentize-py into
+/// `target/policies/<name>-py.wasm`: the ports of the Rust policies of the same
+/// name that `tests/python_policies.rs` compares with them.
+pub const PYTHON: &[&str] = &["jellyfish", "spread-drop"];
+
+/// Builds each Python policy `policies/python/<name>` into
+/// `<target>/policies/<name>-py.wasm` with the venv's componentize-py (which
+/// `cargo xtask setup` installs), unless the component is newer than every source
+/// it is built from (componentize-py takes 10-25 s a policy). This is the build
+/// `sluice policy build` runs for a Python policy (host/cli/src/commands/policy/python.rs);
+/// xtask does not depend on the host crates, so the few lines are repeated here.
+pub fn build_python(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
+    let tool = root.join(".venv/bin/componentize-py");
+    if !tool.exists() {
+        bail!("{} is missing: run `cargo xtask setup`", tool.display());
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(|dir| root.join(dir)).unwrap_or_else(|| root.join("target"));
+    let out_dir = target.join("policies");
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let sdk = root.join("sdk/python");
+    let newest = |dirs: &[&Path]| {
+        dirs.iter().flat_map(|d| walk(d)).filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()).max()
+    };
+    let mut paths = Vec::new();
+    for name in names {
+        let dir = root.join("policies/python").join(name);
+        let module = name.replace('-', "_");
+        let out = out_dir.join(format!("{name}-py.wasm"));
+        let built = std::fs::metadata(&out).and_then(|m| m.modified()).ok();
+        let sources = newest(&[&dir, &sdk, &root.join("wit")]);
+        if built.is_none() || sources.is_none() || sources > built {
+            let status = Command::new(&tool)
+                .arg("--quiet")
+                .arg("-d")
+                .arg(root.join("wit"))
+                .args(["-w", "policy-with-status", "componentize", &module, "-p"])
+                .arg(&dir)
+                .arg("-p")
+                .arg(&sdk)
+                .arg("-o")
+                .arg(&out)
+                .status()
+                .context("running componentize-py")?;
+            if !status.success() {
+                bail!("componentize-py failed for policies/python/{name} ({status})");
+            }
+            let bytes = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
+            if !bytes.starts_with(&COMPONENT_HEADER) {
+                bail!("{} is not a WebAssembly component", out.display());
+            }
+            // Both ports keep the Rust crates' `OBSERVES = false`: the host skips
+            // `observe` after each batch, as for the crates.
+            std::fs::write(&out, with_hints(&bytes, false)).with_context(|| format!("writing {}", out.display()))?;
+        }
+        paths.push(out);
+    }
+    Ok(paths)
+}
+
+/// Every file under `dir` (but `__pycache__`, `build` and hidden ones).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || name == "__pycache__" || name == "build" {
+            continue;
+        }
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// `component` with the `sluice:hints` custom section appended (the runtime's
+/// `with_hints`, `host/core/src/runtime.rs`: format 1, then whether `observe` is used).
+fn with_hints(component: &[u8], observes: bool) -> Vec<u8> {
+    const NAME: &[u8] = b"sluice:hints";
+    // Both lengths are below 128, so each LEB128 is one byte.
+    let payload_len = 1 + NAME.len() + 2;
+    let mut out = component.to_vec();
+    out.extend_from_slice(&[0, payload_len as u8, NAME.len() as u8]);
+    out.extend_from_slice(NAME);
+    out.extend_from_slice(&[1, u8::from(observes)]);
+    out
+}

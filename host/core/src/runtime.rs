@@ -750,7 +750,7 @@ impl PolicyInstance {
                 ticks: 0,
                 since: Duration::ZERO,
             },
-            wasi: compiled.wasi.then(|| Box::new(wasi::WasiState::new())),
+            wasi: compiled.wasi.then(Box::default),
         };
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| s);
@@ -996,6 +996,33 @@ pub struct ComponentInterface {
 /// hint is only ever a promise about the component's own behaviour: a false one
 /// costs that policy its feedback, nothing else.
 pub const HINTS_SECTION: &str = "sluice:hints";
+
+/// `component` with a [`HINTS_SECTION`] appended (at its top level, where
+/// [`component_interface`] reads it too) saying whether `observe` does anything:
+/// for builds whose toolchain cannot write the section itself (`componentize-py`;
+/// the Rust SDK writes it from `Policy::OBSERVES`). A custom section may follow
+/// any other, so appending keeps the component valid.
+pub fn with_hints(component: &[u8], observes: bool) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            out.push(if n == 0 { byte } else { byte | 0x80 });
+            if n == 0 {
+                return;
+            }
+        }
+    }
+    let mut payload = Vec::new();
+    leb128(HINTS_SECTION.len(), &mut payload);
+    payload.extend_from_slice(HINTS_SECTION.as_bytes());
+    payload.extend_from_slice(&[1, u8::from(observes)]);
+    let mut out = component.to_vec();
+    out.push(0); // custom section id
+    leb128(payload.len(), &mut out);
+    out.extend_from_slice(&payload);
+    out
+}
 
 /// Reads a component's top-level imports and exports (without compiling it): what
 /// [`check_world`] checks, and what `sluice policy check` reports.

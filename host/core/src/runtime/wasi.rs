@@ -106,9 +106,9 @@ pub struct WasiState {
     pub stderr: Output,
 }
 
-impl WasiState {
+impl Default for WasiState {
     /// A context granting nothing (module docs, items 1–6).
-    pub fn new() -> WasiState {
+    fn default() -> WasiState {
         let (stdout, stderr) = (Output::default(), Output::default());
         let ctx = WasiCtxBuilder::new()
             .stdout(stdout.clone())

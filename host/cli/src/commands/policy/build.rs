@@ -20,7 +20,8 @@ pub const COMPONENT_HEADER: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01,
 /// `sluice policy build`.
 #[derive(Debug, Args)]
 pub struct BuildArgs {
-    /// The policy crate (holding its Cargo.toml).
+    /// The policy crate (holding its Cargo.toml), or a Python policy (holding a
+    /// pyproject.toml with `[tool.sluice]`).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// Also copy the component here.
@@ -116,9 +117,14 @@ pub fn build(dir: &Path, offline: bool) -> Result<PathBuf> {
     Ok(wasm)
 }
 
-/// Runs `sluice policy build`.
+/// Runs `sluice policy build`: a Rust crate with cargo, a Python policy (a
+/// `pyproject.toml` with `[tool.sluice]`) with componentize-py.
 pub fn run(args: BuildArgs) -> Result<()> {
-    let wasm = build(&args.dir, args.offline)?;
+    let wasm = if super::python::is_python_policy(&args.dir) {
+        super::python::build(&args.dir, &super::new::default_sdk())?
+    } else {
+        build(&args.dir, args.offline)?
+    };
     let size = std::fs::metadata(&wasm)?.len();
     let shown = match &args.out {
         Some(out) => {

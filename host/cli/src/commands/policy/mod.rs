@@ -1,8 +1,10 @@
 //! `sluice policy`: the policy author's loop, as short as Spin's
 //! (docs/writing-a-policy.md):
 //!
-//! - `sluice policy new <name>`: a ready crate (examples/policy-template);
-//! - `sluice policy build`: the component, for the Wasm target and profile policies use;
+//! - `sluice policy new <name>`: a ready crate (examples/policy-template), or with
+//!   `--lang python` a Python module on `sdk/python` (python.rs);
+//! - `sluice policy build`: the component, for the Wasm target and profile policies use
+//!   (Python: componentize-py, installed into the project venv when missing);
 //! - `sluice policy check <file.wasm>`: the world and its version (the check uploads
 //!   pass), imports and exports, size, and the cost of `decide` on a standard view;
 //! - `sluice policy bench <file.wasm> --against jellyfish`: standard simulated
@@ -17,6 +19,7 @@ mod bench;
 mod build;
 mod check;
 mod new;
+mod python;
 mod standard;
 
 use anyhow::Result;

@@ -16,9 +16,23 @@ pub struct NewArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// The `sdk/` directory of a sluice checkout, for the `sluice-sdk` path
-    /// dependency. Default: the `sdk/` of the checkout this `sluice` was built from.
+    /// dependency (Python: `sdk/python` and `wit/`). Default: the `sdk/` of the
+    /// checkout this `sluice` was built from.
     #[arg(long)]
     pub sdk_path: Option<PathBuf>,
+    /// The policy's language: `rust` (a crate) or `python` (a module built with
+    /// componentize-py).
+    #[arg(long, value_enum, default_value_t = Lang::Rust)]
+    pub lang: Lang,
+}
+
+/// The languages `sluice policy new` writes policies in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    /// A Rust crate on the sluice SDK, built for wasm32-unknown-unknown.
+    Rust,
+    /// A Python module on `sdk/python`, built with componentize-py.
+    Python,
 }
 
 const CARGO_TOML: &str = include_str!("../../../../../examples/policy-template/Cargo.toml");
@@ -102,12 +116,21 @@ pub fn run(args: NewArgs) -> Result<()> {
     if dir.exists() && std::fs::read_dir(&dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
         bail!("{} already exists and is not empty: choose another name or --dir", dir.display());
     }
-    for (path, text) in files(&args.name, &sdk)? {
+    let files: Vec<(String, String)> = match args.lang {
+        Lang::Rust => files(&args.name, &sdk)?.into_iter().map(|(p, t)| (p.to_string(), t)).collect(),
+        Lang::Python => super::python::files(&args.name, &sdk)?,
+    };
+    for (path, text) in files {
         let to = dir.join(path);
         if let Some(parent) = to.parent() {
             std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
         std::fs::write(&to, text).with_context(|| format!("writing {}", to.display()))?;
+    }
+    if args.lang == Lang::Python {
+        println!("created Python policy `{}` in {} (SDK at {}/python)", args.name, dir.display(), sdk.display());
+        println!("next: cd {} && pytest && sluice policy build", dir.display());
+        return Ok(());
     }
     println!("created policy crate `{}` in {} (sluice-sdk at {})", args.name, dir.display(), sdk.display());
     println!("next: cd {} && cargo test --release && sluice policy build", dir.display());
