@@ -150,51 +150,67 @@ pub const PYTHON: &[&str] = &["jellyfish", "spread-drop"];
 /// `sluice policy build` runs for a Python policy (host/cli/src/commands/policy/python.rs);
 /// xtask does not depend on the host crates, so the few lines are repeated here.
 pub fn build_python(root: &Path, names: &[&str]) -> Result<Vec<PathBuf>> {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(|dir| root.join(dir)).unwrap_or_else(|| root.join("target"));
+    let mut paths = Vec::new();
+    for name in names {
+        let out = target.join("policies").join(format!("{name}-py.wasm"));
+        componentize(root, &root.join("policies/python").join(name), &name.replace('-', "_"), &out)?;
+        paths.push(out);
+    }
+    for module in PYTHON_FIXTURES {
+        let out = target.join("fixtures").join(format!("{}.wasm", module.replace('_', "-")));
+        componentize(root, &root.join("tests/fixtures/python"), module, &out)?;
+        paths.push(out);
+    }
+    Ok(paths)
+}
+
+/// Python test fixtures: modules in `tests/fixtures/python`, built into
+/// `target/fixtures/<module, with `-` for `_`>.wasm` (uploaded by the tests, never
+/// offered as built-ins).
+pub const PYTHON_FIXTURES: &[&str] = &["misbehave_py"];
+
+/// Builds `module` of `dir` into `out` unless `out` is newer than every source.
+fn componentize(root: &Path, dir: &Path, module: &str, out: &Path) -> Result<()> {
     let tool = root.join(".venv/bin/componentize-py");
     if !tool.exists() {
         bail!("{} is missing: run `cargo xtask setup`", tool.display());
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(|dir| root.join(dir)).unwrap_or_else(|| root.join("target"));
-    let out_dir = target.join("policies");
-    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let sdk = root.join("sdk/python");
-    let newest = |dirs: &[&Path]| {
-        dirs.iter().flat_map(|d| walk(d)).filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()).max()
-    };
-    let mut paths = Vec::new();
-    for name in names {
-        let dir = root.join("policies/python").join(name);
-        let module = name.replace('-', "_");
-        let out = out_dir.join(format!("{name}-py.wasm"));
-        let built = std::fs::metadata(&out).and_then(|m| m.modified()).ok();
-        let sources = newest(&[&dir, &sdk, &root.join("wit")]);
-        if built.is_none() || sources.is_none() || sources > built {
-            let status = Command::new(&tool)
-                .arg("--quiet")
-                .arg("-d")
-                .arg(root.join("wit"))
-                .args(["-w", "policy-with-status", "componentize", &module, "-p"])
-                .arg(&dir)
-                .arg("-p")
-                .arg(&sdk)
-                .arg("-o")
-                .arg(&out)
-                .status()
-                .context("running componentize-py")?;
-            if !status.success() {
-                bail!("componentize-py failed for policies/python/{name} ({status})");
-            }
-            let bytes = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
-            if !bytes.starts_with(&COMPONENT_HEADER) {
-                bail!("{} is not a WebAssembly component", out.display());
-            }
-            // Both ports keep the Rust crates' `OBSERVES = false`: the host skips
-            // `observe` after each batch, as for the crates.
-            std::fs::write(&out, with_hints(&bytes, false)).with_context(|| format!("writing {}", out.display()))?;
-        }
-        paths.push(out);
+    let newest = [dir, &sdk, &root.join("wit")]
+        .iter()
+        .flat_map(|d| walk(d))
+        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .max();
+    let built = std::fs::metadata(out).and_then(|m| m.modified()).ok();
+    if built.is_some() && newest.is_some() && newest <= built {
+        return Ok(());
     }
-    Ok(paths)
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let status = Command::new(&tool)
+        .arg("--quiet")
+        .arg("-d")
+        .arg(root.join("wit"))
+        .args(["-w", "policy-with-status", "componentize", module, "-p"])
+        .arg(dir)
+        .arg("-p")
+        .arg(&sdk)
+        .arg("-o")
+        .arg(out)
+        .status()
+        .context("running componentize-py")?;
+    if !status.success() {
+        bail!("componentize-py failed for {module} in {} ({status})", dir.display());
+    }
+    let bytes = std::fs::read(out).with_context(|| format!("reading {}", out.display()))?;
+    if !bytes.starts_with(&COMPONENT_HEADER) {
+        bail!("{} is not a WebAssembly component", out.display());
+    }
+    // Every module built here keeps `OBSERVES = False` (the ports keep the Rust
+    // crates' `false`): the host skips `observe` after each batch, as for the crates.
+    std::fs::write(out, with_hints(&bytes, false)).with_context(|| format!("writing {}", out.display()))
 }
 
 /// Every file under `dir` (but `__pycache__`, `build` and hidden ones).

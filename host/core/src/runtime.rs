@@ -1113,6 +1113,28 @@ pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, String> {
     Ok(interface)
 }
 
+/// The line that starts a Python traceback on stderr.
+const TRACEBACK: &str = "Traceback (most recent call last):";
+
+/// The exception (`KeyError: 'x'`) and its traceback, read from what an uncaught
+/// Python exception wrote to stderr: the last traceback's header, its indented
+/// frame lines, and the first unindented line after them, which is the exception.
+/// What follows (componentize-py's own panic message) is left out.
+fn python_exception(stderr: &str) -> (String, String) {
+    let from = stderr.rfind(TRACEBACK).unwrap_or(0);
+    let mut lines = stderr[from..].lines();
+    let mut traceback: Vec<&str> = lines.next().into_iter().collect();
+    let mut message = String::new();
+    for line in lines {
+        traceback.push(line);
+        if !line.starts_with(char::is_whitespace) && !line.is_empty() {
+            message = line.trim().to_string();
+            break;
+        }
+    }
+    (message, traceback.join("\n"))
+}
+
 fn classify(store: &mut Store<HostState>, e: wasmtime::Error, budget: Duration) -> PolicyFault {
     let stderr = store.data_mut().drain_output();
     if store.data().memory_denied {
@@ -1124,11 +1146,10 @@ fn classify(store: &mut Store<HostState>, e: wasmtime::Error, budget: Duration) 
         // stderr, then trapped. The exception is the fault's message (the traceback's
         // last line), the traceback its detail; the Wasm backtrace of the
         // interpreter would say nothing to the policy's author.
-        _ if stderr.as_deref().is_some_and(|t| t.contains("Traceback")) => {
-            let mut text = stderr.unwrap_or_default();
-            truncate_at_char(&mut text, MAX_TRACEBACK);
-            let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
-            PolicyFault::Trap(format!("Python exception {last}\n{}", text.trim_end()))
+        _ if stderr.as_deref().is_some_and(|t| t.contains(TRACEBACK)) => {
+            let (message, mut traceback) = python_exception(stderr.as_deref().unwrap_or_default());
+            truncate_at_char(&mut traceback, MAX_TRACEBACK);
+            PolicyFault::Trap(format!("Python exception {message}\n{traceback}"))
         }
         // A panic's own message says why; the trap (and its Wasm backtrace) where.
         _ => match store.data_mut().panic.take() {

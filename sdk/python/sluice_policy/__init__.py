@@ -297,6 +297,11 @@ def export(policy: Type[Any]) -> type:
     raises rejects the policy with its message, as the Rust SDK's ``Err`` does.
     Any other exception is a fault: the host logs its traceback.
     """
+    # Refused here, when componentize-py imports the module to build it, rather
+    # than as a fault at the first call on a serving worker.
+    if not callable(getattr(policy, "decide", None)) or getattr(policy, "decide") is Policy.decide:
+        raise TypeError(f"{getattr(policy, '__name__', policy)!r} has no decide(self, view): it does not implement "
+                        "the sluice:policy world")
     # The wit_world import happens here, not at module level, so that
     # ``sluice_policy`` imports in plain pytest without the generated bindings'
     # host functions.
