@@ -447,10 +447,12 @@ async fn a_pipelines_statistics_are_its_task_apps() {
 /// refused is refused with a status and a message naming what is not supported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_tritonclient_flavour_makes_every_call_of_the_table() {
-    let server =
-        TestServer::start_with_grpc(&emu_app("zero", "slo_ms = 1000\nworkers = 2\npolicy = \"fixed\"\nparams = { model = \"small\" }"))
-            .await
-            .unwrap();
+    let server = TestServer::start_with_grpc(&emu_app(
+        "zero",
+        "slo_ms = 1000\nworkers = 2\npolicy = \"fixed\"\nparams = { model = \"small\" }",
+    ))
+    .await
+    .unwrap();
     let python = root().join(".venv/bin/python");
     assert!(python.exists(), "{} is missing: run `cargo xtask setup`", python.display());
     let (http, grpc) = (server.addr.to_string(), server.grpc.unwrap().to_string());

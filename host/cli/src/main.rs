@@ -42,7 +42,7 @@ enum Command {
 /// glibc's per-thread arenas kept what they had freed and resident memory only
 /// grew; jemalloc's background threads give freed pages back once they have sat
 /// unused for its decay time (10 s), so an idle server shrinks again
-/// (`cargo bench -p sluice --bench memory`, BENCHMARKS §13).
+/// (`cargo bench -p sluice --bench memory`, BENCHMARKS §14).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
