@@ -247,9 +247,18 @@ impl AppConfig {
     }
 
     /// How long past its deadline the live host keeps a queued request before
-    /// dropping it, µs (default 0: at its deadline).
+    /// dropping it, µs (default 0: at its deadline). A what-if replay of a live app
+    /// uses this too, so it replays the rule the host ran.
     pub fn expire_us(&self) -> u64 {
-        self.expire_after_ms.map_or(0, |e| (e * 1000.0).round() as u64)
+        self.expire_us_or(0)
+    }
+
+    /// `expire_after_ms` in µs, rounded to the nearest (2.3 ms is 2,300 µs, not the
+    /// 2,299 a truncation of 2.3 × 1000 gives), or `default_us` when it is not set:
+    /// the one conversion the live host and the simulator share; only the default
+    /// differs (0 live, one SLO in an experiment, see `expire_after_ms`).
+    pub fn expire_us_or(&self, default_us: u64) -> u64 {
+        self.expire_after_ms.map_or(default_us, |e| (e * 1000.0).round() as u64)
     }
 
     /// The policy parameters as a JSON object string: `params_file` (if any, read

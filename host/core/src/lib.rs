@@ -5,7 +5,8 @@
 //! - [`app_config::AppConfig`]: one app (SLO, workers, router, profile, policy), the
 //!   same type in a server config and in an experiment.
 //! - [`queue`]: an accepted [`queue::Request`], its one [`queue::Reply`], and the
-//!   per-worker [`queue::WorkQueue`].
+//!   per-worker [`queue::WorkQueue`]; [`outcome::Outcome`]: how a request ended,
+//!   the record live and simulated runs are compared by.
 //! - [`decision::decide`]: one decision of one worker — expiry, the policy's
 //!   `decide`, validation, the safe fallback — over any queue, at any clock.
 //! - [`runtime`]: the Wasm policy runtime (compile cache, epoch deadlines, memory
@@ -26,6 +27,7 @@ pub mod decision;
 pub mod demand;
 pub mod executor;
 pub mod file_error;
+pub mod outcome;
 pub mod pipeline;
 pub mod profile;
 pub mod queue;

@@ -157,7 +157,7 @@ impl WorkQueue {
         admit: impl FnOnce(usize, &mut Request, &[Request]) -> bool,
     ) -> Result<(), Request> {
         let mut items = self.items.lock();
-        let at = items.len() - items.iter().rev().take_while(|r| r.deadline > request.deadline).count();
+        let at = deadline_position(&items, request.deadline);
         if !admit(at, &mut request, &items[at..]) {
             return Err(request);
         }
@@ -191,8 +191,49 @@ impl WorkQueue {
     }
 }
 
+/// Where a request due at `deadline` goes in `items` (earliest deadline first): after
+/// every request due at or before it, so requests with equal deadlines keep their
+/// arrival order. Found from the back, because a new request's deadline is almost
+/// always the latest (every request of an app has the same SLO). The one
+/// deadline-ordered insert of the live queues ([`WorkQueue::push_if`]) and the
+/// simulator's, which [`crate::decision::prepare_into`] relies on: it expires a
+/// prefix of the queue, so a request out of deadline order would outlive its expiry.
+pub fn deadline_position<Q: crate::decision::Queued>(items: &[Q], deadline: u64) -> usize {
+    items.len() - items.iter().rev().take_while(|r| r.pending().deadline > deadline).count()
+}
+
+/// Inserts `request` into `items` in deadline order ([`deadline_position`]).
+pub fn insert_by_deadline<Q: crate::decision::Queued>(items: &mut Vec<Q>, request: Q) {
+    let at = deadline_position(items, request.pending().deadline);
+    items.insert(at, request);
+}
+
 impl crate::decision::Queued for Request {
     fn pending(&self) -> sluice_sdk::Pending {
         sluice_sdk::Pending { id: self.id, arrival: self.arrival, deadline: self.deadline }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct R(u64, u64);
+
+    impl crate::decision::Queued for R {
+        fn pending(&self) -> sluice_sdk::Pending {
+            sluice_sdk::Pending { id: self.0, arrival: 0, deadline: self.1 }
+        }
+    }
+
+    #[test]
+    fn an_insert_keeps_deadline_order_and_arrival_order_among_equals() {
+        let mut q = vec![R(1, 100), R(2, 200), R(3, 200)];
+        insert_by_deadline(&mut q, R(4, 300));
+        insert_by_deadline(&mut q, R(5, 150));
+        insert_by_deadline(&mut q, R(6, 200));
+        insert_by_deadline(&mut q, R(7, 50));
+        let ids: Vec<u64> = q.iter().map(|r| r.0).collect();
+        assert_eq!(ids, [7, 1, 5, 2, 3, 6, 4]);
     }
 }

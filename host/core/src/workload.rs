@@ -48,7 +48,9 @@ pub enum ArrivalSpec {
         file: PathBuf,
     },
     /// A log recorded by `sluice serve --record-arrivals`: `app,arrival_us` lines
-    /// (this app's lines are used; times are relative to the first arrival).
+    /// for admitted arrivals and `app,arrival_us,refused` for refused ones (this
+    /// app's lines are used; times are relative to its first line; the refused ones
+    /// only count in the load estimate).
     Recorded {
         /// The log file.
         file: PathBuf,

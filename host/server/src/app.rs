@@ -425,7 +425,8 @@ impl ArrivalRing {
     }
 }
 
-/// A log of accepted arrivals, `app,arrival_us` per line, that `sluice sim` replays
+/// A log of arrivals, `app,arrival_us` per line for an admitted one and
+/// `app,arrival_us,refused` for one refused at admission, that `sluice sim` replays
 /// (arrivals `kind = "recorded"`).
 pub struct ArrivalLog {
     out: Mutex<std::io::BufWriter<std::fs::File>>,
@@ -435,13 +436,16 @@ impl ArrivalLog {
     /// Creates (truncates) the log file.
     pub fn create(path: &std::path::Path) -> std::io::Result<ArrivalLog> {
         let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-        std::io::Write::write_all(&mut out, b"# app,arrival_us (sluice serve --record-arrivals)\n")?;
+        std::io::Write::write_all(&mut out, b"# app,arrival_us[,refused] (sluice serve --record-arrivals)\n")?;
         Ok(ArrivalLog { out: Mutex::new(out) })
     }
 
-    fn record(&self, app: &str, at: u64) {
+    /// Logs an arrival at `at`, the time its deadline runs from; `refused` marks
+    /// one refused at admission (`app,arrival_us,refused`).
+    fn record(&self, app: &str, at: u64, refused: bool) {
         // Buffered: a line costs a memcpy; the file is flushed at shutdown.
-        let _ = writeln!(self.out.lock(), "{app},{at}");
+        let mark = if refused { ",refused" } else { "" };
+        let _ = writeln!(self.out.lock(), "{app},{at}{mark}");
     }
 
     /// Writes out what is buffered.
@@ -766,13 +770,6 @@ impl App {
         if self.device_models.is_some() {
             self.demand.record(now);
         }
-        if let Some(log) = self.recorder.get() {
-            log.record(self.name(), now);
-        }
-        // Client requests only: a pipeline's intermediate ones are not the app's load.
-        if let (Some(ring), None) = (self.ring.get(), worker) {
-            ring.record(now);
-        }
         let (tx, rx) = oneshot::channel();
         let request = Request {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -818,6 +815,11 @@ impl App {
                     Err(mut request) => {
                         if !audited && !self.audits() {
                             self.queued.fetch_sub(1, Ordering::AcqRel);
+                            // Marked, so a replay counts it in the load its policies
+                            // see (it was in the host's) and queues it not.
+                            if let Some(log) = self.recorder.get() {
+                                log.record(self.name(), arrival, true);
+                            }
                             return Err(self.would_miss(refused.0, refused.1, refused.2));
                         }
                         request.audit = true;
@@ -829,6 +831,17 @@ impl App {
                     self.counters.audited.fetch_add(1, Ordering::Relaxed);
                 }
             }
+        }
+        // Recorded once admitted, at the time its deadline runs from: a replay (the
+        // simulator has no admission) then gets the requests the host queued, with
+        // their deadlines. A refused arrival was recorded here before, and replayed
+        // as if it had been queued.
+        if let Some(log) = self.recorder.get() {
+            log.record(self.name(), arrival, false);
+        }
+        // Client requests only: a pipeline's intermediate ones are not the app's load.
+        if let (Some(ring), None) = (self.ring.get(), worker) {
+            ring.record(arrival);
         }
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         Ok(rx)

@@ -165,21 +165,47 @@ pub fn generate(
             out.sort_by_key(|a| a.at);
         }
         ArrivalSpec::Recorded { file } => {
-            let path = base.join(file);
-            let rows = read_lines(&path, |line, n| {
-                let (a, t) = line.split_once(',').ok_or_else(|| format!("line {n}: expected `app,arrival_us`"))?;
-                let t: u64 = t.trim().parse().map_err(|_| format!("line {n}: bad arrival_us"))?;
-                Ok((a.trim().to_string(), t))
-            })?;
-            let mine: Vec<u64> = rows.into_iter().filter(|(a, _)| a == app).map(|(_, t)| t).collect();
-            let first = mine.iter().copied().min().unwrap_or(0);
-            out.extend(
-                mine.into_iter().map(|t| t - first).filter(|t| *t < duration_us).map(|at| Arrival { at, budget: None }),
-            );
-            out.sort_by_key(|a| a.at);
+            let (admitted, _) = recorded(&base.join(file), app, duration_us)?;
+            out.extend(admitted.into_iter().map(|at| Arrival { at, budget: None }));
         }
     }
     Ok(out)
+}
+
+/// App `app`'s lines of an arrival log (`sluice serve --record-arrivals`): the
+/// admitted arrivals (`app,arrival_us`) and the refused ones (`app,arrival_us,refused`:
+/// refused at admission), each in time order, µs from the app's first line, those
+/// before `duration_us`. The simulator has no admission: it queues the admitted ones,
+/// and counts the refused ones in the load estimate policies see, as the host did.
+pub fn recorded(path: &Path, app: &str, duration_us: u64) -> Result<(Vec<u64>, Vec<u64>), ArrivalError> {
+    let rows = read_lines(path, |line, n| {
+        let mut fields = line.split(',').map(str::trim);
+        let (Some(a), Some(t)) = (fields.next(), fields.next()) else {
+            return Err(format!("line {n}: expected `app,arrival_us` or `app,arrival_us,refused`"));
+        };
+        let t: u64 = t.parse().map_err(|_| format!("line {n}: bad arrival_us"))?;
+        let refused = match fields.next() {
+            None => false,
+            Some("refused") => true,
+            Some(other) => return Err(format!("line {n}: `{other}`: expected `refused` or nothing")),
+        };
+        Ok((a.to_string(), t, refused))
+    })?;
+    let first = rows.iter().filter(|(a, ..)| a == app).map(|(_, t, _)| *t).min().unwrap_or(0);
+    let (mut admitted, mut refused) = (Vec::new(), Vec::new());
+    for (_, t, r) in rows.into_iter().filter(|(a, ..)| a == app) {
+        let at = t - first;
+        if at < duration_us {
+            if r {
+                refused.push(at)
+            } else {
+                admitted.push(at)
+            }
+        }
+    }
+    admitted.sort_unstable();
+    refused.sort_unstable();
+    Ok((admitted, refused))
 }
 
 fn read_lines<T>(path: &Path, mut parse: impl FnMut(&str, usize) -> Result<T, String>) -> Result<Vec<T>, ArrivalError> {

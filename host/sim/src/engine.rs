@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use sluice_sdk as sdk;
 
-use super::arrivals::{generate, Arrival};
+use super::arrivals::{generate, recorded, Arrival};
 use super::rng::Rng;
 use super::stats::{Fate, RunResult, Stats, WindowRow};
 use super::{Accounting, Experiment, LatencyModel, PolicyCache, RunSpec};
@@ -22,7 +22,9 @@ use sluice_core::clock::{Clock as _, VirtualClock};
 use sluice_core::decision::Bound;
 use sluice_core::decision::{self, Context, Next, Queued};
 use sluice_core::demand::DemandMonitor;
+use sluice_core::outcome::Outcome;
 use sluice_core::profile::{Percentile, Profile};
+use sluice_core::queue::{insert_by_deadline, DropReason};
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::runtime::{Binding, PolicyInstance};
 use sluice_core::whatif::ReplayControl;
@@ -96,6 +98,11 @@ struct AppState {
     demand: DemandMonitor,
     arrivals: Vec<Arrival>,
     next_arrival: usize,
+    /// Arrivals the live host refused at admission (a recorded log's marked lines,
+    /// µs): not queued, but counted in the load estimate as the host counted them;
+    /// `next_refused` is the first not yet counted.
+    refused: Vec<u64>,
+    next_refused: usize,
     queues: Vec<Vec<SimRequest>>,
     workers: Vec<Worker>,
     load: LoadMonitor,
@@ -103,7 +110,21 @@ struct AppState {
     slo_us: u64,
     expire_us: u64,
     stats: Stats,
+    /// Per request, how it ended (None: not yet), when kept
+    /// ([`Simulation::record_outcomes`]).
+    outcomes: Option<Vec<Option<Outcome>>>,
     overloaded: Option<String>,
+}
+
+impl AppState {
+    /// Counts the refused arrivals up to `now` in the load estimate, before it is
+    /// read or another arrival is counted (so the monitor sees times in order).
+    fn count_refused(&mut self, now: u64) {
+        while let Some(&t) = self.refused.get(self.next_refused).filter(|&&t| t <= now) {
+            self.load.record(t);
+            self.next_refused += 1;
+        }
+    }
 }
 
 /// An event in the queue, ordered earliest first, ties by insertion order.
@@ -288,17 +309,24 @@ impl Simulation {
             let arrival_spec =
                 spec.arrivals.clone().with_context(|| format!("app {}: arrivals: required", spec.name))?;
             // Taken, not copied: a replay's million arrivals are its largest input.
-            let arrivals = match given.arrivals.get_mut(index).and_then(Option::take) {
-                Some(a) => a,
-                None => generate(&arrival_spec, &spec.name, base, duration_us, &mut rng)
-                    .with_context(|| format!("app {}", spec.name))?,
+            let (arrivals, refused) = match given.arrivals.get_mut(index).and_then(Option::take) {
+                Some(a) => (a, Vec::new()),
+                None => {
+                    let a = generate(&arrival_spec, &spec.name, base, duration_us, &mut rng)
+                        .with_context(|| format!("app {}", spec.name))?;
+                    let refused = match &arrival_spec {
+                        ArrivalSpec::Recorded { file } => recorded(&base.join(file), &spec.name, duration_us)?.1,
+                        _ => Vec::new(),
+                    };
+                    (a, refused)
+                }
             };
             // `safe` is the host's built-in fallback, run natively (no component).
             let compiled = match spec.policy.as_str() {
                 "safe" => None,
                 name => Some(cache.get(name).with_context(|| format!("app {}", spec.name))?),
             };
-            let slo_us = (spec.slo_ms * 1000.0).round() as u64;
+            let slo_us = spec.slo_us();
             let params = match given.params.get(index).and_then(Option::as_ref) {
                 Some(p) => p.clone(),
                 None => spec.params_json(base).with_context(|| format!("app {}", spec.name))?,
@@ -342,7 +370,9 @@ impl Simulation {
             let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
             apps.push(AppState {
                 stats: Stats::new(arrivals.iter().map(|a| a.at).collect()),
-                expire_us: spec.expire_after_ms.map(|e| (e * 1000.0) as u64).unwrap_or(slo_us),
+                // An experiment's default is one SLO (the papers' simulators count
+                // late answers); the conversion is the host's (`AppConfig::expire_us_or`).
+                expire_us: spec.expire_us_or(slo_us),
                 load: LoadMonitor::new(spec.load_window_ms * 1000),
                 router: Router::new(spec.router, spec.workers as usize, spec.weights.as_deref())
                     .with_context(|| format!("app {}: weights", spec.name))?,
@@ -354,9 +384,12 @@ impl Simulation {
                 demand: DemandMonitor::new(3600),
                 arrivals,
                 next_arrival: 0,
+                refused,
+                next_refused: 0,
                 queues: (0..queues).map(|_| Vec::new()).collect(),
                 workers,
                 slo_us,
+                outcomes: None,
                 overloaded: None,
             });
         }
@@ -531,6 +564,20 @@ impl Simulation {
         true
     }
 
+    /// Keeps how each request ends ([`Simulation::outcomes`]), to compare a run with
+    /// the live host's answers request by request (the differential test); off by
+    /// default, as a million-request run has no use for it.
+    pub fn record_outcomes(&mut self) {
+        for app in &mut self.apps {
+            app.outcomes = Some(vec![None; app.arrivals.len()]);
+        }
+    }
+
+    /// App `a`'s outcome per request, in arrival order (None: unfinished), when kept.
+    pub fn outcomes(&self, a: usize) -> Option<&[Option<Outcome>]> {
+        self.apps[a].outcomes.as_deref()
+    }
+
     /// App `a`'s statistics so far.
     pub fn stats(&self, a: usize) -> &Stats {
         &self.apps[a].stats
@@ -576,6 +623,7 @@ impl Simulation {
         let i = app.next_arrival;
         let arrival = app.arrivals[i];
         app.next_arrival += 1;
+        app.count_refused(now);
         app.load.record(now);
         if self.alloc.is_some() {
             app.demand.record(now);
@@ -592,7 +640,9 @@ impl Simulation {
             return;
         }
         let app = &mut self.apps[a];
-        app.queues[target].push(request);
+        // In deadline order, as live: a trace's own budgets make a later arrival due
+        // earlier, and the decision core expires a prefix of the queue.
+        insert_by_deadline(&mut app.queues[target], request);
         if app.queues[target].len() > self.max_queue {
             app.overloaded = Some(format!(
                 "at {:.3} s a worker queue exceeded max_queue = {} (the load exceeds what the workers sustain)",
@@ -627,6 +677,7 @@ impl Simulation {
         let now = self.clock.now();
         let app = &mut self.apps[a];
         let q = if app.spec.router == RouterMode::Shared { 0 } else { w };
+        app.count_refused(now);
         let load_qps = app.load.rate(now);
         let worker = &mut app.workers[w];
         let cx = Context {
@@ -651,10 +702,12 @@ impl Simulation {
         for r in d.expired {
             app.stats.finish(r.id, Fate::Expired, 0.0);
             app.stats.taken(r.id, now);
+            note(&mut app.outcomes, r.id, || Outcome::Dropped(DropReason::Expired));
         }
         for r in d.dropped {
             app.stats.finish(r.id, Fate::Dropped, 0.0);
             app.stats.taken(r.id, now);
+            note(&mut app.outcomes, r.id, || Outcome::Dropped(DropReason::Policy));
         }
         worker.timer_token += 1;
         let token = worker.timer_token;
@@ -682,9 +735,15 @@ impl Simulation {
         let app = &mut self.apps[a];
         let accuracy = app.models[model as usize].accuracy;
         for r in &batch {
-            let fate = if decision::met(now, r.deadline) { Fate::OnTime } else { Fate::Late };
+            let on_time = decision::met(now, r.deadline);
+            let fate = if on_time { Fate::OnTime } else { Fate::Late };
             app.stats.finish(r.id, fate, accuracy);
             app.stats.latency(r.id, now - r.arrival);
+            note(&mut app.outcomes, r.id, || Outcome::Served {
+                variant: app.models[model as usize].name.clone(),
+                batch: batch.len() as u32,
+                on_time,
+            });
         }
         let worker = &mut app.workers[w];
         worker.busy = 0;
@@ -694,6 +753,14 @@ impl Simulation {
                 app.stats.faults += 1;
             }
         }
+    }
+}
+
+/// Notes request `id`'s outcome when outcomes are kept (built only then: a served
+/// outcome holds the variant's name).
+fn note(outcomes: &mut Option<Vec<Option<Outcome>>>, id: u64, outcome: impl FnOnce() -> Outcome) {
+    if let Some(o) = outcomes.as_mut().and_then(|o| o.get_mut(id as usize)) {
+        *o = Some(outcome());
     }
 }
 

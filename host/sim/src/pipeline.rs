@@ -58,6 +58,7 @@ use sluice_core::pipeline::{
     RootDispatch, TaskSpec,
 };
 use sluice_core::profile::{Percentile, Profile};
+use sluice_core::queue::{insert_by_deadline, DropReason};
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
 use sluice_core::workload::{ArrivalSpec, Spacing};
 use sluice_sdk as sdk;
@@ -1665,8 +1666,7 @@ impl<'a> PipelineSim<'a> {
         if let Some(slot) = self.node_slot.get(node).copied().flatten() {
             req.deadline = self.now + self.slots[slot].budget_us;
             let q = &mut self.slots[slot].queue;
-            let at = q.partition_point(|r| r.deadline <= req.deadline);
-            q.insert(at, req);
+            insert_by_deadline(q, req);
             if q.len() > self.max_queue {
                 self.overloaded = Some(format!(
                     "at {:.3} s a worker queue of task `{}` exceeded max_queue = {}",
@@ -1725,10 +1725,10 @@ impl<'a> PipelineSim<'a> {
             self.schedule(t, e);
         }
         for r in d.expired {
-            self.drop_req(r, "expired");
+            self.drop_req(r, DropReason::Expired.as_str());
         }
         for r in d.dropped {
-            self.drop_req(r, "policy");
+            self.drop_req(r, DropReason::Policy.as_str());
         }
         again
     }
@@ -1771,7 +1771,8 @@ impl<'a> PipelineSim<'a> {
                 at += 1;
             } else if late {
                 let r = self.slots[i].queue.remove(at);
-                self.drop_req(r, "batch-formation");
+                // The live host's label for the same drop (one name, one meaning).
+                self.drop_req(r, DropReason::EarlyAtBatch.as_str());
             } else {
                 return;
             }

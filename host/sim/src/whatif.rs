@@ -183,6 +183,9 @@ fn run_of(job: &ReplayJob, cache: &mut PolicyCache) -> (Experiment, RunSpec) {
     };
     app.params = None;
     app.params_file = None;
+    // The live host's expiry, its default included (0, where an experiment's is one
+    // SLO): a replay runs the rule the host ran.
+    app.expire_after_ms = Some(job.app.expire_us() as f64 / 1000.0);
     app.arrivals = Some(ArrivalSpec::Recorded { file: PathBuf::from("<recorded window>") });
     let exp = experiment(job, app.clone());
     let run = RunSpec {

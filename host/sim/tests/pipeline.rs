@@ -180,7 +180,7 @@ fn dropping_at_batch_formation_leaves_no_request_late_at_its_task() {
         check_accounting(&r);
         assert!(r.system.ends_with("@batch"), "{}", r.system);
         assert_eq!(r.early_drop_at, "batch");
-        let formation = |t: usize| r.tasks[t].dropped.get("batch-formation").copied().unwrap_or(0);
+        let formation = |t: usize| r.tasks[t].dropped.get("early-drop-batch-formation").copied().unwrap_or(0);
         match mode {
             "none" => assert_eq!((formation(0), formation(1)), (0, 0), "{r:?}"),
             "last-task" => {

@@ -14,7 +14,7 @@ use sluice_sim::whatif::{offline, Offline};
 /// `sluice evaluate` arguments.
 #[derive(clap::Args, Debug)]
 pub struct EvaluateArgs {
-    /// The arrival log (`app,arrival_us` lines, as `sluice serve --record-arrivals` writes).
+    /// The arrival log (`app,arrival_us[,refused]` lines, as `sluice serve --record-arrivals` writes).
     #[arg(long)]
     pub recorded: PathBuf,
     /// The server config the arrivals were served with (`sluice serve --config`).

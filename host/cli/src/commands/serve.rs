@@ -22,7 +22,7 @@ pub struct ServeArgs {
     /// Also serve the KServe v2 gRPC protocol on this address, overriding `grpc_listen`.
     #[arg(long)]
     pub grpc_listen: Option<std::net::SocketAddr>,
-    /// Log every accepted arrival (`app,arrival_us`) for `sluice sim` to replay.
+    /// Log every arrival (`app,arrival_us`, `,refused` when refused) for `sluice sim` to replay.
     #[arg(long)]
     pub record_arrivals: Option<PathBuf>,
     /// Where uploaded policies are kept, overriding `policy_dir`.

@@ -77,13 +77,19 @@ impl LoadedModel {
         match self {
             LoadedModel::Emulated(table) => {
                 let latency = emulated::batch_latency(table, samples.len());
+                let until = std::time::Instant::now() + latency;
                 if latency >= EMULATED_TIMER_ABOVE {
-                    tokio::time::sleep(latency).await;
-                } else if !latency.is_zero() {
-                    // tokio's timer wheel has millisecond ticks: a short sleep would
-                    // last up to a millisecond longer than profiled. A blocking
+                    // All but the last ticks on tokio's timer, holding no thread.
+                    tokio::time::sleep(latency - EMULATED_TIMER_SLACK).await;
+                }
+                if !latency.is_zero() {
+                    // tokio's timer wheel has millisecond ticks: a sleep to the end
+                    // would last up to a millisecond longer than profiled, every
+                    // batch, and a busy worker's batches would drift later and later
+                    // from the simulator's (tests/live_vs_sim.rs). A blocking
                     // thread's sleep is accurate to tens of microseconds.
-                    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(latency)).await;
+                    let rest = until.saturating_duration_since(std::time::Instant::now());
+                    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
                 }
                 Ok(samples.iter().map(|s| vec![emulated::output_for(model_id, s)]).collect())
             }
@@ -106,7 +112,12 @@ impl LoadedModel {
     }
 }
 
-/// Emulated batches at least this long wait on tokio's timer (millisecond
-/// resolution, at most a few percent off); shorter ones sleep on a blocking
-/// thread, and zero-latency ones do not wait at all.
+/// Emulated batches at least this long wait on tokio's timer for all but their last
+/// [`EMULATED_TIMER_SLACK`], so a long batch holds a blocking thread only briefly;
+/// shorter ones sleep on a blocking thread, and zero-latency ones do not wait at all.
 const EMULATED_TIMER_ABOVE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// What a long emulated batch waits on a blocking thread after tokio's timer: two of
+/// the timer's millisecond ticks, as it may fire up to one late, and a descheduled
+/// runtime thread may add to that.
+const EMULATED_TIMER_SLACK: std::time::Duration = std::time::Duration::from_millis(2);
