@@ -113,13 +113,7 @@ struct Server(std::process::Child, #[allow(dead_code)] std::io::BufReader<std::p
 
 impl Server {
     fn rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(f64::NAN, |kb| kb / 1024.0)
+        common::rss_mib(self.0.id())
     }
 }
 

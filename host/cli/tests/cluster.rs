@@ -22,6 +22,11 @@
 //!   saw: healed, its watch resumes from a compacted revision, it lists again and
 //!   serves on the new table.
 //!
+//! - `the_demo_answers_every_request_through_three_kills`: `cargo xtask
+//!   cluster-demo` itself (sluice_cluster::demo: a re-plan, then SIGKILLs of the
+//!   busiest agent, the leading allocator and an etcd member under load), held to
+//!   its summary line: `5xx 0, lost 0`, one agent and one allocator failover.
+//!
 //! The namespace scenarios need `CAP_NET_ADMIN` (`ip netns add`); where the test
 //! cannot create namespaces they say so on stderr and pass without running.
 
@@ -284,4 +289,29 @@ async fn a_partitioned_frontend_resumes_its_watch_after_compaction() {
     let after = drive(fe, "img", 20.0, Duration::from_secs(2), 2).await;
     assert_accounted("after the partition healed", &after);
     assert_eq!(after.count(200), after.sent, "{after:?}");
+}
+
+/// The number after `key` in the demo's summary line (`cluster: sent N, answered N,
+/// 200 N, ...`).
+fn summary_count(line: &str, key: &str) -> u64 {
+    let line = line.strip_prefix("cluster: ").unwrap_or(line);
+    line.split(", ")
+        .find_map(|part| part.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no `{key}` in the summary line: {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_demo_answers_every_request_through_three_kills() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let line = sluice_cluster::demo::run(&bin(), &policies(), dir.path()).await.unwrap();
+    eprintln!("{line}");
+    assert!(summary_count(&line, "sent") > 0, "{line}");
+    assert_eq!(summary_count(&line, "answered"), summary_count(&line, "sent"), "{line}");
+    assert_eq!(summary_count(&line, "lost"), 0, "{line}");
+    assert_eq!(summary_count(&line, "5xx"), 0, "{line}");
+    assert!(summary_count(&line, "200") > summary_count(&line, "sent") / 2, "mostly served: {line}");
+    assert!(summary_count(&line, "replans") >= 1, "{line}");
+    assert_eq!(summary_count(&line, "agent failovers"), 1, "{line}");
+    assert_eq!(summary_count(&line, "allocator failovers"), 1, "{line}");
 }

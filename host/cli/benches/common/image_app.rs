@@ -95,13 +95,7 @@ impl Server {
     /// Resident memory of the server process, MiB.
     #[allow(dead_code)] // The admission bench does not read it.
     pub fn rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(f64::NAN, |kb| kb / 1024.0)
+        super::common::rss_mib(self.child.id())
     }
 }
 

@@ -17,6 +17,18 @@ pub fn start_server(config: &Path) -> Result<(Child, SocketAddr, BufReader<Child
     start_server_with(&dir, &[std::ffi::OsStr::new("--config"), config.as_os_str()])
 }
 
+/// Resident memory of process `pid`, MiB (NaN when it cannot be read).
+#[allow(dead_code)] // Not every bench reads it.
+pub fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
 /// Starts `sluice serve <args> --listen 127.0.0.1:0` in `dir` and reads the address
 /// it prints; no `--config` in `args` serves the embedded default.
 pub fn start_server_with(dir: &Path, args: &[&std::ffi::OsStr]) -> Result<(Child, SocketAddr, BufReader<ChildStdout>)> {
