@@ -3,7 +3,9 @@
 //! swap (charts hold data, the swap marker within 2 s, the page's numbers equal
 //! the admin JSON's, no console error, a screenshot kept under
 //! `target/test-artifacts/`), a policy whose `status` is markup (shown as text,
-//! nothing runs), and the page's headers, token and weight without a browser.
+//! nothing runs), the allocator's devices × variants, what-if evaluations started
+//! and promoted from the page's form and button (the page's verdict is the API's),
+//! and the page's headers, token and weight without a browser.
 
 mod webdriver;
 
@@ -236,5 +238,80 @@ async fn page_headers_token_and_weight() {
     }
     println!("dashboard page weight: {total} bytes gzip-compressed");
     assert!(total <= 300 * 1024, "page weight {total} bytes compressed");
+    server.stop().await.unwrap();
+}
+
+/// Two apps on four devices (the allocator plans them), as tests/allocation.rs.
+fn allocated() -> String {
+    let app = |name: &str| {
+        format!(
+            "[[app]]\nname = \"{name}\"\nexecutor = \"emulated\"\nprofile = \"{{dir}}/emulated.toml\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nslo_ms = 100\nworkers = 4\nrouter = \"weighted\"\npolicy = \"jellyfish\"\n"
+        )
+    };
+    format!(
+        "[[device]]\ntype = \"cpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[[device]]\ntype = \"gpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[allocator]\ndemand_qps = {{ a = 100, b = 20 }}\n\n{}\n{}",
+        app("a"),
+        app("b")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocator_panel_and_evaluations_started_and_promoted_from_the_page() {
+    let server = TestServer::start(&allocated()).await.unwrap();
+    let mut c = server.client().await;
+    let mut b = Browser::start().await.unwrap();
+    sign_in(&mut b, &server).await;
+
+    // The allocator: one row per device, as GET /admin/allocation plans them.
+    let alloc = admin(&mut c, "GET", "/admin/allocation", b"").await.json();
+    let devices = alloc["allocation"]["plan"]["devices"].as_array().unwrap().len();
+    let rows = "document.querySelectorAll('#allocation table')[1].querySelectorAll('tr').length - 1";
+    assert_eq!(b.exec(&format!("return {rows}")).await.unwrap(), json!(devices), "devices × variants table");
+
+    // A replay does not model devices (the API refuses, the page says why): the
+    // evaluations run on a plain app, on a second server.
+    // Leave the page first: its next poll would find the server gone.
+    b.goto("about:blank").await.unwrap();
+    let errors = console_errors(&mut b).await;
+    assert!(errors.is_empty(), "console: {errors:?}");
+    server.stop().await.unwrap();
+    let server = TestServer::start(&config()).await.unwrap();
+    server.state.set_replayer(Arc::new(sluice_sim::whatif::SimReplayer));
+    let mut c = server.client().await;
+    for i in 0..200 {
+        let r = c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    sign_in(&mut b, &server).await;
+
+    // Start an evaluation from the form, then promote it with the button.
+    b.type_into("#eval-policy", "fixed").await.unwrap();
+    b.exec("document.getElementById('eval-params').value = '{\"model\": \"small\"}'").await.unwrap();
+    b.click("#evaluate button[type=submit]").await.unwrap();
+    let done = |id: u64| {
+        format!("return !!document.querySelector('[data-evaluation=\"{id}\"]') && document.querySelector('[data-evaluation=\"{id}\"] h3').textContent.includes(': done')")
+    };
+    if !b.until(Duration::from_secs(60), &done(1)).await.unwrap() {
+        let error = b.exec("return document.getElementById('eval-error').textContent").await.unwrap();
+        let cards = b.exec("return document.getElementById('evaluations').textContent").await.unwrap();
+        let list = admin(&mut c, "GET", "/admin/evaluations", b"").await.text();
+        panic!("evaluation 1 never showed as done: form {error}, page {cards}, API {list}");
+    }
+    let first = admin(&mut c, "GET", "/admin/evaluations/1", b"").await.json();
+    assert_eq!(first["request"]["policy"], "fixed");
+    assert_eq!(first["app"], "emu");
+    b.click("[data-evaluation=\"1\"] button").await.unwrap();
+    assert!(b.until(Duration::from_secs(60), &done(2)).await.unwrap(), "evaluation 2 (promotion) never showed as done");
+    let second = admin(&mut c, "GET", "/admin/evaluations/2", b"").await.json();
+    assert!(second["request"]["promote_if"].is_object(), "the button asks the API's rule: {second}");
+    let reason = second["promotion"]["reason"].as_str().unwrap().to_string();
+    let shown = b.exec("return document.querySelector('[data-evaluation=\"2\"] .verdict-promote, [data-evaluation=\"2\"] .verdict-keep').textContent").await.unwrap();
+    assert_eq!(shown, json!(reason), "the page's verdict is the API's");
+    // Promoted or not, the app's policy is what the API says it is.
+    let promoted = second["promotion"]["promoted"].as_bool().unwrap();
+    assert_eq!(app_status(&mut c, "emu").await["policy"] == "fixed", promoted);
+    let errors = console_errors(&mut b).await;
+    assert!(errors.is_empty(), "console: {errors:?}");
+    b.close().await.unwrap();
     server.stop().await.unwrap();
 }
