@@ -1016,6 +1016,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn html_report_carries_the_dashboard_charts_and_its_data() {
+        // A committed run (docs/results/infadapter) rendered again in a temp dir.
+        let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/results/infadapter");
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["results.json", "timeseries.csv", "devices.csv"] {
+            std::fs::copy(from.join(f), dir.path().join(f)).unwrap();
+        }
+        let written = render(dir.path(), Some("<b>title</b>")).unwrap();
+        assert!(written.contains(&dir.path().join("report.html")), "{written:?}");
+        let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
+        assert!(html.contains("<title>&lt;b&gt;title&lt;/b&gt;</title>"), "the title is escaped");
+        for asset in ["charts.js", "report.js", "uPlot.iife.min.js", "dashboard.css"] {
+            assert!(html.contains(&format!("assets/{asset}")), "{asset}");
+            assert!(dir.path().join("assets").join(asset).exists(), "{asset}");
+        }
+        // The data block is JSON that no `</script>` inside can end early.
+        let block = html.split("id=\"sluice-data\">").nth(1).unwrap().split("</script>").next().unwrap();
+        let data: Value = serde_json::from_str(block).unwrap();
+        let app = &data["runs"][0]["apps"][0];
+        assert!(app["points"].as_array().unwrap().len() > 10, "{app}");
+        assert!(app["points"][0]["arrivals"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
     fn ticks_are_round_and_cover_the_range() {
         assert_eq!(ticks(0.0, 1.0, 5), vec![0.0, 0.2, 0.4, 0.6000000000000001, 0.8, 1.0]);
         let t = ticks(400.0, 4000.0, 8);
