@@ -30,6 +30,10 @@ fn the_admin_api_is_served_only_on_its_own_listener() {
             // The admin API answers on its listener, not on the clients' one.
             assert_eq!(a.request("GET", "/admin/apps/emu", &auth, b"").await.unwrap().status, 200);
             assert_eq!(m.request("GET", "/admin/apps/emu", &auth, b"").await.unwrap().status, 404);
+            // So is the dashboard (the page, and the data it polls).
+            assert_eq!(a.get("/dashboard").await.unwrap().status, 200);
+            assert_eq!(a.request("GET", "/admin/dashboard", &auth, b"").await.unwrap().status, 200);
+            assert_eq!(m.get("/dashboard").await.unwrap().status, 404);
             // Inference is the clients' listener's; metrics are on both.
             let body = serde_json::json!({ "inputs": [{ "name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4] }] });
             assert_eq!(m.post_json("/v2/models/emu/infer", &body).await.unwrap().status, 200);
