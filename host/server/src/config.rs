@@ -31,9 +31,9 @@ pub struct Config {
     /// `listen = "127.0.0.1:8080"`: address of the HTTP server (`--listen` overrides).
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    /// `admin_listen = "127.0.0.1:9090"`: serve `/admin` (and `/metrics`) on this
-    /// address only, e.g. one not reachable from clients (`--admin-listen`
-    /// overrides). Without it, `/admin` is served on `listen`.
+    /// `admin_listen = "127.0.0.1:9090"`: serve `/admin` and `/dashboard` (and
+    /// `/metrics`) on this address only, e.g. one not reachable from clients
+    /// (`--admin-listen` overrides). Without it, they are served on `listen`.
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
     /// `grpc_listen = "127.0.0.1:8081"`: also serve the KServe v2 gRPC protocol

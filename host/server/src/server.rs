@@ -52,7 +52,8 @@ pub async fn run(listener: TcpListener, state: Arc<State>, shutdown: impl Future
 }
 
 /// As [`run`], with the admin API on a listener of its own (`admin_listen`): it
-/// serves only `/admin` and `/metrics`, and `listener` no longer serves `/admin`.
+/// serves only `/admin`, `/dashboard` and `/metrics`, and `listener` no longer
+/// serves `/admin` or `/dashboard`.
 /// Both count against `max_connections`.
 pub async fn run_with_admin(
     listener: TcpListener,
@@ -68,7 +69,7 @@ pub struct Listeners {
     /// HTTP: the Open Inference Protocol, `/infer`, `/metrics`, and `/admin` unless
     /// `admin` is given.
     pub main: TcpListener,
-    /// `/admin` and `/metrics` only (`admin_listen`).
+    /// `/admin`, `/dashboard` and `/metrics` only (`admin_listen`).
     pub admin: Option<TcpListener>,
     /// The KServe v2 gRPC protocol (`grpc_listen`, [`crate::grpc`]).
     pub grpc: Option<TcpListener>,
