@@ -159,7 +159,11 @@ async fn a_misbehaving_python_policy_is_contained_and_the_server_keeps_serving()
     // An exception in init refuses the swap with the exception's message.
     let r = swap(&mut c, "emu", "mispy", json!({ "mode": "init-raise" })).await;
     assert_eq!(r.status, 422);
-    assert!(r.json()["error"].as_str().unwrap().contains("RuntimeError: misbehave: asked to raise in init"), "{}", r.json());
+    assert!(
+        r.json()["error"].as_str().unwrap().contains("RuntimeError: misbehave: asked to raise in init"),
+        "{}",
+        r.json()
+    );
     let r = swap(&mut c, "emu", "jellyfish", json!({})).await;
     assert_eq!(r.status, 200);
     let r = c.post_json("/v2/models/emu/infer", &small_infer(9)).await.unwrap();

@@ -37,7 +37,9 @@ fn view(now: u64) -> View {
         workers: 4,
         load_qps: 800.0,
         loaded: vec![0, 1, 2, 3],
-        queue: (0..DEPTH as u64).map(|i| Pending { id: i, arrival: now - 1_000 + i, deadline: now - 1_000 + i + SLO_US }).collect(),
+        queue: (0..DEPTH as u64)
+            .map(|i| Pending { id: i, arrival: now - 1_000 + i, deadline: now - 1_000 + i + SLO_US })
+            .collect(),
     }
 }
 
@@ -135,7 +137,14 @@ fn main() {
         for (label, f) in [(base.to_string(), &rust), (format!("{base}-py"), &python)] {
             println!(
                 "{label:<16} {:>9.2} {:>9.2} {:>11.1} {:>10.2} {:>10.2}ms {:>10.2} {:>9.1}M {:>8.2}",
-                f.p50_us, f.p99_us, f.compile_ms, f.cached_ms, f.instantiate_ms, f.per_instance_mb, f.sixty_mb, f.size_mb
+                f.p50_us,
+                f.p99_us,
+                f.compile_ms,
+                f.cached_ms,
+                f.instantiate_ms,
+                f.per_instance_mb,
+                f.sixty_mb,
+                f.size_mb
             );
         }
         let ratio = |p: f64, r: f64| if r > 0.0 { p / r } else { f64::NAN };

@@ -707,7 +707,9 @@ impl PolicyInstance {
     /// `init`.
     pub fn new(engine: &Arc<PolicyEngine>, binding: &Arc<Binding>, worker: u32) -> Result<PolicyInstance, PolicyError> {
         let started = Instant::now();
-        let (store, bindings, status) = Self::instantiate(engine, binding, worker, binding.limits.init_budget)?;
+        let (store, bindings, status) = outside_runtime(binding.compiled.wasi, || {
+            Self::instantiate(engine, binding, worker, binding.limits.init_budget)
+        })?;
         Ok(PolicyInstance {
             engine: engine.clone(),
             binding: binding.clone(),
@@ -817,8 +819,11 @@ impl PolicyInstance {
             let live = if self.binding.limits.background_reinit {
                 self.revive_in_background()?
             } else {
-                Self::instantiate(&self.engine, &self.binding, self.worker, self.binding.limits.reinit_budget)
-                    .map_err(|e| PolicyFault::Reinit(e.to_string()))?
+                let (engine, binding, worker) = (&self.engine, &self.binding, self.worker);
+                outside_runtime(binding.compiled.wasi, || {
+                    Self::instantiate(engine, binding, worker, binding.limits.reinit_budget)
+                })
+                .map_err(|e| PolicyFault::Reinit(e.to_string()))?
             };
             (self.store, self.bindings, self.status) = live;
             self.poisoned = false;
@@ -880,7 +885,8 @@ impl PolicyInstance {
     pub fn decide(&mut self, view: &sdk::View) -> Result<sdk::Decision, PolicyFault> {
         self.ensure_live()?;
         to_wit_view(view, &mut self.wit_view);
-        let called = self.bindings.call_decide(&mut self.store, &self.wit_view);
+        let (bindings, store, view) = (&self.bindings, &mut self.store, &self.wit_view);
+        let called = outside_runtime(self.binding.compiled.wasi, || bindings.call_decide(store, view));
         if self.wit_view.queue.capacity() > KEPT_VIEW_CAPACITY {
             // A burst's deep queue is not kept for the worker's lifetime.
             self.wit_view.queue = Vec::new();
@@ -902,7 +908,8 @@ impl PolicyInstance {
     pub fn status(&mut self) -> Result<Option<String>, PolicyFault> {
         self.ensure_live()?;
         let Some(f) = self.status else { return Ok(None) };
-        match f.call(&mut self.store, ()) {
+        let store = &mut self.store;
+        match outside_runtime(self.binding.compiled.wasi, || f.call(store, ())) {
             Ok((mut s,)) => {
                 self.store.data_mut().drain_output();
                 // A policy's status goes into admin answers: capped like its logs.
@@ -936,7 +943,8 @@ impl PolicyInstance {
             finished: outcome.finished,
             missed: outcome.missed,
         };
-        match self.bindings.call_observe(&mut self.store, o) {
+        let (bindings, store) = (&self.bindings, &mut self.store);
+        match outside_runtime(self.binding.compiled.wasi, || bindings.call_observe(store, o)) {
             Ok(()) => {
                 self.store.data_mut().drain_output();
                 Ok(())
@@ -1111,6 +1119,23 @@ pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, String> {
     }
     interface.wasi = uses_wasi;
     Ok(interface)
+}
+
+/// Runs `f` (a call into a WASI-importing instance) where wasmtime-wasi's
+/// synchronous bindings can block: they drive their host calls with a tokio
+/// `block_on`, which panics on a thread already inside one (the live host's worker
+/// threads run their loop in `Handle::block_on`). There the call moves to a scoped
+/// thread of its own (no runtime context: wasmtime-wasi uses its own runtime),
+/// which costs a thread start per call; elsewhere (the simulator, `policy check`)
+/// it runs inline. Rust policies never come here.
+fn outside_runtime<R: Send>(wasi: bool, f: impl FnOnce() -> R + Send) -> R {
+    if !wasi || tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    std::thread::scope(|s| match s.spawn(f).join() {
+        Ok(r) => r,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
 }
 
 /// The line that starts a Python traceback on stderr.
