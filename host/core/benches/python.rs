@@ -56,6 +56,8 @@ fn percentile(sorted: &[Duration], q: f64) -> f64 {
 struct Figures {
     p50_us: f64,
     p99_us: f64,
+    live_p50_us: f64,
+    live_p99_us: f64,
     compile_ms: f64,
     cached_ms: f64,
     instantiate_ms: f64,
@@ -100,6 +102,20 @@ fn measure(name: &str, cache: &std::path::Path) -> Figures {
         })
         .collect();
     calls.sort_unstable();
+    // The live host's worker threads call from inside a tokio `block_on`, where a
+    // WASI-importing instance's calls go through a scoped thread (runtime.rs,
+    // `outside_runtime`): timed the same way there.
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let mut live: Vec<Duration> = rt.block_on(async {
+        (0..CALLS / 4)
+            .map(|_| {
+                let t = Instant::now();
+                instance.decide(&v).unwrap();
+                t.elapsed()
+            })
+            .collect()
+    });
+    live.sort_unstable();
 
     // Memory: one instance per worker of a 60-worker app, each having decided once
     // (the pages a call touches are what a serving instance keeps).
@@ -115,6 +131,8 @@ fn measure(name: &str, cache: &std::path::Path) -> Figures {
     Figures {
         p50_us: percentile(&calls, 0.5),
         p99_us: percentile(&calls, 0.99),
+        live_p50_us: percentile(&live, 0.5),
+        live_p99_us: percentile(&live, 0.99),
         compile_ms,
         cached_ms,
         instantiate_ms,
@@ -147,6 +165,10 @@ fn main() {
                 f.size_mb
             );
         }
+        println!(
+            "  in a tokio block_on (the live worker's thread): {base} p50 {:.2} µs p99 {:.2} µs, {base}-py p50 {:.2} µs p99 {:.2} µs",
+            rust.live_p50_us, rust.live_p99_us, python.live_p50_us, python.live_p99_us
+        );
         let ratio = |p: f64, r: f64| if r > 0.0 { p / r } else { f64::NAN };
         println!(
             "  python/rust: p50 {:.0}x, p99 {:.0}x, compile {:.0}x, cached {:.0}x, instantiate {:.0}x, memory {:.0}x; \
@@ -163,7 +185,7 @@ fn main() {
         );
         for (label, f) in [(base.to_string(), &rust), (format!("{base}-py"), &python)] {
             rows.push(json!({
-                "policy": label, "decide_p50_us": f.p50_us, "decide_p99_us": f.p99_us, "queue": DEPTH,
+                "policy": label, "decide_p50_us": f.p50_us, "decide_p99_us": f.p99_us, "live_p50_us": f.live_p50_us, "live_p99_us": f.live_p99_us, "queue": DEPTH,
                 "compile_ms": f.compile_ms, "cached_load_ms": f.cached_ms, "instantiate_ms": f.instantiate_ms,
                 "mb_per_instance": f.per_instance_mb, "mb_60_instances": f.sixty_mb, "component_mb": f.size_mb,
             }));
