@@ -123,7 +123,8 @@ fn main() -> Result<()> {
     let body = Arc::new(serde_json::to_vec(&infer_body("data_0", &[1, 3, 224, 224], &vec![0.0; 3 * 224 * 224]))?);
     let mut rows = Vec::new();
     for s in &scenarios {
-        let server = Server::spawn(s, &format!("admin_token = \"{TOKEN}\"\n"), &format!("admission_audit = {AUDIT}\n"))?;
+        let server =
+            Server::spawn(s, &format!("admin_token = \"{TOKEN}\"\n"), &format!("admission_audit = {AUDIT}\n"))?;
         for (k, u) in UTILISATIONS.iter().enumerate() {
             let p = runtime.block_on(phase(&server, &body, s.capacity, *u, 7 + k as u64)).context(s.policy)?;
             rows.push((s.policy, p));
@@ -150,7 +151,10 @@ fn main() -> Result<()> {
         );
     }
     let phases: Vec<Value> = rows.iter().map(|(policy, p)| json!({ "policy": policy, "phase": p })).collect();
-    println!("{}", json!({ "bench": "admission", "slo_ms": SLO_MS, "seconds": SECONDS, "audit": AUDIT, "phases": phases }));
+    println!(
+        "{}",
+        json!({ "bench": "admission", "slo_ms": SLO_MS, "seconds": SECONDS, "audit": AUDIT, "phases": phases })
+    );
     // The worst policy at the highest utilisation below capacity.
     let at90: Vec<&Phase> = rows.iter().map(|(_, p)| p).filter(|p| p.utilisation == 0.9).collect();
     let worst = at90.iter().copied().max_by(|a, b| a.share(a.false_refusals).total_cmp(&b.share(b.false_refusals)));
