@@ -105,16 +105,25 @@ fn measure(name: &str, cache: &std::path::Path) -> Figures {
     // The live host's worker threads call from inside a tokio `block_on`, where a
     // WASI-importing instance's calls go through a scoped thread (runtime.rs,
     // `outside_runtime`): timed the same way there.
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let mut live: Vec<Duration> = rt.block_on(async {
-        (0..CALLS / 4)
-            .map(|_| {
-                let t = Instant::now();
-                instance.decide(&v).unwrap();
-                t.elapsed()
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+    let handle = rt.handle().clone();
+    // As the server's workers do: a thread of its own driving `Handle::block_on`.
+    let mut live: Vec<Duration> = std::thread::scope(|s| {
+        s.spawn(|| {
+            handle.block_on(async {
+                (0..CALLS / 4)
+                    .map(|_| {
+                        let t = Instant::now();
+                        instance.decide(&v).unwrap();
+                        t.elapsed()
+                    })
+                    .collect()
             })
-            .collect()
+        })
+        .join()
+        .unwrap()
     });
+    drop(rt);
     live.sort_unstable();
 
     // Memory: one instance per worker of a 60-worker app, each having decided once

@@ -1124,18 +1124,27 @@ pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, String> {
 /// Runs `f` (a call into a WASI-importing instance) where wasmtime-wasi's
 /// synchronous bindings can block: they drive their host calls with a tokio
 /// `block_on`, which panics on a thread already inside one (the live host's worker
-/// threads run their loop in `Handle::block_on`). There the call moves to a scoped
-/// thread of its own (no runtime context: wasmtime-wasi uses its own runtime),
-/// which costs a thread start per call; elsewhere (the simulator, `policy check`)
-/// it runs inline. Rust policies never come here.
+/// threads run their loop in `Handle::block_on`). On a multi-threaded runtime the
+/// call leaves the runtime's context with `block_in_place`; on a current-thread
+/// one it moves to a scoped thread of its own (a thread start per call); outside
+/// a runtime (the simulator, `policy check`) it runs as it is. Rust policies never
+/// come here.
 fn outside_runtime<R: Send>(wasi: bool, f: impl FnOnce() -> R + Send) -> R {
-    if !wasi || tokio::runtime::Handle::try_current().is_err() {
+    if !wasi {
         return f();
     }
-    std::thread::scope(|s| match s.spawn(f).join() {
-        Ok(r) => r,
-        Err(panic) => std::panic::resume_unwind(panic),
-    })
+    match tokio::runtime::Handle::try_current() {
+        Err(_) => f(),
+        // On a multi-threaded runtime `block_in_place` leaves the runtime's context
+        // for the call (the worker thread is not one of the runtime's own, so
+        // nothing is handed over): wasmtime-wasi's `block_on` is then legal, and
+        // the call stays on this thread.
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        Ok(_) => std::thread::scope(|s| match s.spawn(f).join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }),
+    }
 }
 
 /// The line that starts a Python traceback on stderr.
