@@ -119,11 +119,17 @@ async fn a_live_swap_to_a_python_policy_under_load_answers_every_request_once() 
         r.unwrap();
     }
     let entries = log.lock().unwrap().clone();
-    let failed = entries.iter().filter(|e| e.1 != 200).count();
-    assert_eq!(failed, 0, "no request failed across swaps to and from Python policies");
+    // Served, or dropped by a policy with its reason (spread-drop drops what it
+    // predicts late, and a loaded machine makes some late): nothing else.
+    let failed: Vec<(u16, &str)> =
+        entries.iter().filter(|e| e.1 != 200 && e.1 != 504).map(|e| (e.1, e.2.as_str())).collect();
+    assert!(failed.is_empty(), "no request failed across swaps to and from Python policies: {failed:?}");
+    let dropped = entries.iter().filter(|e| e.1 == 504).count() as u64;
+    assert!(dropped * 100 <= entries.len() as u64, "at most 1 % dropped: {dropped} of {}", entries.len());
     let c = &server.state.apps["emu"].counters;
     assert_eq!(c.accepted.load(Ordering::Relaxed), entries.len() as u64, "every request answered once");
-    assert_eq!(c.served.load(Ordering::Relaxed), entries.len() as u64);
+    assert_eq!(c.served.load(Ordering::Relaxed), entries.len() as u64 - dropped);
+    assert_eq!(c.dropped.load(Ordering::Relaxed), dropped);
     assert_eq!(c.faults.load(Ordering::Relaxed), 0);
     let status = app_status(&mut admin_client, "emu").await;
     assert_eq!(status["policy"], json!("jellyfish-py"));
@@ -133,11 +139,10 @@ async fn a_live_swap_to_a_python_policy_under_load_answers_every_request_once() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misbehaving_python_policy_is_contained_and_the_server_keeps_serving() {
-    // A Python component is ~18 MB (CPython inside): past the default 16 MiB body
-    // limit, so a server that takes Python uploads raises it (the registry's own
-    // limit is 32 MiB).
-    let limits = "max_body_bytes = 33554432\nbody_budget_bytes = 67108864\n";
-    let server = TestServer::start(&format!("{limits}{}", config())).await.unwrap();
+    // A Python component is ~18 MB (CPython inside), past the default 16 MiB
+    // `max_body_bytes` for inference bodies: uploads take up to the registry's
+    // own limit (32 MiB), so the default config takes it.
+    let server = TestServer::start(&config()).await.unwrap();
     let mut c = server.client().await;
     let bytes = std::fs::read(fixtures_dir().join("misbehave-py.wasm")).unwrap();
     let r = upload(&mut c, "mispy", &bytes).await;
@@ -150,11 +155,22 @@ async fn a_misbehaving_python_policy_is_contained_and_the_server_keeps_serving()
             assert_eq!(r.status, 200, "{mode}: served by the fallback");
             assert_eq!(r.json()["parameters"]["policy"], json!("safe"), "{mode}");
         }
-        let metrics = String::from_utf8(c.get("/metrics").await.unwrap().body).unwrap();
-        assert!(
-            metrics.contains(&format!("sluice_policy_faults_total{{app=\"emu\",policy=\"mispy\",kind=\"{kind}\"}}")),
-            "{mode} is counted as {kind}"
-        );
+        // The fault is counted by the worker that met it, maybe just after the
+        // answer: polled, with a deadline.
+        let line = format!("sluice_policy_faults_total{{app=\"emu\",policy=\"mispy\",kind=\"{kind}\"}}");
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let metrics = String::from_utf8(c.get("/metrics").await.unwrap().body).unwrap();
+            if metrics.contains(&line) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "{mode} is counted as {kind}: {}",
+                metrics.lines().filter(|l| l.starts_with("sluice_policy_faults_total")).collect::<Vec<_>>().join("\n")
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
     // An exception in init refuses the swap with the exception's message.
     let r = swap(&mut c, "emu", "mispy", json!({ "mode": "init-raise" })).await;
@@ -166,7 +182,18 @@ async fn a_misbehaving_python_policy_is_contained_and_the_server_keeps_serving()
     );
     let r = swap(&mut c, "emu", "jellyfish", json!({})).await;
     assert_eq!(r.status, 200);
-    let r = c.post_json("/v2/models/emu/infer", &small_infer(9)).await.unwrap();
-    assert_eq!(r.json()["parameters"]["policy"], json!("jellyfish"));
+    // Every worker's policy is jellyfish once each has made its next decision (a
+    // worker still re-making the looping instance answers with the safe policy
+    // meanwhile): polled, with a deadline.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = c.post_json("/v2/models/emu/infer", &small_infer(9)).await.unwrap();
+        assert_eq!(r.status, 200);
+        if r.json()["parameters"]["policy"] == json!("jellyfish") {
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "still not served by jellyfish: {}", r.json());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     server.stop().await.unwrap();
 }

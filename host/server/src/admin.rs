@@ -10,7 +10,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{app_of, ok, parse_json, read_body, registry_error, ApiError, Body};
+use crate::api::{app_of, ok, parse_json, read_body, read_body_up_to, registry_error, ApiError, Body};
 use crate::state::State;
 use sluice_core::clock::Clock as _;
 use sluice_core::decision::Bound;
@@ -216,7 +216,10 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
 /// `POST /admin/policies?name=...` once the name was accepted: reads, compiles and
 /// stores the component.
 async fn upload(state: &State, req: Request<Incoming>, name: String) -> Result<Response<Body>, ApiError> {
-    let body = read_body(state, req).await?;
+    // Up to the registry's limit, not `max_body_bytes` (a limit for inference
+    // bodies): a Python component carries CPython (~18 MB), and the upload is an
+    // operator's, behind the admin token.
+    let body = read_body_up_to(state, req, sluice_core::registry::MAX_POLICY_BYTES).await?;
     let registry = state.registry.clone();
     let n = name.clone();
     // Compilation takes tens of milliseconds: keep it off the async threads.

@@ -119,7 +119,12 @@ pub(crate) fn budget_full(state: &State) -> ApiError {
 
 /// Reads the body, refusing anything over `max_body_bytes` with 413.
 pub(crate) async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, ApiError> {
-    let limit = state.config.max_body_bytes;
+    read_body_up_to(state, req, state.config.max_body_bytes).await
+}
+
+/// As [`read_body`], with `limit` bytes instead of `max_body_bytes` (a policy
+/// upload: the registry's own limit).
+pub(crate) async fn read_body_up_to(state: &State, req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     if let Some(len) = req
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
