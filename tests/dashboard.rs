@@ -241,23 +241,9 @@ async fn page_headers_token_and_weight() {
     server.stop().await.unwrap();
 }
 
-/// Two apps on four devices (the allocator plans them), as tests/allocation.rs.
-fn allocated() -> String {
-    let app = |name: &str| {
-        format!(
-            "[[app]]\nname = \"{name}\"\nexecutor = \"emulated\"\nprofile = \"{{dir}}/emulated.toml\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nslo_ms = 100\nworkers = 4\nrouter = \"weighted\"\npolicy = \"jellyfish\"\n"
-        )
-    };
-    format!(
-        "[[device]]\ntype = \"cpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[[device]]\ntype = \"gpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[allocator]\ndemand_qps = {{ a = 100, b = 20 }}\n\n{}\n{}",
-        app("a"),
-        app("b")
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocator_panel_and_evaluations_started_and_promoted_from_the_page() {
-    let server = TestServer::start(&allocated()).await.unwrap();
+    let server = TestServer::start(&two_apps_on_four_devices()).await.unwrap();
     let mut c = server.client().await;
     let mut b = Browser::start().await.unwrap();
     sign_in(&mut b, &server).await;

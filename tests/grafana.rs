@@ -9,20 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{json, Value};
 use sluice_e2e::*;
 
-/// Two apps on four devices (the allocator plans them), as tests/allocation.rs.
-fn config() -> String {
-    let app = |name: &str| {
-        format!(
-            "[[app]]\nname = \"{name}\"\nexecutor = \"emulated\"\nprofile = \"{{dir}}/emulated.toml\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nslo_ms = 100\nworkers = 4\nrouter = \"weighted\"\npolicy = \"jellyfish\"\n"
-        )
-    };
-    format!(
-        "[[device]]\ntype = \"cpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[[device]]\ntype = \"gpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[allocator]\ndemand_qps = {{ a = 100, b = 20 }}\n\n{}\n{}",
-        app("a"),
-        app("b")
-    )
-}
-
 /// Every `expr` in the dashboard: its panels' targets and its annotations.
 fn queries(dashboard: &Value) -> Vec<String> {
     let mut out = Vec::new();
@@ -107,7 +93,7 @@ fn families(text: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
 async fn every_metric_and_label_the_grafana_dashboard_queries_exists() {
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(root().join("deploy/grafana/sluice.json")).unwrap()).unwrap();
-    let server = TestServer::start(&config()).await.unwrap();
+    let server = TestServer::start(&two_apps_on_four_devices()).await.unwrap();
     let mut c = server.client().await;
     // Traffic on both apps, a swap, and a policy fault (misbehave traps; the safe
     // policy answers), so that every family the dashboard reads has series.

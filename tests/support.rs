@@ -217,3 +217,18 @@ pub async fn burst(addr: SocketAddr, n: u64) -> Vec<HttpResponse> {
     }
     out
 }
+
+/// Two emulated apps, `a` and `b` (jellyfish, 4 workers, weighted routing), on
+/// four devices of two types that the allocator plans for 100 and 20 req/s.
+pub fn two_apps_on_four_devices() -> String {
+    let app = |name: &str| {
+        format!(
+            "[[app]]\nname = \"{name}\"\nexecutor = \"emulated\"\nprofile = \"{{dir}}/emulated.toml\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nslo_ms = 100\nworkers = 4\nrouter = \"weighted\"\npolicy = \"jellyfish\"\n"
+        )
+    };
+    format!(
+        "[[device]]\ntype = \"cpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[[device]]\ntype = \"gpu\"\ncount = 2\nprofile = \"{{dir}}/emulated.toml\"\n\n[allocator]\ndemand_qps = {{ a = 100, b = 20 }}\n\n{}\n{}",
+        app("a"),
+        app("b")
+    )
+}

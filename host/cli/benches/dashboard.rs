@@ -17,7 +17,7 @@
 use std::io::{BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command};
+use std::process::{Child, ChildStdout};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,12 +53,7 @@ struct Server {
 
 impl Server {
     fn cpu_seconds(&self, ticks_per_second: f64) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the `(comm)`: utime is field 14, stime 15.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i - 3).and_then(|x| x.parse::<f64>().ok()).unwrap_or(f64::NAN);
-        (ticks(14) + ticks(15)) / ticks_per_second
+        common::cpu_seconds(self.child.id(), ticks_per_second)
     }
 }
 
@@ -67,16 +62,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
 }
 
 /// One page: polls as dashboard.js does (one GET, the events after the last seen).
@@ -150,7 +135,7 @@ async fn main() -> Result<()> {
     }
     let (child, addr, stdout) = common::start_server(&root.join("examples/bench-zero.toml"))?;
     let server = Server { child, addr, _stdout: stdout };
-    let ticks = clock_ticks();
+    let ticks = common::clock_ticks();
     // Warm up: the first seconds after start cost the server far more than the
     // rest (measured: 90 % of a core in the first phase, 10-20 % after), which
     // would swamp the difference measured here.

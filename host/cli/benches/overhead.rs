@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::io::BufReader;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command};
+use std::process::{Child, ChildStdout};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -67,12 +67,7 @@ impl Server {
 
     /// User + system CPU seconds the server process has used so far.
     fn cpu_seconds(&self, ticks_per_second: f64) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i - 3).and_then(|x| x.parse::<f64>().ok()).unwrap_or(f64::NAN);
-        (ticks(14) + ticks(15)) / ticks_per_second
+        common::cpu_seconds(self.child.id(), ticks_per_second)
     }
 }
 
@@ -81,16 +76,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
 }
 
 /// What one phase saw.
@@ -245,7 +230,7 @@ async fn zero_sleep_ms() -> (f64, f64) {
 }
 
 fn main() -> Result<()> {
-    let ticks = clock_ticks();
+    let ticks = common::clock_ticks();
     let server = Server::spawn()?;
     let addr = server.addr;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

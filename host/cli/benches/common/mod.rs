@@ -29,6 +29,30 @@ pub fn rss_mib(pid: u32) -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// User + system CPU seconds process `pid` has used so far, from `/proc/<pid>/stat`
+/// (`ticks_per_second`: [`clock_ticks`]).
+#[allow(dead_code)] // Not every bench reads it.
+pub fn cpu_seconds(pid: u32, ticks_per_second: f64) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i - 3).and_then(|x| x.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    (ticks(14) + ticks(15)) / ticks_per_second
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 when it cannot be read).
+#[allow(dead_code)] // Not every bench reads it.
+pub fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
 /// Starts `sluice serve <args> --listen 127.0.0.1:0` in `dir` and reads the address
 /// it prints; no `--config` in `args` serves the embedded default.
 pub fn start_server_with(dir: &Path, args: &[&std::ffi::OsStr]) -> Result<(Child, SocketAddr, BufReader<ChildStdout>)> {
