@@ -71,6 +71,18 @@ def test_harness_captures_logs_and_export_makes_the_world_class():
     assert world.__name__ == "WitWorld" and world.OBSERVES is False
 
 
+def test_export_refuses_a_class_that_does_not_implement_the_world():
+    class NoDecide(Policy):
+        pass
+
+    class NotAPolicy:
+        pass
+
+    for cls in (NoDecide, NotAPolicy):
+        with pytest.raises(TypeError, match="has no decide\\(self, view\\): it does not implement the sluice:policy world"):
+            export(cls)
+
+
 @pytest.mark.skipif(shutil.which("componentize-py") is None and not os.path.exists(os.path.join(ROOT, ".venv/bin/componentize-py")),
                     reason="componentize-py not installed (cargo xtask setup)")
 def test_committed_bindings_are_what_componentize_py_generates():
