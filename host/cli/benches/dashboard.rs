@@ -14,10 +14,9 @@
 //!
 //! Run: `cargo bench -p sluice --bench dashboard` (needs `cargo xtask policies`).
 
-use std::io::{BufReader, Write as _};
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,25 +44,6 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    _stdout: BufReader<ChildStdout>,
-}
-
-impl Server {
-    fn cpu_seconds(&self, ticks_per_second: f64) -> f64 {
-        common::cpu_seconds(self.child.id(), ticks_per_second)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One page: polls as dashboard.js does (one GET, the events after the last seen).
 async fn page(addr: SocketAddr, stop: Arc<AtomicBool>, polls: Arc<AtomicU64>, bytes: Arc<AtomicU64>) -> Result<()> {
     let mut c = Client::connect(addr).await?;
@@ -87,7 +67,7 @@ async fn page(addr: SocketAddr, stop: Arc<AtomicBool>, polls: Arc<AtomicU64>, by
 
 /// One phase: the load, with `pages` dashboards; the server's CPU share (% of one
 /// core), the answers/s, and the polls made.
-async fn phase(server: &Server, pages: usize, ticks: f64) -> Result<(f64, f64, u64, u64)> {
+async fn phase(server: &common::ServerProcess, pages: usize, ticks: f64) -> Result<(f64, f64, u64, u64)> {
     let stop = Arc::new(AtomicBool::new(false));
     let polls = Arc::new(AtomicU64::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
@@ -133,8 +113,7 @@ async fn main() -> Result<()> {
     if !root.join("target/policies/jellyfish.wasm").exists() {
         bail!("target/policies/jellyfish.wasm is missing: run `cargo xtask policies` first");
     }
-    let (child, addr, stdout) = common::start_server(&root.join("examples/bench-zero.toml"))?;
-    let server = Server { child, addr, _stdout: stdout };
+    let server = common::start_server(&root.join("examples/bench-zero.toml"))?;
     let ticks = common::clock_ticks();
     // Warm up: the first seconds after start cost the server far more than the
     // rest (measured: 90 % of a core in the first phase, 10-20 % after), which

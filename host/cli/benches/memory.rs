@@ -108,22 +108,6 @@ fn kinds() -> Vec<Kind> {
     ]
 }
 
-/// The server process (its stdout kept open while it runs); killed when dropped.
-struct Server(std::process::Child, #[allow(dead_code)] std::io::BufReader<std::process::ChildStdout>);
-
-impl Server {
-    fn rss_mib(&self) -> f64 {
-        common::rss_mib(self.0.id())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// One round: `seconds / 2` at `rate`, then `seconds / 2` at three times it, every
 /// kind at its share; counts by kind and status.
 async fn round(
@@ -166,8 +150,8 @@ fn main() -> Result<()> {
     let rate = env_or("SLUICE_MEMORY_RATE", 40.0);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize()?;
     // The embedded default (no --config), from the repository root, as `cargo xtask demo` runs it.
-    let (child, addr, stdout) = common::start_server_with(&root, &[])?;
-    let server = Server(child, stdout);
+    let server = common::start_server_with(&root, &[])?;
+    let addr = server.addr;
     std::thread::sleep(Duration::from_secs(5));
     let start = server.rss_mib();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

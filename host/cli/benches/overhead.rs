@@ -21,10 +21,8 @@
 //! Prints a table, then one JSON line.
 
 use std::collections::BTreeMap;
-use std::io::BufReader;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,38 +42,18 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The server process; killed when dropped.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    _stdout: BufReader<ChildStdout>,
-}
-
-impl Server {
-    fn spawn() -> Result<Server> {
-        let root = root();
-        for name in ["jellyfish", "fixed"] {
-            let p = root.join("target/policies").join(format!("{name}.wasm"));
-            if !p.exists() {
-                bail!("{} is missing: run `cargo xtask policies` first", p.display());
-            }
+/// Starts the bench config (`examples/bench-zero.toml`) once the policies it
+/// serves are built.
+fn spawn_server() -> Result<common::ServerProcess> {
+    let root = root();
+    for name in ["jellyfish", "fixed"] {
+        let p = root.join("target/policies").join(format!("{name}.wasm"));
+        if !p.exists() {
+            bail!("{} is missing: run `cargo xtask policies` first", p.display());
         }
-        // Cargo builds the `sluice` binary (bench profile = release) for every bench target.
-        let (child, addr, stdout) = common::start_server(&root.join("examples/bench-zero.toml"))?;
-        Ok(Server { child, addr, _stdout: stdout })
     }
-
-    /// User + system CPU seconds the server process has used so far.
-    fn cpu_seconds(&self, ticks_per_second: f64) -> f64 {
-        common::cpu_seconds(self.child.id(), ticks_per_second)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    // Cargo builds the `sluice` binary (bench profile = release) for every bench target.
+    common::start_server(&root.join("examples/bench-zero.toml"))
 }
 
 /// What one phase saw.
@@ -231,7 +209,7 @@ async fn zero_sleep_ms() -> (f64, f64) {
 
 fn main() -> Result<()> {
     let ticks = common::clock_ticks();
-    let server = Server::spawn()?;
+    let server = spawn_server()?;
     let addr = server.addr;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut phases: Vec<Phase> = Vec::new();

@@ -4,10 +4,8 @@
 //! setting of the independent comparison quoted in issue 13), served by the real
 //! `sluice serve` in a process of its own.
 
-use std::io::BufReader;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout};
 
 use anyhow::Result;
 
@@ -59,12 +57,11 @@ pub fn scenarios() -> [Scenario; 2] {
     ]
 }
 
-/// The server process; killed when dropped.
+/// The server process (killed when dropped) and its config's directory.
 pub struct Server {
-    child: Child,
+    process: super::common::ServerProcess,
     /// Where it listens.
     pub addr: SocketAddr,
-    _stdout: BufReader<ChildStdout>,
     _dir: tempfile::TempDir,
 }
 
@@ -88,20 +85,13 @@ impl Server {
         );
         let path = dir.path().join("image-app.toml");
         std::fs::write(&path, config)?;
-        let (child, addr, stdout) = super::common::start_server(&path)?;
-        Ok(Server { child, addr, _stdout: stdout, _dir: dir })
+        let process = super::common::start_server(&path)?;
+        Ok(Server { addr: process.addr, process, _dir: dir })
     }
 
     /// Resident memory of the server process, MiB.
     #[allow(dead_code)] // The admission bench does not read it.
     pub fn rss_mib(&self) -> f64 {
-        super::common::rss_mib(self.child.id())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.rss_mib()
     }
 }

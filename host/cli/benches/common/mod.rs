@@ -1,5 +1,6 @@
 //! What the benches that run the real `sluice serve` share: starting it as a
-//! separate process and finding its address.
+//! separate process, finding its address, reading its RSS and CPU time, killing it
+//! when done.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -8,37 +9,54 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
+/// A running `sluice serve` process; killed when dropped.
+pub struct ServerProcess {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Kept open while it runs (it writes there).
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl ServerProcess {
+    /// Its resident memory, MiB (NaN when it cannot be read).
+    #[allow(dead_code)] // Not every bench reads it.
+    pub fn rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    }
+
+    /// User + system CPU seconds it has used so far, from `/proc/<pid>/stat`
+    /// (`ticks_per_second`: [`clock_ticks`]).
+    #[allow(dead_code)] // Not every bench reads it.
+    pub fn cpu_seconds(&self, ticks_per_second: f64) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i - 3).and_then(|x| x.parse::<f64>().ok()).unwrap_or(f64::NAN);
+        (ticks(14) + ticks(15)) / ticks_per_second
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Starts `sluice serve --config <config> --listen 127.0.0.1:0` (the binary cargo
-/// builds for every bench target) and reads the address it prints. The returned
-/// stdout must be kept open while the server runs.
+/// builds for every bench target) and reads the address it prints.
 #[allow(dead_code)] // The memory bench runs the embedded default instead.
-pub fn start_server(config: &Path) -> Result<(Child, SocketAddr, BufReader<ChildStdout>)> {
+pub fn start_server(config: &Path) -> Result<ServerProcess> {
     let dir = std::env::current_dir()?;
     start_server_with(&dir, &[std::ffi::OsStr::new("--config"), config.as_os_str()])
-}
-
-/// Resident memory of process `pid`, MiB (NaN when it cannot be read).
-#[allow(dead_code)] // Not every bench reads it.
-pub fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
-
-/// User + system CPU seconds process `pid` has used so far, from `/proc/<pid>/stat`
-/// (`ticks_per_second`: [`clock_ticks`]).
-#[allow(dead_code)] // Not every bench reads it.
-pub fn cpu_seconds(pid: u32, ticks_per_second: f64) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i - 3).and_then(|x| x.parse::<f64>().ok()).unwrap_or(f64::NAN);
-    (ticks(14) + ticks(15)) / ticks_per_second
 }
 
 /// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 when it cannot be read).
@@ -55,7 +73,7 @@ pub fn clock_ticks() -> f64 {
 
 /// Starts `sluice serve <args> --listen 127.0.0.1:0` in `dir` and reads the address
 /// it prints; no `--config` in `args` serves the embedded default.
-pub fn start_server_with(dir: &Path, args: &[&std::ffi::OsStr]) -> Result<(Child, SocketAddr, BufReader<ChildStdout>)> {
+pub fn start_server_with(dir: &Path, args: &[&std::ffi::OsStr]) -> Result<ServerProcess> {
     let exe = env!("CARGO_BIN_EXE_sluice");
     let mut child = Command::new(exe)
         .current_dir(dir)
@@ -75,5 +93,5 @@ pub fn start_server_with(dir: &Path, args: &[&std::ffi::OsStr]) -> Result<(Child
         bail!("server did not start (first stdout line: {line:?})");
     };
     let addr = addr.parse().with_context(|| format!("address in {line:?}"))?;
-    Ok((child, addr, stdout))
+    Ok(ServerProcess { child, addr, _stdout: stdout })
 }
