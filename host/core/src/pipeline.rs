@@ -7,7 +7,9 @@
 //! [`PipelineSpec`] is the config form — tasks with their model variants and the
 //! measured (or expected) fan-out of each variant, and edges — the same in a server
 //! config, an experiment and an allocation problem. [`Pipeline::new`] checks that the
-//! edges form one rooted tree and names the edge that does not.
+//! edges form one rooted tree and names the edge that does not. [`flow`] holds the
+//! rules of a request's way through the tree that the live host and the simulator
+//! share.
 //!
 //! ```toml
 //! [[task]]
@@ -22,6 +24,8 @@
 //! from = "object_detection"
 //! to = "car_classification"
 //! ```
+
+pub mod flow;
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,358 @@
+//! How a request flows through a pipeline: one rule each for the live host
+//! (`sluice_server::pipeline`) and the simulator (`sluice_sim::pipeline`), so that a
+//! trace replayed in virtual time ends as it did live (issue 35; the differential
+//! test `tests/live_vs_sim.rs` checks it request by request).
+//!
+//! The rules, and where each side applies them:
+//! - [`task_view`]: what a task worker's policy sees — its variant's latency table
+//!   cut at the plan's batch size, the task budget as its SLO — and [`LOAD_WINDOW_US`]
+//!   for its `load_qps`.
+//! - [`batch_formation_table`]: the latency table early dropping at batch formation
+//!   judges the head by (the same cut).
+//! - [`after_passthrough`]: the early-drop mode and lateness a request carries out of
+//!   a pass-through task.
+//! - [`Delivery`]: children of one served request (and requests arriving at one
+//!   instant) reach their workers together, before any of those workers decides.
+//! - [`spend_backup`]: how opportunistic rerouting uses up a backup worker's
+//!   leftover capacity.
+//! - [`PathEnd`]: which ends of a request's tree count in the path accuracy (sinks)
+//!   and which only in its completion (every end).
+//! - [`retire_bound_us`] and [`RETIRING_DRAINS`]: how a worker leaving a task drains.
+//! - [`unbind_after_fault`]: what a policy fault does to a task worker's policy.
+//! - [`Drop`]: one label per reason an intermediate request did not get served.
+
+use std::collections::BTreeMap;
+
+use sluice_sdk as sdk;
+
+use super::EarlyDrop;
+use crate::app_config::FailMode;
+use crate::queue::DropReason;
+
+/// What a task worker's policy is given: the task's variants with the served
+/// variant's latency table ending at the plan's batch size, and the task budget as
+/// its SLO.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskView {
+    /// The task's variants; the worker's own ends at the plan's batch.
+    pub models: Vec<sdk::Model>,
+    /// The SLO the policy's `Config` carries, µs: the task budget, the same span an
+    /// intermediate request's deadline runs from its entry.
+    pub slo_us: u64,
+}
+
+/// The view of a worker serving `variant` of a task with `models` at the plan's
+/// `batch`, whose intermediate requests get `budget_us` (Loki §4.2; the task budget,
+/// [`super::RootBudget::budget_us`]).
+///
+/// Why cut: the MILP sized the worker's capacity at that batch (the reference's
+/// `pipeline_batch_size`) and `fixed` with `allocated` serves the largest feasible
+/// batch the table allows, so a longer table lets a worker batch past its plan and
+/// take longer than the budget the routing tables assumed. Why the task budget: a
+/// policy reads its SLO as "deadline − arrival" of the requests it is given
+/// (`sdk::Config::slo`), and an intermediate request's deadline is its entry plus the
+/// task budget, not plus the end-to-end SLO.
+pub fn task_view(models: &[sdk::Model], variant: usize, batch: u32, budget_us: u64) -> TaskView {
+    let mut models = models.to_vec();
+    if let Some(m) = models.get_mut(variant) {
+        let keep = batch_formation_table(&m.latency, batch).len();
+        m.latency.truncate(keep);
+    }
+    TaskView { models, slo_us: budget_us }
+}
+
+/// The window a task's `load_qps` is measured over, µs: the host's default
+/// `load_window_ms` (RAMSIS §6's 500 ms), the same live (the task app's
+/// `LoadMonitor`) and simulated (one `LoadMonitor` per task on the virtual clock).
+/// The simulator used to give 0.
+pub const LOAD_WINDOW_US: u64 = 500_000;
+
+/// The latency table (µs per batch size) the head of a queue is judged by at batch
+/// formation: the worker's variant's, ending at the plan's `batch` (at least one
+/// entry when there is any; `u32::MAX`: not cut, for a caller that does not know
+/// the plan). The same cut as [`task_view`], so a worker never expects a batch its
+/// policy may not run.
+pub fn batch_formation_table(latency: &[u64], batch: u32) -> &[u64] {
+    let keep = (batch.max(1) as usize).min(latency.len());
+    &latency[..keep]
+}
+
+/// The early-drop mode and the lateness (µs past budget) a request carries to the
+/// children of a task it just left: `mode` and `over_us` after a model task; after a
+/// pass-through task the configured `mode` still applies, at no lateness (a
+/// pass-through takes no time and has no budget of its own, so it is never over;
+/// `last-task` still checks the time left on entering a sink). The simulator used to
+/// switch early dropping off after a pass-through; the live host applied the mode.
+pub fn after_passthrough(passthrough: bool, mode: EarlyDrop, over_us: i64) -> (EarlyDrop, i64) {
+    if passthrough {
+        (mode, 0)
+    } else {
+        (mode, over_us)
+    }
+}
+
+/// How requests reach workers in one instant. Live, the children of a served
+/// request are all created and sent before the worker that gets them wakes (it
+/// wakes tens of µs after the first); in virtual time an instant has no duration, so
+/// the simulator queues every request that arrives at an instant and lets each
+/// worker that got one decide once, after the last — not after each (it used to
+/// decide after the first child and run it alone).
+#[derive(Debug, Default)]
+pub struct Delivery {
+    touched: Vec<usize>,
+}
+
+impl Delivery {
+    /// Worker `w` got a request this instant.
+    pub fn touch(&mut self, w: usize) {
+        if !self.touched.contains(&w) {
+            self.touched.push(w);
+        }
+    }
+
+    /// The workers that got requests, in the order they first did; empties the list.
+    pub fn take(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.touched)
+    }
+}
+
+/// The leftover capacity, requests/s, a backup worker keeps after one request is
+/// rerouted to it (None: used up, it leaves the backup table). Loki §5.2 reroutes
+/// only to workers "with capacity left"; the reference decrements its
+/// `remaining_capacity` by one per rerouted request and resets it at every plan, so
+/// the tables reset it at every rebuild. The live host used to never use it up.
+pub fn spend_backup(leftover_qps: f64) -> Option<f64> {
+    let left = leftover_qps - 1.0;
+    (left > 0.0).then_some(left)
+}
+
+/// Where one branch of a request's tree ended, served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathEnd {
+    /// At a sink: a root-to-sink path, whose accuracy (the product of its variants')
+    /// counts in the path accuracy (Loki §3: a path's accuracy is over the tasks of a
+    /// root-to-sink path).
+    Sink,
+    /// At a task that made no request for any child (e.g. a detector that found
+    /// nothing): the branch is complete and counts for the client's completion and
+    /// lateness, but it is not a path and has no path accuracy. The live host used
+    /// to count it as a path.
+    Early,
+}
+
+impl PathEnd {
+    /// The end at a task that served a request and created `children` requests.
+    /// None: it created some, the path goes on.
+    pub fn of(is_sink: bool, children: u64) -> Option<PathEnd> {
+        match (is_sink, children) {
+            (true, _) => Some(PathEnd::Sink),
+            (false, 0) => Some(PathEnd::Early),
+            (false, _) => None,
+        }
+    }
+
+    /// Whether the end counts in the path accuracy.
+    pub fn counts_accuracy(self) -> bool {
+        self == PathEnd::Sink
+    }
+}
+
+/// How long a worker that left a task (a re-plan gave its device another task or
+/// none) may take to serve its queue before its variant is unloaded, µs: two SLOs
+/// and the expiry (every queued request is then past its end-to-end deadline and
+/// expired) plus a second of slack. Live, the pipeline waits that long at most; in
+/// virtual time expiry empties the queue within it.
+pub fn retire_bound_us(slo_us: u64, expire_us: u64) -> u64 {
+    2 * slo_us + expire_us + 1_000_000
+}
+
+/// Whether a retiring worker's policy is told it is draining (`Context::draining`):
+/// no. It gets no new requests, but the ones it has keep their task deadlines, which
+/// the policy may still meet by batching; draining is the host's shutdown, where the
+/// safe rule serves whatever a policy holds back. The simulator used to say yes.
+pub const RETIRING_DRAINS: bool = false;
+
+/// Whether a task worker's policy is replaced by the safe one after its `faults`-th
+/// fault (counted per app, as the host does): with `fail_mode = "unbind"` at
+/// `unbind_after`; with `fallback` never (each faulting decision is answered by the
+/// safe policy). A pipeline's task apps take the app defaults; the simulator used to
+/// neither count faults nor unbind.
+pub fn unbind_after_fault(mode: FailMode, faults: u64, unbind_after: u64) -> bool {
+    mode == FailMode::Unbind && faults >= unbind_after
+}
+
+/// Why early dropping at a hop dropped a request (`RoutingTables::hop`'s causes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarlyCause {
+    /// It overran its budget at the task it left (`per-task`).
+    OverBudget,
+    /// Less time left than the sink's execution (`last-task`).
+    NoTimeLeft,
+    /// Behind, and no faster backup worker has capacity (`rerouting`).
+    NoFasterWorker,
+}
+
+/// Why an intermediate request was not served: one label per reason, the same in
+/// live answers, metrics, the admin view and simulated results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drop {
+    /// Its task had no worker in the routing in force.
+    NoWorker,
+    /// Its worker's queue was full.
+    QueueFull,
+    /// Its worker's admission predicted it would miss its deadline (the host's
+    /// admission; intermediate requests skip the prediction today).
+    Overloaded,
+    /// Early dropping at a hop (§5.2).
+    Early(EarlyCause),
+    /// Dropped by its worker: the policy, expiry, the executor, or early dropping at
+    /// batch formation.
+    Worker(DropReason),
+}
+
+impl Drop {
+    /// Its label: `no-worker`, `queue-full`, `overloaded`, `early-drop-over-budget`,
+    /// `early-drop-no-time-left`, `early-drop-no-faster-worker`, or the worker's
+    /// reason (`policy`, `expired`, `executor-error`, `early-drop-batch-formation`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Drop::NoWorker => "no-worker",
+            Drop::QueueFull => "queue-full",
+            Drop::Overloaded => "overloaded",
+            Drop::Early(EarlyCause::OverBudget) => "early-drop-over-budget",
+            Drop::Early(EarlyCause::NoTimeLeft) => "early-drop-no-time-left",
+            Drop::Early(EarlyCause::NoFasterWorker) => "early-drop-no-faster-worker",
+            Drop::Worker(r) => r.as_str(),
+        }
+    }
+}
+
+/// How one client request through a pipeline ended, live or simulated: the record
+/// the pipeline differential test compares.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PipelineOutcome {
+    /// Per task name: variant name → intermediate requests it served.
+    pub variants: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Drop label → intermediate requests dropped so.
+    pub drops: BTreeMap<String, u64>,
+    /// Branches that ended served at a sink.
+    pub sinks: u64,
+    /// Branches that ended served before a sink ([`PathEnd::Early`]).
+    pub early_ends: u64,
+    /// Every branch served, none dropped, the last by the end-to-end deadline.
+    pub on_time: bool,
+}
+
+impl PipelineOutcome {
+    /// One word for a summary: `on-time`, `late`, `partial` (some branch dropped) or
+    /// `dropped` (nothing served to an end).
+    pub fn label(&self) -> &'static str {
+        let ends = self.sinks + self.early_ends;
+        if self.on_time {
+            "on-time"
+        } else if ends == 0 {
+            "dropped"
+        } else if self.drops.is_empty() {
+            "late"
+        } else {
+            "partial"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(id: u32, latency: Vec<u64>) -> sdk::Model {
+        sdk::Model { id, name: format!("m{id}"), accuracy: 0.5, latency }
+    }
+
+    #[test]
+    fn a_task_policy_sees_its_table_cut_at_the_plan_batch_and_the_task_budget() {
+        let models = vec![model(0, vec![10, 15, 20, 25]), model(1, vec![30, 40, 50, 60])];
+        let v = task_view(&models, 1, 2, 80);
+        assert_eq!(v.models[1].latency, vec![30, 40]);
+        // Other variants are left whole (the worker does not serve them).
+        assert_eq!(v.models[0].latency.len(), 4);
+        assert_eq!(v.slo_us, 80);
+        // A batch past the table keeps the table; batch 0 keeps one entry.
+        assert_eq!(task_view(&models, 0, 9, 1).models[0].latency.len(), 4);
+        assert_eq!(batch_formation_table(&[5, 6, 7], 0), &[5]);
+        assert_eq!(batch_formation_table(&[5, 6, 7], u32::MAX), &[5, 6, 7]);
+        assert_eq!(batch_formation_table(&[], 4), &[] as &[u64]);
+    }
+
+    #[test]
+    fn after_a_passthrough_the_mode_applies_at_no_lateness() {
+        assert_eq!(after_passthrough(true, EarlyDrop::LastTask, 500), (EarlyDrop::LastTask, 0));
+        assert_eq!(after_passthrough(false, EarlyDrop::PerTask, 500), (EarlyDrop::PerTask, 500));
+    }
+
+    #[test]
+    fn an_instant_delivers_before_anyone_decides() {
+        let mut d = Delivery::default();
+        d.touch(3);
+        d.touch(1);
+        d.touch(3);
+        assert_eq!(d.take(), vec![3, 1]);
+        assert!(d.take().is_empty());
+    }
+
+    #[test]
+    fn backup_capacity_is_used_up_one_request_at_a_time() {
+        assert_eq!(spend_backup(2.5), Some(1.5));
+        assert_eq!(spend_backup(1.5), Some(0.5));
+        assert_eq!(spend_backup(0.5), None);
+        assert_eq!(spend_backup(1.0), None);
+    }
+
+    #[test]
+    fn only_sinks_count_in_path_accuracy_but_every_end_completes() {
+        assert_eq!(PathEnd::of(true, 0), Some(PathEnd::Sink));
+        assert_eq!(PathEnd::of(false, 0), Some(PathEnd::Early));
+        assert_eq!(PathEnd::of(false, 3), None);
+        assert!(PathEnd::Sink.counts_accuracy() && !PathEnd::Early.counts_accuracy());
+    }
+
+    #[test]
+    fn retiring_faults_and_labels() {
+        assert_eq!(retire_bound_us(100_000, 100_000), 1_300_000);
+        const { assert!(!RETIRING_DRAINS) };
+        assert!(!unbind_after_fault(FailMode::Fallback, 100, 10));
+        assert!(!unbind_after_fault(FailMode::Unbind, 9, 10));
+        assert!(unbind_after_fault(FailMode::Unbind, 10, 10));
+        let labels: Vec<&str> = [
+            Drop::NoWorker,
+            Drop::QueueFull,
+            Drop::Early(EarlyCause::OverBudget),
+            Drop::Early(EarlyCause::NoTimeLeft),
+            Drop::Early(EarlyCause::NoFasterWorker),
+            Drop::Worker(DropReason::EarlyAtBatch),
+            Drop::Worker(DropReason::Expired),
+        ]
+        .iter()
+        .map(|d| d.as_str())
+        .collect();
+        assert_eq!(
+            labels,
+            [
+                "no-worker",
+                "queue-full",
+                "early-drop-over-budget",
+                "early-drop-no-time-left",
+                "early-drop-no-faster-worker",
+                "early-drop-batch-formation",
+                "expired"
+            ]
+        );
+        let mut o = PipelineOutcome { sinks: 2, on_time: true, ..Default::default() };
+        assert_eq!(o.label(), "on-time");
+        o.on_time = false;
+        assert_eq!(o.label(), "late");
+        o.drops.insert("expired".into(), 1);
+        assert_eq!(o.label(), "partial");
+        o.sinks = 0;
+        assert_eq!(o.label(), "dropped");
+    }
+}

@@ -1,0 +1,306 @@
+//! The event loop of a simulated pipeline: arrivals, batch completions, timers,
+//! re-plans and windows, and each worker's decisions through the shared decision
+//! core.
+
+use super::*;
+
+impl<'a> PipelineSim<'a> {
+    pub(super) fn new(
+        exp: &PipelineExperiment,
+        base: &Path,
+        pipeline: &'a Pipeline,
+        profile: &'a Profile,
+        run: &PipelineRun,
+        cache: &mut PolicyCache,
+    ) -> Result<PipelineSim<'a>> {
+        let duration_us = (exp.duration_s * 1e6) as u64;
+        let mut rng = Rng::new(run.seed);
+        let arrivals: Vec<u64> =
+            generate(&run.arrivals, "pipeline", base, duration_us, &mut rng)?.into_iter().map(|a| a.at).collect();
+        let pc = &exp.pipeline;
+        let loki_variants = loki::variants(pipeline, profile, pc.percentile, &pc.batch_sizes)
+            .map_err(|(field, msg)| anyhow::anyhow!("{field}: {msg}"))?;
+        let task_models = pipeline
+            .tasks
+            .iter()
+            .map(|t| {
+                profile
+                    .policy_models(Some(&t.models), pc.percentile, None)
+                    .map(|v| v.into_iter().map(|(m, _)| m).collect())
+                    .map_err(|e| anyhow::anyhow!("task {}: {e}", t.name))
+            })
+            .collect::<Result<Vec<Vec<sdk::Model>>>>()?;
+        let compiled = match run.system.policy.as_str() {
+            "safe" => None,
+            p => Some(cache.get(p)?),
+        };
+        let params = match &run.system.params {
+            Some(t) => serde_json::to_string(t)?,
+            None => "{}".into(),
+        };
+        let depth = pipeline.depth();
+        let slo_us = (run.slo_ms * 1000.0).round() as u64;
+        let secs = (duration_us / 1_000_000 + 2) as usize;
+        let n = pipeline.tasks.len();
+        let mut sim = PipelineSim {
+            pipeline,
+            label: run.system.label(),
+            run: run.clone(),
+            profile,
+            loki_variants,
+            task_models,
+            compiled,
+            engine: cache.engine().clone(),
+            params,
+            bindings: HashMap::new(),
+            rng,
+            events: BinaryHeap::new(),
+            payloads: BTreeMap::new(),
+            seq: 0,
+            now: 0,
+            arrivals,
+            next_arrival: 0,
+            duration_us,
+            window_us: (exp.window_s * 1e6).max(1.0) as u64,
+            slo_us,
+            // A request a full SLO past its task deadline is past its end-to-end
+            // deadline too (task deadlines start after the arrival): expiring it
+            // only turns a certain violation into a drop, and bounds queues.
+            expire_us: slo_us,
+            max_queue: exp.max_queue,
+            depth,
+            slots: Vec::new(),
+            tables: RoutingTables {
+                frontend: Vec::new(),
+                nodes: Vec::new(),
+                passthrough: vec![None; n],
+                backup: vec![Vec::new(); n],
+                incoming: Vec::new(),
+                latency_us: Vec::new(),
+            },
+            node_slot: Vec::new(),
+            smooth: HashMap::new(),
+            clients: Vec::new(),
+            next_req: 0,
+            per_second_root: vec![0; secs],
+            per_second_task: vec![vec![0; secs]; n],
+            plan_cache: HashMap::new(),
+            placement: None,
+            demand_used: 0.0,
+            counters: (0..n).map(|_| TaskCounters::default()).collect(),
+            fanout_served: pipeline.tasks.iter().map(|t| vec![0; t.models.len().max(1)]).collect(),
+            fanout_created: pipeline
+                .tasks
+                .iter()
+                .map(|t| vec![vec![0; t.children.len()]; t.models.len().max(1)])
+                .collect(),
+            sink_results: 0,
+            sink_accuracy: 0.0,
+            replans: 0,
+            table_builds: 0,
+            table_workers: Vec::new(),
+            solves: 0,
+            cache_hits: 0,
+            solve_seconds: 0.0,
+            shed_sum: 0.0,
+            workers_area: 0.0,
+            workers_since: 0,
+            workers_now: 0,
+            workers_min: u32::MAX,
+            workers_max: 0,
+            windows: Vec::new(),
+            window_violations: Vec::new(),
+            window_acc: Vec::new(),
+            overloaded: None,
+            reroutes: HashMap::new(),
+        };
+        // The first plan: the demand of the first second of arrivals (a warm start:
+        // the reference starts from a fixed allocation and its clamp of 50 req/s).
+        let first = sim.arrivals.iter().take_while(|&&t| t < 1_000_000).count() as f64;
+        let per_task: Vec<f64> = sim.expected_task_demand(first);
+        sim.replan(first, &per_task)?;
+        if sim.placement.is_none() {
+            bail!("run {}: no feasible plan for the initial demand {first} req/s", run.index);
+        }
+        if let Some(&t) = sim.arrivals.first() {
+            sim.schedule(t, Event::Arrival);
+        }
+        if run.system.solve_interval_s > 0.0 {
+            sim.schedule((run.system.solve_interval_s * 1e6) as u64, Event::Replan);
+        }
+        sim.schedule(sim.window_us, Event::Window);
+        Ok(sim)
+    }
+
+    pub(super) fn schedule(&mut self, at: u64, e: Event) {
+        // Ties break by insertion order, which keeps runs deterministic.
+        self.seq += 1;
+        self.events.push(Reverse((at, self.seq)));
+        self.payloads.insert(self.seq, e);
+    }
+
+    pub(super) fn run(mut self) -> (PipelineResult, Vec<PipelineWindow>) {
+        while let Some(Reverse((now, seq))) = self.events.pop() {
+            self.now = now;
+            let Some(event) = self.payloads.remove(&seq) else { continue };
+            match event {
+                Event::Arrival => self.arrive(),
+                Event::Done { slot, model, batch, started } => {
+                    self.finish(slot, model, batch, started);
+                    self.slots[slot].busy = false;
+                    self.after_idle(slot);
+                }
+                Event::Timer { slot, token } => {
+                    if self.slots[slot].token == token && !self.slots[slot].busy {
+                        self.decide(slot);
+                    }
+                }
+                Event::Replan => {
+                    let (root, tasks) = self.demand_estimate();
+                    if let Err(e) = self.replan(root, &tasks) {
+                        self.overloaded = Some(format!("re-plan failed: {e:#}"));
+                    }
+                    let next = now + (self.run.system.solve_interval_s * 1e6) as u64;
+                    if next < self.duration_us {
+                        self.schedule(next, Event::Replan);
+                    }
+                }
+                Event::Window => {
+                    self.close_window();
+                    let busy = self.slots.iter().any(|s| s.busy || !s.queue.is_empty());
+                    if now + self.window_us <= self.duration_us || busy {
+                        self.schedule(now + self.window_us, Event::Window);
+                    }
+                }
+            }
+            if self.overloaded.is_some() {
+                break;
+            }
+        }
+        self.account_workers();
+        self.result()
+    }
+
+    pub(super) fn arrive(&mut self) {
+        let now = self.now;
+        let c = self.clients.len() as u32;
+        self.clients.push(Client {
+            arrival: now,
+            deadline: now + self.slo_us,
+            outstanding: 1,
+            last_done: now,
+            dropped: false,
+            finished: false,
+        });
+        let sec = (now / 1_000_000) as usize;
+        if let Some(x) = self.per_second_root.get_mut(sec) {
+            *x += 1;
+        }
+        self.next_arrival += 1;
+        if let Some(&next) = self.arrivals.get(self.next_arrival) {
+            self.schedule(next, Event::Arrival);
+        }
+        let node = match self.run.system.root_dispatch {
+            RootDispatch::QueueAware => self.root_by_queue().or_else(|| self.frontend_draw()),
+            RootDispatch::Table => self.frontend_draw(),
+        };
+        let req = self.new_req(c, 0, 1.0);
+        self.counters[0].created += 1;
+        self.bump_task_second(0);
+        self.deliver(req, node);
+    }
+
+    pub(super) fn decide(&mut self, i: usize) {
+        // Each drop-only decision removes a request, so this loop ends.
+        while self.decide_once(i) {}
+    }
+
+    pub(super) fn decide_once(&mut self, i: usize) -> bool {
+        self.drop_at_batch_formation(i);
+        let now = self.now;
+        let (workers, expire_us) = (self.run.workers, self.expire_us);
+        let s = &mut self.slots[i];
+        let cx = Context {
+            now,
+            worker: i as u32,
+            workers,
+            load_qps: 0.0,
+            loaded: &s.loaded,
+            models: &s.models[..],
+            expire_us,
+            draining: s.state == SlotState::Retiring,
+            timed: true,
+        };
+        let d = decision::decide(&mut s.policy, &mut s.queue, &cx);
+        s.token += 1;
+        let token = s.token;
+        let mut again = false;
+        let mut next = None;
+        match d.next {
+            Next::Run { model, batch } => {
+                s.busy = true;
+                let latency = s.models[model as usize].latency[batch.len() - 1];
+                next = Some((now + latency, Event::Done { slot: i, model, batch, started: now }));
+            }
+            Next::Wait(t) | Next::Idle { expire_at: Some(t) } => next = Some((t, Event::Timer { slot: i, token })),
+            Next::Again => again = true,
+            Next::Idle { expire_at: None } => {}
+        }
+        if let Some((t, e)) = next {
+            self.schedule(t, e);
+        }
+        for r in d.expired {
+            self.drop_req(r, DropReason::Expired.as_str());
+        }
+        for r in d.dropped {
+            self.drop_req(r, DropReason::Policy.as_str());
+        }
+        again
+    }
+
+    pub(super) fn after_idle(&mut self, i: usize) {
+        if !self.slots[i].queue.is_empty() {
+            self.decide(i);
+        }
+        if self.slots[i].state == SlotState::Retiring {
+            self.free_idle();
+        }
+    }
+
+    pub(super) fn finish(&mut self, i: usize, model: u32, batch: Vec<Req>, started: u64) {
+        let now = self.now;
+        let (accuracy, node) = (self.slots[i].models[model as usize].accuracy, self.slots[i].node);
+        if let Bound::Wasm(instance) = &mut self.slots[i].policy {
+            let _ = instance.observe(&decision::outcome(model, &batch, started, now, false));
+        }
+        // A retired worker routes as the first current node of its task would.
+        let node = node.or_else(|| {
+            let t = self.slots[i].task;
+            (0..self.node_slot.len()).find(|&n| self.node_slot[n].is_some_and(|s| self.slots[s].task == t))
+        });
+        for r in batch {
+            let Some(node) = node else {
+                // The task has no worker any more: its descendants cannot be served.
+                self.drop_req(r, "no-worker");
+                continue;
+            };
+            self.served(r, model as usize, accuracy, node, Some(i), now);
+        }
+    }
+
+    pub(super) fn done_one(&mut self, client: usize) {
+        let cl = &mut self.clients[client];
+        cl.outstanding -= 1;
+        if cl.outstanding == 0 {
+            assert!(!cl.finished, "client request {client} finished twice");
+            cl.finished = true;
+            if cl.dropped || cl.last_done > cl.deadline {
+                let w = (cl.arrival / self.window_us) as usize;
+                if self.window_violations.len() <= w {
+                    self.window_violations.resize(w + 1, 0);
+                }
+                self.window_violations[w] += 1;
+            }
+        }
+    }
+}

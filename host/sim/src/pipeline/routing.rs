@@ -1,0 +1,286 @@
+//! A request's way between tasks: routing-table draws, delivery to a worker's queue,
+//! early dropping at batch formation and at hops, fan-out, and drops — by the rules
+//! of `sluice_core::pipeline::flow`, as the live host.
+
+use super::*;
+
+impl<'a> PipelineSim<'a> {
+    pub(super) fn frontend_draw(&mut self) -> Option<usize> {
+        let frontend = self.tables.frontend.clone();
+        self.draw(usize::MAX, 0, &frontend)
+    }
+
+    /// [`RootDispatch::QueueAware`]: the routing node of the root worker to send a
+    /// client request to now ([`queue_aware_root`]; None: the root has no worker,
+    /// e.g. a pass-through root).
+    pub(super) fn root_by_queue(&self) -> Option<usize> {
+        // Slot order, so that ties in accuracy go to the earlier slot (the artifact
+        // keeps its predictors' insertion order).
+        let workers: Vec<&Slot> =
+            self.slots.iter().filter(|s| s.task == 0 && s.state == SlotState::Active && s.node.is_some()).collect();
+        let seen: Vec<RootQueue> = workers
+            .iter()
+            .map(|s| RootQueue {
+                accuracy: self.task_models[0][s.variant].accuracy,
+                queued: s.queue.len(),
+                head_wait_us: s.queue.first().map_or(0, |head| self.now.saturating_sub(head.entry)),
+                capacity_qps: capacity_qps(s.batch, s.latency_us),
+                head_late: s.queue.first().is_some_and(|head| !decision::met(self.now + s.latency_us, head.deadline)),
+            })
+            .collect();
+        queue_aware_root(&seen).and_then(|i| workers[i].node)
+    }
+
+    pub(super) fn bump_task_second(&mut self, task: usize) {
+        let sec = (self.now / 1_000_000) as usize;
+        if let Some(x) = self.per_second_task[task].get_mut(sec) {
+            *x += 1;
+        }
+    }
+
+    pub(super) fn new_req(&mut self, client: u32, task: usize, accuracy: f64) -> Req {
+        self.next_req += 1;
+        Req { id: self.next_req, client, task, entry: self.now, deadline: self.now, accuracy }
+    }
+
+    /// One destination from a table (`key` identifies the table for smooth routing).
+    pub(super) fn draw(&mut self, from: usize, child: usize, routes: &[Route]) -> Option<usize> {
+        if routes.is_empty() {
+            return None;
+        }
+        match self.run.system.routing {
+            RoutingDraw::Sampled => {
+                let u = self.rng.uniform();
+                let mut acc = 0.0;
+                for r in routes {
+                    acc += r.probability;
+                    if u < acc {
+                        return Some(r.node);
+                    }
+                }
+                routes.iter().rev().find(|r| r.probability > 0.0).map(|r| r.node)
+            }
+            RoutingDraw::Smooth => {
+                let current = self.smooth.entry((from, child)).or_insert_with(|| vec![0.0; routes.len()]);
+                let mut best = 0;
+                for (i, r) in routes.iter().enumerate() {
+                    current[i] += r.probability;
+                    if current[i] > current[best] {
+                        best = i;
+                    }
+                }
+                current[best] -= 1.0;
+                Some(routes[best].node)
+            }
+        }
+    }
+
+    /// Sends a request that entered its task now to `node` (a worker or a
+    /// pass-through node, which serves it at once).
+    pub(super) fn deliver(&mut self, mut req: Req, node: Option<usize>) {
+        let Some(node) = node else {
+            self.drop_req(req, "no-worker");
+            return;
+        };
+        if let Some(slot) = self.node_slot.get(node).copied().flatten() {
+            req.deadline = self.now + self.slots[slot].budget_us;
+            let q = &mut self.slots[slot].queue;
+            insert_by_deadline(q, req);
+            if q.len() > self.max_queue {
+                self.overloaded = Some(format!(
+                    "at {:.3} s a worker queue of task `{}` exceeded max_queue = {}",
+                    self.now as f64 / 1e6,
+                    self.pipeline.tasks[req.task].name,
+                    self.max_queue
+                ));
+                return;
+            }
+            if !self.slots[slot].busy {
+                self.decide(slot);
+            }
+        } else {
+            // A pass-through task: served at once, fans out with its node's table.
+            self.served(req, 0, 1.0, node, None, self.now);
+        }
+    }
+
+    /// Early dropping at batch formation (`early_drop_at = "batch"`, [`DropAt`]):
+    /// while the request at the head of an idle worker's queue (the earliest task
+    /// deadline) would finish after its task deadline even if it ran now, in the
+    /// batch the queue makes (its length, at most the plan's batch size), it is
+    /// dropped before it costs the worker any time. The reference advances its
+    /// pointer past a dropped request and so skips the next one; this checks every
+    /// head.
+    pub(super) fn drop_at_batch_formation(&mut self, i: usize) {
+        let task = self.slots[i].task;
+        if self.slots[i].busy
+            || self.pipeline.tasks[task].is_passthrough()
+            || !self
+                .run
+                .system
+                .early_drop_at
+                .at_batch(self.run.system.early_drop, self.pipeline.is_last_model_task(task))
+        {
+            return;
+        }
+        let now = self.now;
+        let artifact = self.run.system.reroute_rule == RerouteRule::Artifact;
+        // The artifact's rule walks past the requests it reroutes; §5.2's looks only at
+        // the head.
+        let mut at = 0;
+        loop {
+            let s = &self.slots[i];
+            let table = s.models.get(s.variant).map_or(std::slice::from_ref(&s.latency_us), |m| &m.latency[..]);
+            let table = &table[..table.len().min(s.batch.max(1) as usize)];
+            let Some(&r) = s.queue.get(at) else { return };
+            let Some(finish) = finish_at_batch(now, s.queue.len(), table) else { return };
+            let late = finish > r.deadline;
+            // A request rerouted at an earlier batch formation is judged again only for
+            // lateness (the artifact would plan it again, taking capacity twice).
+            let rerouted = self.reroutes.contains_key(&r.id);
+            if artifact && ((rerouted && !late) || (!rerouted && self.plan_reroute(i, &r, finish))) {
+                at += 1;
+            } else if late {
+                let r = self.slots[i].queue.remove(at);
+                // The live host's label for the same drop (one name, one meaning).
+                self.drop_req(r, DropReason::EarlyAtBatch.as_str());
+            } else {
+                return;
+            }
+        }
+    }
+
+    /// The artifact's reroute decision for `r`, queued at worker `i` and finishing at
+    /// `finish` in the batch being formed (see [`RerouteRule::Artifact`]). Records the
+    /// targets and lowers their leftover capacity by the children `r` is expected to
+    /// send them; true when any child was rerouted.
+    pub(super) fn plan_reroute(&mut self, i: usize, r: &Req, finish: u64) -> bool {
+        let (task, variant) = (self.slots[i].task, self.slots[i].variant);
+        let Some(node) = self.slots[i].node else { return false };
+        let mut targets = Vec::new();
+        for ci in 0..self.pipeline.tasks[task].children.len() {
+            let child = self.pipeline.tasks[task].children[ci];
+            let routes = self.tables.nodes.get(node).and_then(|n| n.get(ci)).cloned().unwrap_or_default();
+            // The artifact draws the assigned worker from the routing table here too.
+            let assigned = self.draw(node, ci, &routes);
+            let budget_of = |n: usize| self.node_slot.get(n).copied().flatten().map(|s| self.slots[s].budget_us);
+            let assigned_budget = assigned.and_then(budget_of).unwrap_or(u64::MAX);
+            // The first qualifying worker in plan order.
+            let pick = self.tables.backup[child]
+                .iter()
+                .enumerate()
+                .filter(|(_, backup)| {
+                    budget_of(backup.node).is_some_and(|budget| {
+                        budget < assigned_budget && backup.leftover_qps > 0.0 && finish + budget <= r.deadline
+                    })
+                })
+                .min_by_key(|(_, backup)| backup.node)
+                .map(|(b, _)| b);
+            if let Some(b) = pick {
+                let backup = &mut self.tables.backup[child][b];
+                backup.leftover_qps -= self.pipeline.tasks[task].fanout[variant][ci];
+                targets.push((ci, backup.node));
+            }
+        }
+        if targets.is_empty() {
+            return false;
+        }
+        self.reroutes.insert(r.id, targets);
+        true
+    }
+
+    /// A request served at its task by `variant` (accuracy `accuracy`) on routing
+    /// node `node` (by worker `slot`, whose branching it records): children are
+    /// created and routed, or the sink result recorded.
+    pub(super) fn served(&mut self, r: Req, variant: usize, accuracy: f64, node: usize, slot: Option<usize>, now: u64) {
+        let t = r.task;
+        let pipeline = self.pipeline;
+        let task = &pipeline.tasks[t];
+        let passthrough = task.is_passthrough();
+        let c = &mut self.counters[t];
+        c.served += 1;
+        if !passthrough {
+            c.accuracy_sum += accuracy;
+            if !decision::met(now, r.deadline) {
+                c.late += 1;
+            }
+        }
+        self.fanout_served[t][variant] += 1;
+        let path_accuracy = r.accuracy * accuracy;
+        let client = r.client as usize;
+        {
+            let cl = &mut self.clients[client];
+            cl.last_done = cl.last_done.max(now);
+        }
+        if task.is_sink() {
+            self.sink_results += 1;
+            self.sink_accuracy += path_accuracy;
+            let w = (self.clients[client].arrival / self.window_us) as usize;
+            if self.window_acc.len() <= w {
+                self.window_acc.resize(w + 1, (0.0, 0));
+            }
+            self.window_acc[w].0 += path_accuracy;
+            self.window_acc[w].1 += 1;
+        }
+        let children = task.children.clone();
+        let expected: Vec<f64> = children.iter().enumerate().map(|(ci, _)| task.fanout[variant][ci]).collect();
+        // The parent's lateness against its budget, for early dropping.
+        let over_us = now as i64 - r.deadline as i64;
+        let mode = if passthrough { sluice_core::pipeline::EarlyDrop::None } else { self.run.system.early_drop };
+        let planned = self.reroutes.remove(&r.id).unwrap_or_default();
+        for (ci, &child) in children.iter().enumerate() {
+            let target = planned.iter().find(|(c, _)| *c == ci).map(|&(_, n)| n);
+            let n = fanout_count(expected[ci], self.rng.uniform());
+            self.fanout_created[t][variant][ci] += n as u64;
+            if let Some(seen) = slot.and_then(|i| self.slots[i].branching.get_mut(ci)) {
+                if seen.len() == BRANCHING_HISTORY {
+                    seen.pop_front();
+                }
+                seen.push_back(n);
+            }
+            self.clients[client].outstanding += n;
+            let routes = self.tables.nodes.get(node).and_then(|n| n.get(ci)).cloned().unwrap_or_default();
+            let is_sink = self.pipeline.tasks[child].is_sink();
+            for _ in 0..n {
+                let child_req = self.new_req(r.client, child, path_accuracy);
+                self.counters[child].created += 1;
+                self.bump_task_second(child);
+                if let Some(n) = target {
+                    self.counters[child].rerouted += 1;
+                    self.deliver(child_req, Some(n));
+                    continue;
+                }
+                let Some(assigned) = self.draw(node, ci, &routes) else {
+                    self.drop_req(child_req, "no-worker");
+                    continue;
+                };
+                let deadline = self.clients[client].deadline;
+                match self.tables.hop(mode, child, is_sink, assigned, over_us, now, deadline) {
+                    Hop::Assigned(n) => self.deliver(child_req, Some(n)),
+                    Hop::Rerouted(n) => {
+                        self.counters[child].rerouted += 1;
+                        // The backup worker's leftover capacity shrinks by one request
+                        // per second of plan (the reference decrements its
+                        // `remaining_capacity` per rerouted request and resets it at
+                        // every 1 s solve).
+                        if let Some(b) = self.tables.backup[child].iter_mut().find(|b| b.node == n) {
+                            b.leftover_qps -= 1.0;
+                        }
+                        self.tables.backup[child].retain(|b| b.leftover_qps > 0.0);
+                        self.deliver(child_req, Some(n));
+                    }
+                    Hop::Drop(cause) => self.drop_req(child_req, cause.as_str()),
+                }
+            }
+        }
+        self.done_one(client);
+    }
+
+    pub(super) fn drop_req(&mut self, r: Req, cause: &'static str) {
+        self.reroutes.remove(&r.id);
+        *self.counters[r.task].dropped.entry(cause).or_insert(0) += 1;
+        let client = r.client as usize;
+        self.clients[client].dropped = true;
+        self.done_one(client);
+    }
+}
