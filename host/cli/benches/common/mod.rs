@@ -14,8 +14,9 @@ pub struct ServerProcess {
     child: Child,
     /// Where it listens.
     pub addr: SocketAddr,
-    /// Kept open while it runs (it writes there).
-    _stdout: BufReader<ChildStdout>,
+    /// Kept open while it runs (it writes there); [`ServerProcess::grpc_addr`]
+    /// reads its later lines.
+    stdout: BufReader<ChildStdout>,
 }
 
 impl ServerProcess {
@@ -41,6 +42,29 @@ impl ServerProcess {
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ticks = |i: usize| f.get(i - 3).and_then(|x| x.parse::<f64>().ok()).unwrap_or(f64::NAN);
         (ticks(14) + ticks(15)) / ticks_per_second
+    }
+
+    /// Its process id (for a profiler to attach to).
+    #[allow(dead_code)] // Not every bench reads it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The gRPC address it prints after its HTTP one (`... gRPC listening on ADDR`),
+    /// for a server started with a gRPC listener (`--grpc-listen 127.0.0.1:0`); call
+    /// it once, right after starting.
+    #[allow(dead_code)] // Not every bench serves gRPC.
+    pub fn grpc_addr(&mut self) -> Result<SocketAddr> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.stdout.read_line(&mut line)? == 0 {
+                bail!("the server printed no gRPC address");
+            }
+            if let Some((_, addr)) = line.trim().split_once("gRPC listening on ") {
+                return addr.parse().with_context(|| format!("address in {line:?}"));
+            }
+        }
     }
 }
 
@@ -75,23 +99,26 @@ pub fn clock_ticks() -> f64 {
 /// it prints; no `--config` in `args` serves the embedded default.
 pub fn start_server_with(dir: &Path, args: &[&std::ffi::OsStr]) -> Result<ServerProcess> {
     let exe = env!("CARGO_BIN_EXE_sluice");
-    let mut child = Command::new(exe)
-        .current_dir(dir)
-        .arg("serve")
-        .args(args)
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
+    let mut command = Command::new(exe);
+    command.current_dir(dir).arg("serve").args(args).args(["--listen", "127.0.0.1:0"]).env("RUST_LOG", "warn");
+    start_process(command)
+}
+
+/// Starts `command`, a server that prints `... listening on http://ADDR` as its
+/// first line on stdout (as `sluice serve` does), and reads that address.
+pub fn start_process(mut command: Command) -> Result<ServerProcess> {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .with_context(|| format!("spawn {exe}"))?;
+        .with_context(|| format!("spawn {:?}", command.get_program()))?;
     let mut stdout = BufReader::new(child.stdout.take().context("server stdout")?);
     let mut line = String::new();
     stdout.read_line(&mut line)?;
-    let Some(addr) = line.trim().strip_prefix("sluice listening on http://") else {
+    let Some((_, addr)) = line.trim().split_once(" listening on http://") else {
         let _ = child.kill();
         bail!("server did not start (first stdout line: {line:?})");
     };
     let addr = addr.parse().with_context(|| format!("address in {line:?}"))?;
-    Ok(ServerProcess { child, addr, _stdout: stdout })
+    Ok(ServerProcess { child, addr, stdout })
 }
