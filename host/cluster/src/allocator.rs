@@ -478,54 +478,184 @@ fn live_devices(s: &Snapshot) -> Vec<LiveDevice> {
     out
 }
 
-/// Maps the plan's devices onto live devices of the same type, keeping a device's
-/// (app, variant) where the plan still has one like it; returns each assignment with
-/// its share of its app.
+/// Maps the plan's devices onto live devices of the same type; returns each
+/// assignment with its share of its app.
+///
+/// Two aims, in this order:
+/// 1. **Anti-affinity:** the devices of one planned variant (a share > 0) are spread
+///    over agents, so that losing one agent leaves a copy of every variant the plan
+///    gives two devices or more. A variant is left on one agent only where no
+///    arrangement of the same plan on the live devices avoids it (one agent, or the
+///    others full). Spares get their copies from [`standby_copies`].
+/// 2. **Stability:** a device keeps its (app, variant) where the plan still has one
+///    like it, so routing keys (`{agent}/{device}`) survive re-plans and nothing is
+///    loaded again; except where keeping it would hold every device of a variant on
+///    one agent (a plan made while one agent was alone, or before this rule).
+///
+/// Passes: (1) devices keep what they had, at most `n - 1` of a variant's `n` on one
+/// agent while another agent has devices of that type; (2) the rest go, planned
+/// variants first, to the free device of the agent that hosts the fewest of that
+/// variant yet (ties: the agent with the most free devices of the type, then
+/// the first); (3) a variant still on one agent trades one device with another
+/// agent's device whose variant does not lose its own spread by the trade (or
+/// moves to a free device there).
 fn assign(plan: &proteus::Plan, members: &[LiveDevice], previous: &Placement) -> Vec<(Assignment, f64)> {
     let before: BTreeMap<(&str, u32), (&str, &str)> = previous
         .assignments
         .iter()
         .map(|a| ((a.agent.as_str(), a.device), (a.app.as_str(), a.variant.as_str())))
         .collect();
-    let mut used: BTreeSet<usize> = BTreeSet::new();
-    let mut out: Vec<Option<(Assignment, f64)>> = vec![None; plan.devices.len()];
-    let wanted: Vec<(usize, &str, &str, &str, f64)> = plan
+    // The plan's devices that host something, planned ones (a share > 0) first.
+    let mut wanted: Vec<(usize, &str, &str, &str, f64)> = plan
         .devices
         .iter()
         .enumerate()
         .filter_map(|(i, d)| Some((i, d.device_type.as_str(), d.app.as_deref()?, d.model.as_deref()?, d.share)))
         .collect();
-    // Pass 1: devices that keep what they had.
-    for &(i, kind, app, variant, share) in &wanted {
-        let hit = members.iter().enumerate().find(|(j, m)| {
-            !used.contains(j) && m.kind == kind && before.get(&(m.agent.as_str(), m.device)) == Some(&(app, variant))
-        });
-        if let Some((j, m)) = hit {
-            used.insert(j);
-            out[i] = Some((
-                Assignment { agent: m.agent.clone(), device: m.device, app: app.into(), variant: variant.into() },
-                share,
-            ));
+    wanted.sort_by_key(|&(i, .., share)| (share <= 0.0, i));
+    // Each planned variant's device count, and the agents with devices of each type.
+    let mut planned: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for &(_, _, app, variant, share) in &wanted {
+        if share > 0.0 {
+            *planned.entry((app, variant)).or_default() += 1;
         }
     }
-    // Pass 2: the rest, on free devices of their type.
+    let mut agents_of: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for m in members {
+        agents_of.entry(m.kind.as_str()).or_default().insert(m.agent.as_str());
+    }
+    let mut used = vec![false; members.len()];
+    // Where each planned variant's devices are so far: agent → count.
+    let mut hosts: BTreeMap<(&str, &str), BTreeMap<&str, usize>> = BTreeMap::new();
+    let mut out: Vec<Option<(usize, f64)>> = vec![None; plan.devices.len()];
+    // Pass 1: devices that keep what they had.
+    for &(i, kind, app, variant, share) in &wanted {
+        let n = planned.get(&(app, variant)).copied().unwrap_or(0);
+        let spreadable = n >= 2 && agents_of.get(kind).is_some_and(|a| a.len() >= 2);
+        let hit = members.iter().enumerate().find(|&(j, m)| {
+            !used[j]
+                && m.kind == kind
+                && before.get(&(m.agent.as_str(), m.device)) == Some(&(app, variant))
+                && !(share > 0.0
+                    && spreadable
+                    && hosts.get(&(app, variant)).and_then(|h| h.get(m.agent.as_str())).copied().unwrap_or(0) + 1 >= n)
+        });
+        if let Some((j, m)) = hit {
+            used[j] = true;
+            out[i] = Some((j, share));
+            if share > 0.0 {
+                *hosts.entry((app, variant)).or_default().entry(m.agent.as_str()).or_default() += 1;
+            }
+        }
+    }
+    // Pass 2: the rest, spread.
     for &(i, kind, app, variant, share) in &wanted {
         if out[i].is_some() {
             continue;
         }
-        let free = members.iter().enumerate().find(|(j, m)| !used.contains(j) && m.kind == kind);
-        match free {
-            Some((j, m)) => {
-                used.insert(j);
-                out[i] = Some((
-                    Assignment { agent: m.agent.clone(), device: m.device, app: app.into(), variant: variant.into() },
-                    share,
-                ));
+        let free_on = |agent: &str, used: &[bool]| {
+            members.iter().zip(used).filter(|(m, u)| !**u && m.kind == kind && m.agent == agent).count()
+        };
+        let on_agent = |agent: &str| match share > 0.0 {
+            true => hosts.get(&(app, variant)).and_then(|h| h.get(agent)).copied().unwrap_or(0),
+            false => 0,
+        };
+        let pick = members
+            .iter()
+            .enumerate()
+            .filter(|&(j, m)| !used[j] && m.kind == kind)
+            .min_by_key(|&(j, m)| (on_agent(&m.agent), std::cmp::Reverse(free_on(&m.agent, &used)), j))
+            .map(|(j, _)| j);
+        match pick {
+            Some(j) => {
+                used[j] = true;
+                out[i] = Some((j, share));
+                if share > 0.0 {
+                    *hosts.entry((app, variant)).or_default().entry(members[j].agent.as_str()).or_default() += 1;
+                }
             }
             None => tracing::warn!(device = %plan.devices[i].device, "the plan has more {kind} devices than are live"),
         }
     }
-    out.into_iter().flatten().collect()
+    // Pass 3: a planned variant still on one agent trades a device with another agent.
+    let variant_of = |i: usize| {
+        let d = &plan.devices[i];
+        (d.app.as_deref().unwrap_or_default(), d.model.as_deref().unwrap_or_default())
+    };
+    let spread = |v: (&str, &str), out: &[Option<(usize, f64)>]| -> BTreeMap<String, usize> {
+        let mut agents = BTreeMap::new();
+        for (i, o) in out.iter().enumerate() {
+            if let Some((j, share)) = o {
+                if *share > 0.0 && variant_of(i) == v {
+                    *agents.entry(members[*j].agent.clone()).or_default() += 1;
+                }
+            }
+        }
+        agents
+    };
+    for (&v, &n) in &planned {
+        if n < 2 {
+            continue;
+        }
+        let agents = spread(v, &out);
+        if agents.len() != 1 {
+            continue;
+        }
+        // One of its devices (a planned one) on the agent it is stuck on.
+        let Some(mine) =
+            out.iter().enumerate().position(|(i, o)| o.is_some_and(|(_, s)| s > 0.0) && variant_of(i) == v)
+        else {
+            continue;
+        };
+        let (j_mine, _) = out[mine].expect("placed");
+        let kind = members[j_mine].kind.as_str();
+        let stuck = members[j_mine].agent.as_str();
+        // A free device of its type on another agent: move there.
+        if let Some(j) = (0..members.len()).find(|&j| !used[j] && members[j].kind == kind && members[j].agent != stuck)
+        {
+            used[j_mine] = false;
+            used[j] = true;
+            out[mine] = out[mine].map(|(_, s)| (j, s));
+            continue;
+        }
+        // Else trade with another agent's device whose variant keeps its spread.
+        let partner = out.iter().enumerate().find(|&(i, o)| {
+            let Some((j, share)) = *o else { return false };
+            if members[j].kind != kind || members[j].agent == stuck || variant_of(i) == v {
+                return false;
+            }
+            let w = variant_of(i);
+            if share <= 0.0 || planned.get(&w).copied().unwrap_or(0) < 2 {
+                return true; // a spare, or a variant with one device: no spread to lose
+            }
+            let mut after = spread(w, &out);
+            let there = after.get_mut(&members[j].agent).expect("hosts w");
+            *there -= 1;
+            if *there == 0 {
+                after.remove(&members[j].agent);
+            }
+            *after.entry(stuck.to_string()).or_default() += 1;
+            after.len() >= 2
+        });
+        if let Some((other, _)) = partner {
+            let (j_other, s_other) = out[other].expect("placed");
+            let (_, s_mine) = out[mine].expect("placed");
+            out[mine] = Some((j_other, s_mine));
+            out[other] = Some((j_mine, s_other));
+        }
+    }
+    out.iter()
+        .enumerate()
+        .filter_map(|(i, o)| {
+            let (j, share) = (*o)?;
+            let (app, variant) = variant_of(i);
+            let m = &members[j];
+            Some((
+                Assignment { agent: m.agent.clone(), device: m.device, app: app.into(), variant: variant.into() },
+                share,
+            ))
+        })
+        .collect()
 }
 
 /// Gives every device the plan leaves without a share (a spare: the MILP may place a
@@ -627,6 +757,103 @@ mod tests {
                     service_us: None,
                 })
                 .collect(),
+        }
+    }
+
+    /// Each planned variant's agents, from an assignment.
+    fn agents_of(got: &[(Assignment, f64)], variant: &str) -> BTreeSet<String> {
+        got.iter().filter(|(a, s)| a.variant == variant && *s > 0.0).map(|(a, _)| a.agent.clone()).collect()
+    }
+
+    #[test]
+    fn a_variant_on_two_devices_gets_one_on_each_of_two_agents() {
+        // The worked example: 2 agents x 2 devices, one variant needing 2 devices.
+        // Before, both went to a1 (the first free devices) and a1's loss lost it.
+        let members = vec![dev("a1", 0), dev("a1", 1), dev("a2", 0), dev("a2", 1)];
+        let got = assign(&plan(&[("img", "big", 0.5), ("img", "big", 0.5)]), &members, &Placement::default());
+        assert_eq!(agents_of(&got, "big").len(), 2, "{got:?}");
+        // Two variants on two devices each: each on both agents.
+        let p = plan(&[("img", "big", 0.3), ("img", "big", 0.3), ("img", "small", 0.2), ("img", "small", 0.2)]);
+        let got = assign(&p, &members, &Placement::default());
+        assert_eq!(got.len(), 4);
+        assert_eq!(agents_of(&got, "big").len(), 2, "{got:?}");
+        assert_eq!(agents_of(&got, "small").len(), 2, "{got:?}");
+        // Three of one and one of another: the three span both agents.
+        let p = plan(&[("img", "big", 0.3), ("img", "big", 0.3), ("img", "big", 0.3), ("img", "small", 0.1)]);
+        let got = assign(&p, &members, &Placement::default());
+        assert_eq!(agents_of(&got, "big").len(), 2, "{got:?}");
+        // One agent only: everything on it, nothing lost.
+        let alone = vec![dev("a1", 0), dev("a1", 1)];
+        let got = assign(&plan(&[("img", "big", 0.5), ("img", "big", 0.5)]), &alone, &Placement::default());
+        assert_eq!(got.len(), 2);
+    }
+
+    #[test]
+    fn a_previous_placement_on_one_agent_is_spread_with_one_move() {
+        let members = vec![dev("a1", 0), dev("a1", 1), dev("a2", 0), dev("a2", 1)];
+        let a = |agent: &str, device: u32, variant: &str| Assignment {
+            agent: agent.into(),
+            device,
+            app: "img".into(),
+            variant: variant.into(),
+        };
+        // Made while a2 was away: big on both of a1's devices, small on both of a2's.
+        let previous = Placement {
+            epoch: 3,
+            assignments: vec![a("a1", 0, "big"), a("a1", 1, "big"), a("a2", 0, "small"), a("a2", 1, "small")],
+        };
+        let p = plan(&[("img", "big", 0.3), ("img", "big", 0.3), ("img", "small", 0.2), ("img", "small", 0.2)]);
+        let got = assign(&p, &members, &previous);
+        assert_eq!(agents_of(&got, "big").len(), 2, "{got:?}");
+        assert_eq!(agents_of(&got, "small").len(), 2, "{got:?}");
+        // Half the devices keep what they had: one load per variant, not four.
+        let kept = got.iter().filter(|(x, _)| previous.assignments.contains(x)).count();
+        assert_eq!(kept, 2, "{got:?}");
+    }
+
+    #[test]
+    fn a_variant_held_on_one_agent_by_kept_devices_trades_a_device() {
+        // a1 has three devices, a2 one, which kept `small` from the last plan. Passes 1
+        // and 2 put both of big's devices on a1 (a2 is full); the trade moves small
+        // to a1 and one big to a2: small (one device) loses no spread by it.
+        let members = vec![dev("a1", 0), dev("a1", 1), dev("a1", 2), dev("a2", 0)];
+        let previous = Placement {
+            epoch: 1,
+            assignments: vec![Assignment { agent: "a2".into(), device: 0, app: "img".into(), variant: "small".into() }],
+        };
+        let p = plan(&[("img", "small", 0.2), ("img", "big", 0.4), ("img", "big", 0.4)]);
+        let got = assign(&p, &members, &previous);
+        assert_eq!(got.len(), 3);
+        assert_eq!(agents_of(&got, "big").len(), 2, "{got:?}");
+        // Where no arrangement spreads both (a2 has one device), one stays on one agent.
+        let p = plan(&[("img", "small", 0.1), ("img", "small", 0.1), ("img", "big", 0.4), ("img", "big", 0.4)]);
+        let got = assign(&p, &members, &Placement::default());
+        assert_eq!(got.len(), 4);
+        assert_eq!(agents_of(&got, "big").len() + agents_of(&got, "small").len(), 3, "{got:?}");
+    }
+
+    #[test]
+    fn after_any_one_agent_is_lost_every_planned_variant_still_has_a_copy() {
+        // 3 agents x 2 devices, a plan of 2 + 2 + 1 devices and a spare: with
+        // standby copies (spare = "replicate") every variant survives any one agent.
+        let members: Vec<LiveDevice> = ["a1", "a2", "a3"].iter().flat_map(|a| [dev(a, 0), dev(a, 1)]).collect();
+        let p = plan(&[
+            ("img", "big", 0.3),
+            ("img", "big", 0.3),
+            ("img", "mid", 0.15),
+            ("img", "mid", 0.15),
+            ("img", "small", 0.1),
+            ("img", "tiny", 0.0),
+        ]);
+        let mut got = assign(&p, &members, &Placement::default());
+        standby_copies(&mut got, &members);
+        for lost in ["a1", "a2", "a3"] {
+            for v in ["big", "mid", "small"] {
+                assert!(
+                    got.iter().any(|(a, _)| a.agent != lost && a.variant == v),
+                    "{v} has no copy once {lost} is lost: {got:?}"
+                );
+            }
         }
     }
 
