@@ -1,6 +1,7 @@
 //! `deploy/grafana/sluice.json` against a real server's `/metrics`: every metric
 //! and every label its queries name exists (with series, after traffic, a swap, a
-//! policy fault and an allocator's re-plan), and every family follows Prometheus'
+//! policy fault and an allocator's re-plan; accuracy served, per-worker queues and
+//! re-plans among them), and every family follows Prometheus'
 //! naming conventions (counters end in `_total`, times are in `_seconds`, the app
 //! label is `app` everywhere).
 
@@ -153,5 +154,16 @@ async fn every_metric_and_label_the_grafana_dashboard_queries_exists() {
         }
     }
     assert!(text.contains("sluice_allocator_solve_seconds_count{status="), "no allocator solve series");
+    // The dashboard's accuracy served, per-worker queues and re-plans: their series.
+    assert!(text.contains("sluice_replans_total{scope=\"allocator\",reason=\"admin\"} 1"), "{text}");
+    for app in ["a", "b"] {
+        assert!(text.contains(&format!("sluice_worker_queued_requests{{app=\"{app}\",worker=\"0\"}} ")), "{text}");
+        assert!(text.contains(&format!("sluice_model_accuracy_ratio{{app=\"{app}\",model=")), "{text}");
+    }
+    let panels: Vec<&str> =
+        dashboard["panels"].as_array().unwrap().iter().filter_map(|p| p["title"].as_str()).collect();
+    for title in ["Accuracy served", "Queue per worker", "Re-plans (5 min)"] {
+        assert!(panels.contains(&title), "no panel {title}: {panels:?}");
+    }
     server.stop().await.unwrap();
 }

@@ -315,3 +315,78 @@ async fn the_demo_answers_every_request_through_three_kills() {
     assert_eq!(summary_count(&line, "agent failovers"), 1, "{line}");
     assert_eq!(summary_count(&line, "allocator failovers"), 1, "{line}");
 }
+
+/// The dashboard's cluster card (docs/host.md, "Dashboard"): a frontend's `GET
+/// /admin/dashboard` names the roles, the leading allocator, the agents with their
+/// devices and the routing table in force, as the store has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_frontends_dashboard_shows_the_roles_the_leader_and_the_agents() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = "cluster-dashboard";
+    let config = format!("admin_token = \"{token}\"\n{}", config_text(dir.path(), &policies(), 4, 200, 1.0));
+    let mut c = Cluster::start(&bin(), dir.path(), 1, &config).await.unwrap();
+    c.allocator("alloc1").unwrap();
+    c.allocator("alloc2").unwrap();
+    c.agent("a1", 2).unwrap();
+    c.agent("a2", 1).unwrap();
+    let fe = c.frontend("f1", 1000).unwrap();
+    c.wait_ready(fe, Duration::from_secs(60)).await.unwrap();
+    let auth = format!("Bearer {token}");
+    let fetch = || async {
+        let mut client = sluice_loadgen::Client::connect(fe).await.ok()?;
+        let r = client.request("GET", "/admin/dashboard", &[("authorization", auth.as_str())], b"").await.ok()?;
+        (r.status == 200).then(|| r.json()["cluster"].clone())
+    };
+    // Until both agents are ready on the table in force and this frontend has
+    // published its record (once a second).
+    let view = wait_for(Duration::from_secs(30), "the frontend's cluster view", || async {
+        let v = fetch().await?;
+        let agents = v["agents"].as_array()?;
+        let ready = agents.len() == 2 && agents.iter().all(|a| a["health"] == "ready");
+        (ready && v["frontends"].as_array()?.len() == 1 && v["leader"].is_string()).then_some(v)
+    })
+    .await
+    .unwrap();
+    assert_eq!(view["role"], "frontend", "{view:#}");
+    assert_eq!(view["id"], "f1");
+    assert_eq!(view["store"]["reachable"], true, "{view:#}");
+    let leader = c.leading_allocator().await.unwrap().expect("an allocator leads");
+    assert_eq!(view["leader"], leader.as_str(), "{view:#}");
+    assert!(["alloc1", "alloc2"].contains(&leader.as_str()));
+    let f = &view["frontends"][0];
+    assert_eq!((f["id"].as_str(), f["this"].as_bool()), (Some("f1"), Some(true)), "{view:#}");
+    // The agents, in id order, with their devices as they registered them.
+    let records = c.agents().await;
+    for (i, (id, devices)) in [("a1", 2), ("a2", 1)].into_iter().enumerate() {
+        let a = &view["agents"][i];
+        assert_eq!(a["id"], id, "{view:#}");
+        let record = records.iter().find(|r| r.id == id).expect("the agent's record");
+        assert_eq!(a["addr"], record.addr.as_str());
+        assert_eq!(a["accepting"], true);
+        let ds = a["devices"].as_array().unwrap();
+        assert_eq!(ds.len(), devices, "{a:#}");
+        for (d, dv) in ds.iter().enumerate() {
+            assert_eq!((dv["index"].as_u64(), dv["kind"].as_str()), (Some(d as u64), Some("cpu")), "{a:#}");
+        }
+    }
+    // The routing table in force: the store's, and every route on a listed device.
+    let table = c.routing().await.unwrap();
+    let epoch = view["routing_epoch"].as_u64().unwrap();
+    assert!(epoch >= 1 && epoch <= table.epoch, "epoch {epoch} against the store's {}", table.epoch);
+    let routes = view["routing"]["apps"]["img"].as_array().unwrap();
+    assert!(!routes.is_empty(), "{view:#}");
+    let on_devices: usize = view["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|a| a["devices"].as_array().unwrap())
+        .map(|d| d["routes"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(on_devices, routes.len(), "every route shows on its device: {view:#}");
+    let shares: f64 = routes.iter().map(|r| r["share"].as_f64().unwrap()).sum();
+    assert!((shares - 1.0).abs() < 1e-6, "img's shares sum to 1: {view:#}");
+    // Without the token: nothing.
+    let mut client = sluice_loadgen::Client::connect(fe).await.unwrap();
+    assert_eq!(client.request("GET", "/admin/dashboard", &[], b"").await.unwrap().status, 401);
+}

@@ -311,6 +311,10 @@ pub async fn run(
     if let Some(a) = agents.wait_for(Duration::from_secs(5), |s| s.revision > 0).await {
         fe.set_live(&a);
     }
+    // The dashboard's cluster card, from this frontend's mirrors (they live until `run` returns).
+    let leader = Mirror::start(store.clone(), options.keys.election());
+    let frontends = Mirror::start(store.clone(), options.keys.frontends());
+    let _ = fe.state.cluster_view.set(cluster_view(&fe, &agents, &leader, &frontends));
     fe.apply(read_key::<RoutingTable>(&first, &key).expect("checked")).await;
     tracing::info!(frontend = %options.id, epoch = fe.epoch(), "serving on the first routing table");
     let follow = tokio::spawn(follow(fe.clone(), routing, agents));
@@ -320,6 +324,109 @@ pub async fn run(
     follow.abort();
     report.abort();
     result
+}
+
+/// What `GET /admin/dashboard` shows of the cluster from this frontend: the roles
+/// (the leading allocator, the frontends, the agents with their devices, what each
+/// device has loaded and the routes to it), each agent's health as the frontend
+/// judges it, and the routing table in force. Read from the mirrors the frontend
+/// keeps anyway (agents) or keeps for this (the election key, the frontends), so a
+/// poll costs no store round trip; while the store is unreachable it shows the
+/// last state seen, and says so (`store.reachable`).
+///
+/// Allocators other than the leader are not in the store (a standby only watches
+/// the election key), so only the leader is named.
+fn cluster_view(
+    fe: &Arc<Frontend>,
+    agents: &Mirror,
+    leader: &Mirror,
+    frontends: &Mirror,
+) -> sluice_server::dashboard::ClusterView {
+    let me = Arc::downgrade(fe);
+    let (agents, leader, frontends) = (agents.subscribe(), leader.subscribe(), frontends.subscribe());
+    Box::new(move || {
+        let Some(fe) = me.upgrade() else { return serde_json::json!({ "role": "frontend" }) };
+        let table = fe.table.load();
+        let live = fe.live.load();
+        let (agents, leader, frontends) =
+            (agents.borrow().clone(), leader.borrow().clone(), frontends.borrow().clone());
+        let election = fe.options.keys.election();
+        let leader_id = leader.kvs.get(&election).map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+        let records: Vec<AgentRecord> =
+            agents.kvs.iter().filter_map(|(k, kv)| decode::<AgentRecord>(k, &kv.value).ok()).collect();
+        let routes_to = |agent: &str, device: u32| -> Vec<serde_json::Value> {
+            table
+                .apps
+                .iter()
+                .flat_map(|(app, routes)| routes.iter().map(move |r| (app, r)))
+                .filter(|(_, r)| r.agent == agent && r.device == device)
+                .map(|(app, r)| serde_json::json!({ "app": app, "variant": r.variant, "share": r.share }))
+                .collect()
+        };
+        let mut agent_views: Vec<serde_json::Value> = records
+            .iter()
+            .map(|a| {
+                let health = if !live.contains(&a.id) {
+                    "unrouted"
+                } else if !a.accepting {
+                    "draining"
+                } else if a.ready_epoch < table.epoch {
+                    "loading"
+                } else {
+                    "ready"
+                };
+                let devices: Vec<serde_json::Value> = a
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        let loaded: Vec<serde_json::Value> = a
+                            .loaded
+                            .iter()
+                            .filter(|l| l.device == d.index)
+                            .map(|l| serde_json::json!({ "app": l.app, "variant": l.variant }))
+                            .collect();
+                        serde_json::json!({
+                            "index": d.index, "kind": d.kind, "loaded": loaded, "routes": routes_to(&a.id, d.index),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "id": a.id, "addr": a.addr, "health": health, "accepting": a.accepting,
+                    "ready_epoch": a.ready_epoch, "devices": devices,
+                })
+            })
+            .collect();
+        // Agents the routing table still names whose record is gone: their lease lapsed.
+        let named: BTreeSet<&str> = table.apps.values().flatten().map(|r| r.agent.as_str()).collect();
+        for gone in named.into_iter().filter(|id| records.iter().all(|a| a.id != *id)) {
+            agent_views.push(serde_json::json!({
+                "id": gone, "addr": null, "health": "gone", "accepting": false, "ready_epoch": null, "devices": [],
+            }));
+        }
+        let frontend_views: Vec<serde_json::Value> = frontends
+            .kvs
+            .iter()
+            .filter_map(|(k, kv)| decode::<FrontendRecord>(k, &kv.value).ok())
+            .map(|f| {
+                serde_json::json!({
+                    "id": f.id, "addr": f.addr, "routing_epoch": f.routing_epoch, "this": f.id == fe.options.id,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "role": "frontend",
+            "id": fe.options.id,
+            "leader": leader_id,
+            "routing_epoch": table.epoch,
+            "store": { "reachable": agents.live && leader.live, "revision": agents.revision.max(leader.revision) },
+            "frontends": frontend_views,
+            "agents": agent_views,
+            "routing": &**table,
+            "swaps": fe.swaps.load(Ordering::Relaxed),
+            "agent_removals": fe.agent_removals.load(Ordering::Relaxed),
+            "retried": fe.retried(),
+        })
+    })
 }
 
 /// Applies every new routing table and agent membership.

@@ -380,8 +380,51 @@
   });
 
   function renderCluster(s) {
+    const c = s.cluster || { role: 'standalone' };
+    $('host').replaceChildren(table(['role', 'version', 'apps', 'connections open'], [[c.role, s.version, String(s.apps.length), String(s.connections_open)]]));
+    // A cluster's frontend says what it sees of the cluster; a standalone host has
+    // no cluster card.
+    const section = $('cluster-section');
+    section.hidden = c.role === 'standalone';
+    if (section.hidden) return;
     const box = $('cluster');
     box.replaceChildren();
-    box.appendChild(table(['role', 'version', 'apps', 'connections open'], [[s.cluster.role, s.version, String(s.apps.length), String(s.connections_open)]]));
+    const row = el('div', 'row');
+    const item = (label, key, value) => {
+      const span = el('span');
+      span.appendChild(el('span', 'muted', label + ' '));
+      const b = span.appendChild(el('b', null, value === null || value === undefined ? '-' : value));
+      b.dataset.cluster = key;
+      row.appendChild(span);
+    };
+    item('this host:', 'self', c.role + ' ' + (c.id || ''));
+    item('leading allocator:', 'leader', c.leader === null || c.leader === undefined ? 'none' : c.leader);
+    item('routing epoch:', 'epoch', c.routing_epoch);
+    const store = c.store || {};
+    item('store:', 'store', (store.reachable ? 'reachable' : 'unreachable, showing the last state seen') + ' (revision ' + store.revision + ')');
+    item('tables applied:', 'swaps', c.swaps);
+    item('agents dropped before a re-plan:', 'agent_removals', c.agent_removals);
+    item('batches retried:', 'retried', c.retried);
+    box.appendChild(row);
+    const agents = c.agents || [];
+    const roles = [];
+    if (c.leader !== null && c.leader !== undefined) roles.push(['allocator', c.leader, '-', 'leader']);
+    for (const f of c.frontends || []) roles.push(['frontend', f.id, f.addr, 'routing epoch ' + f.routing_epoch + (f.this ? ' (this one)' : '')]);
+    for (const a of agents) roles.push(['agent', a.id, a.addr, a.health + (a.accepting ? '' : ', not accepting') + ', ready epoch ' + (a.ready_epoch === null ? '-' : a.ready_epoch)]);
+    box.appendChild(el('h3', null, 'Roles'));
+    const rt = box.appendChild(table(['role', 'id', 'address', 'state'], roles));
+    rt.dataset.cluster = 'roles';
+    box.appendChild(el('h3', null, 'Agents and their devices'));
+    const devices = [];
+    for (const a of agents) {
+      if (!a.devices.length) devices.push([a.id, '-', '-', a.health, '-']);
+      for (const d of a.devices) {
+        devices.push([a.id, String(d.index), d.kind,
+          d.loaded.map(l => l.app + ' ' + l.variant).join(', ') || '-',
+          d.routes.map(r => r.app + ' ' + r.variant + ' ' + (100 * r.share).toFixed(0) + ' %').join(', ') || '-']);
+      }
+    }
+    const dt = box.appendChild(table(['agent', 'device', 'type', 'loaded', 'routes (share of the app)'], devices));
+    dt.dataset.cluster = 'devices';
   }
 })();

@@ -22,6 +22,16 @@ use serde_json::{json, Value};
 use crate::api::{ApiError, Body};
 use crate::state::State;
 
+/// The cluster as a host in it sees it, for `GET /admin/dashboard`'s `cluster`.
+///
+/// Why a function set from outside: the roles, the leader and the agents live in
+/// the cluster's store, which `sluice_cluster` reads, and `sluice_cluster` depends
+/// on this crate, not the other way round. A frontend
+/// (`sluice_cluster::frontend::run`) sets one in [`State::cluster_view`] that
+/// answers from what it already mirrors (no store round trip per poll); outside
+/// a cluster there is none. It is called off the async threads, once per poll.
+pub type ClusterView = Box<dyn Fn() -> Value + Send + Sync>;
+
 /// Serves `/dashboard` (the page) and `/dashboard/<file>` (what it loads).
 pub fn asset(file: Option<&str>) -> Result<Response<Body>, ApiError> {
     let name = file.unwrap_or("index.html");
@@ -52,8 +62,9 @@ pub fn asset(file: Option<&str>) -> Result<Response<Body>, ApiError> {
 ///   the page differences two polls for rates and quantiles.
 /// - `events`: swaps and re-plans after `since`, for the markers.
 /// - `allocation`, `pipelines`, `evaluations`: as their admin routes show them.
-/// - `cluster`: this host's role (`standalone`: a cluster's frontend serves its
-///   routing slots as apps, and its roles are in etcd, not in this host).
+/// - `cluster`: the cluster as this host sees it ([`ClusterView`]: a frontend's
+///   roles, leader, agents and their devices, routing table), or `{"role":
+///   "standalone"}` outside a cluster.
 ///
 /// It asks every worker's policy for its `status`: call it off the async threads.
 pub fn snapshot(state: &Arc<State>, since: u64) -> Result<Value, ApiError> {
@@ -97,7 +108,7 @@ pub fn snapshot(state: &Arc<State>, since: u64) -> Result<Value, ApiError> {
     Ok(json!({
         "unix_ms": unix_ms,
         "version": env!("CARGO_PKG_VERSION"),
-        "cluster": { "role": "standalone" },
+        "cluster": state.cluster_view.get().map_or_else(|| json!({ "role": "standalone" }), |view| view()),
         "connections_open": state.metrics.connections.open.load(Ordering::Relaxed),
         "apps": apps,
         "events": state.metrics.events_after(since),

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 
@@ -56,6 +57,10 @@ pub struct Metrics {
     swaps: Mutex<BTreeMap<Labels, u64>>,
     histograms: Mutex<BTreeMap<(&'static str, Labels), Histogram>>,
     events: Mutex<Events>,
+    replans: Mutex<BTreeMap<Labels, u64>>,
+    /// The host whose apps' gauges are read when scraped ([`Metrics::read_apps_from`]).
+    /// Weak: the state owns these metrics.
+    state: OnceLock<Weak<crate::state::State>>,
 }
 
 /// How many control events (swaps, re-plans) the dashboard's timeline keeps: a
@@ -134,8 +139,13 @@ impl Metrics {
     }
 
     /// Records a control event for the dashboard's markers (swaps record theirs
-    /// through [`Metrics::swap`]).
+    /// through [`Metrics::swap`]). A `replan` also counts in `sluice_replans_total`
+    /// (scope `app`, reason `detail`), so Grafana sees what the page's markers show.
     pub fn event(&self, kind: &'static str, app: &str, detail: &str) {
+        if kind == "replan" {
+            let key = vec![("scope", app.to_string()), ("reason", detail.to_string())];
+            *self.replans.lock().entry(key).or_default() += 1;
+        }
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -208,6 +218,13 @@ impl Metrics {
             .fold((0, 0.0), |(count, sum), (_, h)| (count + h.count, sum + h.sum))
     }
 
+    /// Reads per-worker queue lengths and the variants' accuracies from `state`'s
+    /// apps whenever the metrics are rendered (set once, by `State::build`): read
+    /// at scrape time, they cost the request path nothing.
+    pub fn read_apps_from(&self, state: &Arc<crate::state::State>) {
+        let _ = self.state.set(Arc::downgrade(state));
+    }
+
     /// Renders everything in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -235,6 +252,15 @@ impl Metrics {
             "Completed hot swaps of an app's policy, by app and the policy swapped in.",
             &self.swaps.lock(),
         );
+        counter(
+            &mut out,
+            "sluice_replans_total",
+            "Re-plans that put a new plan in force, by scope (allocator: the [[device]] allocator) and reason (admin, period, demand shift).",
+            &self.replans.lock(),
+        );
+        if let Some(state) = self.state.get().and_then(Weak::upgrade) {
+            app_gauges(&state, &mut out);
+        }
         let c = &self.connections;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let _ = writeln!(
@@ -275,6 +301,32 @@ impl Metrics {
     }
 }
 
+/// Gauges read from the apps when scraped: each worker's queue, and each variant's
+/// accuracy (so a dashboard weighs `sluice_requests_total`'s served answers by it:
+/// the accuracy served, as the live page computes it).
+fn app_gauges(state: &crate::state::State, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "# HELP sluice_worker_queued_requests Requests queued per worker, by app and worker (one series, worker 0, for an app whose workers share one queue: router = \"shared\").\n# TYPE sluice_worker_queued_requests gauge"
+    );
+    for (name, app) in &state.apps {
+        for (w, n) in app.queue_lengths().iter().enumerate() {
+            let labels = vec![("app", name.clone()), ("worker", w.to_string())];
+            let _ = writeln!(out, "sluice_worker_queued_requests{{{}}} {n}", render_labels(&labels));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_model_accuracy_ratio Each variant's accuracy (0 to 1, from its profile), by app and model: the served answers of sluice_requests_total weighted by it are the accuracy served.\n# TYPE sluice_model_accuracy_ratio gauge"
+    );
+    for (name, app) in &state.apps {
+        for m in &app.models {
+            let labels = vec![("app", name.clone()), ("model", m.name.clone())];
+            let _ = writeln!(out, "sluice_model_accuracy_ratio{{{}}} {}", render_labels(&labels), m.accuracy);
+        }
+    }
+}
+
 fn render_labels(labels: &Labels) -> String {
     labels
         .iter()
@@ -305,5 +357,20 @@ mod tests {
         assert!(text.contains("sluice_batch_size_bucket{app=\"a\",le=\"2\"} 0"), "{text}");
         assert!(text.contains("sluice_batch_size_bucket{app=\"a\",le=\"4\"} 1"), "{text}");
         assert!(text.contains("sluice_batch_size_count{app=\"a\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn a_replan_event_counts_by_scope_and_reason() {
+        let m = Metrics::default();
+        m.event("replan", "allocator", "admin");
+        m.event("replan", "allocator", "admin");
+        m.event("replan", "allocator", "period");
+        m.swap("a", "fixed");
+        let text = m.render();
+        assert!(text.contains("# TYPE sluice_replans_total counter"), "{text}");
+        assert!(text.contains("sluice_replans_total{scope=\"allocator\",reason=\"admin\"} 2"), "{text}");
+        assert!(text.contains("sluice_replans_total{scope=\"allocator\",reason=\"period\"} 1"), "{text}");
+        assert!(!text.contains("sluice_replans_total{scope=\"a\""), "a swap is not a re-plan: {text}");
+        assert_eq!(m.events_after(0).len(), 4, "every event is still a marker");
     }
 }

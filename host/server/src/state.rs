@@ -53,6 +53,9 @@ pub struct State {
     pub logins: crate::api::LoginGuard,
     /// What-if evaluations and the replayer that runs them ([`State::set_replayer`]).
     pub evaluations: crate::evaluate::Evaluations,
+    /// The cluster as this host sees it, for `GET /admin/dashboard` (set once by a
+    /// cluster's frontend; unset outside a cluster): see [`crate::dashboard::ClusterView`].
+    pub cluster_view: std::sync::OnceLock<crate::dashboard::ClusterView>,
 }
 
 /// How an app's models are (re)loaded.
@@ -179,7 +182,9 @@ impl State {
             body_budget: Arc::new(tokio::sync::Semaphore::new(body_budget_kib)),
             logins: crate::api::LoginGuard::default(),
             evaluations,
+            cluster_view: std::sync::OnceLock::new(),
         });
+        state.metrics.read_apps_from(&state);
         for p in state.pipelines.values() {
             tokio::spawn(crate::pipeline::control_loop(Arc::downgrade(p)));
         }
