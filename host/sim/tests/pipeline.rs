@@ -139,9 +139,9 @@ fn early_drop_modes_drop_only_for_their_own_reasons() {
         let causes: Vec<&str> = r.drops.keys().map(String::as_str).collect();
         let allowed: &[&str] = match mode {
             "none" => &["expired", "policy"],
-            "last-task" => &["expired", "policy", "no-time-left"],
-            "per-task" => &["expired", "policy", "over-budget"],
-            _ => &["expired", "policy", "no-faster-worker"],
+            "last-task" => &["expired", "policy", "early-drop-no-time-left"],
+            "per-task" => &["expired", "policy", "early-drop-over-budget"],
+            _ => &["expired", "policy", "early-drop-no-faster-worker"],
         };
         assert!(causes.iter().all(|c| allowed.contains(c)), "{mode}: {causes:?}");
         if mode != "none" {
@@ -236,15 +236,15 @@ fn rerouting_fires_where_a_faster_worker_has_capacity_left() {
     }));
     let (per_task, rerouting) = (&runs[0], &runs[1]);
     let early = |r: &PipelineResult, cause: &str| r.drops.get(cause).copied().unwrap_or(0);
-    assert!(early(per_task, "over-budget") > 0, "the setting must make requests late: {per_task:?}");
+    assert!(early(per_task, "early-drop-over-budget") > 0, "the setting must make requests late: {per_task:?}");
     assert!(rerouting.tasks[1].rerouted > 0, "nothing rerouted: {rerouting:?}");
     assert_eq!(per_task.tasks[1].rerouted, 0);
     // Every rerouted request is one per-task dropping would have dropped.
     assert!(
-        early(rerouting, "no-faster-worker") < early(per_task, "over-budget"),
+        early(rerouting, "early-drop-no-faster-worker") < early(per_task, "early-drop-over-budget"),
         "rerouting dropped {} early, per-task {}",
-        early(rerouting, "no-faster-worker"),
-        early(per_task, "over-budget")
+        early(rerouting, "early-drop-no-faster-worker"),
+        early(per_task, "early-drop-over-budget")
     );
     // Rerouted requests run on the less accurate worker.
     assert!(rerouting.accuracy < 1.0);

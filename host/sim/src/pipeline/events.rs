@@ -113,6 +113,9 @@ impl<'a> PipelineSim<'a> {
             window_acc: Vec::new(),
             overloaded: None,
             reroutes: HashMap::new(),
+            delivery: flow::Delivery::default(),
+            loads: (0..n).map(|_| LoadMonitor::new(flow::LOAD_WINDOW_US)).collect(),
+            outcomes: None,
         };
         // The first plan: the demand of the first second of arrivals (a warm start:
         // the reference starts from a fixed allocation and its clamp of 50 req/s).
@@ -140,6 +143,13 @@ impl<'a> PipelineSim<'a> {
     }
 
     pub(super) fn run(mut self) -> (PipelineResult, Vec<PipelineWindow>) {
+        self.run_events();
+        self.account_workers();
+        self.result()
+    }
+
+    /// Handles every event, in time order, until none is left or the run overloads.
+    pub(super) fn run_events(&mut self) {
         while let Some(Reverse((now, seq))) = self.events.pop() {
             self.now = now;
             let Some(event) = self.payloads.remove(&seq) else { continue };
@@ -148,7 +158,7 @@ impl<'a> PipelineSim<'a> {
                 Event::Done { slot, model, batch, started } => {
                     self.finish(slot, model, batch, started);
                     self.slots[slot].busy = false;
-                    self.after_idle(slot);
+                    self.delivery.touch(slot);
                 }
                 Event::Timer { slot, token } => {
                     if self.slots[slot].token == token && !self.slots[slot].busy {
@@ -173,17 +183,42 @@ impl<'a> PipelineSim<'a> {
                     }
                 }
             }
+            // One instant, one decision per worker, after everything that reached
+            // it at that instant (`flow::Delivery`).
+            if self.events.peek().is_none_or(|Reverse((next, _))| *next > now) {
+                self.end_instant();
+            }
             if self.overloaded.is_some() {
                 break;
             }
         }
-        self.account_workers();
-        self.result()
+    }
+
+    /// [`Self::run`], returning the client requests' outcomes instead of the results.
+    pub(super) fn run_keeping_outcomes(mut self) -> Vec<flow::PipelineOutcome> {
+        self.run_events();
+        self.outcomes.take().unwrap_or_default()
+    }
+
+    /// The end of an instant: every idle worker that got requests (or finished a
+    /// batch) in it decides, and retiring workers with nothing left are freed.
+    pub(super) fn end_instant(&mut self) {
+        for i in self.delivery.take() {
+            if !self.slots[i].busy && !self.slots[i].queue.is_empty() {
+                self.decide(i);
+            }
+            if self.slots[i].state == SlotState::Retiring {
+                self.free_idle();
+            }
+        }
     }
 
     pub(super) fn arrive(&mut self) {
         let now = self.now;
         let c = self.clients.len() as u32;
+        if let Some(o) = self.outcomes.as_mut() {
+            o.push(flow::PipelineOutcome::default());
+        }
         self.clients.push(Client {
             arrival: now,
             deadline: now + self.slo_us,
@@ -224,14 +259,19 @@ impl<'a> PipelineSim<'a> {
             now,
             worker: i as u32,
             workers,
-            load_qps: 0.0,
+            // The task's measured arrival rate, as a live task app's (`flow::LOAD_WINDOW_US`).
+            load_qps: self.loads[s.task].rate(now),
             loaded: &s.loaded,
             models: &s.models[..],
             expire_us,
-            draining: s.state == SlotState::Retiring,
+            draining: s.state == SlotState::Retiring && flow::RETIRING_DRAINS,
             timed: true,
         };
         let d = decision::decide(&mut s.policy, &mut s.queue, &cx);
+        if d.fault.is_some() {
+            self.fault(i);
+        }
+        let s = &mut self.slots[i];
         s.token += 1;
         let token = s.token;
         let mut again = false;
@@ -250,20 +290,25 @@ impl<'a> PipelineSim<'a> {
             self.schedule(t, e);
         }
         for r in d.expired {
-            self.drop_req(r, DropReason::Expired.as_str());
+            self.drop_req(r, flow::Drop::Worker(DropReason::Expired));
         }
         for r in d.dropped {
-            self.drop_req(r, DropReason::Policy.as_str());
+            self.drop_req(r, flow::Drop::Worker(DropReason::Policy));
         }
         again
     }
 
-    pub(super) fn after_idle(&mut self, i: usize) {
-        if !self.slots[i].queue.is_empty() {
-            self.decide(i);
-        }
-        if self.slots[i].state == SlotState::Retiring {
-            self.free_idle();
+    /// A fault of worker `i`'s policy: counted for its task (as the host counts a
+    /// task app's), and with `fail_mode = "unbind"` the task's policies are unbound
+    /// at `unbind_after` faults (`flow::unbind_after_fault`; a pipeline's task apps
+    /// take the app defaults).
+    pub(super) fn fault(&mut self, i: usize) {
+        let task = self.slots[i].task;
+        self.counters[task].policy_faults += 1;
+        if flow::unbind_after_fault(FailMode::default(), self.counters[task].policy_faults, TASK_UNBIND_AFTER) {
+            for s in self.slots.iter_mut().filter(|s| s.task == task) {
+                s.policy = Bound::Safe;
+            }
         }
     }
 
@@ -271,7 +316,9 @@ impl<'a> PipelineSim<'a> {
         let now = self.now;
         let (accuracy, node) = (self.slots[i].models[model as usize].accuracy, self.slots[i].node);
         if let Bound::Wasm(instance) = &mut self.slots[i].policy {
-            let _ = instance.observe(&decision::outcome(model, &batch, started, now, false));
+            if instance.observe(&decision::outcome(model, &batch, started, now, false)).is_err() {
+                self.fault(i);
+            }
         }
         // A retired worker routes as the first current node of its task would.
         let node = node.or_else(|| {
@@ -281,7 +328,7 @@ impl<'a> PipelineSim<'a> {
         for r in batch {
             let Some(node) = node else {
                 // The task has no worker any more: its descendants cannot be served.
-                self.drop_req(r, "no-worker");
+                self.drop_req(r, flow::Drop::NoWorker);
                 continue;
             };
             self.served(r, model as usize, accuracy, node, Some(i), now);
@@ -294,6 +341,9 @@ impl<'a> PipelineSim<'a> {
         if cl.outstanding == 0 {
             assert!(!cl.finished, "client request {client} finished twice");
             cl.finished = true;
+            if let Some(o) = self.outcomes.as_mut().and_then(|o| o.get_mut(client)) {
+                o.on_time = !cl.dropped && cl.last_done <= cl.deadline;
+            }
             if cl.dropped || cl.last_done > cl.deadline {
                 let w = (cl.arrival / self.window_us) as usize;
                 if self.window_violations.len() <= w {

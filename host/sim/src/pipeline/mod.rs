@@ -46,19 +46,22 @@ use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 use sluice_alloc::ladder::Ladder;
 use sluice_alloc::loki::routing::{
-    most_accurate_first_filling, queue_aware_root, Backup, Hop, RootQueue, Route, RoutingTables,
+    most_accurate_first_filling, queue_aware_root, Backup, DropCause, Hop, RootQueue, Route, RoutingTables,
 };
 use sluice_alloc::loki::{self, Scaling};
 use sluice_alloc::proteus;
 use sluice_alloc::solver::SolverSettings;
+use sluice_core::app_config::FailMode;
 use sluice_core::decision::{self, Bound, Context, Next, Queued};
 use sluice_core::demand::{Ewma, Forecaster as _};
+use sluice_core::pipeline::flow;
 use sluice_core::pipeline::{
     fanout_count, finish_at_batch, slo_per_stage_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, RootBudget,
     RootDispatch, TaskSpec,
 };
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::queue::{insert_by_deadline, DropReason};
+use sluice_core::router::LoadMonitor;
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
 use sluice_core::workload::{ArrivalSpec, Spacing};
 use sluice_sdk as sdk;
@@ -178,8 +181,14 @@ struct Placement {
     shed: f64,
 }
 
+/// A task app's `unbind_after` when its config does not say (the app default a
+/// pipeline's task apps take, `AppConfig::unbind_after`).
+const TASK_UNBIND_AFTER: u64 = 10;
+
 #[derive(Default)]
 struct TaskCounters {
+    /// Faults of its workers' policies (answered by the safe policy).
+    policy_faults: u64,
     created: u64,
     served: u64,
     late: u64,
@@ -259,6 +268,27 @@ struct PipelineSim<'a> {
     /// children fall back to the routing tables as the artifact's do when the target
     /// is gone.
     reroutes: HashMap<u64, Vec<(usize, usize)>>,
+    /// The workers that got requests in the current instant (`flow::Delivery`).
+    delivery: flow::Delivery,
+    /// Per task, its arrival rate as its workers' policies see it (`load_qps`).
+    loads: Vec<LoadMonitor>,
+    /// Per client request, how it ended (kept only for [`replay`]).
+    outcomes: Option<Vec<flow::PipelineOutcome>>,
+}
+
+/// Runs the experiment's first run and returns how each client request ended, in
+/// arrival order (`flow::PipelineOutcome`): what the live-vs-simulated comparison
+/// (`tests/live_vs_sim.rs`) replays a live trace through, with recorded arrivals
+/// (`kind = "recorded"`, app `pipeline`).
+pub fn replay(exp: &PipelineExperiment, base: &Path) -> Result<Vec<flow::PipelineOutcome>> {
+    let mut cache = PolicyCache::new(base.join(&exp.builtin_policy_dir), base.to_path_buf())?;
+    let profile = Profile::load(&base.join(&exp.profile))?;
+    let pipeline = exp.pipeline_graph()?;
+    let run = exp.runs()?.into_iter().next().context("no run")?;
+    let mut sim = PipelineSim::new(exp, base, &pipeline, &profile, &run, &mut cache)?;
+    sim.outcomes = Some(Vec::new());
+    let outcomes = sim.run_keeping_outcomes();
+    Ok(outcomes)
 }
 
 /// Whether an experiment file is a pipeline experiment (it has a `[pipeline]` table).

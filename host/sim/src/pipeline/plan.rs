@@ -175,15 +175,14 @@ impl<'a> PipelineSim<'a> {
         if let Some(b) = self.bindings.get(&key) {
             return b.clone();
         }
-        let mut models = self.task_models[task].clone();
-        // The plan's batch size is the most the worker may run (the reference's
-        // `pipeline_batch_size`): the policy never sees larger batches.
-        models[variant].latency.truncate(batch as usize);
-        let models = Arc::new(models);
+        // The plan's batch size is the most the worker may run and the task budget
+        // its SLO (`flow::task_view`, the live host's rule too).
+        let view = flow::task_view(&self.task_models[task], variant, batch, budget);
+        let models = Arc::new(view.models);
         let compiled = self.compiled.clone().expect("a compiled policy");
         let config = sdk::Config {
             app: self.pipeline.tasks[task].name.clone(),
-            slo: budget,
+            slo: view.slo_us,
             workers: self.run.workers,
             worker: 0,
             models: (*models).clone(),
@@ -223,9 +222,7 @@ impl<'a> PipelineSim<'a> {
         let models = if self.compiled.is_some() {
             self.binding(task, variant, batch, budget).1
         } else {
-            let mut m = self.task_models[task].clone();
-            m[variant].latency.truncate(batch as usize);
-            Arc::new(m)
+            Arc::new(flow::task_view(&self.task_models[task], variant, batch, budget).models)
         };
         let s = &mut self.slots[i];
         if s.task != task || s.variant != variant {

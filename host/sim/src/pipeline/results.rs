@@ -13,12 +13,16 @@ pub struct TaskResult {
     pub served: u64,
     /// Served after their deadline at this task (the reference's `late`).
     pub late: u64,
-    /// Dropped, by cause (`over-budget`, `no-time-left`, `no-faster-worker`: early
-    /// dropping on the way in; `policy`: the batching policy; `expired`: the host's
-    /// expiry, a full SLO past the task deadline).
+    /// Dropped, by cause (`early-drop-over-budget`, `early-drop-no-time-left`,
+    /// `early-drop-no-faster-worker`: early dropping on the way in;
+    /// `early-drop-batch-formation`: at a worker's batch formation; `policy`: the
+    /// batching policy; `expired`: the host's expiry, a full SLO past the task
+    /// deadline; `no-worker`) — the live host's labels (`flow::Drop`).
     pub dropped: BTreeMap<String, u64>,
     /// Rerouted on the way in (opportunistic rerouting).
     pub rerouted: u64,
+    /// Faults of its workers' policies (each answered by the safe policy).
+    pub policy_faults: u64,
 }
 
 impl TaskResult {
@@ -226,6 +230,7 @@ impl<'a> PipelineSim<'a> {
                 late: c.late,
                 dropped: c.dropped.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
                 rerouted: c.rerouted,
+                policy_faults: c.policy_faults,
             })
             .collect();
         let mut drops = BTreeMap::new();

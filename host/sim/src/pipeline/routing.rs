@@ -79,11 +79,12 @@ impl<'a> PipelineSim<'a> {
     /// pass-through node, which serves it at once).
     pub(super) fn deliver(&mut self, mut req: Req, node: Option<usize>) {
         let Some(node) = node else {
-            self.drop_req(req, "no-worker");
+            self.drop_req(req, flow::Drop::NoWorker);
             return;
         };
         if let Some(slot) = self.node_slot.get(node).copied().flatten() {
             req.deadline = self.now + self.slots[slot].budget_us;
+            self.loads[req.task].record(self.now);
             let q = &mut self.slots[slot].queue;
             insert_by_deadline(q, req);
             if q.len() > self.max_queue {
@@ -95,9 +96,9 @@ impl<'a> PipelineSim<'a> {
                 ));
                 return;
             }
-            if !self.slots[slot].busy {
-                self.decide(slot);
-            }
+            // It decides at the end of the instant, when every request of the
+            // instant has arrived (`flow::Delivery`).
+            self.delivery.touch(slot);
         } else {
             // A pass-through task: served at once, fans out with its node's table.
             self.served(req, 0, 1.0, node, None, self.now);
@@ -131,7 +132,7 @@ impl<'a> PipelineSim<'a> {
         loop {
             let s = &self.slots[i];
             let table = s.models.get(s.variant).map_or(std::slice::from_ref(&s.latency_us), |m| &m.latency[..]);
-            let table = &table[..table.len().min(s.batch.max(1) as usize)];
+            let table = flow::batch_formation_table(table, s.batch);
             let Some(&r) = s.queue.get(at) else { return };
             let Some(finish) = finish_at_batch(now, s.queue.len(), table) else { return };
             let late = finish > r.deadline;
@@ -142,8 +143,7 @@ impl<'a> PipelineSim<'a> {
                 at += 1;
             } else if late {
                 let r = self.slots[i].queue.remove(at);
-                // The live host's label for the same drop (one name, one meaning).
-                self.drop_req(r, DropReason::EarlyAtBatch.as_str());
+                self.drop_req(r, flow::Drop::Worker(DropReason::EarlyAtBatch));
             } else {
                 return;
             }
@@ -212,6 +212,11 @@ impl<'a> PipelineSim<'a> {
             let cl = &mut self.clients[client];
             cl.last_done = cl.last_done.max(now);
         }
+        if let Some(o) = self.outcomes.as_mut().and_then(|o| o.get_mut(client)) {
+            if let Some(v) = task.models.get(variant) {
+                *o.variants.entry(task.name.clone()).or_default().entry(v.clone()).or_default() += 1;
+            }
+        }
         if task.is_sink() {
             self.sink_results += 1;
             self.sink_accuracy += path_accuracy;
@@ -225,13 +230,15 @@ impl<'a> PipelineSim<'a> {
         let children = task.children.clone();
         let expected: Vec<f64> = children.iter().enumerate().map(|(ci, _)| task.fanout[variant][ci]).collect();
         // The parent's lateness against its budget, for early dropping.
-        let over_us = now as i64 - r.deadline as i64;
-        let mode = if passthrough { sluice_core::pipeline::EarlyDrop::None } else { self.run.system.early_drop };
+        let (mode, over_us) =
+            flow::after_passthrough(passthrough, self.run.system.early_drop, now as i64 - r.deadline as i64);
         let planned = self.reroutes.remove(&r.id).unwrap_or_default();
+        let mut created = 0;
         for (ci, &child) in children.iter().enumerate() {
             let target = planned.iter().find(|(c, _)| *c == ci).map(|&(_, n)| n);
             let n = fanout_count(expected[ci], self.rng.uniform());
             self.fanout_created[t][variant][ci] += n as u64;
+            created += u64::from(n);
             if let Some(seen) = slot.and_then(|i| self.slots[i].branching.get_mut(ci)) {
                 if seen.len() == BRANCHING_HISTORY {
                     seen.pop_front();
@@ -251,7 +258,7 @@ impl<'a> PipelineSim<'a> {
                     continue;
                 }
                 let Some(assigned) = self.draw(node, ci, &routes) else {
-                    self.drop_req(child_req, "no-worker");
+                    self.drop_req(child_req, flow::Drop::NoWorker);
                     continue;
                 };
                 let deadline = self.clients[client].deadline;
@@ -259,28 +266,54 @@ impl<'a> PipelineSim<'a> {
                     Hop::Assigned(n) => self.deliver(child_req, Some(n)),
                     Hop::Rerouted(n) => {
                         self.counters[child].rerouted += 1;
-                        // The backup worker's leftover capacity shrinks by one request
-                        // per second of plan (the reference decrements its
-                        // `remaining_capacity` per rerouted request and resets it at
-                        // every 1 s solve).
-                        if let Some(b) = self.tables.backup[child].iter_mut().find(|b| b.node == n) {
-                            b.leftover_qps -= 1.0;
-                        }
-                        self.tables.backup[child].retain(|b| b.leftover_qps > 0.0);
+                        spend_backup(&mut self.tables.backup[child], n);
                         self.deliver(child_req, Some(n));
                     }
-                    Hop::Drop(cause) => self.drop_req(child_req, cause.as_str()),
+                    Hop::Drop(cause) => self.drop_req(child_req, flow::Drop::Early(early_cause(cause))),
+                }
+            }
+        }
+        if let Some(end) = flow::PathEnd::of(task.is_sink(), created) {
+            if let Some(o) = self.outcomes.as_mut().and_then(|o| o.get_mut(client)) {
+                match end {
+                    flow::PathEnd::Sink => o.sinks += 1,
+                    flow::PathEnd::Early => o.early_ends += 1,
                 }
             }
         }
         self.done_one(client);
     }
 
-    pub(super) fn drop_req(&mut self, r: Req, cause: &'static str) {
+    pub(super) fn drop_req(&mut self, r: Req, why: flow::Drop) {
         self.reroutes.remove(&r.id);
-        *self.counters[r.task].dropped.entry(cause).or_insert(0) += 1;
+        *self.counters[r.task].dropped.entry(why.as_str()).or_insert(0) += 1;
         let client = r.client as usize;
+        if let Some(o) = self.outcomes.as_mut().and_then(|o| o.get_mut(client)) {
+            *o.drops.entry(why.as_str().to_string()).or_default() += 1;
+        }
         self.clients[client].dropped = true;
         self.done_one(client);
+    }
+}
+
+/// One request rerouted to backup `node` of a task: its leftover capacity shrinks,
+/// and it leaves the table when used up (`flow::spend_backup`).
+pub(super) fn spend_backup(backups: &mut Vec<Backup>, node: usize) {
+    if let Some(k) = backups.iter().position(|b| b.node == node) {
+        match flow::spend_backup(backups[k].leftover_qps) {
+            Some(left) => backups[k].leftover_qps = left,
+            None => {
+                backups.remove(k);
+            }
+        }
+    }
+}
+
+/// The load balancer's cause as the shared drop reason.
+pub(super) fn early_cause(cause: DropCause) -> flow::EarlyCause {
+    match cause {
+        DropCause::OverBudget => flow::EarlyCause::OverBudget,
+        DropCause::NoTimeLeft => flow::EarlyCause::NoTimeLeft,
+        DropCause::NoFasterWorker => flow::EarlyCause::NoFasterWorker,
     }
 }
