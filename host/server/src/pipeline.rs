@@ -22,8 +22,12 @@
 //! variant's latency at the plan's batch size); the client's deadline is arrival +
 //! SLO. The client is answered once, when every intermediate request has been
 //! served or dropped: with the variants that served each task, the path accuracy
-//! (mean over the served paths of the product of their variants' accuracies) and
-//! every drop with its reason and the task that dropped it.
+//! (mean over the served root-to-sink paths of the product of their variants'
+//! accuracies) and every drop with its reason and the task that dropped it.
+//!
+//! The rules of a request's way through the tree — hops after pass-through tasks,
+//! backup capacity, path ends, retiring workers, drop labels — are
+//! `sluice_core::pipeline::flow`'s, shared with the simulator.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -34,13 +38,14 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
 use sluice_alloc::loki::routing::{
-    most_accurate_first_filling, queue_aware_root, DropCause, Hop, RootQueue, Route, RoutingTables, Worker,
+    most_accurate_first_filling, queue_aware_root, Backup, DropCause, Hop, RootQueue, Route, RoutingTables, Worker,
 };
 use sluice_alloc::loki::{self, Plan};
 use sluice_core::clock::{Clock as _, WallClock};
 use sluice_core::decision;
 use sluice_core::demand::{Forecaster as _, WindowPeak};
-use sluice_core::pipeline::{fanout_count, slo_per_stage_us, Pipeline, RootDispatch};
+use sluice_core::pipeline::flow::{self, PathEnd};
+use sluice_core::pipeline::{fanout_count, slo_per_stage_us, EarlyDrop, Pipeline, RootDispatch};
 use sluice_core::queue::Reply;
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::tensor::Tensor;
@@ -82,6 +87,10 @@ pub struct Routing {
     pub tables: RoutingTables,
     /// The demand the tables were built for, requests/s.
     pub demand_qps: f64,
+    /// The backup tables as rerouting uses them up (`flow::spend_backup`); reset
+    /// with every build of the tables, as the reference resets its leftovers at
+    /// every plan.
+    backup: Mutex<Vec<Vec<Backup>>>,
     frontend: Option<Picker>,
     pickers: Vec<Vec<Option<Picker>>>,
 }
@@ -135,7 +144,51 @@ impl Routing {
         node_device.resize(tables.nodes.len(), None);
         let frontend = Picker::new(&tables.frontend);
         let pickers = tables.nodes.iter().map(|children| children.iter().map(|r| Picker::new(r)).collect()).collect();
-        Routing { devices, node_device, device_node, tables, demand_qps, frontend, pickers }
+        let backup = Mutex::new(tables.backup.clone());
+        Routing { devices, node_device, device_node, tables, demand_qps, backup, frontend, pickers }
+    }
+
+    /// Early dropping for one intermediate request bound for `child`
+    /// (`RoutingTables::hop` over the backup capacity left); a reroute uses up one
+    /// request of the backup worker's leftover capacity.
+    #[allow(clippy::too_many_arguments)]
+    fn hop(
+        &self,
+        mode: EarlyDrop,
+        child: usize,
+        child_is_sink: bool,
+        assigned: usize,
+        over_us: i64,
+        now: u64,
+        deadline: u64,
+    ) -> Hop {
+        if mode != EarlyDrop::Rerouting || over_us <= 0 {
+            return self.tables.hop(mode, child, child_is_sink, assigned, over_us, now, deadline);
+        }
+        let mut backup = self.backup.lock();
+        // The tables as built, with the backup capacity left now.
+        // The rule reads the nodes' latencies and the backup tables only.
+        let left = RoutingTables {
+            frontend: Vec::new(),
+            nodes: Vec::new(),
+            passthrough: Vec::new(),
+            backup: std::mem::take(&mut *backup),
+            incoming: Vec::new(),
+            latency_us: self.tables.latency_us.clone(),
+        };
+        let hop = left.hop(mode, child, child_is_sink, assigned, over_us, now, deadline);
+        *backup = left.backup;
+        if let (Hop::Rerouted(node), Some(list)) = (hop, backup.get_mut(child)) {
+            if let Some(k) = list.iter().position(|b| b.node == node) {
+                match flow::spend_backup(list[k].leftover_qps) {
+                    Some(l) => list[k].leftover_qps = l,
+                    None => {
+                        list.remove(k);
+                    }
+                }
+            }
+        }
+        hop
     }
 
     /// The node that sends on the output of `device` serving `task`: its own, or
@@ -212,9 +265,12 @@ pub struct PipelineAnswer {
     pub rejected: BTreeMap<String, u64>,
     /// Per task: requests rerouted to a backup worker.
     pub rerouted: BTreeMap<String, u64>,
-    /// Path accuracies of the served paths.
+    /// Path accuracies of the served root-to-sink paths (`flow::PathEnd::Sink`).
     pub paths: Vec<f64>,
-    /// Served paths that finished after the deadline.
+    /// Branches served to an end before a sink (`flow::PathEnd::Early`): complete,
+    /// but no path accuracy.
+    pub early_ends: u64,
+    /// Served ends (paths or early ends) that finished after the deadline.
     pub late_paths: u64,
     /// The sinks' outputs, per sink task.
     pub outputs: BTreeMap<String, Vec<Tensor>>,
@@ -243,6 +299,7 @@ impl PipelineAnswer {
             *self.rerouted.entry(t).or_default() += n;
         }
         self.paths.extend(other.paths);
+        self.early_ends += other.early_ends;
         self.late_paths += other.late_paths;
         for (t, o) in other.outputs {
             self.outputs.entry(t).or_default().extend(o);
@@ -259,9 +316,32 @@ impl PipelineAnswer {
         self.drops.values().flat_map(|m| m.values()).sum()
     }
 
-    /// Every path served, none late.
+    /// Branches served to an end (sinks and early ends).
+    pub fn ends(&self) -> u64 {
+        self.paths.len() as u64 + self.early_ends
+    }
+
+    /// Every branch served to its end, none late.
     pub fn deadline_met(&self) -> bool {
-        self.late_paths == 0 && self.dropped() == 0 && self.rejected.is_empty() && !self.paths.is_empty()
+        self.late_paths == 0 && self.dropped() == 0 && self.rejected.is_empty() && self.ends() > 0
+    }
+
+    /// How the request ended, in the form the simulator reports it
+    /// (`flow::PipelineOutcome`; drops by label, whichever task dropped them).
+    pub fn outcome(&self) -> flow::PipelineOutcome {
+        let mut drops = BTreeMap::new();
+        for m in self.drops.values() {
+            for (r, n) in m {
+                *drops.entry(r.clone()).or_default() += n;
+            }
+        }
+        flow::PipelineOutcome {
+            variants: self.variants.clone(),
+            drops,
+            sinks: self.paths.len() as u64,
+            early_ends: self.early_ends,
+            on_time: self.deadline_met(),
+        }
     }
 
     /// The first drop, as `(task, reason)`, for a request nothing of which was served.
@@ -469,7 +549,7 @@ impl PipelineApp {
                     Some(node) => this.at_task(routing, 0, node, input, deadline, 1.0).await,
                     None => {
                         this.task_counters[0].created.fetch_add(1, Ordering::Relaxed);
-                        this.drop_at(0, 0, "no-worker")
+                        this.drop_at(0, 0, flow::Drop::NoWorker)
                     }
                 },
             };
@@ -477,7 +557,7 @@ impl PipelineApp {
             answer.deadline_us = this.slo_us;
             let counter = if answer.deadline_met() {
                 &this.counters.on_time
-            } else if answer.paths.is_empty() {
+            } else if answer.ends() == 0 {
                 &this.counters.dropped
             } else {
                 &this.counters.partial
@@ -530,7 +610,8 @@ impl PipelineApp {
 
     /// An intermediate request bound for `task` dropped, by `by` (the task that
     /// decided), for `reason`.
-    fn drop_at(&self, task: usize, by: usize, reason: &str) -> PipelineAnswer {
+    fn drop_at(&self, task: usize, by: usize, why: flow::Drop) -> PipelineAnswer {
+        let reason = why.as_str();
         let name = &self.graph.tasks[by].name;
         *self.task_counters[task].dropped.lock().entry(reason.to_string()).or_default() += 1;
         let mut a = PipelineAnswer::default();
@@ -559,27 +640,27 @@ impl PipelineApp {
         Box::pin(async move {
             this.task_counters[task].created.fetch_add(1, Ordering::Relaxed);
             let Some(device) = routing.node_device.get(node).copied().flatten() else {
-                return this.drop_at(task, task, "no-worker");
+                return this.drop_at(task, task, flow::Drop::NoWorker);
             };
             let (Some(app), Some(slot)) = (this.tasks[task].as_ref(), routing.devices[device].as_ref()) else {
-                return this.drop_at(task, task, "no-worker");
+                return this.drop_at(task, task, flow::Drop::NoWorker);
             };
             this.device_requests[device].fetch_add(1, Ordering::Relaxed);
             let entered = this.clock.now();
             let budget = this.budget_us(task, slot.latency_us);
             let rx = match app.submit_to(device, (*input).clone(), entered + budget) {
                 Ok(rx) => rx,
-                Err(AdmitError::QueueFull { .. }) => return this.drop_at(task, task, "queue-full"),
+                Err(AdmitError::QueueFull { .. }) => return this.drop_at(task, task, flow::Drop::QueueFull),
                 // Not raised for intermediate requests (submit_to skips the
                 // prediction); named here so a change there cannot go unanswered.
-                Err(AdmitError::WouldMissDeadline { .. }) => return this.drop_at(task, task, "overloaded"),
+                Err(AdmitError::WouldMissDeadline { .. }) => return this.drop_at(task, task, flow::Drop::Overloaded),
                 Err(AdmitError::ShuttingDown(_)) => return this.reject_at(task),
             };
             // Workers answer every request; a closed channel means the worker was
             // stopped at the end of the shutdown grace.
             let served = match rx.await {
                 Ok(Reply::Served(s)) => s,
-                Ok(Reply::Dropped { reason, .. }) => return this.drop_at(task, task, reason.as_str()),
+                Ok(Reply::Dropped { reason, .. }) => return this.drop_at(task, task, flow::Drop::Worker(reason)),
                 Ok(Reply::Rejected { .. }) | Err(_) => return this.reject_at(task),
             };
             this.task_counters[task].served.fetch_add(1, Ordering::Relaxed);
@@ -622,24 +703,27 @@ impl PipelineApp {
                 this.task_counters[task].served.fetch_add(1, Ordering::Relaxed);
             }
             let sender = routing.sender(task, device);
+            // A pass-through carries the mode on at no lateness (`flow::after_passthrough`).
+            let (mode, over_us) = flow::after_passthrough(t.is_passthrough(), this.config.early_drop, over_us);
             let mut children = Vec::new();
+            let mut created = 0;
             let mut answer = PipelineAnswer::default();
             for (ci, &child) in t.children.iter().enumerate() {
                 let expected = t.fanout.get(variant).and_then(|f| f.get(ci)).copied().unwrap_or(1.0);
                 let n = fanout_count(expected, uniform(this.draws.fetch_add(1, Ordering::Relaxed)));
-                let (parents, created) = &this.fanout[task][variant.min(this.fanout[task].len() - 1)][ci];
+                let (parents, made) = &this.fanout[task][variant.min(this.fanout[task].len() - 1)][ci];
                 parents.fetch_add(1, Ordering::Relaxed);
-                created.fetch_add(n as u64, Ordering::Relaxed);
+                made.fetch_add(n as u64, Ordering::Relaxed);
+                created += u64::from(n);
                 let picker = sender.and_then(|s| routing.pickers[s][ci].as_ref());
                 let child_sink = this.graph.tasks[child].is_sink();
                 for _ in 0..n {
                     let Some(assigned) = picker.map(Picker::pick) else {
                         this.task_counters[child].created.fetch_add(1, Ordering::Relaxed);
-                        answer.merge(this.drop_at(child, child, "no-worker"));
+                        answer.merge(this.drop_at(child, child, flow::Drop::NoWorker));
                         continue;
                     };
-                    let hop =
-                        routing.tables.hop(this.config.early_drop, child, child_sink, assigned, over_us, now, deadline);
+                    let hop = routing.hop(mode, child, child_sink, assigned, over_us, now, deadline);
                     let node = match hop {
                         Hop::Assigned(node) => node,
                         Hop::Rerouted(node) => {
@@ -652,7 +736,7 @@ impl PipelineApp {
                             // it overran (per-task) or could not enter in time.
                             let by = if cause == DropCause::OverBudget { task } else { child };
                             this.task_counters[child].created.fetch_add(1, Ordering::Relaxed);
-                            answer.merge(this.drop_at(child, by, &format!("early-drop-{}", cause.as_str())));
+                            answer.merge(this.drop_at(child, by, flow::Drop::Early(early_cause(cause))));
                             continue;
                         }
                     };
@@ -664,9 +748,13 @@ impl PipelineApp {
                     children.push(next);
                 }
             }
-            if children.is_empty() && answer.drops.is_empty() {
-                // The request's path ends here: a sink, or no intermediate requests.
-                answer.paths.push(accuracy);
+            if let Some(end) = PathEnd::of(t.is_sink(), created) {
+                // The branch ends here: a sink (a path, with its accuracy), or a task
+                // that made no intermediate request (complete, no path accuracy).
+                match end {
+                    PathEnd::Sink => answer.paths.push(accuracy),
+                    PathEnd::Early => answer.early_ends += 1,
+                }
                 if now > deadline {
                     answer.late_paths += 1;
                 }
@@ -682,6 +770,15 @@ impl PipelineApp {
             }
             answer
         })
+    }
+}
+
+/// The load balancer's cause as the shared drop reason.
+fn early_cause(cause: DropCause) -> flow::EarlyCause {
+    match cause {
+        DropCause::OverBudget => flow::EarlyCause::OverBudget,
+        DropCause::NoTimeLeft => flow::EarlyCause::NoTimeLeft,
+        DropCause::NoFasterWorker => flow::EarlyCause::NoFasterWorker,
     }
 }
 
@@ -754,7 +851,7 @@ impl PipelineApp {
             }
             if let Some(app) = &self.tasks[o.task] {
                 let worker = &app.workers[d];
-                let bound = Duration::from_micros(2 * self.slo_us + app.expire_us) + Duration::from_secs(1);
+                let bound = Duration::from_micros(flow::retire_bound_us(self.slo_us, app.expire_us));
                 let end = tokio::time::Instant::now() + bound;
                 // Requests routed by the old tables just before the switch land
                 // within microseconds: give them that before watching the queue.

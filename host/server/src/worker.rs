@@ -151,6 +151,9 @@ fn take_late_at_batch(app: &App, handle: &crate::app::WorkerHandle, models: &Mod
     let mut late = Vec::new();
     {
         let mut items = handle.queue.items.lock();
+        // The table the worker's policy has (`flow::batch_formation_table`; the task
+        // app's table is not cut at the plan's batch live, see docs/simulator.md).
+        let latency = sluice_core::pipeline::flow::batch_formation_table(latency, u32::MAX);
         while items.first().is_some_and(|head| late_at_batch(now, head.deadline, items.len(), latency)) {
             late.push(items.remove(0));
         }
