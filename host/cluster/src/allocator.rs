@@ -548,14 +548,18 @@ fn assign(plan: &proteus::Plan, members: &[LiveDevice], previous: &Placement) ->
             }
         }
     }
-    // Pass 2: the rest, spread.
+    // Pass 2: the rest, spread. Free devices per (agent, type), kept as devices are
+    // taken (counting them per candidate made this cubic in the devices: 1,000s of
+    // agents in the simulated cluster).
+    let mut free: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for (m, _) in members.iter().zip(&used).filter(|(_, u)| !**u) {
+        *free.entry((m.agent.as_str(), m.kind.as_str())).or_default() += 1;
+    }
     for &(i, kind, app, variant, share) in &wanted {
         if out[i].is_some() {
             continue;
         }
-        let free_on = |agent: &str, used: &[bool]| {
-            members.iter().zip(used).filter(|(m, u)| !**u && m.kind == kind && m.agent == agent).count()
-        };
+        let free_on = |agent: &str| free.get(&(agent, kind)).copied().unwrap_or(0);
         let on_agent = |agent: &str| match share > 0.0 {
             true => hosts.get(&(app, variant)).and_then(|h| h.get(agent)).copied().unwrap_or(0),
             false => 0,
@@ -564,11 +568,14 @@ fn assign(plan: &proteus::Plan, members: &[LiveDevice], previous: &Placement) ->
             .iter()
             .enumerate()
             .filter(|&(j, m)| !used[j] && m.kind == kind)
-            .min_by_key(|&(j, m)| (on_agent(&m.agent), std::cmp::Reverse(free_on(&m.agent, &used)), j))
+            .min_by_key(|&(j, m)| (on_agent(&m.agent), std::cmp::Reverse(free_on(&m.agent)), j))
             .map(|(j, _)| j);
         match pick {
             Some(j) => {
                 used[j] = true;
+                if let Some(n) = free.get_mut(&(members[j].agent.as_str(), kind)) {
+                    *n -= 1;
+                }
                 out[i] = Some((j, share));
                 if share > 0.0 {
                     *hosts.entry((app, variant)).or_default().entry(members[j].agent.as_str()).or_default() += 1;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::store::{EtcdStore, Store};
+use crate::store::{EtcdCredentials, EtcdStore, Store};
 
 /// The etcd binary (`ETCD_BIN` overrides; Debian's `etcd-server` installs `/usr/bin/etcd`).
 pub fn etcd_binary() -> PathBuf {
@@ -33,6 +33,8 @@ pub struct EtcdCluster {
     /// The members, in start order.
     pub members: Vec<Member>,
     initial_cluster: String,
+    /// Further flags for every member (see [`EtcdCluster::start_with`]).
+    extra_args: Vec<String>,
 }
 
 /// A free TCP port on 127.0.0.1 (bound, read, released: another process could take
@@ -57,6 +59,17 @@ impl EtcdCluster {
     /// `also_on` (the partition tests' veth ends: a process in a namespace reaches
     /// etcd there, [`EtcdCluster::endpoints_on`]).
     pub async fn start_on(dir: &Path, n: usize, also_on: &[std::net::IpAddr]) -> anyhow::Result<EtcdCluster> {
+        Self::start_with(dir, n, also_on, &[]).await
+    }
+
+    /// As [`EtcdCluster::start_on`], each member also given `extra_args` (e.g.
+    /// `--auth-token-ttl=1`, so that a test sees etcd forget an idle token).
+    pub async fn start_with(
+        dir: &Path,
+        n: usize,
+        also_on: &[std::net::IpAddr],
+        extra_args: &[&str],
+    ) -> anyhow::Result<EtcdCluster> {
         anyhow::ensure!(n >= 1, "an etcd cluster needs at least one member");
         let bin = etcd_binary();
         anyhow::ensure!(bin.exists(), "etcd not found at {} (install etcd-server, or set ETCD_BIN)", bin.display());
@@ -78,7 +91,8 @@ impl EtcdCluster {
         }
         let initial_cluster =
             members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect::<Vec<_>>().join(",");
-        let mut cluster = EtcdCluster { members, initial_cluster };
+        let extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+        let mut cluster = EtcdCluster { members, initial_cluster, extra_args };
         for i in 0..n {
             cluster.spawn(i, "new")?;
         }
@@ -102,6 +116,7 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", "sluice-test"])
             // Elections within about a second on loopback (the defaults: 100 ms, 1 s).
             .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -126,6 +141,30 @@ impl EtcdCluster {
     /// A store on every member.
     pub async fn store(&self) -> anyhow::Result<EtcdStore> {
         Ok(EtcdStore::connect(&self.endpoints()).await?)
+    }
+
+    /// A store on every member, authenticating as `credentials` (after
+    /// [`EtcdCluster::enable_auth`]).
+    pub async fn store_as(&self, credentials: &EtcdCredentials) -> anyhow::Result<EtcdStore> {
+        Ok(EtcdStore::connect_as(&self.endpoints(), Some(credentials)).await?)
+    }
+
+    /// Turns etcd's authentication on, as deploy/kubernetes's `etcd-auth` Job does
+    /// with etcdctl: a `root` user (etcd requires one, with the `root` role, before
+    /// `auth enable`) with `root_password`, and `sluice`'s user, whose role of the
+    /// same name reads and writes the keys under `prefix` and nothing else. After
+    /// this, a client without credentials is refused every call.
+    pub async fn enable_auth(&self, root_password: &str, sluice: &EtcdCredentials, prefix: &str) -> anyhow::Result<()> {
+        let mut c = etcd_client::Client::connect(self.endpoints(), None).await?;
+        c.user_add("root", root_password, None).await?;
+        c.user_grant_role("root", "root").await?;
+        c.role_add(sluice.user.as_str()).await?;
+        c.role_grant_permission(sluice.user.as_str(), etcd_client::Permission::read_write(prefix).with_prefix())
+            .await?;
+        c.user_add(sluice.user.as_str(), sluice.password.as_str(), None).await?;
+        c.user_grant_role(sluice.user.as_str(), sluice.user.as_str()).await?;
+        c.auth_enable().await?;
+        Ok(())
     }
 
     /// Waits until a read through every live member succeeds.

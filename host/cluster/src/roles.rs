@@ -8,7 +8,7 @@ use anyhow::Context;
 use sluice_server::config::Config;
 
 use crate::keys::Keys;
-use crate::store::{EtcdStore, Store};
+use crate::store::{EtcdCredentials, EtcdStore, Store, StoreError};
 
 /// A cluster role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -42,6 +42,20 @@ pub struct RoleOptions {
     pub prefix: String,
 }
 
+/// The role's store: etcd at `options.etcd` as `credentials`, read once under the
+/// keys' root so that a refusal by etcd's authentication (no credentials where it is
+/// on, wrong ones, a role without the prefix) ends the role at once with etcd's
+/// reason, instead of a role that retries forever and never says why. An
+/// unreachable store is not checked here: roles wait for it.
+pub async fn connect(options: &RoleOptions, credentials: Option<&EtcdCredentials>) -> anyhow::Result<Arc<dyn Store>> {
+    let at = || format!("etcd at {}", options.etcd.join(","));
+    let store = EtcdStore::connect_as(&options.etcd, credentials).await.with_context(at)?;
+    match store.get(&Keys::new(&options.prefix).routing()).await {
+        Err(e @ StoreError::Auth(_)) => Err(anyhow::Error::new(e).context(at())),
+        _ => Ok(Arc::new(store)),
+    }
+}
+
 /// How long a frontend waits at startup for the allocator's first routing table.
 const FIRST_PLAN_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -52,11 +66,14 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const AGENT_DRAIN: Duration = Duration::from_secs(20);
 
 /// Runs one role until `shutdown` (then drains as the role does).
+///
+/// etcd credentials come from the environment ([`EtcdCredentials::from_env`]:
+/// `SLUICE_ETCD_USER` and `SLUICE_ETCD_PASSWORD_FILE`, or `SLUICE_ETCD_PASSWORD`),
+/// so that no password is on a command line.
 pub async fn serve(config: Config, options: RoleOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     anyhow::ensure!(options.lease_ttl_s >= 1, "--lease-ttl: expected at least 1 s");
-    let store: Arc<dyn Store> = Arc::new(
-        EtcdStore::connect(&options.etcd).await.with_context(|| format!("etcd at {}", options.etcd.join(",")))?,
-    );
+    let credentials = EtcdCredentials::from_env().map_err(anyhow::Error::msg)?;
+    let store = connect(&options, credentials.as_ref()).await?;
     let id = options.id.clone().unwrap_or_else(|| {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "sluice".into());
         format!("{host}-{}", std::process::id())

@@ -30,12 +30,20 @@
 //! - sluice containers run `sluice:<workspace version>` with `imagePullPolicy:
 //!   IfNotPresent` as the Dockerfile's uid, with writable volumes where they write
 //!   (/tmp; a frontend's policy_dir and compile cache);
+//! - every container (init containers too) of every Deployment, StatefulSet and Job has
+//!   requests and limits and the restricted securityContext below;
 //! - every container of every Deployment and StatefulSet has readiness and liveness
 //!   probes, and a frontend's start-up probe outlasts its wait for the first plan;
 //! - agents and frontends have a PodDisruptionBudget that allows an eviction and a
 //!   preferred pod anti-affinity by hostname;
 //! - a NetworkPolicy selects etcd, admits its client port from the sluice roles' pods
-//!   and its peer port from the members, and nothing from anywhere else;
+//!   (and the etcd-auth Job's) and its peer port from the members, and nothing from
+//!   anywhere else;
+//! - etcd's authentication: etcd has `--auth-token`, a Job runs `etcdctl auth enable`
+//!   after giving the `sluice` role read and write under `/sluice/` only, with
+//!   passwords from a Secret (`$(VAR)` of a secretKeyRef, never in the manifest); every
+//!   sluice role has `SLUICE_ETCD_USER` and `SLUICE_ETCD_PASSWORD_FILE` in a mounted
+//!   Secret, and no `SLUICE_ETCD_PASSWORD` value;
 //! - only an agent with accelerator devices requests `nvidia.com/gpu`, and only when an
 //!   app runs on CUDA (`executor = "onnx"`, `cuda = true`): an emulated executor
 //!   reserves no GPU;
@@ -155,6 +163,7 @@ fn the_kubernetes_manifests_are_well_formed_and_consistent() {
         ("StatefulSet", "apps/v1"),
         ("PodDisruptionBudget", "policy/v1"),
         ("NetworkPolicy", "networking.k8s.io/v1"),
+        ("Job", "batch/v1"),
     ]
     .into();
     let mut configmaps: BTreeMap<String, Value> = BTreeMap::new();
@@ -608,8 +617,10 @@ struct Workload<'a> {
 }
 
 impl Workload<'_> {
+    /// Its containers, init containers first.
     fn containers(&self) -> impl Iterator<Item = &Value> {
-        s(self.pod, &["containers"]).and_then(Value::as_sequence).into_iter().flatten()
+        let of = |key: &'static str| s(self.pod, &[key]).and_then(Value::as_sequence).into_iter().flatten();
+        of("initContainers").chain(of("containers"))
     }
 
     /// Its containers' roles.
@@ -635,7 +646,7 @@ fn workloads(docs: &[(String, Value)]) -> Vec<Workload<'_>> {
     let mut out = Vec::new();
     for (file, d) in docs {
         let kind = str_at(d, &["kind"]);
-        if kind != "Deployment" && kind != "StatefulSet" {
+        if kind != "Deployment" && kind != "StatefulSet" && kind != "Job" {
             continue;
         }
         let Some(pod) = s(d, &["spec", "template", "spec"]) else { continue };
@@ -742,8 +753,9 @@ fn hardening_problems(docs: &[(String, Value)], expected: &Expected) -> Vec<Stri
             if !strings(sc.and_then(|v| s(v, &["capabilities", "drop"]))).iter().any(|d| d == "ALL") {
                 problems.push(format!("{what}: securityContext.capabilities drops not ALL"));
             }
-            // Probes on every role (a StatefulSet's and a Deployment's alike).
-            for probe in ["readinessProbe", "livenessProbe"] {
+            // Probes on every role (a StatefulSet's and a Deployment's alike; a Job's
+            // containers run once and end).
+            for probe in ["readinessProbe", "livenessProbe"].into_iter().filter(|_| w.kind != "Job") {
                 match s(c, &[probe]) {
                     None => problems.push(format!("{what}: no {probe}")),
                     Some(p) if s(p, &["exec"]).is_some() && strings(s(p, &["exec", "command"])).is_empty() => {
@@ -779,6 +791,9 @@ fn hardening_problems(docs: &[(String, Value)], expected: &Expected) -> Vec<Stri
                 if !profiles {
                     problems.push(format!("{what}: the sluice-profiles ConfigMap is not mounted at {PROFILES_MOUNT}"));
                 }
+            }
+            if role.is_some() {
+                problems.extend(credential_problems(w, c, &what));
             }
             if role.as_deref() == Some("frontend") {
                 for (dir, why) in [
@@ -928,13 +943,90 @@ fn hardening_problems(docs: &[(String, Value)], expected: &Expected) -> Vec<Stri
     };
     let client = etcd_ports.get("client").copied().unwrap_or(2379);
     let peer = etcd_ports.get("peer").copied().unwrap_or(2380);
-    for w in workloads.iter().filter(|w| !w.roles().is_empty()) {
+    for w in workloads.iter().filter(|w| !w.roles().is_empty() || w.kind == "Job") {
         if !admits(&w.labels, client) {
             problems.push(format!("{}: its pods are not admitted to etcd's client port {client}", w.what));
         }
     }
     if !admits(&etcd.labels, peer) {
         problems.push(format!("etcd's members are not admitted to each other's peer port {peer}"));
+    }
+    problems.extend(etcd_auth_problems(&workloads, etcd));
+    problems
+}
+
+/// A sluice role's etcd credentials: the user in `SLUICE_ETCD_USER`, the password in
+/// a file of a Secret mounted where `SLUICE_ETCD_PASSWORD_FILE` says, and no password
+/// written into the manifest.
+fn credential_problems(w: &Workload<'_>, c: &Value, what: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let env: BTreeMap<String, &Value> =
+        s(c, &["env"]).and_then(Value::as_sequence).into_iter().flatten().map(|e| (str_at(e, &["name"]), e)).collect();
+    let value = |k: &str| env.get(k).map(|e| str_at(e, &["value"])).filter(|v| !v.is_empty());
+    let file = value("SLUICE_ETCD_PASSWORD_FILE").unwrap_or_default();
+    let dir = file.rsplit_once('/').map(|(d, _)| d.to_string()).unwrap_or_default();
+    let from_secret = s(c, &["volumeMounts"]).and_then(Value::as_sequence).into_iter().flatten().any(|m| {
+        str_at(m, &["mountPath"]) == dir
+            && w.volumes.get(&str_at(m, &["name"])).is_some_and(|v| s(v, &["secret", "secretName"]).is_some())
+    });
+    if value("SLUICE_ETCD_USER").is_none() || file.is_empty() || !from_secret {
+        problems.push(format!(
+            "{what}: no etcd credentials (SLUICE_ETCD_USER, and SLUICE_ETCD_PASSWORD_FILE in a mounted Secret): \
+             etcd's authentication would refuse it"
+        ));
+    }
+    if value("SLUICE_ETCD_PASSWORD").is_some() {
+        problems.push(format!("{what}: an etcd password written in the manifest (SLUICE_ETCD_PASSWORD's value)"));
+    }
+    problems
+}
+
+/// etcd's authentication: on (`--auth-token`), turned on by a Job that gives the
+/// `sluice` role read and write under `/sluice/` only, with passwords from a Secret.
+fn etcd_auth_problems(workloads: &[Workload<'_>], etcd: &Workload<'_>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let args = |c: &Value| strings(s(c, &["args"]));
+    if !etcd.containers().any(|c| args(c).iter().any(|a| a.starts_with("--auth-token="))) {
+        problems.push(format!(
+            "{}: no --auth-token: etcd's authentication is not configured (any pod admitted to its client port \
+             could rewrite the routing table)",
+            etcd.what
+        ));
+    }
+    let runs = |c: &Value, words: &[&str]| args(c).windows(words.len()).any(|w| w == words);
+    let jobs: Vec<&Workload<'_>> = workloads.iter().filter(|w| w.kind == "Job").collect();
+    let enables = jobs.iter().find(|j| j.containers().any(|c| runs(c, &["auth", "enable"])));
+    let Some(job) = enables else {
+        problems.push("no Job turns etcd's authentication on (etcdctl auth enable)".into());
+        return problems;
+    };
+    let grants = job.containers().any(|c| runs(c, &["role", "grant-permission", "sluice", "readwrite", "/sluice/"]));
+    if !grants {
+        problems.push(format!(
+            "{}: no role grant-permission sluice readwrite /sluice/ (the roles' user must reach its keys and no others)",
+            job.what
+        ));
+    }
+    for c in job.containers() {
+        let secret_env: BTreeSet<String> = s(c, &["env"])
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+            .filter(|e| s(e, &["valueFrom", "secretKeyRef"]).is_some())
+            .map(|e| str_at(e, &["name"]))
+            .collect();
+        for a in args(c) {
+            let Some(password) = a.strip_prefix("--new-user-password=") else { continue };
+            let from_secret =
+                password.strip_prefix("$(").and_then(|p| p.strip_suffix(')')).is_some_and(|v| secret_env.contains(v));
+            if !from_secret {
+                problems.push(format!(
+                    "{}: container {}: a password not taken from a Secret (`$(VAR)` of a secretKeyRef)",
+                    job.what,
+                    str_at(c, &["name"])
+                ));
+            }
+        }
     }
     problems
 }
@@ -1032,6 +1124,25 @@ const VIOLATIONS: &[(&str, &str, &str, &str)] = &[
         "not in the sluice-profiles",
     ),
     ("config.yaml", "workers = 12", "workers = 0", "sluice refuses the config"),
+    ("etcd.yaml", "            - --auth-token=simple\n", "", "--auth-token"),
+    ("etcd-auth.yaml", "            - auth\n            - enable\n", "            - auth\n            - status\n", "auth enable"),
+    ("etcd-auth.yaml", "            - /sluice/\n", "            - /\n", "readwrite /sluice/"),
+    ("etcd-auth.yaml", "--new-user-password=$(SLUICE_PASSWORD)", "--new-user-password=hunter2", "from a Secret"),
+    ("etcd-auth.yaml", "        sluice.dev/etcd-client: \"true\"\n", "", "client port"),
+    ("etcd-auth.yaml", "              memory: 64Mi\n", "", "no resources.limits.memory"),
+    (
+        "allocator.yaml",
+        "            - name: SLUICE_ETCD_PASSWORD_FILE\n              value: /etc/sluice/etcd/password\n",
+        "",
+        "no etcd credentials",
+    ),
+    ("frontend.yaml", "mountPath: /etc/sluice/etcd\n", "mountPath: /etc/sluice/secrets\n", "no etcd credentials"),
+    (
+        "agents.yaml",
+        "            - name: SLUICE_ETCD_USER\n              value: sluice\n",
+        "            - name: SLUICE_ETCD_USER\n              value: sluice\n            - name: SLUICE_ETCD_PASSWORD\n              value: hunter2\n",
+        "password written in the manifest",
+    ),
 ];
 
 #[test]

@@ -7,6 +7,13 @@
 //! after the last event it passed on, so no event is lost or repeated; when etcd
 //! says the revision was compacted, the task ends the watch with
 //! [`StoreError::Compacted`] and the caller re-lists.
+//!
+//! With [`EtcdCredentials`] (etcd's users and roles: `etcdctl auth enable`) the
+//! client authenticates when it connects and sends the token etcd gave it with
+//! every call. etcd forgets its `simple` tokens when a member restarts (and a `jwt`
+//! token expires), so a call answered "invalid auth token" authenticates again
+//! once and is retried; a watch re-opening after a broken stream does the same.
+//! Refusals for want of credentials or rights are [`StoreError::Auth`].
 
 use std::time::Duration;
 
@@ -38,6 +45,69 @@ const WATCH_BUFFER: usize = 256;
 #[derive(Clone)]
 pub struct EtcdStore {
     client: Client,
+    /// Whether it authenticates (then an "invalid auth token" answer is worth one
+    /// more authentication; without credentials it is final).
+    authenticated: bool,
+    /// Times it authenticated again after etcd forgot its token (shared by clones).
+    reauthenticated: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// A user and password for etcd's authentication (`ConnectOptions::with_user`).
+///
+/// Roles read them from the environment ([`EtcdCredentials::from_env`]), never
+/// from the command line, where any user of the machine could read the password
+/// (`/proc/<pid>/cmdline`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdCredentials {
+    /// The etcd user (`sluice` in deploy/kubernetes).
+    pub user: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for EtcdCredentials {
+    /// The user only: a password does not belong in logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCredentials").field("user", &self.user).field("password", &"…").finish()
+    }
+}
+
+/// The variable naming the etcd user.
+pub const ENV_USER: &str = "SLUICE_ETCD_USER";
+/// The variable naming a file whose content (one trailing newline dropped) is the
+/// password: a Kubernetes Secret mounted as a volume.
+pub const ENV_PASSWORD_FILE: &str = "SLUICE_ETCD_PASSWORD_FILE";
+/// The variable holding the password itself (a Secret as `env`), when there is no file.
+pub const ENV_PASSWORD: &str = "SLUICE_ETCD_PASSWORD";
+
+impl EtcdCredentials {
+    /// The credentials the environment gives ([`ENV_USER`] with [`ENV_PASSWORD_FILE`]
+    /// or [`ENV_PASSWORD`]); None without [`ENV_USER`].
+    pub fn from_env() -> Result<Option<EtcdCredentials>, String> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// As [`EtcdCredentials::from_env`], with the variables from `var` (tests).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<EtcdCredentials>, String> {
+        let user = var(ENV_USER).filter(|u| !u.is_empty());
+        let from_file = var(ENV_PASSWORD_FILE).filter(|p| !p.is_empty());
+        let password = match (&from_file, var(ENV_PASSWORD)) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("{ENV_PASSWORD_FILE}={path}: {e}"))?;
+                // `echo secret > file` and editors add a newline that is no part of it.
+                Some(text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text).to_string())
+            }
+            (None, p) => p,
+        };
+        match (user, password) {
+            (Some(user), Some(password)) => Ok(Some(EtcdCredentials { user, password })),
+            (Some(user), None) => {
+                Err(format!("{ENV_USER}={user} without a password: set {ENV_PASSWORD_FILE} (or {ENV_PASSWORD})"))
+            }
+            (None, Some(_)) => Err(format!("an etcd password without a user: set {ENV_USER}")),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 impl EtcdStore {
@@ -45,6 +115,15 @@ impl EtcdStore {
     /// connection is balanced over all of them, so losing one member (even the
     /// leader) leaves the store usable while a quorum remains.
     pub async fn connect(endpoints: &[String]) -> Result<EtcdStore, StoreError> {
+        Self::connect_as(endpoints, None).await
+    }
+
+    /// As [`EtcdStore::connect`], authenticating as `credentials` (refused at once,
+    /// [`StoreError::Auth`], where etcd does not accept them).
+    pub async fn connect_as(
+        endpoints: &[String],
+        credentials: Option<&EtcdCredentials>,
+    ) -> Result<EtcdStore, StoreError> {
         if endpoints.is_empty() {
             return Err(StoreError::Refused("no etcd endpoints given".into()));
         }
@@ -55,17 +134,52 @@ impl EtcdStore {
         // etcd's server takes pings closer than its `--grpc-keepalive-min-time` (5 s
         // by default) on a connection with no data moving as abuse, and closes the
         // connection (GOAWAY `too_many_pings`).
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_keep_alive(ETCD_KEEP_ALIVE, Duration::from_secs(2))
             .with_require_leader(true);
+        if let Some(c) = credentials {
+            options = options.with_user(c.user.clone(), c.password.clone());
+        }
         let client = tokio::time::timeout(OP_TIMEOUT, Client::connect(&endpoints, Some(options)))
             .await
             .map_err(|_| StoreError::Unavailable(format!("connecting to {endpoints:?} timed out")))?
             .map_err(map_err)?;
-        Ok(EtcdStore { client })
+        Ok(EtcdStore { client, authenticated: credentials.is_some(), reauthenticated: Default::default() })
+    }
+
+    /// How many times it authenticated again because etcd no longer knew its token
+    /// (a member restarted): what the tests check the retry by.
+    pub fn reauthenticated(&self) -> u64 {
+        self.reauthenticated.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Authenticates again (see the module docs).
+    async fn reauthenticate(&self) -> Result<(), StoreError> {
+        self.reauthenticated.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        bounded("etcd authenticate", self.client.refresh_token()).await
+    }
+
+    /// One unary call under [`OP_TIMEOUT`], made again once after authenticating
+    /// again when etcd no longer knows the token (see the module docs).
+    async fn call<T, F, Fut>(&self, what: &str, f: F) -> Result<T, StoreError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        match bounded(what, f(self.client.clone())).await {
+            Err(StoreError::Auth(m)) if self.authenticated && m.contains(INVALID_TOKEN) => {
+                self.reauthenticate().await?;
+                bounded(what, f(self.client.clone())).await
+            }
+            r => r,
+        }
     }
 }
+
+/// What etcd answers a token it does not know (a member restarted and lost its
+/// `simple` tokens, or a `jwt` token expired).
+const INVALID_TOKEN: &str = "invalid auth token";
 
 /// The client's HTTP/2 keep-alive interval: above etcd's default
 /// `--grpc-keepalive-min-time` (5 s), so that the server never counts it as abuse.
@@ -73,11 +187,12 @@ pub const ETCD_KEEP_ALIVE: Duration = Duration::from_secs(6);
 
 /// etcd's errors as the store's: transport trouble and timeouts are `Unavailable`
 /// (a connection the server closed with a GOAWAY too: gRPC reports ENHANCE_YOUR_CALM
-/// as `ResourceExhausted`), a lease etcd does not know is `LeaseExpired`, the rest
-/// `Refused`.
+/// as `ResourceExhausted`), a lease etcd does not know is `LeaseExpired`, refusals
+/// of its authentication `Auth`, the rest `Refused`.
 fn map_err(e: etcd_client::Error) -> StoreError {
     use etcd_client::Error as E;
     match e {
+        E::GRpcStatus(s) if auth_refusal(s.code(), s.message()) => StoreError::Auth(explain_auth(s.message())),
         E::GRpcStatus(s) => match s.code() {
             tonic_code::Unavailable | tonic_code::DeadlineExceeded | tonic_code::Cancelled | tonic_code::Unknown => {
                 StoreError::Unavailable(s.message().to_string())
@@ -96,6 +211,31 @@ fn map_err(e: etcd_client::Error) -> StoreError {
 }
 
 use tonic::Code as tonic_code;
+
+/// Whether etcd refused a call for its authentication: no credentials where auth
+/// is on (`user name is empty`), wrong ones, a token it does not know, no
+/// permission on the key, or credentials where auth is off.
+fn auth_refusal(code: tonic_code, message: &str) -> bool {
+    matches!(code, tonic_code::Unauthenticated | tonic_code::PermissionDenied)
+        || ["user name is empty", "authentication failed", "authentication is not enabled", INVALID_TOKEN]
+            .iter()
+            .any(|m| message.contains(m))
+}
+
+/// etcd's message, with what to do about it where sluice knows.
+fn explain_auth(message: &str) -> String {
+    if message.contains("user name is empty") {
+        format!("{message}: etcd has authentication on and no credentials were given (set {ENV_USER} and {ENV_PASSWORD_FILE})")
+    } else if message.contains("authentication failed") {
+        format!("{message} (the user in {ENV_USER}, the password in {ENV_PASSWORD_FILE} or {ENV_PASSWORD})")
+    } else if message.contains("permission denied") {
+        format!("{message}: the user's role does not grant read and write on the keys' prefix (--etcd-prefix)")
+    } else if message.contains("authentication is not enabled") {
+        format!("{message}: credentials were given to an etcd without authentication (etcdctl auth enable, or unset {ENV_USER})")
+    } else {
+        message.to_string()
+    }
+}
 
 fn code_name(c: tonic_code) -> String {
     format!("{c:?}")
@@ -142,8 +282,7 @@ fn op(o: &Op) -> TxnOp {
 impl Store for EtcdStore {
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<KeyValue>, StoreError>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
-            let r = bounded("get", c.get(key, None)).await?;
+            let r = self.call("get", |mut c| async move { c.get(key, None).await }).await?;
             Ok(r.kvs().first().map(to_kv))
         })
     }
@@ -155,41 +294,46 @@ impl Store for EtcdStore {
         lease: Option<LeaseId>,
     ) -> BoxFuture<'a, Result<i64, StoreError>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
-            let r = bounded("put", c.put(key, value, lease.map(|l| PutOptions::new().with_lease(l)))).await.map_err(
-                |e| match (e, lease) {
-                    (StoreError::LeaseExpired(_), Some(l)) => StoreError::LeaseExpired(l),
-                    (e, _) => e,
-                },
-            )?;
+            let put = |mut c: Client| {
+                let value = value.clone();
+                async move { c.put(key, value, lease.map(|l| PutOptions::new().with_lease(l))).await }
+            };
+            let r = self.call("put", put).await.map_err(|e| match (e, lease) {
+                (StoreError::LeaseExpired(_), Some(l)) => StoreError::LeaseExpired(l),
+                (e, _) => e,
+            })?;
             Ok(r.header().map_or(0, |h| h.revision()))
         })
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<i64, StoreError>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
-            let r = bounded("delete", c.delete(key, None)).await?;
+            let r = self.call("delete", |mut c| async move { c.delete(key, None).await }).await?;
             Ok(r.header().map_or(0, |h| h.revision()))
         })
     }
 
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, StoreError>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
-            let r = bounded("list", c.get(prefix, Some(GetOptions::new().with_prefix()))).await?;
+            let r = self
+                .call("list", |mut c| async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await })
+                .await?;
             Ok(Listing { kvs: r.kvs().iter().map(to_kv).collect(), revision: r.header().map_or(0, |h| h.revision()) })
         })
     }
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnOutcome, StoreError>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
             let t = EtcdTxn::new()
                 .when(txn.when.iter().map(compare).collect::<Vec<_>>())
                 .and_then(txn.then.iter().map(op).collect::<Vec<_>>())
                 .or_else(txn.otherwise.iter().map(op).collect::<Vec<_>>());
-            let r = bounded("txn", c.txn(t)).await?;
+            let r = self
+                .call("txn", |mut c| {
+                    let t = t.clone();
+                    async move { c.txn(t).await }
+                })
+                .await?;
             Ok(TxnOutcome { succeeded: r.succeeded(), revision: r.header().map_or(0, |h| h.revision()) })
         })
     }
@@ -201,16 +345,21 @@ impl Store for EtcdStore {
             // Open the first stream here, so a caller learns at once that the store is
             // down or the revision compacted.
             let mut c = self.client.clone();
-            let first = open(&mut c, prefix, from_revision).await?;
-            tokio::spawn(pump(self.client.clone(), prefix.to_string(), from_revision, first, tx, cancelled));
+            let first = match open(&mut c, prefix, from_revision).await {
+                Err(StoreError::Auth(m)) if self.authenticated && m.contains(INVALID_TOKEN) => {
+                    self.reauthenticate().await?;
+                    open(&mut c, prefix, from_revision).await?
+                }
+                r => r?,
+            };
+            tokio::spawn(pump(self.clone(), prefix.to_string(), from_revision, first, tx, cancelled));
             Ok(Watch { rx, _cancel: Some(cancel) })
         })
     }
 
     fn grant(&self, ttl_s: i64) -> BoxFuture<'_, Result<LeaseId, StoreError>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
-            let r = bounded("lease grant", c.lease_grant(ttl_s, None)).await?;
+            let r = self.call("lease grant", |mut c| async move { c.lease_grant(ttl_s, None).await }).await?;
             if !r.error().is_empty() {
                 return Err(StoreError::Refused(format!("lease grant: {}", r.error())));
             }
@@ -220,21 +369,21 @@ impl Store for EtcdStore {
 
     fn keep_alive(&self, lease: LeaseId) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
             // etcd-client sends the first keep-alive and reads its answer when it opens
             // the stream, and says "lease not found" when the TTL came back as 0.
-            bounded("lease keep-alive", c.lease_keep_alive(lease)).await.map_err(|e| match e {
-                StoreError::LeaseExpired(_) => StoreError::LeaseExpired(lease),
-                e => e,
-            })?;
+            self.call("lease keep-alive", |mut c| async move { c.lease_keep_alive(lease).await }).await.map_err(
+                |e| match e {
+                    StoreError::LeaseExpired(_) => StoreError::LeaseExpired(lease),
+                    e => e,
+                },
+            )?;
             Ok(())
         })
     }
 
     fn revoke(&self, lease: LeaseId) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
-            match bounded("lease revoke", c.lease_revoke(lease)).await {
+            match self.call("lease revoke", |mut c| async move { c.lease_revoke(lease).await }).await {
                 Ok(_) | Err(StoreError::LeaseExpired(_)) => Ok(()),
                 Err(e) => Err(e),
             }
@@ -243,8 +392,7 @@ impl Store for EtcdStore {
 
     fn compact(&self, revision: i64) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut c = self.client.clone();
-            bounded("compact", c.compact(revision, None)).await?;
+            self.call("compact", |mut c| async move { c.compact(revision, None).await }).await?;
             Ok(())
         })
     }
@@ -278,7 +426,7 @@ async fn open(c: &mut Client, prefix: &str, from: i64) -> Result<(etcd_client::W
 /// it breaks (see the module docs); ends on cancellation, compaction, or a store
 /// that stays unreachable for [`WATCH_RETRY_FOR`].
 async fn pump(
-    client: Client,
+    store: EtcdStore,
     prefix: String,
     _from: i64,
     first: (etcd_client::WatchStream, i64),
@@ -326,12 +474,19 @@ async fn pump(
             if tx.is_closed() {
                 return;
             }
-            let mut c = client.clone();
+            let mut c = store.client.clone();
             match open(&mut c, &prefix, next).await {
                 Ok((s, _)) => break s,
                 Err(e @ StoreError::Compacted { .. }) => {
                     let _ = tx.send(Err(e)).await;
                     return;
+                }
+                // The member it re-opens on restarted and forgot the token: get
+                // another, then try again at once.
+                Err(StoreError::Auth(m)) if store.authenticated && m.contains(INVALID_TOKEN) => {
+                    if let Err(e) = store.reauthenticate().await {
+                        tracing::debug!(%prefix, "watch: authenticating again: {e}");
+                    }
                 }
                 Err(e) if started.elapsed() >= WATCH_RETRY_FOR => {
                     let _ = tx.send(Err(e)).await;

@@ -20,7 +20,7 @@ use std::pin::Pin;
 
 use thiserror::Error;
 
-pub use etcd::{EtcdStore, ETCD_KEEP_ALIVE};
+pub use etcd::{EtcdCredentials, EtcdStore, ENV_PASSWORD, ENV_PASSWORD_FILE, ENV_USER, ETCD_KEEP_ALIVE};
 pub use link::{Link, NetModel, NetStats, SimNet};
 pub use mem::MemStore;
 
@@ -51,6 +51,10 @@ pub enum StoreError {
     /// The store refused the request (a bad argument, a server error).
     #[error("store: {0}")]
     Refused(String),
+    /// etcd's authentication refused it: no credentials where auth is on, wrong
+    /// ones, or a user whose role does not cover the key.
+    #[error("etcd auth: {0}")]
+    Auth(String),
 }
 
 /// One key and its value, with etcd's revisions.
