@@ -38,7 +38,9 @@
 //! `OVERHEAD_SECONDS` (default 3) sets a phase's length, `OVERHEAD_ROUNDS`
 //! (default 1) how many times the whole grid runs (figures: the medians);
 //! `OVERHEAD_PERF=DIR` profiles instead (`perf record -g` on each server under 8
-//! clients per protocol, into `DIR/<server>-<proto>.perf.data`). Prints
+//! clients per protocol, into `DIR/<server>-<proto>.perf.data`, DIR relative to
+//! the workspace root; `OVERHEAD_PERF_ARGS` replaces `-g`); `OVERHEAD_SLUICE=EXE`
+//! runs another build of sluice (an A/B against the same baseline). Prints
 //! the tables, one JSON line, and last
 //! `overhead: http peak X % of bare, grpc peak Y % of bare, added p99 Z ms at 10k req/s`
 //! (Z: the larger of HTTP's and gRPC's). Goals: peak >= 80 % of bare on both
@@ -454,15 +456,17 @@ fn main() -> Result<()> {
         }
     }
     let config = root.join("examples/bench-zero.toml");
-    let mut process = common::start_server_with(
-        &std::env::current_dir()?,
-        &[
-            std::ffi::OsStr::new("--config"),
-            config.as_os_str(),
-            std::ffi::OsStr::new("--grpc-listen"),
-            std::ffi::OsStr::new("127.0.0.1:0"),
-        ],
-    )?;
+    // Another build of sluice for an A/B against the same baseline (a copy of an
+    // earlier `target/release/sluice`).
+    let exe = std::env::var_os("OVERHEAD_SLUICE").unwrap_or_else(|| env!("CARGO_BIN_EXE_sluice").into());
+    let mut command = Command::new(&exe);
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .args(["--grpc-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn");
+    let mut process = common::start_process(command)?;
     let grpc = process.grpc_addr()?;
     let sluice = Server { name: "sluice", process, grpc };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -491,13 +495,21 @@ fn main() -> Result<()> {
             }
         }
         if let Some(dir) = std::env::var_os("OVERHEAD_PERF") {
+            // Cargo runs a bench in its package's directory: a relative path is the
+            // caller's, so it is taken from the workspace root.
+            let dir = root.join(dir);
+            std::fs::create_dir_all(&dir)?;
+            // `-g` by default; `--call-graph dwarf` walks the release build's stacks
+            // through its unwind tables (it has no frame pointers).
+            let perf_args = std::env::var("OVERHEAD_PERF_ARGS").unwrap_or_else(|_| "-g".into());
             // Profiles instead of the grid: each server under 8 clients, per protocol.
             for proto in [Proto::Http, Proto::HttpBin, Proto::Grpc] {
                 for server in [&sluice, &bare] {
                     let out = Path::new(&dir).join(format!("{}-{}.perf.data", server.name, proto.name()));
                     let mut perf = Command::new("perf")
-                        .args(["record", "-q", "-F", "1999", "-g", "-o"])
+                        .args(["record", "-F", "1999", "-o"])
                         .arg(&out)
+                        .args(perf_args.split_whitespace())
                         .args(["-p", &server.process.pid().to_string()])
                         .spawn()
                         .context("perf record")?;

@@ -328,7 +328,13 @@ impl AsyncRead for Counted {
                 this.idle.saturating_sub(this.activity.idle_for())
             };
             let left = left.max(std::time::Duration::from_millis(10));
-            this.timer.as_mut().reset(tokio::time::Instant::now() + left);
+            let at = tokio::time::Instant::now() + left;
+            // A pending read comes once per call or more: the timer is re-armed only
+            // when it has fired or must fire sooner. One set later than needed would
+            // find the connection idle late; one set sooner only looks again early.
+            if this.timer.is_elapsed() || at < this.timer.deadline() {
+                this.timer.as_mut().reset(at);
+            }
             if this.timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
@@ -505,11 +511,12 @@ impl GrpcInferenceService for Service {
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let answer = self.infer(req).await;
-        let code = match &answer {
-            Ok(_) => Code::Ok,
-            Err(s) => s.code(),
-        };
-        self.state.metrics.response("grpc", &format!("{code:?}"));
+        // The code's name as `Code`'s `Debug` writes it; a success's without
+        // formatting one per call.
+        match &answer {
+            Ok(_) => self.state.metrics.response("grpc", "Ok"),
+            Err(s) => self.state.metrics.response("grpc", &format!("{:?}", s.code())),
+        }
         answer
     }
 

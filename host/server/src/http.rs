@@ -10,7 +10,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::api::{app_of, json_response, ok, parse_json, read_body, ApiError, Body};
@@ -670,32 +670,61 @@ fn class_counts(outputs: &Option<Vec<RequestedOutput>>) -> Result<Vec<(String, u
     Ok(counts)
 }
 
+/// An output's entry in the answer. Its fields are in the order a
+/// `serde_json::Map` (sorted keys) gave them before the answer was serialised
+/// from a struct, so the bytes are the same.
+#[derive(Serialize)]
+struct OutputEntry<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<Value>,
+    datatype: &'a str,
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<Value>,
+    shape: &'a [usize],
+}
+
+/// The answer's body: serialised straight from this struct rather than built as a
+/// `serde_json::Value` tree first (a map allocated and sorted per answer), in the
+/// sorted order of the tree it replaces.
+#[derive(Serialize)]
+struct InferResponse<'a> {
+    /// The request's id, echoed; absent when it sent none (as Triton: not `null`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    model_name: String,
+    model_version: String,
+    outputs: Vec<OutputEntry<'a>>,
+    parameters: serde_json::Map<String, Value>,
+}
+
 /// The outputs as JSON entries and the binary tail. An output goes in binary when
 /// asked, and also when JSON cannot carry it: a NaN or an infinity (the model's
 /// business, as any value is: Triton returns them) has no JSON number, and an
 /// answer of `null`s would be no tensor at all. The entry's `binary_data_size` says
 /// so, which tritonclient reads whatever it asked.
-fn encode_outputs(outputs: &[Output], binary_out: impl Fn(&str) -> bool) -> (Vec<Value>, Vec<u8>) {
+fn encode_outputs(outputs: &[Output], binary_out: impl Fn(&str) -> bool) -> (Vec<OutputEntry<'_>>, Vec<u8>) {
     let mut tail = Vec::new();
-    let mut entries = Vec::new();
+    let mut entries = Vec::with_capacity(outputs.len());
     for o in outputs {
         let in_json = !binary_out(o.name())
             && match o {
                 Output::Tensor(t) => t.data.first_non_finite().is_none(),
                 Output::Classes { .. } => true,
             };
-        let mut entry = json!({ "name": o.name(), "datatype": o.datatype(), "shape": o.shape() });
+        let mut entry =
+            OutputEntry { data: None, datatype: o.datatype(), name: o.name(), parameters: None, shape: o.shape() };
         if in_json {
-            entry["data"] = match o {
+            entry.data = Some(match o {
                 Output::Tensor(t) => tensor_json(t),
                 Output::Classes { values, .. } => json!(values),
-            };
+            });
         } else {
             let bytes = match o {
                 Output::Tensor(t) => t.data.to_le_bytes(),
                 Output::Classes { values, .. } => infer::bytes_elements(values),
             };
-            entry["parameters"] = json!({ "binary_data_size": bytes.len() });
+            entry.parameters = Some(json!({ "binary_data_size": bytes.len() }));
             tail.extend(bytes);
         }
         entries.push(entry);
@@ -703,18 +732,20 @@ fn encode_outputs(outputs: &[Output], binary_out: impl Fn(&str) -> bool) -> (Vec
     (entries, tail)
 }
 
-/// A 200 with `body`, and the binary tail after it when there is one.
-fn respond(body: Value, tail: Vec<u8>) -> Result<Response<Body>, ApiError> {
-    if tail.is_empty() {
-        return ok(body);
-    }
-    let mut bytes = body.to_string().into_bytes();
+/// A 200 with `body` (JSON), and the binary tail after it when there is one.
+fn respond(body: &impl Serialize, tail: Vec<u8>) -> Result<Response<Body>, ApiError> {
+    let mut bytes = serde_json::to_vec(body).map_err(ApiError::internal)?;
     let json_len = bytes.len();
+    let binary = !tail.is_empty();
     bytes.extend(tail);
     let mut r = Response::new(Full::new(Bytes::from(bytes)));
     let h = r.headers_mut();
-    h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/octet-stream"));
-    h.insert(binary::HEADER, hyper::header::HeaderValue::from(json_len));
+    if binary {
+        h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/octet-stream"));
+        h.insert(binary::HEADER, hyper::header::HeaderValue::from(json_len));
+    } else {
+        h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    }
     Ok(r)
 }
 
@@ -735,17 +766,14 @@ async fn infer(
     let answer = target.infer(id.as_deref(), inputs, arrived, audited).await?;
     let answered = infer::classify(target, answer.outputs, &counts);
     let (entries, tail) = encode_outputs(&answered, binary_outputs(parameters.as_ref(), &outputs));
-    let mut body = json!({
-        "model_name": answer.model_name,
-        "model_version": answer.model_version,
-        "outputs": entries,
-        "parameters": answer.parameters,
-    });
-    // The request's id, echoed; absent when it sent none (as Triton: not `null`).
-    if let Some(id) = id {
-        body["id"] = json!(id);
-    }
-    respond(body, tail)
+    let body = InferResponse {
+        id,
+        model_name: answer.model_name,
+        model_version: answer.model_version,
+        outputs: entries,
+        parameters: answer.parameters,
+    };
+    respond(&body, tail)
 }
 
 /// Model metadata in the HTTP form.

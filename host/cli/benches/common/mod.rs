@@ -97,6 +97,7 @@ pub fn clock_ticks() -> f64 {
 
 /// Starts `sluice serve <args> --listen 127.0.0.1:0` in `dir` and reads the address
 /// it prints; no `--config` in `args` serves the embedded default.
+#[allow(dead_code)] // The overhead bench builds its own command.
 pub fn start_server_with(dir: &Path, args: &[&std::ffi::OsStr]) -> Result<ServerProcess> {
     let exe = env!("CARGO_BIN_EXE_sluice");
     let mut command = Command::new(exe);
