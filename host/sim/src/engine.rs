@@ -369,7 +369,8 @@ impl Simulation {
             }
             let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
             apps.push(AppState {
-                stats: Stats::new(arrivals.iter().map(|a| a.at).collect()),
+                stats: Stats::new(arrivals.iter().map(|a| a.at).collect())
+                    .with_models(models.iter().map(|m| m.name.clone()).collect(), queues),
                 // An experiment's default is one SLO (the papers' simulators count
                 // late answers); the conversion is the host's (`AppConfig::expire_us_or`).
                 expire_us: spec.expire_us_or(slo_us),
@@ -640,6 +641,7 @@ impl Simulation {
             return;
         }
         let app = &mut self.apps[a];
+        app.stats.queued(request.id, target);
         // In deadline order, as live: a trace's own budgets make a later arrival due
         // earlier, and the decision core expires a prefix of the queue.
         insert_by_deadline(&mut app.queues[target], request);
@@ -739,6 +741,7 @@ impl Simulation {
             let fate = if on_time { Fate::OnTime } else { Fate::Late };
             app.stats.finish(r.id, fate, accuracy);
             app.stats.latency(r.id, now - r.arrival);
+            app.stats.served_by(r.id, model);
             note(&mut app.outcomes, r.id, || Outcome::Served {
                 variant: app.models[model as usize].name.clone(),
                 batch: batch.len() as u32,

@@ -500,7 +500,8 @@ pub fn render(dir: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
     written.push(md_path);
     if ts_path.exists() {
         let dev = if dev_path.exists() { read_devices(&dev_path)? } else { Vec::new() };
-        written.extend(write_html(dir, &title, &rows, &read_timeseries(&ts_path)?, &dev)?);
+        let windows = read_windows(&dir.join("windows.json"))?;
+        written.extend(write_html(dir, &title, &rows, &read_timeseries(&ts_path)?, &dev, &windows)?);
     }
     Ok(written)
 }
@@ -511,16 +512,25 @@ const HTML_REASONS: &[&str] = &["dropped", "late"];
 /// Writes `report.html` and its `assets/`: every (run, app) of `timeseries.csv` as
 /// the dashboard's points (`charts.js`) (arrivals and answers per second,
 /// on-time rate, accuracy served, p99 from `devices.csv` where the run has
-/// devices), drawn by the dashboard's `charts.js`. The simulator records no
-/// per-variant mix, per-worker queue or p50 per window: those charts are empty.
+/// devices; p50, the variant mix and each worker's mean queue length from
+/// `windows.json`), drawn by the dashboard's `charts.js`. Results written before
+/// `windows.json` existed have none: those three charts are empty for them.
 /// The data is a JSON block (`type="application/json"`, never executed) read with
 /// `textContent`, and every name is set as text, as on the live page.
-fn write_html(dir: &Path, title: &str, rows: &[Row], ts: &[Window], dev: &[DeviceWindow]) -> Result<Vec<PathBuf>> {
+fn write_html(
+    dir: &Path,
+    title: &str,
+    rows: &[Row],
+    ts: &[Window],
+    dev: &[DeviceWindow],
+    windows: &[AppWindows],
+) -> Result<Vec<PathBuf>> {
     let mut runs = Vec::new();
     for run in unique(rows.iter().map(|r| r.run)) {
         let mut apps = Vec::new();
         for r in rows.iter().filter(|r| r.run == run) {
             let mine: Vec<&Window> = ts.iter().filter(|w| w.run == run && w.app == r.app).collect();
+            let extra = windows.iter().find(|x| x.run == run && x.app == r.app);
             let points: Vec<Value> = mine
                 .iter()
                 .enumerate()
@@ -535,16 +545,19 @@ fn write_html(dir: &Path, title: &str, rows: &[Row], ts: &[Window], dev: &[Devic
                     let p99 =
                         dev.iter().find(|d| d.run == run && d.app == r.app && d.start == w.start).map(|d| d.p99_ms);
                     let dropped = (w.arrivals - w.on_time - w.late).max(0.0);
+                    // Windows of both files start at the same multiples of window_s.
+                    let x = extra.and_then(|x| x.windows.iter().find(|x| (x.start - w.start).abs() < 1e-6));
+                    let mix: Vec<f64> = x.map(|x| x.mix.iter().map(|n| n / len).collect()).unwrap_or_default();
                     serde_json::json!({
                         "t": w.start,
                         "arrivals": w.arrivals / len,
                         "served": (w.on_time + w.late) / len,
                         "on_time": (w.arrivals > 0.0).then(|| w.on_time / w.arrivals),
                         "accuracy": w.accuracy,
-                        "p50_ms": null,
+                        "p50_ms": x.and_then(|x| x.p50_ms),
                         "p99_ms": p99,
-                        "mix": [],
-                        "queue": [],
+                        "mix": mix,
+                        "queue": x.map(|x| x.queue.clone()).unwrap_or_default(),
                         "drops": [dropped / len, w.late / len],
                     })
                 })
@@ -552,8 +565,10 @@ fn write_html(dir: &Path, title: &str, rows: &[Row], ts: &[Window], dev: &[Devic
             if points.is_empty() {
                 continue;
             }
+            let models = extra.map(|x| x.models.clone()).unwrap_or_default();
+            let queues = extra.and_then(|x| x.windows.iter().map(|w| w.queue.len()).max()).unwrap_or(0);
             apps.push(serde_json::json!({
-                "app": r.app, "policy": r.policy, "models": [], "workers": [],
+                "app": r.app, "policy": r.policy, "models": models, "workers": (0..queues).collect::<Vec<usize>>(),
                 "reasons": HTML_REASONS, "points": points, "markers": [],
             }));
         }
@@ -668,6 +683,64 @@ struct Window {
     on_time: f64,
     late: f64,
     accuracy: f64,
+}
+
+/// One (run, app) of windows.json (`stats::write_outputs`).
+struct AppWindows {
+    run: u64,
+    app: String,
+    models: Vec<String>,
+    windows: Vec<ExtraWindow>,
+}
+
+/// One window of windows.json: what timeseries.csv has no column for.
+struct ExtraWindow {
+    start: f64,
+    p50_ms: Option<f64>,
+    /// Served per variant (counts).
+    mix: Vec<f64>,
+    /// Mean length per queue.
+    queue: Vec<f64>,
+}
+
+/// windows.json, if the run wrote one (none: an empty list).
+fn read_windows(path: &Path) -> Result<Vec<AppWindows>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    let bad = || anyhow::anyhow!("{}: not a sluice windows.json", path.display());
+    let nums = |v: &Value| -> Vec<f64> {
+        v.as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for g in v.as_array().ok_or_else(bad)? {
+        out.push(AppWindows {
+            run: g["run"].as_u64().ok_or_else(bad)?,
+            app: g["app"].as_str().ok_or_else(bad)?.to_string(),
+            models: g["models"]
+                .as_array()
+                .ok_or_else(bad)?
+                .iter()
+                .filter_map(|m| m.as_str().map(str::to_string))
+                .collect(),
+            windows: g["windows"]
+                .as_array()
+                .ok_or_else(bad)?
+                .iter()
+                .map(|w| {
+                    Ok(ExtraWindow {
+                        start: w["start_s"].as_f64().ok_or_else(bad)?,
+                        p50_ms: w["p50_ms"].as_f64(),
+                        mix: nums(&w["mix"]),
+                        queue: nums(&w["queue"]),
+                    })
+                })
+                .collect::<Result<_>>()?,
+        });
+    }
+    Ok(out)
 }
 
 /// One row of devices.csv.

@@ -49,6 +49,14 @@ pub struct Stats {
     /// (time µs, devices hosting the app's variants from then on), for runs on
     /// `[[device]]`s.
     devices: Vec<(u64, u32)>,
+    /// Per request: the queue it joined ([`NONE`]: not this shard's, or not yet).
+    queue: Vec<u16>,
+    /// Per request: the variant (index into `model_names`) that served it ([`NONE`]: none).
+    model: Vec<u16>,
+    /// The app's variants, in the order `served_by` numbers them ([`Stats::with_models`]).
+    model_names: Vec<String>,
+    /// The app's queues (one per worker, one when they share it).
+    queues: usize,
     /// Policy faults answered by the safe decision.
     pub faults: u64,
     /// `decide` calls.
@@ -68,6 +76,10 @@ impl Stats {
             latency_us: vec![0; n],
             taken: vec![u64::MAX; n],
             devices: Vec::new(),
+            queue: vec![NONE; n],
+            model: vec![NONE; n],
+            model_names: Vec::new(),
+            queues: 0,
             batch_sizes: BTreeMap::new(),
             model_mix: BTreeMap::new(),
             faults: 0,
@@ -76,9 +88,34 @@ impl Stats {
         }
     }
 
+    /// Names the app's variants (in the order [`Stats::served_by`] numbers them) and
+    /// its number of queues, for the per-window variant mix and queue lengths.
+    pub fn with_models(mut self, names: Vec<String>, queues: usize) -> Stats {
+        self.model_names = names;
+        self.queues = queues;
+        self
+    }
+
+    /// Request `id` joined queue `q`.
+    pub fn queued(&mut self, id: u64, q: usize) {
+        self.queue[id as usize] = q.min(NONE as usize - 1) as u16;
+    }
+
+    /// Request `id` was served by variant `model` (its index among the app's variants).
+    pub fn served_by(&mut self, id: u64, model: u32) {
+        self.model[id as usize] = model.min(NONE as u32 - 1) as u16;
+    }
+
     /// Folds in another shard's stats of the same arrivals: each request the other
     /// shard took or ended takes its record from there; counts add up.
     pub fn absorb(&mut self, other: &Stats) {
+        for id in 0..self.queue.len().min(other.queue.len()) {
+            // Queued there (a request still queued at the end was neither taken nor ended).
+            if other.queue[id] != NONE {
+                self.queue[id] = other.queue[id];
+                self.model[id] = other.model[id];
+            }
+        }
         for id in 0..self.fates.len().min(other.fates.len()) {
             if other.fates[id] != Fate::Pending || other.taken[id] != u64::MAX {
                 self.fates[id] = other.fates[id];
@@ -256,12 +293,18 @@ impl Stats {
             accuracy_loss: None,
         };
         let mut windows: BTreeMap<u64, WindowRow> = BTreeMap::new();
-        // Runs on [[device]]s: the served requests' latencies per window, in the same pass.
+        // The served requests' latencies per window, in the same pass (p50 for the
+        // report; p99 too on [[device]]s).
         let mut latencies: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        let mut mix: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for (i, f) in self.fates.iter().enumerate() {
             let w = self.arrivals[i] / window_us.max(1);
-            if !self.devices.is_empty() && served(*f) {
+            if served(*f) {
                 latencies.entry(w).or_default().push(self.latency_us[i]);
+                let m = self.model[i] as usize;
+                if m < self.model_names.len() {
+                    mix.entry(w).or_insert_with(|| vec![0; self.model_names.len()])[m] += 1;
+                }
             }
             let row = windows.entry(w).or_insert_with(|| WindowRow {
                 run,
@@ -281,21 +324,78 @@ impl Stats {
                 Fate::Pending => {}
             }
         }
+        let last = windows.keys().next_back().copied().unwrap_or(0);
+        let mut queue_area = self.queue_area(window_us.max(1), last, duration_us);
         let rows = windows
             .into_iter()
             .map(|(w, mut r)| {
                 r.accuracy = if r.on_time > 0 { r.accuracy / r.on_time as f64 } else { 0.0 };
+                let mut l = latencies.remove(&w).unwrap_or_default();
+                let (p50, p99) = p50_p99_ms(&mut l);
                 if !self.devices.is_empty() {
                     let from = w * window_us.max(1);
                     r.devices = self.mean_devices(from, from + window_us.max(1));
-                    r.p99_ms = Some(p99_ms(latencies.remove(&w).unwrap_or_default().into_iter()));
+                    r.p99_ms = Some(p99);
                 }
+                r.p50_ms = (!l.is_empty()).then_some(p50);
+                let m = mix.remove(&w).unwrap_or_else(|| vec![0; self.model_names.len()]);
+                r.mix = self.model_names.iter().cloned().zip(m).collect();
+                r.queue = queue_area
+                    .iter_mut()
+                    .map(|q| std::mem::take(&mut q[w as usize]) / window_us.max(1) as f64)
+                    .collect();
                 r
             })
             .collect();
         (result, rows)
     }
+
+    /// Per queue, per window `0..=last` of `window_us`: the time its requests spent
+    /// in it there (µs), so that divided by the window it is the mean queue length.
+    /// A request is in its queue from its arrival until a worker takes it or it is
+    /// dropped (or the run's end, `end_us`, if neither happened). One pass, with a
+    /// difference array for the windows a request waits through entirely.
+    fn queue_area(&self, window_us: u64, last: u64, end_us: u64) -> Vec<Vec<f64>> {
+        let n = last as usize + 1;
+        let mut area = vec![vec![0.0; n]; self.queues];
+        let mut full = vec![vec![0i64; n + 1]; self.queues];
+        for (i, &q) in self.queue.iter().enumerate() {
+            let Some(area) = area.get_mut(q as usize) else { continue };
+            let a = self.arrivals[i];
+            let b = self.taken[i].min(end_us.max(a));
+            if b <= a {
+                continue;
+            }
+            let (wa, wb) = ((a / window_us) as usize, ((b - 1) / window_us) as usize);
+            if wa >= n {
+                continue;
+            }
+            if wa == wb {
+                area[wa] += (b - a) as f64;
+                continue;
+            }
+            area[wa] += ((wa as u64 + 1) * window_us - a) as f64;
+            if wb < n {
+                area[wb] += (b - wb as u64 * window_us) as f64;
+            }
+            // Whole windows wa+1 ..= wb-1 (clipped to the last one).
+            let full = &mut full[q as usize];
+            full[wa + 1] += 1;
+            full[wb.min(n)] -= 1;
+        }
+        for (area, full) in area.iter_mut().zip(&full) {
+            let mut k = 0i64;
+            for (w, a) in area.iter_mut().enumerate() {
+                k += full[w];
+                *a += k as f64 * window_us as f64;
+            }
+        }
+        area
+    }
 }
+
+/// No queue, no variant (a request this shard did not see, or not served).
+const NONE: u16 = u16::MAX;
 
 impl Stats {
     /// What a what-if replay reports: the median and p99 latency (ms) of the served
@@ -504,6 +604,14 @@ pub struct WindowRow {
     pub p99_ms: Option<f64>,
     /// Runs on `[[device]]`s: devices hosting the app's variants, time-weighted.
     pub devices: Option<f64>,
+    /// Median latency of the served ones, ms (None: none served): `windows.json`.
+    pub p50_ms: Option<f64>,
+    /// Of those arriving in the window, served per variant, in the app's variant
+    /// order: `windows.json`.
+    pub mix: Vec<(String, u64)>,
+    /// Per queue (worker; one when the workers share one), its mean length over
+    /// the window: `windows.json`.
+    pub queue: Vec<f64>,
 }
 
 /// Wall-clock figures of one (run, app): `summary.json`.
@@ -538,7 +646,12 @@ pub struct Timing {
 }
 
 /// Writes results.json, results.csv, timeseries.csv, devices.csv (runs on
-/// `[[device]]`s; all deterministic) and summary.json.
+/// `[[device]]`s), windows.json (all deterministic) and summary.json.
+///
+/// `windows.json` holds what the dashboard's charts draw and timeseries.csv has
+/// no column for (a new file, so the others stay byte-identical to earlier runs):
+/// per (run, app), its variants and per window (by arrival) the served
+/// requests' median latency, the variant mix and each queue's mean length.
 pub fn write_outputs(dir: &Path, out: &super::ExperimentOutput) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let write = |name: &str, text: String| {
@@ -584,6 +697,7 @@ pub fn write_outputs(dir: &Path, out: &super::ExperimentOutput) -> Result<()> {
         );
     }
     write("timeseries.csv", ts)?;
+    write("windows.json", windows_json(&out.timeseries)? + "\n")?;
     if out.timeseries.iter().any(|w| w.devices.is_some()) {
         // Runs on [[device]]s: what they used and their tail, per window.
         let mut dev = String::from("run,app,window_start_s,devices,p99_ms\n");
@@ -601,6 +715,41 @@ pub fn write_outputs(dir: &Path, out: &super::ExperimentOutput) -> Result<()> {
         write("devices.csv", dev)?;
     }
     Ok(())
+}
+
+/// `windows.json` (see [`write_outputs`]): one entry per (run, app), in the rows' order.
+fn windows_json(rows: &[WindowRow]) -> Result<String> {
+    // Four decimals: a queue length's mean to 1e-4 is finer than any chart.
+    let round = |x: f64| (x * 1e4).round() / 1e4;
+    let mut groups: Vec<serde_json::Value> = Vec::new();
+    let mut i = 0;
+    while i < rows.len() {
+        let (run, app) = (rows[i].run, &rows[i].app);
+        let start = i;
+        while i < rows.len() && rows[i].run == run && &rows[i].app == app {
+            i += 1;
+        }
+        let mine = &rows[start..i];
+        let windows: Vec<serde_json::Value> = mine
+            .iter()
+            .map(|w| {
+                serde_json::json!({
+                    "start_s": w.window_start_s,
+                    "p50_ms": w.p50_ms.map(round),
+                    "mix": w.mix.iter().map(|(_, n)| *n).collect::<Vec<u64>>(),
+                    "queue": w.queue.iter().map(|q| round(*q)).collect::<Vec<f64>>(),
+                })
+            })
+            .collect();
+        groups.push(serde_json::json!({
+            "run": run,
+            "app": app,
+            "policy": rows[start].policy,
+            "models": rows[start].mix.iter().map(|(m, _)| m.as_str()).collect::<Vec<&str>>(),
+            "windows": windows,
+        }));
+    }
+    Ok(serde_json::to_string(&groups)?)
 }
 
 #[cfg(test)]

@@ -92,7 +92,7 @@ policies = [{ policy = "jellyfish" }, { policy = "fixed", params = { model = "m"
     let b = run_experiment(&e, &base, false).unwrap();
     write_outputs(&dir.path().join("a"), &a).unwrap();
     write_outputs(&dir.path().join("b"), &b).unwrap();
-    for f in ["results.json", "results.csv", "timeseries.csv"] {
+    for f in ["results.json", "results.csv", "timeseries.csv", "windows.json"] {
         let x = std::fs::read(dir.path().join("a").join(f)).unwrap();
         let y = std::fs::read(dir.path().join("b").join(f)).unwrap();
         assert!(x == y, "{f} differs between two runs of the same experiment");

@@ -114,3 +114,50 @@ fn a_missing_directory_is_an_error() {
     let e = report::render(Path::new("/nonexistent/sluice-report"), None).unwrap_err();
     assert!(e.to_string().contains("results.json"), "{e}");
 }
+
+/// The HTML report's p50, variant-mix and queue charts hold the simulator's own
+/// per-window series (`windows.json`), as the live page's hold the host's.
+#[test]
+fn the_html_report_carries_p50_the_variant_mix_and_queues_per_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Two variants, so that the mix has two series; slow enough that queues form.
+    let two = common::PROFILE.to_string()
+        + "\n[[model]]\nname = \"big\"\naccuracy = 0.9\naccuracy_source = \"test\"\nbatch_sizes = [1, 2]\n\
+           p50_us = [20000, 24000]\np95_us = [20000, 24000]\np99_us = [20000, 24000]\n";
+    std::fs::write(tmp.path().join("two.toml"), two).unwrap();
+    let out = run(
+        tmp.path(),
+        r#"duration_s = 3
+window_s = 0.5
+[[app]]
+name = "img"
+slo_ms = 60
+workers = 2
+profile = "two.toml"
+policy = "jellyfish"
+arrivals = { kind = "poisson", rate_qps = 150 }
+"#,
+    );
+    let windows: serde_json::Value = serde_json::from_str(&read(&out.join("windows.json"))).unwrap();
+    assert_eq!(windows[0]["models"], serde_json::json!(["m", "big"]), "{windows}");
+    report::render(&out, None).unwrap();
+    let html = read(&out.join("report.html"));
+    let block = html.split("id=\"sluice-data\">").nth(1).unwrap().split("</script>").next().unwrap();
+    let data: serde_json::Value = serde_json::from_str(block).unwrap();
+    let app = &data["runs"][0]["apps"][0];
+    assert_eq!(app["models"], serde_json::json!(["m", "big"]), "{app}");
+    assert_eq!(app["workers"], serde_json::json!([0, 1]), "one queue per worker: {app}");
+    let points = app["points"].as_array().unwrap();
+    assert_eq!(points.len(), 6, "six half-second windows: {app}");
+    for p in points {
+        assert!(p["p50_ms"].as_f64().is_some_and(|x| x >= 10.0), "p50 in every window: {p}");
+        let mix: Vec<f64> = p["mix"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(mix.len(), 2, "{p}");
+        // The mix is the served rate split by variant.
+        let served = p["served"].as_f64().unwrap();
+        assert!((mix.iter().sum::<f64>() - served).abs() < 1e-6, "mix {mix:?} against served {served}");
+        assert_eq!(p["queue"].as_array().unwrap().len(), 2, "{p}");
+    }
+    let queued: f64 = points.iter().flat_map(|p| p["queue"].as_array().unwrap()).map(|q| q.as_f64().unwrap()).sum();
+    assert!(queued > 0.0, "requests waited in the queues: {app}");
+}
