@@ -3,12 +3,13 @@
 //! reaches its floor (Proteus §4; the artifact's `algorithms/ilp.py` steps β from 1.05
 //! by 0.05 while β > 0.2).
 //!
-//! [`Ladder::search`] (Proteus) looks for the same factor — the highest step of
-//! [`Ladder::steps`] with a plan — by bisection over the steps ([`Search::Bisect`],
-//! the default) or one step at a time ([`Search::Descend`], the artifact's), under one
-//! deadline for the whole search. Feasibility is monotone in β (a lower β serves less
-//! of every app and asks less headroom), so both find the same step, and the same
-//! model there gives the same plan.
+//! Proteus looks for the same factor — the highest step of [`Ladder::steps`] with a
+//! plan — with one MILP over placements ([`Search::Lexicographic`], the default, in
+//! `proteus::solve`), or with [`Ladder::search`]: by bisection over the steps
+//! ([`Search::Bisect`]) or one step at a time ([`Search::Descend`], the artifact's),
+//! under one deadline for the whole search. Feasibility is monotone in β (a lower β
+//! serves less of every app and asks less headroom), so all three find the same step,
+//! and the same model there gives the same plan (to within the MIP gap).
 
 use std::time::Instant;
 
@@ -29,19 +30,24 @@ pub struct Ladder {
     /// `min_beta = 0.2`: no solve at or below this factor.
     #[serde(default = "default_min_beta")]
     pub min_beta: f64,
-    /// `search = "bisect"`: how [`Ladder::search`] walks the steps (`"descend"`: one
-    /// at a time from the top, the artifact's).
+    /// `search = "lexicographic"`: how the steps are searched (`"bisect"`: bisection
+    /// over the steps; `"descend"`: one at a time from the top, the artifact's).
     #[serde(default)]
     pub search: Search,
 }
 
-/// How [`Ladder::search`] walks the ladder's steps.
+/// How the ladder's steps are searched.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Search {
+    /// Two solves (Proteus, `proteus::solve`): one MILP over placements finds the
+    /// highest step at which every app can be served — its bound proves every step
+    /// above infeasible at once — then the accuracy solve at that step starts from
+    /// that placement. Where a caller has no such model, [`Ladder::search`] bisects.
+    #[default]
+    Lexicographic,
     /// The first step, then bisection over the rest: ⌈log2 n⌉ + 1 solves at most
     /// (17 steps by default: 6, where a surge to 4× took 17 one at a time).
-    #[default]
     Bisect,
     /// One step at a time from the top (the artifact's ladder).
     Descend,
@@ -153,7 +159,7 @@ impl Ladder {
         while lo < hi {
             let mid = match self.search {
                 // The top first: a problem that fits is decided in one solve.
-                Search::Bisect if lo > 0 => lo + (hi - lo) / 2,
+                Search::Bisect | Search::Lexicographic if lo > 0 => lo + (hi - lo) / 2,
                 _ => lo,
             };
             match at(mid, &mut tried, &mut last)? {

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use sluice_core::profile::{ModelProfile, Percentile, Profile};
 use thiserror::Error;
 
-pub use crate::ladder::Ladder;
+pub use crate::ladder::{Ladder, Search};
 use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
 
 /// One type of device and how many of them there are.
@@ -225,6 +225,10 @@ pub enum Step {
     Accuracy,
     /// A baseline's heuristic (INFaaS-Accuracy's greedy autoscaler), no MILP.
     Heuristic,
+    /// The lexicographic search's first solve: the highest step of the ladder at
+    /// which every app can be served ([`crate::ladder::Search::Lexicographic`]). It
+    /// makes no plan of its own; only an [`Attempt`] says it.
+    Demand,
 }
 
 /// Variant `model` of app `app` on `devices` devices of type `device_type`.
@@ -350,6 +354,48 @@ impl Plan {
             self.devices_used += 1;
             self.spread_share(k);
         }
+    }
+
+    /// Frees the devices a route does not need for its load (capacity with the
+    /// plan's headroom), and drops routes left with no device and no load. The
+    /// accuracy objective is indifferent to a device placed without load, and a
+    /// start that places every device (the lexicographic search's) leaves such
+    /// devices placed; idle, they stay free for `replicate_into_idle` and the live
+    /// host's spares instead of hosting a variant nothing is routed to.
+    fn free_unloaded(&mut self) {
+        let headroom = self.beta.max(1.0);
+        for k in 0..self.routes.len() {
+            let r = &self.routes[k];
+            if r.devices == 0 {
+                continue;
+            }
+            let each = r.capacity_qps / r.devices as f64;
+            let needed = if r.qps <= 1e-9 || each <= 0.0 {
+                0
+            } else {
+                ((r.qps * headroom / each) - 1e-9).ceil().max(1.0) as u32
+            };
+            if needed >= r.devices {
+                continue;
+            }
+            let (t, app, model) = (r.device_type.clone(), r.app.clone(), r.model.clone());
+            let mut kept = 0;
+            for d in &mut self.devices {
+                if d.device_type == t && d.app.as_ref() == Some(&app) && d.model.as_ref() == Some(&model) {
+                    if kept < needed {
+                        kept += 1;
+                    } else {
+                        (d.app, d.model, d.share, d.service_us) = (None, None, 0.0, None);
+                    }
+                }
+            }
+            let r = &mut self.routes[k];
+            r.devices = needed;
+            r.capacity_qps = each * needed as f64;
+            self.spread_share(k);
+        }
+        self.routes.retain(|r| r.devices > 0 || r.share > 1e-9);
+        self.devices_used = self.routes.iter().map(|r| r.devices).sum();
     }
 
     /// Splits route `k`'s share evenly over the devices that host it.
@@ -670,6 +716,10 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
             return Ok(Outcome { report, attempts, plan, shed, timed_out: false });
         }
     }
+    let allowed = undominated(&cands, &allowed);
+    if problem.ladder.search == Search::Lexicographic {
+        return lexicographic(problem, &cands, &allowed, &absent, shed, attempts, deadline);
+    }
     let d = problem.ladder.search(deadline, |beta, left| within(&allowed, beta, left, Step::Accuracy))?;
     attempts.extend(d.tried.into_iter().map(|t| Attempt {
         step: Step::Accuracy,
@@ -684,12 +734,265 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
     Ok(Outcome { report: d.report, attempts, plan, shed, timed_out: d.timed_out })
 }
 
+/// The lexicographic search ([`Search::Lexicographic`]): first the highest step of
+/// the ladder at which every app can be served (one MILP over placements with each
+/// app's fastest variants only, [`highest_step`]), then the most accurate plan at
+/// that step: the accuracy model with that placement's device counts per (type,
+/// app) fixed (fast: it splits per type and app), then the full accuracy model
+/// started from that plan, stopped at [`SolverSettings::soft_limit_s`] with the
+/// best plan by then. Three solves where the ladder made up to 17, and none proves
+/// a step infeasible by branch and bound: the first solve's bound does that for
+/// every step above at once.
+///
+/// The first solve gets at most half the time left: when it cannot prove its step
+/// the highest in that time, its incumbent's step is used (feasible, maybe not the
+/// highest: [`Outcome::timed_out`]), so the accuracy solves always have time.
+#[allow(clippy::too_many_arguments)]
+fn lexicographic(
+    problem: &Problem,
+    cands: &[Cand],
+    allowed: &[bool],
+    absent: &[bool],
+    shed: Vec<ShedApp>,
+    mut attempts: Vec<Attempt>,
+    deadline: Instant,
+) -> Result<Outcome, ProteusError> {
+    let steps = problem.ladder.steps();
+    let left = || deadline.saturating_duration_since(Instant::now()).as_secs_f64();
+    let in_time = |limit_s: f64, solves: usize| ProteusError::NoPlanInTime { limit_s, solves };
+    let limit_s = problem.solver.time_limit_s;
+    if steps.is_empty() {
+        return Ok(Outcome { report: SolveReport::none(), attempts, plan: None, shed, timed_out: false });
+    }
+    if left() < 1e-3 {
+        return Err(in_time(limit_s, attempts.len()));
+    }
+    let (report, found) = match highest_step(problem, cands, allowed, absent, &steps, left() / 2.0) {
+        Err(ProteusError::Solve(SolveError::NoPlanInTime(_))) => {
+            return Err(in_time(limit_s, attempts.len() + 1));
+        }
+        other => other?,
+    };
+    let Some((k, start)) = found else {
+        attempts.push(Attempt {
+            step: Step::Demand,
+            beta: steps[steps.len() - 1],
+            status: report.status,
+            solve_seconds: report.solve_seconds,
+        });
+        return Ok(Outcome { report, attempts, plan: None, shed, timed_out: false });
+    };
+    let beta = steps[k];
+    // Not proven the highest: a step above may have had a plan.
+    let timed_out = report.status == Status::TimeLimit && k > 0;
+    attempts.push(Attempt { step: Step::Demand, beta, status: report.status, solve_seconds: report.solve_seconds });
+    // The accuracy solve stops at the soft limit with HiGHS's best plan by then
+    // (started from the placement above, it has one from the first node); only
+    // with none does it go on to the deadline.
+    let soft = problem.solver.soft_limit_s;
+    // The soft limit bounds both accuracy solves together.
+    let soft_deadline = Instant::now() + Duration::from_secs_f64(soft.clamp(0.0, 1e7));
+    let soft_left = || soft_deadline.saturating_duration_since(Instant::now()).as_secs_f64();
+    // A better start first, where the placement is fixed: the same devices per
+    // (type, app) as the first solve's, each with its most accurate mix of variants
+    // (Sommelier's fixed placement, `Problem::pinned`) — a model that splits into one
+    // small problem per (type, app) and is solved in a fraction of the full one's time.
+    // Its plan is also the answer if the full solve finds none in the time left.
+    let mut fallback = None;
+    let start = if problem.pinned.is_none() && problem.formulation == Formulation::Aggregated {
+        let mut pins = vec![vec![0u32; problem.apps.len()]; problem.devices.len()];
+        for (c, n) in cands.iter().zip(&start.devices) {
+            pins[c.t][c.q] += n.round() as u32;
+        }
+        let fixed = Problem { pinned: Some(pins), ..problem.clone() };
+        let budget = if soft > 0.0 { (soft / 2.0).min(left()) } else { left() / 2.0 };
+        match solve_at_from(&fixed, cands, allowed, absent, beta, Step::Accuracy, budget.max(1e-3), Some(&start)) {
+            Ok((r, Some(plan))) => {
+                attempts.push(Attempt { step: Step::Accuracy, beta, status: r.status, solve_seconds: r.solve_seconds });
+                let start = start_of(problem, cands, &plan);
+                let mut plan = plan;
+                plan.free_unloaded();
+                fallback = Some((r, plan));
+                start
+            }
+            _ => start,
+        }
+    } else {
+        start
+    };
+    let budget = if soft > 0.0 { soft_left().min(left()) } else { left() };
+    let mut solved =
+        solve_at_from(problem, cands, allowed, absent, beta, Step::Accuracy, budget.max(1e-3), Some(&start));
+    if matches!(solved, Err(ProteusError::Solve(SolveError::NoPlanInTime(_)))) && left() > 1e-3 {
+        solved = solve_at_from(problem, cands, allowed, absent, beta, Step::Accuracy, left(), Some(&start));
+    }
+    let (report, plan) = match (solved, fallback) {
+        (Err(ProteusError::Solve(SolveError::NoPlanInTime(_))), Some((report, plan))) => {
+            let plan = name_shed(Some(plan), &shed);
+            return Ok(Outcome { report, attempts, plan, shed, timed_out: true });
+        }
+        (Err(ProteusError::Solve(SolveError::NoPlanInTime(_))), None) => {
+            return Err(in_time(limit_s, attempts.len() + 1));
+        }
+        (other, _) => other?,
+    };
+    attempts.push(Attempt { step: Step::Accuracy, beta, status: report.status, solve_seconds: report.solve_seconds });
+    let mut plan = name_shed(plan, &shed);
+    if problem.pinned.is_none() {
+        // A fixed placement keeps its devices, loaded or not.
+        plan.iter_mut().for_each(Plan::free_unloaded);
+    }
+    Ok(Outcome { report, attempts, plan, shed, timed_out })
+}
+
+/// A plan as a [`Start`]: its devices and capacity needed per candidate.
+fn start_of(problem: &Problem, cands: &[Cand], plan: &Plan) -> Start {
+    let mut start = Start { devices: vec![0.0; cands.len()], load: vec![0.0; cands.len()] };
+    for r in &plan.routes {
+        let i = cands.iter().position(|c| {
+            problem.apps[c.q].name == r.app && c.model == r.model && problem.devices[c.t].name == r.device_type
+        });
+        if let Some(i) = i {
+            start.devices[i] = r.devices as f64;
+            start.load[i] = r.qps * plan.beta.max(1.0);
+        }
+    }
+    start
+}
+
+/// A placement that serves every app at one step: devices per candidate, and the
+/// capacity each candidate must have for its share (requests/s, headroom included).
+struct Start {
+    devices: Vec<f64>,
+    load: Vec<f64>,
+}
+
+/// The first solve of [`lexicographic`]: the highest step β_k of `steps` at which
+/// every app q can be served β_k·s_q (with headroom β_k ≥ 1 above 1), over
+/// placements only. Feasibility at a step is that of the accuracy model there:
+/// n(c) ∈ ℕ devices with Σ_m n(t,m) ≤ count(t), and a load w(c) ≥ 0 with
+/// Σ_{c∈q} w(c) = β_k and s_q·w(c) ≤ P(c)·n(c) (w is β·r, the share with its
+/// headroom). One binary z_k per step, Σ z_k = 1, and β_k = Σ_k β_k·z_k; the
+/// objective, Σ_k k·z_k to minimise, has integer coefficients, so HiGHS's bound
+/// proves every step above the answer infeasible together, with no solve of its
+/// own. Returns the step's index and the placement, or None when no step has one.
+fn highest_step(
+    problem: &Problem,
+    cands: &[Cand],
+    keep: &[bool],
+    absent: &[bool],
+    steps: &[f64],
+    time_limit_s: f64,
+) -> Result<(SolveReport, Option<(usize, Start)>), ProteusError> {
+    // The step is an integer: no gap, it is proven or the time is up.
+    let settings = SolverSettings { time_limit_s, mip_gap: 0.0, ..problem.solver.clone() };
+    let mut m = Milp::default();
+    let demand: Vec<f64> =
+        problem.apps.iter().zip(absent).map(|(a, &gone)| if gone { 0.0 } else { a.demand_qps }).collect();
+    let top = steps.iter().copied().fold(0.0, f64::max);
+    // Whether a step has a plan depends only on capacity: a plan that serves it with
+    // any variant on n devices of a type serves it with the app's fastest variant
+    // there, on the same devices. So only the fastest of each (type, app) is a
+    // column here — 36 integers for the paper's setup instead of 184.
+    let fastest: Vec<bool> = cands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            keep[i]
+                && !cands.iter().enumerate().any(|(j, d)| {
+                    keep[j] && d.t == c.t && d.q == c.q && (d.cap.qps > c.cap.qps || (d.cap.qps == c.cap.qps && j < i))
+                })
+        })
+        .collect();
+    let mut n: Vec<Option<Variable>> = Vec::with_capacity(cands.len());
+    let mut w: Vec<Option<Variable>> = Vec::with_capacity(cands.len());
+    for (i, c) in cands.iter().enumerate() {
+        if fastest[i] && problem.devices[c.t].count > 0 {
+            n.push(Some(m.add(variable().integer().min(0).max(problem.devices[c.t].count as f64))));
+            w.push(Some(m.add(variable().min(0).max(top))));
+        } else {
+            n.push(None);
+            w.push(None);
+        }
+    }
+    let z: Vec<Variable> = steps.iter().map(|_| m.add(variable().binary())).collect();
+    let one: Expression = z.iter().copied().sum();
+    m.constrain(constraint!(one == 1));
+    for (t, dev) in problem.devices.iter().enumerate() {
+        let e: Expression = cands.iter().zip(&n).filter(|(c, _)| c.t == t).filter_map(|(_, v)| *v).sum();
+        m.constrain(constraint!(e <= dev.count as f64));
+    }
+    if let Some(pins) = &problem.pinned {
+        for (t, row) in pins.iter().enumerate() {
+            for (q, &k) in row.iter().enumerate() {
+                let e: Expression =
+                    cands.iter().zip(&n).filter(|(c, _)| c.t == t && c.q == q).filter_map(|(_, v)| *v).sum();
+                m.constrain(constraint!(e == k as f64));
+            }
+        }
+    }
+    for (q, &s) in demand.iter().enumerate() {
+        let e: Expression = cands.iter().zip(&w).filter(|(c, _)| c.q == q).filter_map(|(_, v)| *v).sum();
+        if s > 0.0 {
+            let beta: Expression = steps.iter().zip(&z).map(|(&b, &zk)| b * zk).sum();
+            m.constrain(constraint!(e == beta));
+        } else {
+            m.constrain(constraint!(e == 0));
+        }
+    }
+    for (i, c) in cands.iter().enumerate() {
+        if let (Some(nv), Some(wv)) = (n[i], w[i]) {
+            m.constrain(constraint!(demand[c.q] * wv <= c.cap.qps * nv));
+        }
+    }
+    // Second, every device placed (weight below one step in all): the accuracy
+    // solve's first start keeps these devices per (type, app), and a device left idle
+    // here would stay idle there. Placing a device is always possible (with no load),
+    // so this costs the bound nothing.
+    let devices: f64 = problem.devices.iter().map(|d| f64::from(d.count)).sum();
+    let eps = 0.5 / (devices + 1.0);
+    let objective: Expression = z.iter().enumerate().map(|(k, &zk)| (k as f64) * zk).sum::<Expression>()
+        - n.iter().flatten().map(|&v| eps * v).sum::<Expression>();
+    let (report, values) = m.solve(Sense::Minimise, objective, &settings)?;
+    let Some(values) = values else { return Ok((report, None)) };
+    let k = z.iter().position(|&zk| values.is_set(zk)).unwrap_or(steps.len() - 1);
+    let start = Start {
+        devices: n.iter().map(|v| v.map_or(0.0, |v| values.value(v).round())).collect(),
+        load: cands.iter().zip(&w).map(|(c, v)| v.map_or(0.0, |v| values.value(v).max(0.0) * demand[c.q])).collect(),
+    };
+    Ok((report, Some((k, start))))
+}
+
 /// Names in the plan the apps planned as absent, with why.
 fn name_shed(mut plan: Option<Plan>, shed: &[ShedApp]) -> Option<Plan> {
     for a in plan.iter_mut().flat_map(|p| p.apps.iter_mut()) {
         a.unservable = shed.iter().find(|s| s.app == a.name).map(|s| s.reason.clone());
     }
     plan
+}
+
+/// `allowed` without the candidates another allowed one dominates: a variant of the
+/// same app on the same device type at least as accurate and at least as fast
+/// (capacity P), one of them strictly (or the earlier of two equal ones). Any plan
+/// that hosts the dominated one can host the other on the same devices instead:
+/// the same routing fits (P is no lower) and accuracy is no lower. So the optimum
+/// is unchanged, and the accuracy model is smaller (the paper's setup: 184
+/// candidates, 89 of them dominated).
+pub(crate) fn undominated(cands: &[Cand], allowed: &[bool]) -> Vec<bool> {
+    let beats = |(j, d): (usize, &Cand), (i, c): (usize, &Cand)| {
+        d.t == c.t
+            && d.q == c.q
+            && d.accuracy >= c.accuracy
+            && d.cap.qps >= c.cap.qps
+            && (d.accuracy > c.accuracy || d.cap.qps > c.cap.qps || j < i)
+    };
+    cands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            allowed[i] && !cands.iter().enumerate().any(|(j, d)| j != i && allowed[j] && beats((j, d), (i, c)))
+        })
+        .collect()
 }
 
 /// Which candidates [`Problem::variants`] allows: all, or per app only those of its
@@ -718,6 +1021,21 @@ fn solve_at(
     step: Step,
     time_limit_s: f64,
 ) -> Result<(SolveReport, Option<Plan>), ProteusError> {
+    solve_at_from(problem, cands, keep, absent, beta, step, time_limit_s, None)
+}
+
+/// [`solve_at`] from a starting placement (the aggregated formulation uses it).
+#[allow(clippy::too_many_arguments)]
+fn solve_at_from(
+    problem: &Problem,
+    cands: &[Cand],
+    keep: &[bool],
+    absent: &[bool],
+    beta: f64,
+    step: Step,
+    time_limit_s: f64,
+    start: Option<&Start>,
+) -> Result<(SolveReport, Option<Plan>), ProteusError> {
     let settings = SolverSettings { time_limit_s, ..problem.solver.clone() };
     let at = At {
         problem,
@@ -733,8 +1051,10 @@ fn solve_at(
             .zip(absent)
             .map(|(a, &gone)| if gone { 0.0 } else { a.demand_qps * beta.min(1.0) })
             .collect(),
+        demand: problem.apps.iter().zip(absent).map(|(a, &gone)| if gone { 0.0 } else { a.demand_qps }).collect(),
         total: problem.apps.iter().map(|a| a.demand_qps).sum(),
         step,
+        start,
     };
     match problem.formulation {
         Formulation::Aggregated => aggregated(&at),
@@ -753,11 +1073,15 @@ struct At<'a> {
     beta: f64,
     /// Capacity must exceed routed demand by this factor.
     headroom: f64,
-    /// Served demand per app.
+    /// Served demand per app (below β = 1, the least each app is served).
     served: Vec<f64>,
+    /// Demand per app (0 for an app planned as absent).
+    demand: Vec<f64>,
     /// Total demand (the objective's denominator).
     total: f64,
     step: Step,
+    /// A placement to start from.
+    start: Option<&'a Start>,
 }
 
 /// Every app's served demand is routed (Eqs. 2 and 6): its shares sum to 1 (to 0
@@ -772,8 +1096,17 @@ fn route_all(m: &mut Milp, served: &[f64], shares: impl Fn(usize) -> Expression)
 
 fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
     let At { problem, cands, keep, beta, headroom, total, step, .. } = *at;
-    let served = &at.served[..];
+    // Below β = 1, demand is shed per app: app q is served a fraction ρ(q) ∈ [β, 1]
+    // of its demand, as much as capacity allows — the objective, accuracy over
+    // total demand (Proteus §4, Eq. 7), counts shed requests as 0, so an app is
+    // served more wherever a device has room. β is the floor the ladder found,
+    // every app's share of the surge; the shares r below are then of the whole
+    // demand s_q, and sum to ρ(q).
+    let partial = beta < 1.0 && step == Step::Accuracy;
+    let served: &[f64] = if partial { &at.demand } else { &at.served };
     let mut m = Milp::default();
+    let rho: Vec<Option<Variable>> =
+        served.iter().map(|&s| (partial && s > 0.0).then(|| m.add(variable().min(beta).max(1)))).collect();
     // n(c): devices of the candidate's type hosting its variant; r(c): share of its
     // app's demand routed to them.
     let mut n: Vec<Option<Variable>> = Vec::with_capacity(cands.len());
@@ -802,7 +1135,19 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
             }
         }
     }
-    route_all(&mut m, served, |q| cands.iter().zip(&r).filter(|(c, _)| c.q == q).filter_map(|(_, v)| *v).sum());
+    let shares =
+        |q: usize| -> Expression { cands.iter().zip(&r).filter(|(c, _)| c.q == q).filter_map(|(_, v)| *v).sum() };
+    if partial {
+        for (q, p) in rho.iter().enumerate() {
+            let e = shares(q);
+            match p {
+                Some(p) => m.constrain(constraint!(e == *p)),
+                None => m.constrain(constraint!(e == 0)),
+            }
+        }
+    } else {
+        route_all(&mut m, served, shares);
+    }
     // Capacity with headroom (Eqs. 4-5): β·s·r ≤ P·n.
     for (i, c) in cands.iter().enumerate() {
         if let (Some(nv), Some(rv)) = (n[i], r[i]) {
@@ -810,9 +1155,26 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
             m.constrain(constraint!(headroom * s * rv <= c.cap.qps * nv));
         }
     }
+    if let Some(start) = at.start {
+        for (i, c) in cands.iter().enumerate() {
+            if let (Some(nv), Some(rv)) = (n[i], r[i]) {
+                m.start(nv, start.devices[i]);
+                let s = served[c.q];
+                if s > 0.0 {
+                    m.start(rv, start.load[i] / (headroom * s));
+                }
+            }
+        }
+        for (q, p) in rho.iter().enumerate() {
+            if let Some(p) = p {
+                let routed: f64 = cands.iter().zip(&start.load).filter(|(c, _)| c.q == q).map(|(_, l)| l).sum();
+                m.start(*p, (routed / served[q].max(1e-12)).clamp(beta, 1.0));
+            }
+        }
+    }
     let (sense, objective): (Sense, Expression) = match step {
         Step::Hardware => (Sense::Minimise, n.iter().filter_map(|v| *v).sum()),
-        Step::Accuracy | Step::Heuristic => (
+        Step::Accuracy | Step::Heuristic | Step::Demand => (
             Sense::Maximise,
             cands
                 .iter()
@@ -833,7 +1195,18 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
             (devices > 0 || share > 1e-9).then_some((i, devices, share))
         })
         .collect();
-    Ok((report, Some(make_plan(problem, cands, &routes, beta, served, step))))
+    if !partial {
+        return Ok((report, Some(make_plan(problem, cands, &routes, beta, served, step))));
+    }
+    // Each app's served demand is what its shares add up to, and the shares become
+    // fractions of it.
+    let fraction: Vec<f64> = rho.iter().map(|p| p.map_or(0.0, |p| values.value(p).clamp(beta, 1.0))).collect();
+    let served: Vec<f64> = served.iter().zip(&fraction).map(|(s, f)| s * f).collect();
+    let routes: Vec<(usize, u32, f64)> = routes
+        .into_iter()
+        .map(|(i, n, share)| (i, n, if fraction[cands[i].q] > 0.0 { share / fraction[cands[i].q] } else { 0.0 }))
+        .collect();
+    Ok((report, Some(make_plan(problem, cands, &routes, beta, &served, step))))
 }
 
 fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
@@ -912,7 +1285,7 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
     let (sense, objective): (Sense, Expression) = match step {
         Step::Hardware => (Sense::Minimise, x.iter().flatten().map(|(_, xv, _)| *xv).sum()),
         // Eq. 7: Σ_q a_q with a_q = Σ_m A_m Σ_d x(d,m)·y(d,q)·s_q, over total demand.
-        Step::Accuracy | Step::Heuristic => (
+        Step::Accuracy | Step::Heuristic | Step::Demand => (
             Sense::Maximise,
             x.iter()
                 .flatten()

@@ -32,10 +32,20 @@ pub struct SolverSettings {
     /// (`proteus::solve`).
     #[serde(default = "default_time_limit")]
     pub time_limit_s: f64,
-    /// `mip_gap = 0.0001`: HiGHS stops when the relative gap between the best plan
-    /// and the bound is below this (HiGHS's own default).
+    /// `mip_gap = 0.005`: HiGHS stops when the relative gap between the best plan
+    /// and the bound is below this. HiGHS's own default, 1e-4, spent 3 s proving a
+    /// surge's plan that 0.005 proves in 0.4 s with the same objective (issue 34's
+    /// goal allows 1 %).
     #[serde(default = "default_gap")]
     pub mip_gap: f64,
+    /// `soft_limit_s = 0.3`: Proteus's accuracy solve (with the default `[ladder]
+    /// search = "lexicographic"`) stops here with the best plan HiGHS has by then,
+    /// reported with its status `time-limit` and the gap it reached; only a solve
+    /// with no plan yet goes on to `time_limit_s`. A surge's accuracy solve finds a
+    /// plan within 1 % of the best in this time and then spends seconds proving it
+    /// (docs/allocator.md, "Surges"). 0: no soft limit, solve to `mip_gap`.
+    #[serde(default = "default_soft_limit")]
+    pub soft_limit_s: f64,
     /// `threads = 1`: HiGHS threads. One by default: the allocator runs beside the
     /// serving workers and must not take their cores.
     #[serde(default = "default_threads")]
@@ -46,7 +56,10 @@ fn default_time_limit() -> f64 {
     10.0
 }
 fn default_gap() -> f64 {
-    1e-4
+    0.005
+}
+fn default_soft_limit() -> f64 {
+    0.3
 }
 fn default_threads() -> u32 {
     1
@@ -54,7 +67,12 @@ fn default_threads() -> u32 {
 
 impl Default for SolverSettings {
     fn default() -> Self {
-        SolverSettings { time_limit_s: default_time_limit(), mip_gap: default_gap(), threads: default_threads() }
+        SolverSettings {
+            time_limit_s: default_time_limit(),
+            mip_gap: default_gap(),
+            soft_limit_s: default_soft_limit(),
+            threads: default_threads(),
+        }
     }
 }
 
@@ -67,6 +85,9 @@ impl SolverSettings {
                 "time_limit_s: expected a positive number of seconds, at most {}",
                 limits::MAX_TIME_LIMIT_S
             ));
+        }
+        if !limits::within(self.soft_limit_s, limits::MAX_TIME_LIMIT_S) {
+            return Err(format!("soft_limit_s: expected a number of seconds from 0 to {}", limits::MAX_TIME_LIMIT_S));
         }
         if !(self.mip_gap.is_finite() && limits::MIP_GAP.contains(&self.mip_gap)) {
             return Err("mip_gap: expected a fraction from 0 to 1".into());
@@ -145,6 +166,7 @@ pub struct Milp {
     constraints: Vec<good_lp::Constraint>,
     switches: Vec<(&'static str, bool)>,
     limits: Vec<(&'static str, i32)>,
+    start: Vec<(Variable, f64)>,
 }
 
 impl Default for Milp {
@@ -155,6 +177,7 @@ impl Default for Milp {
             constraints: Vec::new(),
             switches: Vec::new(),
             limits: Vec::new(),
+            start: Vec::new(),
         }
     }
 }
@@ -163,6 +186,7 @@ impl Default for Milp {
 pub struct Values {
     columns: Vec<f64>,
     index: HashMap<Variable, usize>,
+    bound: Option<f64>,
 }
 
 impl Solution for Values {
@@ -180,6 +204,13 @@ impl Values {
     /// A binary variable's value, rounded (HiGHS returns integers within a tolerance).
     pub fn is_set(&self, v: Variable) -> bool {
         self.value(v) > 0.5
+    }
+
+    /// The solver's bound on the objective (HiGHS's `mip_dual_bound`: no plan is
+    /// better than it), where HiGHS reports one; the objective itself for a model
+    /// decided without HiGHS.
+    pub fn bound(&self) -> Option<f64> {
+        self.bound
     }
 }
 
@@ -224,6 +255,15 @@ impl Milp {
         self.limits.push((option, value));
     }
 
+    /// Proposes `value` for `v` in a starting plan (HiGHS's `setSolution`): a
+    /// feasible start gives the branch and bound an incumbent from the first node,
+    /// so a solve under a gap stops as soon as the bound is close to it. Variables
+    /// given no value start at 0. A start HiGHS refuses, or finds infeasible, is
+    /// ignored: it only ever saves time.
+    pub fn start(&mut self, v: Variable, value: f64) {
+        self.start.push((v, value));
+    }
+
     /// Adds a constraint.
     pub fn constrain(&mut self, c: good_lp::Constraint) {
         self.constraints.push(c);
@@ -245,7 +285,7 @@ impl Milp {
         if self.index.is_empty() {
             return Ok(self.solve_constant(&objective));
         }
-        let Milp { vars, index, constraints, switches, limits } = self;
+        let Milp { vars, index, constraints, switches, limits, start } = self;
         let variables = index.len();
         let rows = constraints.len();
         let mut problem = match sense {
@@ -273,6 +313,16 @@ impl Milp {
         // whatever the machine has, and aborts the process on 100,000.
         let threads = settings.threads.clamp(*crate::limits::THREADS.start(), *crate::limits::THREADS.end());
         model.set_threads(NonZeroU32::new(threads).unwrap_or(NonZeroU32::MIN));
+        if !start.is_empty() {
+            let mut cols = vec![0.0; variables];
+            for (v, x) in &start {
+                if let Some(&i) = index.get(v) {
+                    cols[i] = *x;
+                }
+            }
+            // A refused start costs nothing but the time it would have saved.
+            let _ = model.try_set_solution(Some(&cols), None, None, None);
+        }
         let started = Instant::now();
         let solved = model.try_solve().map_err(|e| SolveError::Highs(format!("{e:?}")))?;
         let solve_seconds = started.elapsed().as_secs_f64();
@@ -318,14 +368,15 @@ impl Milp {
         if columns.len() != variables {
             return Err(SolveError::Highs(format!("{} columns in the solution of {variables}", columns.len())));
         }
-        Ok((report(Some(solved.objective_value()), Some(gap)), Some(Values { columns, index })))
+        let bound = solved.double_info_value(c"mip_dual_bound").ok().filter(|b| b.is_finite());
+        Ok((report(Some(solved.objective_value()), Some(gap)), Some(Values { columns, index, bound })))
     }
 
     /// A model without variables: each constraint is a constant that holds or not
     /// (good_lp keeps it as `constant ≤ 0` or `constant = 0`), and the objective is
     /// its constant. Within HiGHS's default feasibility tolerance, 1e-7.
     fn solve_constant(self, objective: &Expression) -> (SolveReport, Option<Values>) {
-        let none = Values { columns: Vec::new(), index: HashMap::new() };
+        let mut none = Values { columns: Vec::new(), index: HashMap::new(), bound: None };
         let holds = self.constraints.iter().all(|c| {
             let v = c.expression().eval_with(&none);
             if c.is_equality() {
@@ -343,6 +394,7 @@ impl Milp {
             variables: 0,
             constraints: self.constraints.len(),
         };
+        none.bound = report.objective;
         (report, holds.then_some(none))
     }
 }
@@ -419,6 +471,11 @@ mod tests {
         assert!(bad.validate().unwrap_err().contains("mip_gap"));
         let bad = SolverSettings { mip_gap: 2.0, ..SolverSettings::default() };
         assert!(bad.validate().unwrap_err().contains("mip_gap"));
+        for soft in [-1.0, f64::NAN, 1e12] {
+            let bad = SolverSettings { soft_limit_s: soft, ..SolverSettings::default() };
+            assert!(bad.validate().unwrap_err().contains("soft_limit_s"));
+        }
+        assert!(SolverSettings { soft_limit_s: 0.0, ..SolverSettings::default() }.validate().is_ok());
         // 100,000 HiGHS threads abort the process with std::bad_alloc.
         for threads in [0, 257, 100_000] {
             let bad = SolverSettings { threads, ..SolverSettings::default() };

@@ -58,7 +58,7 @@ fn problem(demand_a: f64, demand_b: f64) -> proteus::Problem {
         objective: Objective::Accuracy,
         formulation: Formulation::Aggregated,
         ladder: Ladder::default(),
-        solver: SolverSettings { time_limit_s: 30.0, mip_gap: 0.0, threads: 1 },
+        solver: SolverSettings { time_limit_s: 30.0, mip_gap: 0.0, soft_limit_s: 0.0, threads: 1 },
         variants: Variants::All,
         pinned: None,
     }

@@ -26,7 +26,7 @@ impl Lcg {
 }
 
 fn exact() -> SolverSettings {
-    SolverSettings { time_limit_s: 30.0, mip_gap: 0.0, threads: 1 }
+    SolverSettings { time_limit_s: 30.0, mip_gap: 0.0, soft_limit_s: 0.0, threads: 1 }
 }
 
 fn model(name: &str, accuracy: f64, base_us: f64, per_item_us: f64) -> ModelProfile {
@@ -100,6 +100,14 @@ fn options(p: &proteus::Problem) -> Vec<Opt> {
 /// feasible), or with `fewest`, the fewest devices among feasible placements of the
 /// options allowed by `allowed`.
 fn brute(p: &proteus::Problem, beta: f64, allowed: &dyn Fn(&Opt) -> bool) -> Option<(f64, u32)> {
+    brute_with(p, beta, allowed, false)
+}
+
+/// [`brute`] where, below β = 1, each app is served between β and all of its demand,
+/// as much as its placement's capacity allows (`per_app`: the aggregated
+/// formulation's per-app shedding) instead of exactly β of it.
+fn brute_with(p: &proteus::Problem, beta: f64, allowed: &dyn Fn(&Opt) -> bool, per_app: bool) -> Option<(f64, u32)> {
+    let per_app = per_app && beta < 1.0;
     let opts: Vec<Opt> = options(p).into_iter().filter(|o| allowed(o)).collect();
     let devices: Vec<usize> =
         p.devices.iter().enumerate().flat_map(|(t, d)| std::iter::repeat_n(t, d.count as usize)).collect();
@@ -122,11 +130,12 @@ fn brute(p: &proteus::Problem, beta: f64, allowed: &dyn Fn(&Opt) -> bool) -> Opt
         let mut feasible = true;
         let mut value = 0.0;
         for (q, app) in p.apps.iter().enumerate() {
-            let served = app.demand_qps * beta.min(1.0);
+            let served = if per_app { app.demand_qps } else { app.demand_qps * beta.min(1.0) };
             if served <= 0.0 {
                 continue;
             }
-            // Greedy by accuracy: exact for the routing LP of a fixed placement.
+            // Greedy by accuracy: exact for the routing LP of a fixed placement (with
+            // per-app shedding too: every request served adds its accuracy).
             let mut mine: Vec<usize> = (0..opts.len()).filter(|&o| opts[o].1 == q && cap[o] > 0.0).collect();
             mine.sort_by(|&a, &b| opts[b].2.total_cmp(&opts[a].2));
             let mut left = 1.0;
@@ -135,7 +144,9 @@ fn brute(p: &proteus::Problem, beta: f64, allowed: &dyn Fn(&Opt) -> bool) -> Opt
                 value += served * opts[o].2 * r / total;
                 left -= r;
             }
-            if left > 1e-9 {
+            // Per app, at least β of the demand; otherwise all of the lowered demand.
+            let unserved = if per_app { left - (1.0 - beta) } else { left };
+            if unserved > 1e-9 {
                 feasible = false;
                 break;
             }
@@ -191,22 +202,43 @@ fn check_plan(p: &proteus::Problem, plan: &proteus::Plan) {
 
 #[test]
 fn both_formulations_match_brute_force_on_random_instances() {
+    use sluice_alloc::ladder::Search;
     let mut rng = Lcg(7);
     let mut shed_seen = false;
     for case in 0..12 {
         let apps = 1 + case % 3;
         let mut p = random_problem(&mut rng, apps, 2);
-        let first_feasible = p.ladder.steps().into_iter().find_map(|b| brute(&p, b, &|_| true).map(|v| (b, v.0)));
         for formulation in [Formulation::Aggregated, Formulation::PerDevice] {
             p.formulation = formulation;
+            // The aggregated formulation sheds per app below β = 1; the per-device one
+            // serves every app exactly β of its demand.
+            let per_app = formulation == Formulation::Aggregated;
+            let first_feasible =
+                p.ladder.steps().into_iter().find_map(|b| brute_with(&p, b, &|_| true, per_app).map(|v| (b, v.0)));
             let out = proteus::solve(&p).unwrap();
-            // Bisection (the default) and the one-step-at-a-time ladder find the same
-            // plan.
+            assert_eq!(p.ladder.search, Search::Lexicographic);
+            assert!(out.attempts.len() <= 3, "case {case}: {:?}", out.attempts);
+            // Bisection and the one-step-at-a-time ladder find the same plan, and the
+            // default (lexicographic) search the same step and objective.
+            let mut bisect = p.clone();
+            bisect.ladder.search = Search::Bisect;
+            let bisected = proteus::solve(&bisect).unwrap();
             let mut descend = p.clone();
-            descend.ladder.search = sluice_alloc::ladder::Search::Descend;
+            descend.ladder.search = Search::Descend;
             let one_by_one = proteus::solve(&descend).unwrap();
-            assert_eq!(out.plan, one_by_one.plan, "case {case} {formulation:?}");
-            assert!(out.attempts.len() <= one_by_one.attempts.len());
+            assert_eq!(bisected.plan, one_by_one.plan, "case {case} {formulation:?}");
+            assert!(bisected.attempts.len() <= one_by_one.attempts.len());
+            for other in [&bisected, &one_by_one] {
+                match (&out.plan, &other.plan) {
+                    (Some(a), Some(b)) => {
+                        assert!((a.beta - b.beta).abs() < 1e-9, "case {case}: β {} vs {}", a.beta, b.beta);
+                        let (x, y) = (proteus::accuracy_objective(a), proteus::accuracy_objective(b));
+                        assert!((x - y).abs() < 1e-6, "case {case} {formulation:?}: {x} vs {y}");
+                    }
+                    (None, None) => {}
+                    _ => panic!("case {case} {formulation:?}: a plan from one search only"),
+                }
+            }
             match (&out.plan, first_feasible) {
                 (Some(plan), Some((beta, value))) => {
                     assert!((plan.beta - beta).abs() < 1e-9, "case {case} {formulation:?}: β {} vs {beta}", plan.beta);
@@ -219,7 +251,17 @@ fn both_formulations_match_brute_force_on_random_instances() {
                     check_plan(&p, plan);
                     if plan.beta < 1.0 {
                         shed_seen = true;
-                        assert!(plan.apps.iter().all(|a| a.shed_qps > 0.0));
+                        // Demand did not fit at the step above: some app is shed, and
+                        // none below β.
+                        assert!(plan.apps.iter().any(|a| a.shed_qps > 1e-6), "case {case}");
+                        for a in &plan.apps {
+                            assert!(a.served_qps >= a.demand_qps * plan.beta - 1e-6, "case {case}: {a:?}");
+                            assert!(a.served_qps <= a.demand_qps + 1e-6, "case {case}: {a:?}");
+                            assert!((a.served_qps + a.shed_qps - a.demand_qps).abs() < 1e-9);
+                            if !per_app {
+                                assert!((a.served_qps - a.demand_qps * plan.beta).abs() < 1e-6);
+                            }
+                        }
                     }
                 }
                 (None, None) => {}
@@ -240,7 +282,13 @@ fn infeasible_demand_is_shed_and_reported() {
     p.apps[1].demand_qps = 1.0;
     let out = proteus::solve(&p).unwrap();
     assert!(out.plan.is_none());
+    // The lexicographic search: one solve says no step has a plan.
+    assert_eq!(out.attempts.len(), 1, "{:?}", out.attempts);
+    assert_eq!((out.attempts[0].step, out.attempts[0].status), (Step::Demand, sluice_alloc::Status::Infeasible));
     // Bisection: the top step, then ⌈log2⌉ of the rest.
+    p.ladder.search = sluice_alloc::ladder::Search::Bisect;
+    let out = proteus::solve(&p).unwrap();
+    assert!(out.plan.is_none());
     let steps = p.ladder.steps().len();
     assert!(out.attempts.len() <= 2 + (steps as f64).log2().ceil() as usize, "{:?}", out.attempts);
     assert!(out.attempts.iter().all(|a| a.status == sluice_alloc::Status::Infeasible));
@@ -250,7 +298,8 @@ fn infeasible_demand_is_shed_and_reported() {
     assert!(out.plan.is_none());
     assert_eq!(out.attempts.len(), steps);
     assert!(out.attempts.iter().all(|a| a.status == sluice_alloc::Status::Infeasible));
-    // A demand that fits at β = 0.5 is served at 0.5 and the rest shed, per app.
+    // A demand that fits at β = 0.5 is served at least at 0.5 (as much as the
+    // devices allow, less than the step above) and the rest shed.
     let mut p = random_problem(&mut rng, 1, 1);
     let cap: f64 = options(&p).iter().filter(|o| o.1 == 0).map(|o| o.3).fold(0.0, f64::max);
     let fast_best = options(&p).iter().filter(|o| o.0 == 1).map(|o| o.3).fold(0.0, f64::max);
@@ -260,8 +309,41 @@ fn infeasible_demand_is_shed_and_reported() {
     assert!(plan.beta < 1.0 && plan.beta > 0.2, "{}", plan.beta);
     let a = &plan.apps[0];
     assert!((a.served_qps + a.shed_qps - a.demand_qps).abs() < 1e-9);
-    assert!((a.served_qps - a.demand_qps * plan.beta).abs() < 1e-6);
+    assert!(a.served_qps >= a.demand_qps * plan.beta - 1e-6, "{a:?}");
+    assert!(a.served_qps < a.demand_qps * (plan.beta + p.ladder.step), "{a:?}");
     check_plan(&p, &plan);
+}
+
+#[test]
+fn a_surge_is_shed_per_app() {
+    // Two apps on two devices: app 0's demand is far beyond what one device serves,
+    // app 1's is small. The ladder's step is what app 0 can get; app 1 is served in
+    // full, not cut to the same factor (issue 34: demand was shed uniformly).
+    let mut rng = Lcg(5);
+    let mut p = random_problem(&mut rng, 2, 1);
+    let best = |q: usize| options(&p).iter().filter(|o| o.1 == q).map(|o| o.3).fold(0.0, f64::max);
+    let big = best(0);
+    p.apps[0].demand_qps = big * 2.6;
+    p.apps[1].demand_qps = 1.0;
+    for search in [
+        sluice_alloc::ladder::Search::Lexicographic,
+        sluice_alloc::ladder::Search::Bisect,
+        sluice_alloc::ladder::Search::Descend,
+    ] {
+        p.ladder.search = search;
+        let plan = proteus::solve(&p).unwrap().plan.expect("a plan after shedding");
+        assert!(plan.beta < 0.5 && plan.beta > 0.2, "{search:?}: β {}", plan.beta);
+        let (a, b) = (&plan.apps[0], &plan.apps[1]);
+        assert!(a.shed_qps > 0.0 && a.served_qps >= a.demand_qps * plan.beta - 1e-6, "{search:?}: {a:?}");
+        assert!(a.served_qps <= big + 1e-6, "{search:?}: {a:?}");
+        assert!(b.shed_qps.abs() < 1e-6 && (b.served_qps - b.demand_qps).abs() < 1e-6, "{search:?}: {b:?}");
+        // Served demand is routed: the routes' requests/s add up to it, per app.
+        for app in &plan.apps {
+            let routed: f64 = plan.routes.iter().filter(|r| r.app == app.name).map(|r| r.qps).sum();
+            assert!((routed - app.served_qps).abs() < 1e-6, "{search:?}: {app:?}");
+        }
+        check_plan(&p, &plan);
+    }
 }
 
 #[test]
