@@ -22,12 +22,13 @@
 //! Demand beyond the budget is shed down the same ladder as Proteus's.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use good_lp::{constraint, variable, Expression, Solution as _, Variable};
 use serde::{Deserialize, Serialize};
 
-use crate::ladder::{Ladder, Tried};
-use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings};
+use crate::ladder::{Ladder, Search, Tried};
+use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
 
 /// A variant: its accuracy, its loading time and its capacity model.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -188,7 +189,25 @@ pub fn solve(problem: &Problem) -> Result<Outcome, SolveError> {
             limits::MAX_DEMAND_QPS
         )));
     }
-    let d = problem.ladder.descend(|beta| solve_at(problem, beta.min(1.0)))?;
+    // `time_limit_s` bounds the whole allocation, every step of the ladder together
+    // (issue 34; as `proteus::solve`): each solve gets the time left, and one that
+    // runs out of it without a plan counts as a step without one.
+    let deadline = Instant::now() + Duration::from_secs_f64(problem.solver.time_limit_s.clamp(0.0, 1e7));
+    let ladder = Ladder { search: Search::Descend, ..problem.ladder.clone() };
+    let mut ran_out = false;
+    let d = ladder.search(deadline, |beta, left| {
+        let p = Problem { solver: SolverSettings { time_limit_s: left, ..problem.solver.clone() }, ..problem.clone() };
+        match solve_at(&p, beta.min(1.0)) {
+            Err(SolveError::NoPlanInTime(s)) => {
+                ran_out = true;
+                Ok((SolveReport { status: Status::TimeLimit, solve_seconds: s, ..SolveReport::none() }, None))
+            }
+            other => other,
+        }
+    })?;
+    if d.plan.is_none() && (d.timed_out || ran_out) {
+        return Err(SolveError::NoPlanInTime(problem.solver.time_limit_s));
+    }
     Ok(Outcome { report: d.report, attempts: d.tried, plan: d.plan })
 }
 

@@ -347,3 +347,26 @@ fn loki_numbers_are_checked_against_their_ranges() {
         assert!(loki::solve(&p).is_err());
     }
 }
+
+#[test]
+fn the_time_limit_bounds_the_whole_allocation() {
+    // `time_limit_s` is the whole allocation's (issue 34), not each solve's: a limit
+    // that has passed before the first step is reached is the typed error, with no
+    // solve made, however many steps the ladder has.
+    let p = Problem {
+        scaling: Scaling::AccuracyOnly,
+        ladder: Ladder { beta: 1.0, step: 0.05, min_beta: 0.0, ..Ladder::default() },
+        solver: SolverSettings { time_limit_s: 1e-6, ..SolverSettings::default() },
+        ..two_tasks(500.0, 3, 200.0)
+    };
+    let started = std::time::Instant::now();
+    let err = loki::solve(&p).unwrap_err();
+    assert!(err.to_string().contains("time limit of 0.000001 s"), "{err}");
+    assert!(started.elapsed().as_secs_f64() < 1.0);
+    // With time, the best plan down the same ladder (the step that has one).
+    let p = Problem { solver: SolverSettings::default(), ..p };
+    let out = loki::solve(&p).unwrap();
+    let plan = out.plan.expect("a plan after shedding");
+    assert!(plan.beta < 1.0 && plan.shed_qps > 0.0, "{plan:?}");
+    assert!(out.attempts.len() > 1, "{:?}", out.attempts);
+}

@@ -506,3 +506,23 @@ fn infadapter_keeps_a_loaded_variant_when_loading_matters() {
     assert_eq!(plan.loading_s, 0.0, "{plan:?}");
     assert_eq!(plan.variants[1].cores, 4);
 }
+
+#[test]
+fn infadapter_time_limit_bounds_the_whole_ladder() {
+    // `time_limit_s` is the whole allocation's (issue 34): a limit that has passed
+    // before the first step is the typed error with no solve made; with time, the
+    // ladder goes down to the step that has a plan.
+    let mut rng = Lcg(3);
+    let mut p = infadapter_problem(&mut rng, 8);
+    p.demand_rps = 1e5;
+    p.ladder = Ladder { beta: 1.0, step: 0.05, min_beta: 0.0, ..Ladder::default() };
+    p.solver.time_limit_s = 1e-6;
+    let started = std::time::Instant::now();
+    let err = infadapter::solve(&p).unwrap_err();
+    assert!(matches!(err, sluice_alloc::solver::SolveError::NoPlanInTime(_)), "{err}");
+    assert!(started.elapsed().as_secs_f64() < 1.0);
+    p.solver.time_limit_s = 30.0;
+    p.demand_rps = 60.0;
+    let out = infadapter::solve(&p).unwrap();
+    assert!(out.plan.is_some() || out.attempts.len() == p.ladder.steps().len(), "{:?}", out.attempts);
+}

@@ -47,13 +47,15 @@
 
 pub mod routing;
 
+use std::time::{Duration, Instant};
+
 use good_lp::{constraint, variable, Expression, Solution as _, Variable};
 use serde::{Deserialize, Serialize};
 use sluice_core::pipeline::Pipeline;
 use sluice_core::profile::{Percentile, Profile};
 
-use crate::ladder::{Ladder, Tried};
-use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings};
+use crate::ladder::{Ladder, Search, Tried};
+use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
 
 /// One variant of a task, as the MILP sees it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -433,11 +435,28 @@ fn solve_with(problem: &Problem, formulation: Formulation) -> Result<Outcome, Lo
     let all: Vec<Vec<bool>> = problem.variants.iter().map(|vs| vec![true; vs.len()]).collect();
     let best = problem.most_accurate();
     let first = problem.ladder.steps().first().copied().unwrap_or(1.0);
+    // `time_limit_s` bounds the whole allocation, both steps and every factor of the
+    // ladder together (issue 34; as `proteus::solve`): each solve gets the time
+    // left, and one that runs out of it without a plan counts as a step without one.
+    let limit_s = problem.solver.time_limit_s;
+    let deadline = Instant::now() + Duration::from_secs_f64(limit_s.clamp(0.0, 1e7));
+    let ladder = Ladder { search: Search::Descend, ..problem.ladder.clone() };
+    let mut ran_out = false;
+    let mut within = |allowed: &[Vec<bool>], step: Step, beta: f64, left: f64| {
+        let p = Problem { solver: SolverSettings { time_limit_s: left, ..problem.solver.clone() }, ..problem.clone() };
+        match solve_at(&p, allowed, step, beta, formulation) {
+            Err(SolveError::NoPlanInTime(s)) => {
+                ran_out = true;
+                Ok((SolveReport { status: Status::TimeLimit, solve_seconds: s, ..SolveReport::none() }, None))
+            }
+            other => other,
+        }
+    };
     let mut attempts = Vec::new();
     let mut report = SolveReport::none();
     match problem.scaling {
         Scaling::Loki => {
-            let (r, plan) = solve_at(problem, &best, Step::Hardware, first, formulation)?;
+            let (r, plan) = within(&best, Step::Hardware, first, limit_s)?;
             attempts.push(Tried { beta: first, status: r.status, solve_seconds: r.solve_seconds });
             if plan.is_some() {
                 return Ok(Outcome { report: r, attempts, plan });
@@ -445,12 +464,18 @@ fn solve_with(problem: &Problem, formulation: Formulation) -> Result<Outcome, Lo
             report = r;
         }
         Scaling::HardwareOnly => {
-            let d = problem.ladder.descend(|beta| solve_at(problem, &best, Step::Hardware, beta, formulation))?;
+            let d = ladder.search(deadline, |beta, left| within(&best, Step::Hardware, beta, left))?;
+            if d.plan.is_none() && (d.timed_out || ran_out) {
+                return Err(SolveError::NoPlanInTime(limit_s).into());
+            }
             return Ok(Outcome { report: d.report, attempts: d.tried, plan: d.plan });
         }
         Scaling::AccuracyOnly => {}
     }
-    let d = problem.ladder.descend(|beta| solve_at(problem, &all, Step::Accuracy, beta, formulation))?;
+    let d = ladder.search(deadline, |beta, left| within(&all, Step::Accuracy, beta, left))?;
+    if d.plan.is_none() && (d.timed_out || ran_out) {
+        return Err(SolveError::NoPlanInTime(limit_s).into());
+    }
     let report = if d.tried.is_empty() { report } else { d.report };
     attempts.extend(d.tried);
     Ok(Outcome { report, attempts, plan: d.plan })
