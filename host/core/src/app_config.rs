@@ -50,6 +50,10 @@ pub struct AppConfig {
     /// `models = ["squeezenet", "resnet50"]`: variants served (default: all in the profile).
     #[serde(default)]
     pub models: Option<Vec<String>>,
+    /// `mixed_families = true`: the app's variants may come from unrelated model
+    /// families (the server config refuses that by default: an app serves one task).
+    #[serde(default)]
+    pub mixed_families: bool,
     /// `model_dir = "models/imagenet"`: where the onnx executor finds `<name>.onnx`.
     #[serde(default)]
     pub model_dir: Option<PathBuf>,

@@ -379,6 +379,9 @@ impl Config {
             if app.executor.is_none() {
                 return Err(invalid(format!("app.{}.executor", app.name), "required: \"onnx\" or \"emulated\""));
             }
+            if !app.mixed_families {
+                check_families(app).map_err(|m| invalid(format!("app.{}.models", app.name), &m))?;
+            }
             // ONNX Runtime starts this many threads per session, per worker: 100,000
             // hung start-up for minutes without a word.
             if !(1..=MAX_INTRA_THREADS).contains(&app.intra_threads) {
@@ -442,6 +445,36 @@ impl Config {
     }
 }
 
+/// Refuses an app whose variants come from unrelated families (an app serves one
+/// task: the allocator, maximising accuracy, moved all of an image app's traffic to
+/// yolov5x when it was given all 46 variants of Proteus's profile, issue 34). A
+/// variant's family is the one its profile's `accuracy_source` names ("... the
+/// resnet family's accuracy ...", as Proteus's profiles say); variants that name
+/// none are not compared. A profile that cannot be read is left to the app's build,
+/// which says why.
+fn check_families(app: &sluice_core::app_config::AppConfig) -> Result<(), String> {
+    let Ok(profile) = sluice_core::profile::Profile::load(&app.profile) else { return Ok(()) };
+    let listed = |name: &str| app.models.as_ref().is_none_or(|m| m.iter().any(|x| x == name));
+    let families: std::collections::BTreeSet<&str> = profile
+        .models
+        .iter()
+        .filter(|m| listed(&m.name))
+        .filter_map(|m| {
+            let s = m.accuracy_source.as_str();
+            s[..s.find(" family's")?].rsplit(' ').next().filter(|f| !f.is_empty())
+        })
+        .collect();
+    if families.len() <= 1 {
+        return Ok(());
+    }
+    let families = families.into_iter().collect::<Vec<_>>().join(", ");
+    let which = if app.models.is_some() { "its models" } else { "without `models`, every variant of its profile" };
+    Err(format!(
+        "{which} span the families {families}: an app serves one task; list one family's models, \
+         or set mixed_families = true"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,6 +526,27 @@ params = { model = "m" }
         let text = MINIMAL.replace("params = { model = \"m\" }", "params_file = \"params-{workers}.json\"");
         let c = Config::parse(&text, "t.toml", dir.path()).unwrap();
         assert_eq!(c.apps[0].params_json(Path::new("")).unwrap(), r#"{"table": [[100, "m"]]}"#);
+    }
+
+    #[test]
+    fn an_app_of_unrelated_families_is_refused_unless_it_says_so() {
+        let profile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../profiles/proteus-cpu.toml");
+        let app = |extra: &str| {
+            MINIMAL.replace("profile = \"p.toml\"", &format!("profile = {:?}\n{extra}", profile.display().to_string()))
+        };
+        let e = Config::parse(&app("models = [\"resnet50_v1\", \"yolov5x\"]"), "t.toml", Path::new(""))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "t.toml: app.a.models: its models span the families resnet, yolo: an app serves one task; \
+             list one family's models, or set mixed_families = true"
+        );
+        let e = Config::parse(&app(""), "t.toml", Path::new("")).unwrap_err().to_string();
+        assert!(e.contains("every variant of its profile span the families bert, densenet"), "{e}");
+        Config::parse(&app("models = [\"resnet50_v1\", \"resnet18_v1\"]"), "t.toml", Path::new("")).unwrap();
+        Config::parse(&app("models = [\"resnet50_v1\", \"yolov5x\"]\nmixed_families = true"), "t.toml", Path::new(""))
+            .unwrap();
     }
 
     #[test]
