@@ -101,6 +101,18 @@ async fn replan_under_load_then_an_agent_killed() {
 
     // Phase 2: kill an agent that serves traffic, under load.
     let victim = replanned.apps["img"].iter().max_by(|a, b| a.share.total_cmp(&b.share)).unwrap().agent.clone();
+    // Anti-affinity: every variant on two devices or more is on two agents, so the
+    // agent about to die leaves a copy of each (a variant on one device, with no
+    // spare for a copy, is the one case no arrangement helps).
+    let mut devices_of: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for r in &replanned.apps["img"] {
+        devices_of.entry(r.variant.as_str()).or_default().push(r.agent.as_str());
+    }
+    for (variant, agents) in &devices_of {
+        if agents.len() >= 2 {
+            assert!(agents.iter().any(|a| *a != victim), "{variant} lives on {victim} only: {replanned:?}");
+        }
+    }
     let load = tokio::spawn(drive(fe, "img", 60.0, Duration::from_secs(10), 6));
     tokio::time::sleep(Duration::from_secs(2)).await;
     c.signal(&victim, "KILL").unwrap();
