@@ -17,6 +17,7 @@
 
 mod cluster_demo;
 mod demo;
+mod live_vs_sim;
 mod peers;
 mod policies;
 
@@ -49,6 +50,8 @@ enum Task {
     Bench,
     /// sluice against MLServer and Ray Serve on ResNet-50 (BENCHMARKS.md §8).
     Peers(peers::PeersArgs),
+    /// The live host against the simulator, request by request, on longer traces.
+    LiveVsSim(live_vs_sim::LiveVsSimArgs),
 }
 
 fn main() -> Result<()> {
@@ -82,6 +85,7 @@ fn main() -> Result<()> {
             ]))
         }
         Task::Peers(args) => peers::run(&root, &args),
+        Task::LiveVsSim(args) => live_vs_sim::run(&root, &args),
     }
 }
 

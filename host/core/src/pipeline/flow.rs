@@ -11,8 +11,7 @@
 //!   judges the head by (the same cut).
 //! - [`after_passthrough`]: the early-drop mode and lateness a request carries out of
 //!   a pass-through task.
-//! - [`Delivery`]: children of one served request (and requests arriving at one
-//!   instant) reach their workers together, before any of those workers decides.
+//! - [`DECIDES_ON_ARRIVAL`]: an idle worker decides when a request reaches it.
 //! - [`spend_backup`]: how opportunistic rerouting uses up a backup worker's
 //!   leftover capacity.
 //! - [`PathEnd`]: which ends of a request's tree count in the path accuracy (sinks)
@@ -91,30 +90,14 @@ pub fn after_passthrough(passthrough: bool, mode: EarlyDrop, over_us: i64) -> (E
     }
 }
 
-/// How requests reach workers in one instant. Live, the children of a served
-/// request are all created and sent before the worker that gets them wakes (it
-/// wakes tens of µs after the first); in virtual time an instant has no duration, so
-/// the simulator queues every request that arrives at an instant and lets each
-/// worker that got one decide once, after the last — not after each (it used to
-/// decide after the first child and run it alone).
-#[derive(Debug, Default)]
-pub struct Delivery {
-    touched: Vec<usize>,
-}
-
-impl Delivery {
-    /// Worker `w` got a request this instant.
-    pub fn touch(&mut self, w: usize) {
-        if !self.touched.contains(&w) {
-            self.touched.push(w);
-        }
-    }
-
-    /// The workers that got requests, in the order they first did; empties the list.
-    pub fn take(&mut self) -> Vec<usize> {
-        std::mem::take(&mut self.touched)
-    }
-}
+/// Whether an idle worker decides as soon as a request reaches it: yes, live and
+/// simulated. Live, the worker's thread wakes some µs after the request is queued;
+/// the children of one served request are queued in one step
+/// (`PipelineApp::at_task` queues when it is called), so the worker often finds
+/// some of a request's siblings as well. In virtual time it decides at the
+/// instant of the first and runs it alone; the rest wait for the next batch. That
+/// difference is the wall clock's (docs/simulator.md).
+pub const DECIDES_ON_ARRIVAL: bool = true;
 
 /// The leftover capacity, requests/s, a backup worker keeps after one request is
 /// rerouted to it (None: used up, it leaves the backup table). Loki §5.2 reroutes
@@ -290,16 +273,6 @@ mod tests {
     }
 
     #[test]
-    fn an_instant_delivers_before_anyone_decides() {
-        let mut d = Delivery::default();
-        d.touch(3);
-        d.touch(1);
-        d.touch(3);
-        assert_eq!(d.take(), vec![3, 1]);
-        assert!(d.take().is_empty());
-    }
-
-    #[test]
     fn backup_capacity_is_used_up_one_request_at_a_time() {
         assert_eq!(spend_backup(2.5), Some(1.5));
         assert_eq!(spend_backup(1.5), Some(0.5));
@@ -318,7 +291,7 @@ mod tests {
     #[test]
     fn retiring_faults_and_labels() {
         assert_eq!(retire_bound_us(100_000, 100_000), 1_300_000);
-        const { assert!(!RETIRING_DRAINS) };
+        const { assert!(!RETIRING_DRAINS && DECIDES_ON_ARRIVAL) };
         assert!(!unbind_after_fault(FailMode::Fallback, 100, 10));
         assert!(!unbind_after_fault(FailMode::Unbind, 9, 10));
         assert!(unbind_after_fault(FailMode::Unbind, 10, 10));

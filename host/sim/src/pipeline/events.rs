@@ -113,7 +113,6 @@ impl<'a> PipelineSim<'a> {
             window_acc: Vec::new(),
             overloaded: None,
             reroutes: HashMap::new(),
-            delivery: flow::Delivery::default(),
             loads: (0..n).map(|_| LoadMonitor::new(flow::LOAD_WINDOW_US)).collect(),
             outcomes: None,
         };
@@ -158,7 +157,7 @@ impl<'a> PipelineSim<'a> {
                 Event::Done { slot, model, batch, started } => {
                     self.finish(slot, model, batch, started);
                     self.slots[slot].busy = false;
-                    self.delivery.touch(slot);
+                    self.after_idle(slot);
                 }
                 Event::Timer { slot, token } => {
                     if self.slots[slot].token == token && !self.slots[slot].busy {
@@ -183,11 +182,6 @@ impl<'a> PipelineSim<'a> {
                     }
                 }
             }
-            // One instant, one decision per worker, after everything that reached
-            // it at that instant (`flow::Delivery`).
-            if self.events.peek().is_none_or(|Reverse((next, _))| *next > now) {
-                self.end_instant();
-            }
             if self.overloaded.is_some() {
                 break;
             }
@@ -200,16 +194,12 @@ impl<'a> PipelineSim<'a> {
         self.outcomes.take().unwrap_or_default()
     }
 
-    /// The end of an instant: every idle worker that got requests (or finished a
-    /// batch) in it decides, and retiring workers with nothing left are freed.
-    pub(super) fn end_instant(&mut self) {
-        for i in self.delivery.take() {
-            if !self.slots[i].busy && !self.slots[i].queue.is_empty() {
-                self.decide(i);
-            }
-            if self.slots[i].state == SlotState::Retiring {
-                self.free_idle();
-            }
+    pub(super) fn after_idle(&mut self, i: usize) {
+        if !self.slots[i].queue.is_empty() {
+            self.decide(i);
+        }
+        if self.slots[i].state == SlotState::Retiring {
+            self.free_idle();
         }
     }
 

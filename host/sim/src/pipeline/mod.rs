@@ -268,8 +268,6 @@ struct PipelineSim<'a> {
     /// children fall back to the routing tables as the artifact's do when the target
     /// is gone.
     reroutes: HashMap<u64, Vec<(usize, usize)>>,
-    /// The workers that got requests in the current instant (`flow::Delivery`).
-    delivery: flow::Delivery,
     /// Per task, its arrival rate as its workers' policies see it (`load_qps`).
     loads: Vec<LoadMonitor>,
     /// Per client request, how it ended (kept only for [`replay`]).

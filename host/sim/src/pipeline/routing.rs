@@ -96,9 +96,10 @@ impl<'a> PipelineSim<'a> {
                 ));
                 return;
             }
-            // It decides at the end of the instant, when every request of the
-            // instant has arrived (`flow::Delivery`).
-            self.delivery.touch(slot);
+            // An idle worker decides at once (`flow::DECIDES_ON_ARRIVAL`).
+            if !self.slots[slot].busy {
+                self.decide(slot);
+            }
         } else {
             // A pass-through task: served at once, fans out with its node's table.
             self.served(req, 0, 1.0, node, None, self.now);
