@@ -81,6 +81,20 @@ pub enum Reply {
     },
 }
 
+/// How many predictions admission makes for each request ([`Prediction`]).
+pub const PREDICTORS: usize = 3;
+
+/// What admission predicted for a request when it admitted it, kept so that its
+/// answer can tell how far off the prediction was (`sluice_server::admission`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prediction {
+    /// When each of admission's predictors expected it answered (host clock, µs;
+    /// 0 when none did).
+    pub finish: [u64; PREDICTORS],
+    /// Requests queued or running ahead of it on its worker at admission.
+    pub ahead: u32,
+}
+
 /// An accepted request.
 #[derive(Debug)]
 pub struct Request {
@@ -90,9 +104,9 @@ pub struct Request {
     pub arrival: u64,
     /// `arrival + slo` (µs).
     pub deadline: u64,
-    /// When admission predicted it would be answered (host clock, µs; 0 when it
+    /// What admission predicted for it (`sluice_server::admission`; all 0 when it
     /// made no prediction, as for a pipeline's intermediate requests).
-    pub predicted: u64,
+    pub predicted: Prediction,
     /// Admitted although admission predicted it would miss its deadline, to check
     /// that prediction (`admission_audit`): its answer says whether the refusal
     /// would have been false.

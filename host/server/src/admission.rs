@@ -68,6 +68,174 @@ pub fn predict_us(
     start + latency(known.saturating_add(expected).min(b))
 }
 
+/// How many predictors admission runs, each with its own margin: [`LAST`],
+/// [`FASTEST`] and [`BY_LOAD`].
+pub const PREDICTORS: usize = sluice_core::queue::PREDICTORS;
+
+/// The predictor that serves the queue with the worker's last model: right for a
+/// policy that keeps its model (`fixed`; jellyfish at a steady load).
+pub const LAST: usize = 0;
+
+/// The predictor that serves the queue with the worker's fastest loaded model:
+/// right for a policy that changes to a faster model as its queue or load grows.
+pub const FASTEST: usize = 1;
+
+/// The predictor that serves the queue with the model and batch size the policy
+/// chose the last time the app's arrival rate was about what it is now
+/// ([`load_bucket`]): right for a policy that picks its model and batch by load,
+/// as jellyfish does from the `load_qps` the host gives it. Under a burst it
+/// changes from ResNet-50 one by one to Inception in pairs (164 ms a pair, 60 ms
+/// more than the single ResNet-50 the last batch predicted), so the last model's
+/// prediction for a request admitted in the burst was off by 60 ms one answer in
+/// five, and its margin refused deep requests that then made their deadline.
+pub const BY_LOAD: usize = 2;
+
+/// How many buckets of arrival rate [`BY_LOAD`] remembers a choice for.
+pub const LOAD_BUCKETS: usize = 64;
+
+/// The bucket of an arrival rate (req/s): ⌊4 · log2(rate + 1)⌋, steps of about
+/// 19 %, the last from about 56,000 req/s up.
+pub fn load_bucket(rate: f64) -> usize {
+    let b = 4.0 * (rate.max(0.0) + 1.0).log2();
+    (b as usize).min(LOAD_BUCKETS - 1)
+}
+
+/// A model and batch size packed for an atomic (0: none known).
+pub fn pack_choice(model: u32, batch: u32) -> u64 {
+    (u64::from(model) + 1) << 32 | u64::from(batch)
+}
+
+/// The model and batch size of [`pack_choice`], None for 0.
+pub fn unpack_choice(packed: u64) -> Option<(u32, u32)> {
+    let model = (packed >> 32).checked_sub(1)?;
+    Some((model as u32, (packed & 0xFFFF_FFFF) as u32))
+}
+
+/// A prediction as admission judges it: the wait it counts (the prediction plus
+/// its margin, µs) and the margin in it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Judged {
+    /// The predicted wait plus `margin_us`.
+    pub wait_us: f64,
+    /// The margin of the predictor that gave it.
+    pub margin_us: f64,
+}
+
+/// The wait admission counts for one request from each predictor's own prediction
+/// and margin (the high quantile of its own recent errors): the soonest of
+/// prediction plus margin, each predictor calibrated on its own. One margin for
+/// the sooner of two predictions mixed their errors: with jellyfish serving lone
+/// requests with ResNet-50 (103.6 ms) while the fastest model (Inception, 80.8 ms)
+/// predicted them, every short prediction ran 20–85 ms late, the one margin sat at
+/// its cap, and requests two or three deep that the last model predicted to the
+/// millisecond were refused (BENCHMARKS §12).
+///
+/// A predictor whose margin reached `cap` is left out while another is below it:
+/// its errors are larger than any margin admission may add, so it would admit
+/// requests to finish late. When every margin is at the cap, the soonest counts
+/// with the cap as margin (a margin near the SLO would refuse every request, so
+/// no answer would ever come to bring it down).
+pub fn judge(predicted: [f64; PREDICTORS], margins: [u64; PREDICTORS], cap: u64) -> Judged {
+    let usable = |i: &usize| margins[*i] < cap;
+    let any = (0..PREDICTORS).any(|i| usable(&i));
+    (0..PREDICTORS)
+        .filter(|i| !any || usable(i))
+        .map(|i| {
+            let margin_us = margins[i].min(cap) as f64;
+            Judged { wait_us: predicted[i] + margin_us, margin_us }
+        })
+        .min_by(|a, b| a.wait_us.total_cmp(&b.wait_us))
+        .unwrap_or(Judged { wait_us: 0.0, margin_us: 0.0 })
+}
+
+/// How many bands of depth admission keeps errors and margins for
+/// ([`band`]).
+pub const BANDS: usize = 6;
+
+/// The band of a request with `ahead` requests before it on its worker: the bit
+/// length of `ahead` (0; 1; 2–3; 4–7; 8–15; 16 and more).
+///
+/// Errors depend on the depth: a request predicted alone at an idle worker is
+/// late when the policy pairs it with a later arrival (jellyfish under load: 60–83
+/// ms, one answer in five), while one three deep is predicted in the full batches
+/// it will be served in and is rarely off by more than the executor's jitter. One
+/// margin for all took the shallow requests' 99th percentile (61 ms) and refused
+/// deep ones that then made their deadline (BENCHMARKS §12).
+pub fn band(ahead: usize) -> usize {
+    ((usize::BITS - ahead.leading_zeros()) as usize).min(BANDS - 1)
+}
+
+/// The fewest errors a band's margin is taken from: a band with fewer borrows
+/// its deeper neighbours' errors, then its shallower ones'
+/// ([`BandedErrors::margins`]).
+pub const MIN_SAMPLES: usize = 100;
+
+/// Prediction errors kept per band of depth ([`band`]), and the margin each band
+/// gets.
+#[derive(Debug, Default)]
+pub struct BandedErrors {
+    bands: [PredictionErrors; BANDS],
+}
+
+impl BandedErrors {
+    /// Records one answer's error in `band`.
+    pub fn record(&mut self, band: usize, error: i64) {
+        self.bands[band.min(BANDS - 1)].record([error]);
+    }
+
+    /// Each band's margin: the [`ERROR_QUANTILE`] of its errors, pooled with the
+    /// deeper bands' and then the shallower ones' until [`MIN_SAMPLES`] are in
+    /// (or every band is). Deeper first: a sparse band sits where the queue is
+    /// rarely that deep, and the requests that matter there are those near their
+    /// deadline, whose errors the deeper bands hold; with fewer than
+    /// [`MIN_SAMPLES`] in all, it is their largest error, as in
+    /// [`PredictionErrors`].
+    pub fn margins(&self) -> [u64; BANDS] {
+        std::array::from_fn(|b| {
+            // No allocation: this runs for every band and predictor per batch.
+            let mut pooled: [&[i64]; BANDS] = [&[]; BANDS];
+            let mut n = 0;
+            for (slot, k) in pooled.iter_mut().zip((b..BANDS).chain((0..b).rev())) {
+                if n >= MIN_SAMPLES {
+                    break;
+                }
+                *slot = &self.bands[k].sorted;
+                n += slot.len();
+            }
+            top_quantile(&pooled, n)
+        })
+    }
+}
+
+/// The [`ERROR_QUANTILE`] of `n` values held in sorted slices, at least 0: the
+/// m-th largest (m = n less the quantile's index), by popping the largest m
+/// times. m is about 1 % of n.
+fn top_quantile(sorted: &[&[i64]], n: usize) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let k = quantile_index(n);
+    let mut ends = [0; BANDS];
+    for (end, s) in ends.iter_mut().zip(sorted) {
+        *end = s.len();
+    }
+    let sorted = &sorted[..sorted.len().min(BANDS)];
+    let mut value = 0;
+    for _ in 0..n - k {
+        let Some(at) = (0..sorted.len()).filter(|&i| ends[i] > 0).max_by_key(|&i| sorted[i][ends[i] - 1]) else {
+            break;
+        };
+        ends[at] -= 1;
+        value = sorted[at][ends[at]];
+    }
+    u64::try_from(value).unwrap_or(0)
+}
+
+/// The index of the [`ERROR_QUANTILE`] in `n` sorted values.
+fn quantile_index(n: usize) -> usize {
+    ((n as f64 * ERROR_QUANTILE).ceil() as usize).clamp(1, n) - 1
+}
+
 /// How many recent answers [`PredictionErrors`] keeps.
 pub const ERROR_WINDOW: usize = 512;
 
@@ -120,8 +288,7 @@ impl PredictionErrors {
         if self.sorted.is_empty() {
             return 0;
         }
-        let k = ((self.sorted.len() as f64 * ERROR_QUANTILE).ceil() as usize).clamp(1, self.sorted.len()) - 1;
-        u64::try_from(self.sorted[k]).unwrap_or(0)
+        u64::try_from(self.sorted[quantile_index(self.sorted.len())]).unwrap_or(0)
     }
 }
 
@@ -199,6 +366,96 @@ mod tests {
         // Behind a running batch, a policy that forms pairs pairs it with a later
         // arrival under overload.
         assert_eq!(predict_us(&m, &m, 1.0, (1, 0), 0, 2, FLOOD), 104.0 + 279.0);
+    }
+
+    #[test]
+    fn each_predictor_is_judged_with_its_own_margin() {
+        let cap = 100_000;
+        // The last model's prediction is later but right; the fastest's earlier and
+        // 60 ms late at its 99th percentile: the last one's counts.
+        let j = judge([250_000.0, 200_000.0, 250_000.0], [2_000, 60_000, 2_000], cap);
+        assert_eq!(j, Judged { wait_us: 252_000.0, margin_us: 2_000.0 });
+        // The fastest model's is sooner once its margin is counted: it counts.
+        let j = judge([300_000.0, 200_000.0, 300_000.0], [2_000, 60_000, 2_000], cap);
+        assert_eq!(j, Judged { wait_us: 260_000.0, margin_us: 60_000.0 });
+        // A margin at the cap leaves its predictor out, however soon it predicts.
+        let j = judge([300_000.0, 100_000.0, 300_000.0], [2_000, 150_000, 2_000], cap);
+        assert_eq!(j.wait_us, 302_000.0);
+        // Every margin at the cap: the soonest, with the cap as margin.
+        let j = judge([300_000.0, 100_000.0, 300_000.0], [120_000, 150_000, 120_000], cap);
+        assert_eq!(j, Judged { wait_us: 200_000.0, margin_us: 100_000.0 });
+    }
+
+    #[test]
+    fn load_buckets_are_steps_of_a_fifth() {
+        assert_eq!(load_bucket(0.0), 0);
+        assert_eq!(load_bucket(-3.0), 0);
+        assert_eq!(load_bucket(f64::NAN), 0);
+        // jellyfish's switch to its faster model at 23.6 req/s on two workers
+        // falls between 18 and 26 req/s.
+        assert!(load_bucket(18.0) < load_bucket(26.0));
+        assert_eq!(load_bucket(1e12), LOAD_BUCKETS - 1);
+        assert_eq!(unpack_choice(pack_choice(3, 4)), Some((3, 4)));
+        assert_eq!(unpack_choice(pack_choice(0, 1)), Some((0, 1)));
+        assert_eq!(unpack_choice(0), None);
+    }
+
+    #[test]
+    fn the_band_is_the_bit_length_of_the_depth() {
+        let bands: Vec<usize> = [0, 1, 2, 3, 4, 7, 8, 15, 16, 1000, usize::MAX].into_iter().map(band).collect();
+        assert_eq!(bands, [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 5]);
+    }
+
+    #[test]
+    fn each_band_gets_the_margin_of_its_own_errors() {
+        let mut e = BandedErrors::default();
+        // Shallow requests often late by 60 ms, deep ones on time.
+        for i in 0..200 {
+            e.record(0, if i % 5 == 0 { 60_000 } else { 0 });
+            e.record(2, 1_000);
+        }
+        let m = e.margins();
+        assert_eq!((m[0], m[2]), (60_000, 1_000));
+        // Band 1 has none: it borrows the deeper bands' (2, then the rest: 200).
+        assert_eq!(m[1], 1_000);
+        // The deepest has none either, nor any deeper: it borrows band 4, 3 and 2.
+        assert_eq!(m[5], 1_000);
+        // A sparse band is pooled until 100: 10 of its own at 5 ms, 200 deeper at 1 ms.
+        let mut e = BandedErrors::default();
+        for _ in 0..10 {
+            e.record(1, 5_000);
+        }
+        for _ in 0..200 {
+            e.record(2, 1_000);
+        }
+        // 210 values, 10 at 5 ms: the 99th percentile (index 207) is one of them.
+        assert_eq!(e.margins()[1], 5_000);
+        // With no errors anywhere, no margin.
+        assert_eq!(BandedErrors::default().margins(), [0; BANDS]);
+    }
+
+    #[test]
+    fn pooled_quantiles_equal_a_plain_sort() {
+        let mut x: u64 = 11;
+        let mut next = || {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            ((x >> 33) % 10_000) as i64 - 2_000
+        };
+        for sizes in [[0, 3, 0], [50, 0, 70], [300, 200, 512], [1, 1, 1]] {
+            let parts: Vec<Vec<i64>> = sizes
+                .iter()
+                .map(|&n| {
+                    let mut v: Vec<i64> = (0..n).map(|_| next()).collect();
+                    v.sort_unstable();
+                    v
+                })
+                .collect();
+            let mut all: Vec<i64> = parts.concat();
+            all.sort_unstable();
+            let slices: Vec<&[i64]> = parts.iter().map(|v| &v[..]).collect();
+            let expected = all.get(quantile_index(all.len().max(1))).map_or(0, |&v| u64::try_from(v).unwrap_or(0));
+            assert_eq!(top_quantile(&slices, all.len()), expected, "{sizes:?}");
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@ use sluice_core::clock::{Clock as _, WallClock};
 use sluice_core::decision::Bound;
 use sluice_core::demand::DemandMonitor;
 use sluice_core::executor::ModelSet;
-use sluice_core::queue::{Head, Reply, Request, WorkQueue};
+use sluice_core::queue::{Head, Prediction, Reply, Request, WorkQueue};
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
 use sluice_core::runtime::{Binding, CompiledPolicy, PolicyEngine, PolicyError, PolicyInstance, SharedStore};
 use sluice_core::tensor::Tensor;
@@ -114,13 +114,24 @@ pub struct WorkerHandle {
     pub in_flight: AtomicUsize,
     /// When that batch started (the app clock's µs); meaningful while `in_flight > 0`.
     pub batch_started: AtomicU64,
-    /// The batch size admission assumes the policy forms: the size of the last
-    /// batch it formed while leaving requests queued (it chose that size), or,
-    /// when it took the whole queue, the larger of that batch and the previous
-    /// value (it might have taken more). Starts at 1: a policy that batches shows
-    /// it with its first batch, while one assumed to batch more than it does
-    /// would be refused the queue that would show it does not.
-    pub batch_size: AtomicU32,
+    /// The batch size admission assumes the policy forms with each model (by the
+    /// model's index): the size of the last batch it formed with that model while
+    /// leaving requests queued (it chose that size), or, when it took the whole
+    /// queue, the larger of that batch and the previous value (it might have taken
+    /// more). Starts at 1: a policy that batches shows it with its first batch,
+    /// while one assumed to batch more than it does would be refused the queue
+    /// that would show it does not.
+    ///
+    /// Per model, because a policy that changes model changes batch with it:
+    /// jellyfish serves ResNet-50 one by one at half of its capacity on a CPU, and
+    /// Inception in pairs under overload; one size for both predicted ResNet-50 in
+    /// pairs (279 ms instead of 104) after a burst, and refused requests one
+    /// behind a running batch that then made their deadline (BENCHMARKS §12).
+    pub batch_sizes: Box<[AtomicU32]>,
+    /// Per bucket of the app's arrival rate ([`admission::load_bucket`]), the
+    /// model and batch size of the last batch the policy formed at that rate
+    /// ([`admission::pack_choice`]; 0: none yet), for [`admission::BY_LOAD`].
+    pub by_load: Box<[AtomicU64]>,
     /// The model of its running or last batch (admission predicts with it).
     pub last_model: std::sync::atomic::AtomicU32,
     /// Its loaded model with the shortest batch-1 latency (admission predicts with
@@ -136,7 +147,7 @@ impl WorkerHandle {
     /// batch (its profiled time less what has elapsed; `running` requests in it),
     /// then the `queued + 1` in batches of the size this worker's policy forms,
     /// its own batch filled by the arrivals expected meanwhile (`arrivals_per_us`,
-    /// per worker; see [`admission::predict_us`] and [`WorkerHandle::batch_size`]).
+    /// per worker; see [`admission::predict_us`] and [`WorkerHandle::batch_sizes`]).
     /// That size, not the largest nor the cheapest:
     /// on a CPU a batch of four can cost more than four single requests (ResNet-50
     /// here), so `fixed` serves them one by one, while jellyfish forms pairs there
@@ -144,15 +155,16 @@ impl WorkerHandle {
     /// Predicting either policy's batching for the other refused requests at half
     /// of capacity, or admitted them to finish late (BENCHMARKS §7, §8).
     ///
-    /// The queue is predicted with the last model and with the fastest loaded one,
-    /// and the sooner counts: a policy that picks its model by load (jellyfish
-    /// serves its most accurate model while that keeps up, a faster one when the
-    /// queue grows) serves a longer queue faster than its last batch's model would.
-    /// Predicting with the last model alone refused 14 % of requests at half of
-    /// jellyfish's capacity, every one of which then made its deadline when
-    /// admitted (`cargo bench -p sluice --bench admission`). A policy pinned to a
-    /// slower model than the fastest is predicted early; the margin learns how
-    /// early ([`App::margin_us`]).
+    /// The queue is predicted three ways ([`admission::LAST`], [`admission::FASTEST`],
+    /// [`admission::BY_LOAD`]): with the last model, with the fastest loaded one,
+    /// and with the model and batch the policy chose when the app's arrival rate
+    /// (`workers` times `arrivals_per_us`) was about what it is now; each is
+    /// judged with its own margin ([`admission::judge`]). A policy that picks its
+    /// model by load (jellyfish serves its most accurate model while that keeps
+    /// up, a faster one when the load grows) serves a longer queue faster than its
+    /// last batch's model would. Predicting with the last model alone refused 14 %
+    /// of requests at half of jellyfish's capacity, every one of which then made
+    /// its deadline when admitted (`cargo bench -p sluice --bench admission`).
     fn predicted_us(
         &self,
         models: &[sdk::Model],
@@ -160,25 +172,53 @@ impl WorkerHandle {
         queued: usize,
         now: u64,
         arrivals_per_us: f64,
-    ) -> Option<f64> {
-        let last = models.get(self.last_model.load(Ordering::Relaxed) as usize)?;
-        let fastest = models.get(self.fastest_model.load(Ordering::Relaxed) as usize).unwrap_or(last);
+        workers: usize,
+    ) -> Option<[f64; admission::PREDICTORS]> {
+        let last_index = self.last_model.load(Ordering::Relaxed);
+        let last = models.get(last_index as usize)?;
+        let fastest_index = self.fastest_model.load(Ordering::Relaxed);
+        let (fastest_index, fastest) =
+            models.get(fastest_index as usize).map_or((last_index, last), |m| (fastest_index, m));
         let elapsed = now.saturating_sub(self.batch_started.load(Ordering::Relaxed));
-        let batch = self.batch_size.load(Ordering::Relaxed);
         let slowdown = f64::from_bits(self.slowdown.load(Ordering::Relaxed));
-        let with = |m: &sdk::Model| {
+        let with = |m: &sdk::Model, batch: u32| {
             admission::predict_us(last, m, slowdown, (running, elapsed), queued, batch, arrivals_per_us)
         };
-        Some(with(last).min(with(fastest)))
+        let app_rate = arrivals_per_us * 1e6 * workers as f64;
+        let (by_load, by_load_batch) = self
+            .by_load
+            .get(admission::load_bucket(app_rate))
+            .and_then(|c| admission::unpack_choice(c.load(Ordering::Relaxed)))
+            .and_then(|(index, batch)| Some((models.get(index as usize)?, batch)))
+            .unwrap_or((last, self.batch_of(last_index)));
+        Some([
+            with(last, self.batch_of(last_index)),
+            with(fastest, self.batch_of(fastest_index)),
+            with(by_load, by_load_batch),
+        ])
+    }
+
+    /// The batch size admission assumes the policy forms with the model at `index`.
+    fn batch_of(&self, index: u32) -> u32 {
+        self.batch_sizes.get(index as usize).map_or(1, |b| b.load(Ordering::Relaxed))
     }
 
     /// Marks the start of a batch of `size` requests with `model` at `now`, formed
-    /// with `left` requests staying queued.
-    pub fn start_batch(&self, model: u32, size: usize, left: usize, now: u64) {
+    /// with `left` requests staying queued while the app's arrival rate was
+    /// `load_qps`.
+    pub fn start_batch(&self, model: u32, size: usize, left: usize, now: u64, load_qps: f64) {
         self.last_model.store(model, Ordering::Relaxed);
         self.batch_started.store(now, Ordering::Relaxed);
-        let learned = admission::learned_batch(self.batch_size.load(Ordering::Relaxed), size, left);
-        self.batch_size.store(learned, Ordering::Relaxed);
+        if let Some(batch) = self.batch_sizes.get(model as usize) {
+            batch.store(admission::learned_batch(batch.load(Ordering::Relaxed), size, left), Ordering::Relaxed);
+        }
+        if let Some(choice) = self.by_load.get(admission::load_bucket(load_qps)) {
+            let previous = admission::unpack_choice(choice.load(Ordering::Relaxed))
+                .filter(|&(m, _)| m == model)
+                .map_or(1, |(_, batch)| batch);
+            let batch = admission::learned_batch(previous, size, left);
+            choice.store(admission::pack_choice(model, batch), Ordering::Relaxed);
+        }
         self.in_flight.store(size, Ordering::Release);
     }
 
@@ -320,10 +360,11 @@ pub struct App {
     incoming: Arc<AtomicUsize>,
     /// Refusals judged so far, for `admission_audit`'s sampling ([`App::audits`]).
     refusals_seen: AtomicU64,
-    /// How late answers came against admission's prediction, recently.
-    errors: Mutex<admission::PredictionErrors>,
-    /// The margin those errors give ([`App::margin_us`]).
-    margin_us: AtomicU64,
+    /// How late answers came against each of admission's predictions, recently.
+    errors: Mutex<[admission::BandedErrors; admission::PREDICTORS]>,
+    /// The margins those errors give, per predictor and band of depth
+    /// ([`App::margin_us`]).
+    margins_us: [[AtomicU64; admission::BANDS]; admission::PREDICTORS],
     /// The app's arrival rate at the last admission, req/s (f64 bits): how fast
     /// a waiting request's batch fills.
     arrival_rate: AtomicU64,
@@ -512,7 +553,8 @@ impl App {
                 loaded: Mutex::new(set.ids()),
                 in_flight: AtomicUsize::new(0),
                 batch_started: AtomicU64::new(0),
-                batch_size: AtomicU32::new(1),
+                batch_sizes: (0..models.len().max(1)).map(|_| AtomicU32::new(1)).collect(),
+                by_load: (0..admission::LOAD_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
                 // Until the first batch, predict with the fastest loaded model.
                 last_model: std::sync::atomic::AtomicU32::new(fastest(&models, &set.ids())),
                 fastest_model: std::sync::atomic::AtomicU32::new(fastest(&models, &set.ids())),
@@ -556,8 +598,8 @@ impl App {
             queued: AtomicUsize::new(0),
             incoming: Arc::new(AtomicUsize::new(0)),
             refusals_seen: AtomicU64::new(0),
-            errors: Mutex::new(admission::PredictionErrors::default()),
-            margin_us: AtomicU64::new(0),
+            errors: Mutex::new(Default::default()),
+            margins_us: Default::default(),
             arrival_rate: AtomicU64::new(0),
             accepting: AtomicBool::new(true),
             draining: AtomicBool::new(false),
@@ -618,10 +660,10 @@ impl App {
         if self.queued.load(Ordering::Acquire) + incoming >= self.config.max_queue {
             return Err(self.queue_full());
         }
-        let audited = match self.best_prediction(incoming).map(|(ahead, wait_us)| (ahead, wait_us + self.margin_us())) {
-            Some((ahead, wait_us)) if wait_us > self.slo_us as f64 => {
+        let audited = match self.best_prediction(incoming) {
+            Some((ahead, judged)) if judged.wait_us > self.slo_us as f64 => {
                 if !self.audits() {
-                    return Err(self.would_miss(ahead, wait_us, false));
+                    return Err(self.would_miss(ahead, judged, false));
                 }
                 true
             }
@@ -634,14 +676,20 @@ impl App {
     /// The best worker's prediction for one more request after `extra` requests
     /// not yet queued were placed, each on the worker that would finish it first
     /// (as shortest-queue routing would; at most [`MAX_PLACED`] are placed).
-    fn best_prediction(&self, extra: usize) -> Option<(usize, f64)> {
+    fn best_prediction(&self, extra: usize) -> Option<(usize, admission::Judged)> {
+        let judged = |w: usize, queued: usize| {
+            let (ahead, predicted) = self.prediction_with(w, queued);
+            (ahead, self.judge(predicted, ahead))
+        };
         let best = |queued: &[usize]| {
-            (0..queued.len()).map(|w| (w, self.prediction_with(w, queued[w]))).min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
+            (0..queued.len())
+                .map(|w| (w, judged(w, queued[w])))
+                .min_by(|a, b| a.1 .1.wait_us.total_cmp(&b.1 .1.wait_us))
         };
         if extra == 0 {
             // The common case, without an allocation.
-            let by_worker = (0..self.workers.len()).map(|w| self.prediction_with(w, self.workers[w].queue.len()));
-            return by_worker.min_by(|a, b| a.1.total_cmp(&b.1));
+            let by_worker = (0..self.workers.len()).map(|w| judged(w, self.workers[w].queue.len()));
+            return by_worker.min_by(|a, b| a.1.wait_us.total_cmp(&b.1.wait_us));
         }
         let mut queued: Vec<usize> = self.workers.iter().map(|w| w.queue.len()).collect();
         for _ in 0..extra.min(MAX_PLACED) {
@@ -651,32 +699,60 @@ impl App {
         best(&queued).map(|(_, p)| p)
     }
 
-    /// The margin admission adds to every prediction (µs): the high quantile of
-    /// recent prediction errors ([`admission::PredictionErrors`]).
+    /// The margin admission adds now to a prediction for a request with nobody
+    /// ahead (µs): that of the predictor it trusts, the smaller of the margins
+    /// below the cap ([`admission::judge`]), each the high quantile of its
+    /// predictor's recent errors ([`admission::BandedErrors`]).
     pub fn margin_us(&self) -> f64 {
-        self.margin_us.load(Ordering::Relaxed) as f64
+        self.judge([0.0; admission::PREDICTORS], 0).margin_us
     }
 
-    /// Folds the answers of a batch finished at `finished` into the prediction
+    /// Each predictor's prediction (µs from now) with its own margin, as admission
+    /// counts it. A margin is capped at a quarter of the SLO: a margin near the
+    /// SLO would refuse every request, so no answer would ever come to bring it
+    /// down (one batch held 1 s by a frozen cluster agent did that before this
+    /// bound).
+    /// `ahead`: the requests before it on its worker (its band's margins count).
+    fn judge(&self, predicted: [f64; admission::PREDICTORS], ahead: usize) -> admission::Judged {
+        let band = admission::band(ahead);
+        let margins = std::array::from_fn(|i| self.margins_us[i][band].load(Ordering::Relaxed));
+        admission::judge(predicted, margins, self.slo_us / 4)
+    }
+
+    /// Folds the answers of a batch finished at `finished` into each predictor's
     /// errors behind [`App::margin_us`].
     pub fn record_answers(&self, finished: u64, requests: &[Request]) {
-        let errors = requests.iter().filter(|r| r.predicted > 0).map(|r| finished as i64 - r.predicted as i64);
-        // At most a quarter of the SLO: a margin near the SLO would refuse every
-        // request, so no answer would ever come to bring it down (one batch held
-        // 1 s by a frozen cluster agent did that before this bound).
-        let margin = self.errors.lock().record(errors).min(self.slo_us / 4);
-        self.margin_us.store(margin, Ordering::Relaxed);
+        for p in requests.iter().map(|r| r.predicted).filter(|p| p.finish[0] > 0) {
+            tracing::trace!(
+                app = self.name(),
+                batch = requests.len(),
+                ahead = p.ahead,
+                late_ms = ?p.finish.map(|f| (finished as i64 - f as i64) / 1000),
+                "answered against its prediction"
+            );
+        }
+        let mut errors = self.errors.lock();
+        for (i, errors) in errors.iter_mut().enumerate() {
+            for p in requests.iter().map(|r| r.predicted).filter(|p| p.finish[i] > 0) {
+                errors.record(admission::band(p.ahead as usize), finished as i64 - p.finish[i] as i64);
+            }
+            for (atomic, margin) in self.margins_us[i].iter().zip(errors.margins()) {
+                atomic.store(margin, Ordering::Relaxed);
+            }
+        }
     }
 
-    /// Empties the prediction errors and the margin they gave (a policy swap).
+    /// Empties the prediction errors and the margins they gave (a policy swap).
     fn forget_prediction_errors(&self) {
-        *self.errors.lock() = admission::PredictionErrors::default();
-        self.margin_us.store(0, Ordering::Relaxed);
+        *self.errors.lock() = Default::default();
+        for m in self.margins_us.iter().flatten() {
+            m.store(0, Ordering::Relaxed);
+        }
     }
 
-    /// Requests ahead on worker `w` with `queued` in its queue, and the predicted µs
-    /// to serve them and one more (without [`App::margin_us`]).
-    fn prediction_with(&self, w: usize, queued: usize) -> (usize, f64) {
+    /// Requests ahead on worker `w` with `queued` in its queue, and each
+    /// predictor's µs to serve them and one more (without margins).
+    fn prediction_with(&self, w: usize, queued: usize) -> (usize, [f64; admission::PREDICTORS]) {
         let handle = &self.workers[w];
         let (running, queued) = if self.config.router == RouterMode::Shared {
             // One queue for all: each worker takes its share of it, running batches
@@ -689,8 +765,8 @@ impl App {
         let models = self.models_of(w as u32);
         let arrivals_per_us = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed)) / 1e6;
         let per_worker = arrivals_per_us / self.workers.len() as f64;
-        let predicted = handle.predicted_us(models, running, queued, self.clock.now(), per_worker);
-        (running + queued, predicted.unwrap_or(0.0))
+        let predicted = handle.predicted_us(models, running, queued, self.clock.now(), per_worker, self.workers.len());
+        (running + queued, predicted.unwrap_or_default())
     }
 
     /// Whether the refusal being judged is one `admission_audit` samples: admitted
@@ -712,13 +788,13 @@ impl App {
         AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue }
     }
 
-    fn would_miss(&self, ahead: usize, wait_us: f64, pushes_back: bool) -> AdmitError {
+    fn would_miss(&self, ahead: usize, judged: admission::Judged, pushes_back: bool) -> AdmitError {
         // Debug level: under overload this is once per refused request.
         tracing::debug!(
             app = self.name(),
             ahead,
-            wait_ms = wait_us / 1e3,
-            margin_ms = self.margin_us() / 1e3,
+            wait_ms = judged.wait_us / 1e3,
+            margin_ms = judged.margin_us / 1e3,
             "refused: would miss its deadline"
         );
         self.counters.rejected.fetch_add(1, Ordering::Relaxed);
@@ -727,8 +803,8 @@ impl App {
         AdmitError::WouldMissDeadline {
             app: self.name().to_string(),
             ahead,
-            wait_ms: wait_us / 1e3,
-            margin_ms: self.margin_us() / 1e3,
+            wait_ms: judged.wait_us / 1e3,
+            margin_ms: judged.margin_us / 1e3,
             slo_ms: self.slo_us as f64 / 1e3,
             pushes_back,
         }
@@ -775,7 +851,7 @@ impl App {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             arrival,
             deadline: deadline.unwrap_or(arrival + self.slo_us),
-            predicted: 0,
+            predicted: Prediction::default(),
             audit: audited,
             input,
             reply: tx,
@@ -791,22 +867,37 @@ impl App {
                     let w = &self.workers[i];
                     w.queue.len() + w.in_flight.load(Ordering::Relaxed)
                 });
-                let mut refused = (0, 0.0, false);
+                let mut refused = (0, admission::Judged { wait_us: 0.0, margin_us: 0.0 }, false);
                 let deadline = arrival + self.slo_us;
-                let margin = self.margin_us();
                 let pushed = self.workers[w].queue.push_if(request, |at, request, behind| {
-                    let (ahead, wait_us) = self.prediction_with(w, at);
-                    request.predicted = now + wait_us as u64;
+                    let (ahead, predicted) = self.prediction_with(w, at);
+                    request.predicted = Prediction {
+                        finish: predicted.map(|p| now + p as u64),
+                        ahead: u32::try_from(ahead).unwrap_or(u32::MAX),
+                    };
                     // It must make its deadline, and so must every request it would
                     // push back by one place.
-                    let on_time = |wait_us: f64, deadline: u64| now as f64 + wait_us + margin <= deadline as f64;
-                    let itself = on_time(wait_us, deadline);
+                    let on_time =
+                        |judged: admission::Judged, deadline: u64| now as f64 + judged.wait_us <= deadline as f64;
+                    let judged = self.judge(predicted, ahead);
+                    let itself = on_time(judged, deadline);
                     let others = itself
-                        && behind
-                            .iter()
-                            .enumerate()
-                            .all(|(k, r)| on_time(self.prediction_with(w, at + 1 + k).1, r.deadline));
-                    refused = (ahead, wait_us + margin, itself);
+                        && behind.iter().enumerate().all(|(k, r)| {
+                            let (ahead, predicted) = self.prediction_with(w, at + 1 + k);
+                            on_time(self.judge(predicted, ahead), r.deadline)
+                        });
+                    refused = (ahead, judged, itself);
+                    tracing::trace!(
+                        app = self.name(),
+                        ahead,
+                        last_ms = predicted[admission::LAST] / 1e3,
+                        fastest_ms = predicted[admission::FASTEST] / 1e3,
+                        by_load_ms = predicted[admission::BY_LOAD] / 1e3,
+                        margin_ms = judged.margin_us / 1e3,
+                        rate = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed)),
+                        admitted = others,
+                        "admission"
+                    );
                     others
                 });
                 let audit = match pushed {

@@ -265,7 +265,7 @@ async fn execute(
     let size = batch.len();
     let variant = app.models[model as usize].name.clone();
     let started = app.clock.now();
-    handle.start_batch(model, size, left, started);
+    handle.start_batch(model, size, left, started, app.load.rate(started));
     app.metrics.observe("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
     let (requests, samples): (Vec<_>, Vec<_>) = batch
         .into_iter()
