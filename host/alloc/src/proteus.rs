@@ -29,7 +29,11 @@
 //! Demand that cannot be served: §4 lowers s_q; the reference steps a factor β
 //! from 1.05 down by 0.05 (0.1 above 1.5) while β > 0.2. Here β ≥ 1 is headroom
 //! (capacity ≥ β × routed demand on every device, as the reference's constraints
-//! work out to) and β < 1 serves β·s_q of every app and reports the rest as shed.
+//! work out to) and β < 1 serves every app at least β·s_q — with the aggregated
+//! formulation as much more as capacity allows (per-app shedding) — and reports
+//! the rest as shed. The highest feasible step is found by one MILP over
+//! placements (`Search::Lexicographic`, the default) or by solving steps in turn
+//! (docs/allocator.md, "Proteus").
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -261,7 +265,9 @@ pub struct AppPlan {
     pub name: String,
     /// Its demand, requests/s.
     pub demand_qps: f64,
-    /// Served (routed) requests/s: min(1, β) × demand.
+    /// Served (routed) requests/s: the demand at β ≥ 1; below, at least β × demand
+    /// and as much more as capacity allows (per-app shedding, aggregated
+    /// formulation; exactly β × demand with the per-device one).
     pub served_qps: f64,
     /// Shed requests/s: demand − served.
     pub shed_qps: f64,
@@ -893,7 +899,7 @@ fn highest_step(
     // Whether a step has a plan depends only on capacity: a plan that serves it with
     // any variant on n devices of a type serves it with the app's fastest variant
     // there, on the same devices. So only the fastest of each (type, app) is a
-    // column here — 36 integers for the paper's setup instead of 184.
+    // column here: one integer per (type, app) instead of one per (type, variant).
     let fastest: Vec<bool> = cands
         .iter()
         .enumerate()
@@ -976,8 +982,7 @@ fn name_shed(mut plan: Option<Plan>, shed: &[ShedApp]) -> Option<Plan> {
 /// (capacity P), one of them strictly (or the earlier of two equal ones). Any plan
 /// that hosts the dominated one can host the other on the same devices instead:
 /// the same routing fits (P is no lower) and accuracy is no lower. So the optimum
-/// is unchanged, and the accuracy model is smaller (the paper's setup: 184
-/// candidates, 89 of them dominated).
+/// is unchanged, and the accuracy model has fewer columns.
 pub(crate) fn undominated(cands: &[Cand], allowed: &[bool]) -> Vec<bool> {
     let beats = |(j, d): (usize, &Cand), (i, c): (usize, &Cand)| {
         d.t == c.t
