@@ -15,6 +15,14 @@
 //!   jitter of a boundary (a burst split across two batches, a deadline met by less
 //!   than the jitter) can end differently. The trace is built so that few do, and the
 //!   test asks for a high agreement, not for every request.
+//!
+//! The pipeline half ([`compare_pipeline`]) serves a three-task tree (detect →
+//! classify, detect → face) on the emulated executor, sends a trace to it in-process,
+//! replays the arrivals it sent through `sluice_sim::pipeline::replay`, and compares
+//! each client request's `PipelineOutcome`: the variants that served each task and
+//! how many requests each, the drops by reason, the branches served to a sink or
+//! before one, and on time or not. `cargo xtask live-vs-sim` runs both halves on
+//! longer traces (`LIVE_VS_SIM_REPEAT`).
 
 use std::time::Duration;
 
@@ -34,6 +42,22 @@ use sluice_e2e::*;
 /// - overload: the same shape every 80 ms with 40 at once, more than two workers
 ///   serve in an SLO: admission refuses, the policy drops, the host expires.
 fn trace() -> Vec<u64> {
+    let mut t = Vec::new();
+    for r in 0..repeat() {
+        let at = r * 4_000_000;
+        t.extend(app_trace().into_iter().map(|x| x + at));
+    }
+    t
+}
+
+/// How many times each trace repeats: 1 in the test, more under `cargo xtask
+/// live-vs-sim` (`LIVE_VS_SIM_REPEAT`).
+fn repeat() -> u64 {
+    std::env::var("LIVE_VS_SIM_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
+}
+
+/// One round of the app trace (under 4 s).
+fn app_trace() -> Vec<u64> {
     let mut t: Vec<u64> = (0..20).map(|i| i * 60_000).collect();
     let group = |t: &mut Vec<u64>, at: u64, burst: usize| {
         t.extend([at, at + 4_000]);
@@ -168,4 +192,143 @@ async fn one_trace_ends_the_same_live_and_simulated() {
         // of 9 on 2 cores, 96 % and 89 %: 85 % leaves room for a shared test machine.
         assert!(agree * 100 >= n * 85, "{policy}: {agree} of {n} requests agree");
     }
+}
+
+/// The pipeline's variants, 10 × tests/pipeline.rs's latencies (µs at batch 1..=8:
+/// base + per extra request), so that the wall clock's jitter is a small share of
+/// every latency and budget.
+fn pipeline_profile() -> String {
+    let models = [
+        ("d-fast", 0.70, 20_000, 4_000),
+        ("d-good", 0.90, 40_000, 8_000),
+        ("c-small", 0.60, 10_000, 2_000),
+        ("c-big", 0.85, 30_000, 5_000),
+        ("f-one", 0.80, 10_000, 2_000),
+    ];
+    let mut s = String::from("version = 1\nname = \"live-vs-sim\"\ndevice = \"emulated\"\nsource = \"synthetic\"\n");
+    for (name, acc, base, per) in models {
+        let l: Vec<String> = (0..8).map(|b| (base + per * b).to_string()).collect();
+        let l = l.join(", ");
+        s.push_str(&format!(
+            "\n[[model]]\nname = \"{name}\"\naccuracy = {acc}\naccuracy_source = \"synthetic\"\nbatch_sizes = [1, 2, 3, 4, 5, 6, 7, 8]\np50_us = [{l}]\np95_us = [{l}]\np99_us = [{l}]\n"
+        ));
+    }
+    s
+}
+
+/// detect → classify (2 requests per detection), detect → face (1): whole fan-outs,
+/// so that both sides create the same children without a draw.
+fn pipeline_graph(prefix: &str) -> String {
+    format!(
+        "[[{prefix}task]]\nname = \"detect\"\nmodels = [\"d-fast\", \"d-good\"]\nfanout.d-fast = {{ factor = 2.0, branch = {{ classify = 1.0, face = 0.5 }} }}\nfanout.d-good = {{ factor = 2.0, branch = {{ classify = 1.0, face = 0.5 }} }}\n[[{prefix}task]]\nname = \"classify\"\nmodels = [\"c-small\", \"c-big\"]\n[[{prefix}task]]\nname = \"face\"\nmodels = [\"f-one\"]\n[[{prefix}edge]]\nfrom = \"detect\"\nto = \"classify\"\n[[{prefix}edge]]\nfrom = \"detect\"\nto = \"face\"\n"
+    )
+}
+
+/// SLO 400 ms on three workers (one per task: the MILP places the most accurate
+/// variants, d-good, c-big and f-one, at any demand the trace makes), plans only at
+/// batch 8 (so the plan's batch is the table's end and the task policies' tables are
+/// the same live and simulated, docs/simulator.md), per-task early dropping.
+const PIPELINE_SLO_MS: u64 = 400;
+
+/// Client arrivals (µs), one round under 4 s; no request reaches an idle root within
+/// milliseconds of another (see [`app_trace`]):
+/// - light: one every 250 ms, each served alone, its three children in one batch of
+///   two and one of one;
+/// - batches: every 400 ms one request, then 6 at once 6 ms later (the root busy):
+///   the root serves them in one batch and the children come in batches;
+/// - overload: twice, one request and 20 at once 6 ms later: root batches overrun
+///   their budgets, and per-task early dropping drops their children.
+fn pipeline_round() -> Vec<u64> {
+    let mut t: Vec<u64> = (0..8).map(|i| i * 250_000).collect();
+    for g in 0..3 {
+        let at = 2_000_000 + g * 400_000;
+        t.push(at);
+        t.extend(std::iter::repeat_n(at + 6_000, 6));
+    }
+    for g in 0..2 {
+        let at = 3_200_000 + g * 600_000;
+        t.push(at);
+        t.extend(std::iter::repeat_n(at + 6_000, 20));
+    }
+    t
+}
+
+fn pipeline_trace() -> Vec<u64> {
+    let mut t = Vec::new();
+    for r in 0..repeat() {
+        let at = r * 5_000_000;
+        t.extend(pipeline_round().into_iter().map(|x| x + at));
+    }
+    t
+}
+
+/// Serves the trace live (in-process, `PipelineApp::infer`), replays the arrivals as
+/// sent through the simulator, and returns (client requests, agreeing), after
+/// printing the first differences and both summaries.
+pub async fn compare_pipeline() -> (usize, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("profile.toml"), pipeline_profile()).unwrap();
+    let problem = format!(
+        "version = 1\nkind = \"loki\"\nprofile = \"profile.toml\"\nbatch_sizes = [8]\nslo_ms = {PIPELINE_SLO_MS}\nworkers = 3\ndemand_qps = 10\n{}",
+        pipeline_graph("pipeline.")
+    );
+    std::fs::write(d.join("problem.toml"), problem).unwrap();
+    let config = format!(
+        "[[pipeline]]\nname = \"p\"\nproblem = \"{}/problem.toml\"\nexecutor = \"emulated\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nearly_drop = \"per-task\"\nreplan_period_s = 0\nmax_queue = 10000\n",
+        d.display()
+    );
+    let server = TestServer::start(&config).await.unwrap();
+    let pipeline = server.state.pipelines["p"].clone();
+    let trace = pipeline_trace();
+    let start = tokio::time::Instant::now();
+    let mut sent = Vec::new();
+    let mut pending = Vec::new();
+    for (i, &at) in trace.iter().enumerate() {
+        tokio::time::sleep_until(start + Duration::from_micros(at)).await;
+        sent.push(start.elapsed().as_micros() as u64);
+        let p = pipeline.clone();
+        pending.push(tokio::spawn(async move { p.infer(input(i)).await }));
+    }
+    let mut live = Vec::new();
+    for h in pending {
+        let answer = tokio::time::timeout(Duration::from_secs(60), h).await.unwrap().unwrap();
+        live.push(answer.expect("the pipeline admits every request of the trace").outcome());
+    }
+    server.stop().await.unwrap();
+
+    let log: String = sent.iter().map(|t| format!("pipeline,{t}\n")).collect();
+    std::fs::write(d.join("arrivals.csv"), log).unwrap();
+    let duration_s = sent.last().copied().unwrap_or(0) as f64 / 1e6 + 1.0;
+    let exp = format!(
+        "version = 1\nname = \"live-vs-sim-pipeline\"\nduration_s = {duration_s}\nbuiltin_policy_dir = \"{}\"\nprofile = \"profile.toml\"\n[pipeline]\nslo_ms = {PIPELINE_SLO_MS}\nworkers = 3\npercentile = \"p50\"\nbatch_sizes = [8]\narrivals = {{ kind = \"recorded\", file = \"arrivals.csv\" }}\n{}[pipeline.system]\nallocator = \"loki\"\nearly_drop = \"per-task\"\npolicy = \"fixed\"\nparams = {{ allocated = true }}\nsolve_interval_s = 0\n",
+        policies_dir().display(),
+        pipeline_graph("pipeline.")
+    );
+    let exp = sluice_sim::pipeline::PipelineExperiment::parse(&exp, "live-vs-sim-pipeline.toml").unwrap();
+    let sim = sluice_sim::pipeline::replay(&exp, d).unwrap();
+    assert_eq!(sim.len(), live.len(), "the simulator replays every request sent");
+
+    let mut summary = std::collections::BTreeMap::<(&str, &str), usize>::new();
+    let mut agree = 0;
+    let mut shown = 0;
+    for (i, (l, s)) in live.iter().zip(&sim).enumerate() {
+        if l == s {
+            agree += 1;
+        } else if shown < 20 {
+            shown += 1;
+            eprintln!("pipeline: request {i} (sent at {} µs): live {l:?}, simulated {s:?}", sent[i]);
+        }
+        *summary.entry((l.label(), s.label())).or_default() += 1;
+    }
+    eprintln!("pipeline: (live, simulated) outcomes: {summary:?}");
+    eprintln!("live-vs-sim: pipeline {} requests, agree {:.1} %", live.len(), 100.0 * agree as f64 / live.len() as f64);
+    (live.len(), agree)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_through_a_pipeline_ends_the_same_live_and_simulated() {
+    let (n, agree) = compare_pipeline().await;
+    // Measured: see docs/simulator.md ("Pipelines, live and simulated").
+    assert!(agree * 100 >= n * 90, "pipeline: {agree} of {n} client requests agree");
 }

@@ -538,21 +538,25 @@ impl PipelineApp {
         let this = self.clone();
         // The tree runs as its own task: a client that goes away does not cut it
         // short, so every intermediate request still ends served or dropped.
+        let deadline = arrival + this.slo_us;
+        let routing = this.routing();
+        let input = Arc::new(input);
+        // The root request is queued here, in the order clients were admitted (not
+        // in the order the runtime gets to their trees).
+        let root = match routing.tables.passthrough[0] {
+            Some(_) => this.fan_out(routing, 0, None, 0, input, 0, arrival, deadline, 1.0),
+            None => match this.root_node(&routing) {
+                Some(node) => this.at_task(routing, 0, node, input, deadline, 1.0),
+                None => {
+                    this.task_counters[0].created.fetch_add(1, Ordering::Relaxed);
+                    let a = this.drop_at(0, 0, flow::Drop::NoWorker);
+                    Box::pin(async move { a })
+                }
+            },
+        };
         let tree = tokio::spawn(async move {
             let _guard = guard;
-            let deadline = arrival + this.slo_us;
-            let routing = this.routing();
-            let input = Arc::new(input);
-            let mut answer = match routing.tables.passthrough[0] {
-                Some(_) => this.fan_out(routing, 0, None, 0, input, 0, arrival, deadline, 1.0).await,
-                None => match this.root_node(&routing) {
-                    Some(node) => this.at_task(routing, 0, node, input, deadline, 1.0).await,
-                    None => {
-                        this.task_counters[0].created.fetch_add(1, Ordering::Relaxed);
-                        this.drop_at(0, 0, flow::Drop::NoWorker)
-                    }
-                },
-            };
+            let mut answer = root.await;
             answer.latency_us = this.clock.now().saturating_sub(arrival);
             answer.deadline_us = this.slo_us;
             let counter = if answer.deadline_met() {
@@ -637,25 +641,31 @@ impl PipelineApp {
         accuracy: f64,
     ) -> BoxFuture<PipelineAnswer> {
         let this = self.clone();
+        // Queued now, when the caller creates it, not when the future first runs:
+        // requests reach a worker in the order they were admitted or made, not in
+        // the order the runtime gets to their tasks (as the simulator queues them).
+        let ready = |a: PipelineAnswer| -> BoxFuture<PipelineAnswer> { Box::pin(async move { a }) };
+        this.task_counters[task].created.fetch_add(1, Ordering::Relaxed);
+        let Some(device) = routing.node_device.get(node).copied().flatten() else {
+            return ready(this.drop_at(task, task, flow::Drop::NoWorker));
+        };
+        let (Some(app), Some(slot)) = (this.tasks[task].clone(), routing.devices[device].clone()) else {
+            return ready(this.drop_at(task, task, flow::Drop::NoWorker));
+        };
+        this.device_requests[device].fetch_add(1, Ordering::Relaxed);
+        let entered = this.clock.now();
+        let budget = this.budget_us(task, slot.latency_us);
+        let rx = match app.submit_to(device, (*input).clone(), entered + budget) {
+            Ok(rx) => rx,
+            Err(AdmitError::QueueFull { .. }) => return ready(this.drop_at(task, task, flow::Drop::QueueFull)),
+            // Not raised for intermediate requests (submit_to skips the
+            // prediction); named here so a change there cannot go unanswered.
+            Err(AdmitError::WouldMissDeadline { .. }) => {
+                return ready(this.drop_at(task, task, flow::Drop::Overloaded))
+            }
+            Err(AdmitError::ShuttingDown(_)) => return ready(this.reject_at(task)),
+        };
         Box::pin(async move {
-            this.task_counters[task].created.fetch_add(1, Ordering::Relaxed);
-            let Some(device) = routing.node_device.get(node).copied().flatten() else {
-                return this.drop_at(task, task, flow::Drop::NoWorker);
-            };
-            let (Some(app), Some(slot)) = (this.tasks[task].as_ref(), routing.devices[device].as_ref()) else {
-                return this.drop_at(task, task, flow::Drop::NoWorker);
-            };
-            this.device_requests[device].fetch_add(1, Ordering::Relaxed);
-            let entered = this.clock.now();
-            let budget = this.budget_us(task, slot.latency_us);
-            let rx = match app.submit_to(device, (*input).clone(), entered + budget) {
-                Ok(rx) => rx,
-                Err(AdmitError::QueueFull { .. }) => return this.drop_at(task, task, flow::Drop::QueueFull),
-                // Not raised for intermediate requests (submit_to skips the
-                // prediction); named here so a change there cannot go unanswered.
-                Err(AdmitError::WouldMissDeadline { .. }) => return this.drop_at(task, task, flow::Drop::Overloaded),
-                Err(AdmitError::ShuttingDown(_)) => return this.reject_at(task),
-            };
             // Workers answer every request; a closed channel means the worker was
             // stopped at the end of the shutdown grace.
             let served = match rx.await {
