@@ -5,7 +5,8 @@
 //! `target/test-artifacts/`), a policy whose `status` is markup (shown as text,
 //! nothing runs), the allocator's devices × variants, what-if evaluations started
 //! and promoted from the page's form and button (the page's verdict is the API's),
-//! and the page's headers, token and weight without a browser.
+//! the cluster card (a frontend's view, shown as text, only in a cluster), and the
+//! page's headers, token and weight without a browser.
 
 mod webdriver;
 
@@ -296,6 +297,78 @@ async fn allocator_panel_and_evaluations_started_and_promoted_from_the_page() {
     // Promoted or not, the app's policy is what the API says it is.
     let promoted = second["promotion"]["promoted"].as_bool().unwrap();
     assert_eq!(app_status(&mut c, "emu").await["policy"] == "fixed", promoted);
+    let errors = console_errors(&mut b).await;
+    assert!(errors.is_empty(), "console: {errors:?}");
+    b.close().await.unwrap();
+    server.stop().await.unwrap();
+}
+
+/// A frontend's view as `sluice_cluster::frontend` builds it (its shape; the
+/// values checked against a real cluster in host/cli/tests/cluster.rs), with
+/// markup where a config or an agent names something.
+fn cluster_view() -> Value {
+    json!({
+        "role": "frontend", "id": "f1", "leader": "alloc1", "routing_epoch": 3,
+        "store": { "reachable": true, "revision": 42 },
+        "frontends": [{ "id": "f1", "addr": "127.0.0.1:8000", "routing_epoch": 3, "this": true }],
+        "agents": [
+            { "id": "a1", "addr": "http://127.0.0.1:9001", "health": "ready", "accepting": true, "ready_epoch": 3,
+              "devices": [
+                { "index": 0, "kind": "cpu", "loaded": [{ "app": "img", "variant": "small" }],
+                  "routes": [{ "app": "img", "variant": "small", "share": 0.75 }] },
+                { "index": 1, "kind": "cpu", "loaded": [], "routes": [] }] },
+            { "id": XSS, "addr": "http://127.0.0.1:9002", "health": "draining", "accepting": false, "ready_epoch": 2,
+              "devices": [{ "index": 0, "kind": "cpu", "loaded": [], "routes": [] }] },
+            { "id": "a3", "addr": null, "health": "gone", "accepting": false, "ready_epoch": null, "devices": [] }],
+        "routing": { "epoch": 3, "apps": {} },
+        "swaps": 3, "agent_removals": 1, "retried": 0,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_card_shows_a_frontends_view_as_text_and_only_in_a_cluster() {
+    // Standalone: no cluster card, the host's role in the host table.
+    let server = TestServer::start(&config()).await.unwrap();
+    let mut b = Browser::start().await.unwrap();
+    sign_in(&mut b, &server).await;
+    assert_eq!(b.exec("return document.getElementById('cluster-section').hidden").await.unwrap(), json!(true));
+    let host = b.exec("return document.getElementById('host').textContent").await.unwrap();
+    assert!(host.as_str().unwrap().contains("standalone"), "{host}");
+    b.goto("about:blank").await.unwrap();
+    server.stop().await.unwrap();
+
+    // A frontend's view: the card, its roles and devices, as text.
+    let server = TestServer::start(&config()).await.unwrap();
+    assert!(server.state.cluster_view.set(Box::new(cluster_view)).is_ok());
+    let mut c = server.client().await;
+    assert_eq!(admin(&mut c, "GET", "/admin/dashboard", b"").await.json()["cluster"], cluster_view());
+    sign_in(&mut b, &server).await;
+    assert!(
+        b.until(Duration::from_secs(5), "return !document.getElementById('cluster-section').hidden").await.unwrap(),
+        "no cluster card"
+    );
+    let field = |k: &str| format!("return document.querySelector('[data-cluster={k}]').textContent");
+    assert_eq!(b.exec(&field("leader")).await.unwrap(), json!("alloc1"));
+    assert_eq!(b.exec(&field("epoch")).await.unwrap(), json!("3"));
+    assert_eq!(b.exec(&field("self")).await.unwrap(), json!("frontend f1"));
+    let rows = |t: &str| {
+        format!(
+            "return [...document.querySelectorAll('table[data-cluster={t}] tr')].slice(1).map(r => [...r.children].map(td => td.textContent))"
+        )
+    };
+    let roles = b.exec(&rows("roles")).await.unwrap();
+    assert_eq!(roles[0], json!(["allocator", "alloc1", "-", "leader"]), "{roles}");
+    assert_eq!(roles[1], json!(["frontend", "f1", "127.0.0.1:8000", "routing epoch 3 (this one)"]), "{roles}");
+    assert_eq!(roles[2], json!(["agent", "a1", "http://127.0.0.1:9001", "ready, ready epoch 3"]), "{roles}");
+    assert_eq!(roles[3][1], json!(XSS), "an agent's id is shown as its text: {roles}");
+    assert_eq!(roles[4], json!(["agent", "a3", "-", "gone, not accepting, ready epoch -"]), "{roles}");
+    let devices = b.exec(&rows("devices")).await.unwrap();
+    assert_eq!(devices[0], json!(["a1", "0", "cpu", "img small", "img small 75 %"]), "{devices}");
+    assert_eq!(devices[1], json!(["a1", "1", "cpu", "-", "-"]), "{devices}");
+    assert_eq!(devices.as_array().unwrap().len(), 4, "{devices}");
+    // The markup made no element and ran nothing.
+    assert_eq!(b.alert().await.unwrap(), None, "an alert ran");
+    assert_eq!(b.exec("return document.querySelectorAll('img').length").await.unwrap(), json!(0));
     let errors = console_errors(&mut b).await;
     assert!(errors.is_empty(), "console: {errors:?}");
     b.close().await.unwrap();
