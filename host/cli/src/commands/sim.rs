@@ -16,7 +16,7 @@ pub struct SimArgs {
     /// The experiment file.
     #[arg(required = true)]
     pub experiment: Option<PathBuf>,
-    /// Write results.json, results.csv, timeseries.csv and summary.json here.
+    /// Write results.json, results.csv, timeseries.csv, windows.json and summary.json here.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -71,7 +71,10 @@ pub fn run(args: SimArgs) -> Result<()> {
     if let Some(dir) = &args.out {
         sluice_sim::stats::write_outputs(dir, &out)?;
         let devices = if out.timeseries.iter().any(|w| w.devices.is_some()) { ",devices.csv" } else { "" };
-        println!("wrote {}/{{results.json,results.csv,timeseries.csv{devices},summary.json}}", dir.display());
+        println!(
+            "wrote {}/{{results.json,results.csv,timeseries.csv{devices},windows.json,summary.json}}",
+            dir.display()
+        );
     }
     Ok(())
 }
