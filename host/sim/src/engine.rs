@@ -17,6 +17,7 @@ use super::{Accounting, Experiment, LatencyModel, PolicyCache, RunSpec};
 use sluice_alloc::config::{AllocatorConfig, DevicePool};
 use sluice_alloc::planner::Planner;
 use sluice_alloc::proteus;
+use sluice_alloc::SolverSettings;
 use sluice_core::app_config::AppConfig as SimApp;
 use sluice_core::clock::{Clock as _, VirtualClock};
 use sluice_core::decision::Bound;
@@ -806,6 +807,13 @@ impl AllocState {
             .iter()
             .map(|(a, _)| (a.name.clone(), config.demand_qps.get(&a.name).copied().unwrap_or(1.0)))
             .collect();
+        // No soft limit in virtual time: it stops the accuracy solve at a wall-clock
+        // instant, so a plan (and every result after it) would depend on how busy
+        // the machine running the simulation is. The solve runs to its gap instead.
+        let config = &AllocatorConfig {
+            solver: SolverSettings { soft_limit_s: 0.0, ..config.solver.clone() },
+            ..config.clone()
+        };
         let mut s = AllocState {
             pool,
             planner: Planner::new(config),

@@ -285,7 +285,10 @@ fn proteus_misses_more_without_any_of_its_parts() {
 }
 
 /// Burst responsiveness (§6.3): the static plan and the fixed placement cannot follow
-/// the bursts; Proteus can.
+/// the bursts; Proteus can. Sommelier's margin is the smaller one since demand is
+/// shed per app (issue 34): at a burst its fixed placement serves each app as much
+/// as that app's devices allow instead of one β for all, 1.75× Proteus's
+/// violations in the first 100 s where it was 13× (the paper: 2.8×, Fig. 5).
 #[test]
 fn proteus_follows_bursts_that_static_and_fixed_placements_cannot() {
     let (mut e, base) = load("proteus-burst.toml");
@@ -293,7 +296,7 @@ fn proteus_follows_bursts_that_static_and_fixed_placements_cannot() {
     let s = systems(&run(&e, &base));
     let v = s["Proteus"].0;
     assert!(s["Clipper-HA"].0 > 5.0 * v, "{s:?}");
-    assert!(s["Sommelier"].0 > 5.0 * v, "{s:?}");
+    assert!(s["Sommelier"].0 > 1.5 * v, "{s:?}");
 }
 
 /// InfAdapter (§5, Fig. 5–6) through the spike of its Twitter sample: InfAdapter
