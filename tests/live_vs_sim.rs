@@ -238,6 +238,12 @@ const PIPELINE_SLO_MS: u64 = 400;
 ///   the root serves them in one batch and the children come in batches;
 /// - overload: twice, one request and 20 at once 6 ms later: root batches overrun
 ///   their budgets, and per-task early dropping drops their children.
+/// The light and batch requests that open each round of [`pipeline_round`]: 8
+/// alone, then 3 groups of 7. Nothing in them comes near a budget, so live and
+/// simulated must agree on every one; the overload bursts after them end within
+/// wall-clock jitter of their budgets.
+const CALM_PER_ROUND: usize = 8 + 3 * 7;
+
 fn pipeline_round() -> Vec<u64> {
     let mut t: Vec<u64> = (0..8).map(|i| i * 250_000).collect();
     for g in 0..3 {
@@ -262,10 +268,23 @@ fn pipeline_trace() -> Vec<u64> {
     t
 }
 
+/// How many client requests a pipeline comparison saw and how many agreed, in all
+/// and in the calm part of each round ([`CALM_PER_ROUND`]).
+pub struct Agreement {
+    /// Client requests sent.
+    pub sent: usize,
+    /// Of those, ending the same live and simulated.
+    pub agree: usize,
+    /// Client requests in the calm part of each round.
+    pub calm: usize,
+    /// Of those, ending the same.
+    pub calm_agree: usize,
+}
+
 /// Serves the trace live (in-process, `PipelineApp::infer`), replays the arrivals as
-/// sent through the simulator, and returns (client requests, agreeing), after
-/// printing the first differences and both summaries.
-pub async fn compare_pipeline() -> (usize, usize) {
+/// sent through the simulator, and returns how many agree, after printing the first
+/// differences and both summaries.
+pub async fn compare_pipeline() -> Agreement {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("profile.toml"), pipeline_profile()).unwrap();
@@ -311,10 +330,15 @@ pub async fn compare_pipeline() -> (usize, usize) {
 
     let mut summary = std::collections::BTreeMap::<(&str, &str), usize>::new();
     let mut agree = 0;
+    let (mut calm, mut calm_agree) = (0, 0);
+    let round = pipeline_round().len();
     let mut shown = 0;
     for (i, (l, s)) in live.iter().zip(&sim).enumerate() {
+        let is_calm = i % round < CALM_PER_ROUND;
+        calm += usize::from(is_calm);
         if l == s {
             agree += 1;
+            calm_agree += usize::from(is_calm);
         } else if shown < 20 {
             shown += 1;
             eprintln!("pipeline: request {i} (sent at {} µs): live {l:?}, simulated {s:?}", sent[i]);
@@ -323,12 +347,17 @@ pub async fn compare_pipeline() -> (usize, usize) {
     }
     eprintln!("pipeline: (live, simulated) outcomes: {summary:?}");
     eprintln!("live-vs-sim: pipeline {} requests, agree {:.1} %", live.len(), 100.0 * agree as f64 / live.len() as f64);
-    (live.len(), agree)
+    Agreement { sent: live.len(), agree, calm, calm_agree }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_through_a_pipeline_ends_the_same_live_and_simulated() {
-    let (n, agree) = compare_pipeline().await;
-    // Measured: see docs/simulator.md ("Pipelines, live and simulated").
-    assert!(agree * 100 >= n * 90, "pipeline: {agree} of {n} client requests agree");
+    let Agreement { sent, agree, calm, calm_agree } = compare_pipeline().await;
+    // Away from the budgets every request ends the same; in the overload bursts a
+    // root batch ends within wall-clock jitter of its budget, so per-task dropping
+    // drops its children on one side only: 97 % agreed in all on a quiet machine,
+    // 86 % with the whole suite running beside it (docs/simulator.md, "Pipelines,
+    // live and simulated").
+    assert_eq!(calm_agree, calm, "pipeline: {calm_agree} of {calm} requests away from the budgets agree");
+    assert!(agree * 100 >= sent * 80, "pipeline: {agree} of {sent} client requests agree");
 }

@@ -713,15 +713,14 @@ mod tests {
     use super::*;
     use crate::keys::Assignment;
 
+    /// `variant` of app `img` on `agent`'s `device`.
+    fn a(agent: &str, device: u32, variant: &str) -> Assignment {
+        Assignment { agent: agent.into(), device, app: "img".into(), variant: variant.into() }
+    }
+
     #[test]
     fn spare_devices_host_copies_of_planned_variants_on_other_agents() {
         let members = vec![dev("a1", 0), dev("a1", 1), dev("a2", 0), dev("a2", 1)];
-        let a = |agent: &str, device: u32, variant: &str| Assignment {
-            agent: agent.into(),
-            device,
-            app: "img".into(),
-            variant: variant.into(),
-        };
         // Every share on a2; a1 hosts unrelated variants at 0 %.
         let mut got = vec![
             (a("a1", 0, "small"), 0.0),
@@ -798,12 +797,6 @@ mod tests {
     #[test]
     fn a_previous_placement_on_one_agent_is_spread_with_one_move() {
         let members = vec![dev("a1", 0), dev("a1", 1), dev("a2", 0), dev("a2", 1)];
-        let a = |agent: &str, device: u32, variant: &str| Assignment {
-            agent: agent.into(),
-            device,
-            app: "img".into(),
-            variant: variant.into(),
-        };
         // Made while a2 was away: big on both of a1's devices, small on both of a2's.
         let previous = Placement {
             epoch: 3,
