@@ -230,6 +230,12 @@ fn pipeline_graph(prefix: &str) -> String {
 /// the same live and simulated, docs/simulator.md), per-task early dropping.
 const PIPELINE_SLO_MS: u64 = 400;
 
+/// The light and batch requests that open each round of [`pipeline_round`]: 8
+/// alone, then 3 groups of 7. Nothing in them comes near a budget, so live and
+/// simulated must agree on every one; the overload bursts after them end within
+/// wall-clock jitter of their budgets.
+const CALM_PER_ROUND: usize = 8 + 3 * 7;
+
 /// Client arrivals (µs), one round under 4 s; no request reaches an idle root within
 /// milliseconds of another (see [`app_trace`]):
 /// - light: one every 250 ms, each served alone, its three children in one batch of
@@ -238,12 +244,6 @@ const PIPELINE_SLO_MS: u64 = 400;
 ///   the root serves them in one batch and the children come in batches;
 /// - overload: twice, one request and 20 at once 6 ms later: root batches overrun
 ///   their budgets, and per-task early dropping drops their children.
-/// The light and batch requests that open each round of [`pipeline_round`]: 8
-/// alone, then 3 groups of 7. Nothing in them comes near a budget, so live and
-/// simulated must agree on every one; the overload bursts after them end within
-/// wall-clock jitter of their budgets.
-const CALM_PER_ROUND: usize = 8 + 3 * 7;
-
 fn pipeline_round() -> Vec<u64> {
     let mut t: Vec<u64> = (0..8).map(|i| i * 250_000).collect();
     for g in 0..3 {
