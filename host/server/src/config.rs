@@ -448,9 +448,10 @@ impl Config {
 /// Refuses an app whose variants come from unrelated families (an app serves one
 /// task: the allocator, maximising accuracy, moved all of an image app's traffic to
 /// yolov5x when it was given all 46 variants of Proteus's profile, issue 34). A
-/// variant's family is the one its profile's `accuracy_source` names ("... the
-/// resnet family's accuracy ...", as Proteus's profiles say); variants that name
-/// none are not compared. A profile that cannot be read is left to the app's build,
+/// variant's family is the one its profile's `accuracy_source` names in Proteus's
+/// words ("... the resnet family's accuracy as % of its best variant"); variants
+/// that name none are not compared (the trained EfficientNet-Lite profile says
+/// "the family's input size", which names no family). A profile that cannot be read is left to the app's build,
 /// which says why.
 fn check_families(app: &sluice_core::app_config::AppConfig) -> Result<(), String> {
     let Ok(profile) = sluice_core::profile::Profile::load(&app.profile) else { return Ok(()) };
@@ -461,7 +462,9 @@ fn check_families(app: &sluice_core::app_config::AppConfig) -> Result<(), String
         .filter(|m| listed(&m.name))
         .filter_map(|m| {
             let s = m.accuracy_source.as_str();
-            s[..s.find(" family's")?].rsplit(' ').next().filter(|f| !f.is_empty())
+            let (before, family) = s[..s.find(" family's accuracy")?].rsplit_once(' ')?;
+            let named = before.rsplit(' ').next() == Some("the") && !family.is_empty() && family != "the";
+            named.then_some(family)
         })
         .collect();
     if families.len() <= 1 {
@@ -554,6 +557,13 @@ params = { model = "m" }
         let c = Config::embedded_default().unwrap();
         assert_eq!(c.apps[0].name, "imagenet");
         assert_eq!(c.apps[0].executor, Some(ExecutorKind::Onnx));
+        // From the repository root, where its profile is read and its families
+        // checked: one family, although the profile's text says "the family's input".
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        Config::parse(DEFAULT_CONFIG, "<embedded default config>", &root).unwrap();
+        for name in ["imagenet-light-cpu.toml", "imagenet-trained-cpu.toml", "proteus-cpu.toml"] {
+            assert!(root.join("profiles").join(name).exists(), "{name}");
+        }
     }
 }
 
