@@ -158,7 +158,7 @@ impl WorkerHandle {
     /// The queue is predicted three ways ([`admission::LAST`], [`admission::FASTEST`],
     /// [`admission::BY_LOAD`]): with the last model, with the fastest loaded one,
     /// and with the model and batch the policy chose when the app's arrival rate
-    /// (`workers` times `arrivals_per_us`) was about what it is now; each is
+    /// (`app_rate`, req/s) was about what it is now; each is
     /// judged with its own margin ([`admission::judge`]). A policy that picks its
     /// model by load (jellyfish serves its most accurate model while that keeps
     /// up, a faster one when the load grows) serves a longer queue faster than its
@@ -172,7 +172,7 @@ impl WorkerHandle {
         queued: usize,
         now: u64,
         arrivals_per_us: f64,
-        workers: usize,
+        app_rate: f64,
     ) -> Option<[f64; admission::PREDICTORS]> {
         let last_index = self.last_model.load(Ordering::Relaxed);
         let last = models.get(last_index as usize)?;
@@ -184,7 +184,6 @@ impl WorkerHandle {
         let with = |m: &sdk::Model, batch: u32| {
             admission::predict_us(last, m, slowdown, (running, elapsed), queued, batch, arrivals_per_us)
         };
-        let app_rate = arrivals_per_us * 1e6 * workers as f64;
         let (by_load, by_load_batch) = self
             .by_load
             .get(admission::load_bucket(app_rate))
@@ -763,9 +762,9 @@ impl App {
             (handle.in_flight.load(Ordering::Acquire), queued)
         };
         let models = self.models_of(w as u32);
-        let arrivals_per_us = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed)) / 1e6;
-        let per_worker = arrivals_per_us / self.workers.len() as f64;
-        let predicted = handle.predicted_us(models, running, queued, self.clock.now(), per_worker, self.workers.len());
+        let app_rate = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed));
+        let per_worker = app_rate / 1e6 / self.workers.len() as f64;
+        let predicted = handle.predicted_us(models, running, queued, self.clock.now(), per_worker, app_rate);
         (running + queued, predicted.unwrap_or_default())
     }
 

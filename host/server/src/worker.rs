@@ -26,8 +26,9 @@ use sluice_core::runtime::PolicyFault;
 
 /// What the worker does after a decision.
 enum Step {
-    /// Execute a batch; `left` requests stayed queued when the policy formed it.
-    Run { model: u32, batch: Vec<Request>, left: usize, policy: String, generation: u64 },
+    /// Execute a batch; `left` requests stayed queued when the policy formed it, at
+    /// the arrival rate `load_qps` its view gave it.
+    Run { model: u32, batch: Vec<Request>, left: usize, load_qps: f64, policy: String, generation: u64 },
     /// Wait for an arrival or until this instant (µs).
     Wait(u64),
     /// Decide again at once (the policy only dropped).
@@ -87,8 +88,8 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
             answer_dropped(&app, r, DropReason::Policy, "dropped by the policy", &drop_policy);
         }
         match step {
-            Step::Run { model, batch, left, policy, generation } => {
-                execute(&app, &handle, &models, (model, left), batch, &policy, generation).await;
+            Step::Run { model, batch, left, load_qps, policy, generation } => {
+                execute(&app, &handle, &models, (model, left, load_qps), batch, &policy, generation).await;
             }
             Step::Again => {}
             Step::Wait(until) => {
@@ -239,7 +240,9 @@ fn decide(
     }
     let decided_by = if d.by_safe { "safe".to_string() } else { policy_name };
     let step = match d.next {
-        Next::Run { model, batch } => Step::Run { model, batch, left, policy: decided_by.clone(), generation },
+        Next::Run { model, batch } => {
+            Step::Run { model, batch, left, load_qps: cx.load_qps, policy: decided_by.clone(), generation }
+        }
         Next::Wait(t) => Step::Wait(t),
         Next::Again => Step::Again,
         Next::Idle { expire_at } => Step::Idle { expire_at },
@@ -257,7 +260,7 @@ async fn execute(
     app: &App,
     handle: &crate::app::WorkerHandle,
     models: &ModelSet,
-    (model, left): (u32, usize),
+    (model, left, load_qps): (u32, usize, f64),
     batch: Vec<Request>,
     policy: &str,
     generation: u64,
@@ -265,7 +268,7 @@ async fn execute(
     let size = batch.len();
     let variant = app.models[model as usize].name.clone();
     let started = app.clock.now();
-    handle.start_batch(model, size, left, started, app.load.rate(started));
+    handle.start_batch(model, size, left, started, load_qps);
     app.metrics.observe("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
     let (requests, samples): (Vec<_>, Vec<_>) = batch
         .into_iter()
