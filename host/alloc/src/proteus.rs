@@ -924,19 +924,7 @@ fn highest_step(
     let z: Vec<Variable> = steps.iter().map(|_| m.add(variable().binary())).collect();
     let one: Expression = z.iter().copied().sum();
     m.constrain(constraint!(one == 1));
-    for (t, dev) in problem.devices.iter().enumerate() {
-        let e: Expression = cands.iter().zip(&n).filter(|(c, _)| c.t == t).filter_map(|(_, v)| *v).sum();
-        m.constrain(constraint!(e <= dev.count as f64));
-    }
-    if let Some(pins) = &problem.pinned {
-        for (t, row) in pins.iter().enumerate() {
-            for (q, &k) in row.iter().enumerate() {
-                let e: Expression =
-                    cands.iter().zip(&n).filter(|(c, _)| c.t == t && c.q == q).filter_map(|(_, v)| *v).sum();
-                m.constrain(constraint!(e == k as f64));
-            }
-        }
-    }
+    device_counts(&mut m, problem, cands, &n);
     for (q, &s) in demand.iter().enumerate() {
         let e: Expression = cands.iter().zip(&w).filter(|(c, _)| c.q == q).filter_map(|(_, v)| *v).sum();
         if s > 0.0 {
@@ -1099,6 +1087,26 @@ fn route_all(m: &mut Milp, served: &[f64], shares: impl Fn(usize) -> Expression)
     }
 }
 
+/// The device constraints both aggregated models share, over `n`, the devices of
+/// each candidate's type hosting its variant (None: not offered): Σ_m n(t,m) ≤
+/// count(t), a device hosts at most one variant (Eq. 1); with a fixed placement,
+/// exactly `pinned[t][q]` devices of type t serve app q.
+fn device_counts(m: &mut Milp, problem: &Problem, cands: &[Cand], n: &[Option<Variable>]) {
+    for (t, dev) in problem.devices.iter().enumerate() {
+        let e: Expression = cands.iter().zip(n).filter(|(c, _)| c.t == t).filter_map(|(_, v)| *v).sum();
+        m.constrain(constraint!(e <= dev.count as f64));
+    }
+    if let Some(pins) = &problem.pinned {
+        for (t, row) in pins.iter().enumerate() {
+            for (q, &k) in row.iter().enumerate() {
+                let e: Expression =
+                    cands.iter().zip(n).filter(|(c, _)| c.t == t && c.q == q).filter_map(|(_, v)| *v).sum();
+                m.constrain(constraint!(e == k as f64));
+            }
+        }
+    }
+}
+
 fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
     let At { problem, cands, keep, beta, headroom, total, step, .. } = *at;
     // Below β = 1, demand is shed per app: app q is served a fraction ρ(q) ∈ [β, 1]
@@ -1125,21 +1133,7 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
             r.push(None);
         }
     }
-    // Σ_m n(t,m) ≤ count(t): a device hosts at most one variant (Eq. 1).
-    for (t, dev) in problem.devices.iter().enumerate() {
-        let e: Expression = cands.iter().zip(&n).filter(|(c, _)| c.t == t).filter_map(|(_, v)| *v).sum();
-        m.constrain(constraint!(e <= dev.count as f64));
-    }
-    // Fixed placement: exactly pinned[t][q] devices of type t serve app q.
-    if let Some(pins) = &problem.pinned {
-        for (t, row) in pins.iter().enumerate() {
-            for (q, &k) in row.iter().enumerate() {
-                let e: Expression =
-                    cands.iter().zip(&n).filter(|(c, _)| c.t == t && c.q == q).filter_map(|(_, v)| *v).sum();
-                m.constrain(constraint!(e == k as f64));
-            }
-        }
-    }
+    device_counts(&mut m, problem, cands, &n);
     let shares =
         |q: usize| -> Expression { cands.iter().zip(&r).filter(|(c, _)| c.q == q).filter_map(|(_, v)| *v).sum() };
     if partial {
