@@ -16,10 +16,14 @@
 //!    time, `decide` p50/p99 serving from a ready policy, and `decide` p50/p99
 //!    while a new policy is generated in the background, slice by slice.
 //!
+//! First, the headline of issue 36 (part 3): the fidelity case against the
+//! frozen pre-issue-36 generator (`mdp::reference`) in the same run, with the
+//! ratio and the value iteration's flop/s.
+//!
 //! Prints a report, then one JSON line with everything.
 //!
 //! Run: `cargo bench -p sluice-core --bench ramsis` (add `-- quick` for one repetition,
-//! `-- decide` for the component part only).
+//! `-- decide` for the component part only, `-- fidelity` for the headline only).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -68,26 +72,93 @@ struct Phases {
     solution: mdp::Solution,
 }
 
+/// Times one generation phase by phase. A macro, not a generic function: the
+/// live generator and the frozen reference (`mdp::reference`) share no trait.
+macro_rules! timed_phases {
+    ($generator:expr) => {{
+        let mut g = $generator;
+        let t = Instant::now();
+        g.build_transitions();
+        let build = t.elapsed();
+        let t = Instant::now();
+        g.solve_values();
+        let values = t.elapsed();
+        let t = Instant::now();
+        g.run();
+        let power = t.elapsed();
+        Phases {
+            build,
+            values,
+            power,
+            memory: g.memory_bytes(),
+            nnz: g.block_stats().1,
+            work: g.work(),
+            solution: g.solution().expect("done"),
+        }
+    }};
+}
+
 fn phases(problem: &Problem) -> Phases {
-    let mut g = Generator::new(problem).expect("problem");
-    let t = Instant::now();
-    g.build_transitions();
-    let build = t.elapsed();
-    let t = Instant::now();
-    g.solve_values();
-    let values = t.elapsed();
-    let t = Instant::now();
-    g.run();
-    let power = t.elapsed();
-    Phases {
-        build,
-        values,
-        power,
-        memory: g.memory_bytes(),
-        nnz: g.block_stats().1,
-        work: g.work(),
-        solution: g.solution().expect("done"),
+    timed_phases!(Generator::new(problem).expect("problem"))
+}
+
+fn reference_phases(problem: &Problem) -> Phases {
+    timed_phases!(mdp::reference::Generator::new(problem).expect("problem"))
+}
+
+/// Today's generator against the frozen pre-issue-36 one (`mdp::reference`),
+/// interleaved run by run so that both see the same machine load: medians,
+/// their ratio, and the value iteration's rate in flop/s (2 per multiply–add
+/// of [`Generator::sweep_madds`], counted analytically: one per stored block
+/// probability plus one per phase weight of every state–action pair).
+fn against_reference(label: &str, problem: &Problem, reps: usize) -> serde_json::Value {
+    let mut new = Vec::new();
+    let mut old = Vec::new();
+    for _ in 0..reps {
+        old.push(reference_phases(problem));
+        new.push(phases(problem));
     }
+    assert_eq!(new[0].solution, old[0].solution, "the reference and today's generator must agree bit for bit");
+    let total = |runs: &[Phases]| median(runs.iter().map(|p| p.build + p.values + p.power).collect()).as_secs_f64();
+    let part = |runs: &[Phases], f: fn(&Phases) -> Duration| median(runs.iter().map(f).collect()).as_secs_f64();
+    let mut g = Generator::new(problem).expect("problem");
+    g.build_transitions();
+    let madds = g.sweep_madds() as f64;
+    let sweeps = f64::from(new[0].solution.sweeps + 1);
+    let (t_new, t_old) = (total(&new), total(&old));
+    let (vi_new, vi_old) = (part(&new, |p| p.values), part(&old, |p| p.values));
+    let gflops = |secs: f64| 2.0 * madds * sweeps / secs / 1e9;
+    println!("{label}: today vs the reference (mdp::reference), same run, medians of {reps}");
+    for (name, runs, t, vi) in [("today    ", &new, t_new, vi_new), ("reference", &old, t_old, vi_old)] {
+        println!(
+            "  {name} {t:.4} s = build {:.4} s + value iteration {vi:.4} s ({:.1} µs/sweep, {:.2} Gflop/s) + power {:.4} s",
+            part(runs, |p| p.build),
+            vi * 1e6 / sweeps,
+            gflops(vi),
+            part(runs, |p| p.power),
+        );
+    }
+    println!(
+        "  one sweep = {:.0} multiply-adds; speed-up {:.2}x overall, {:.2}x value iteration; identical policy and expectations",
+        madds,
+        t_old / t_new,
+        vi_old / vi_new
+    );
+    serde_json::json!({
+        "case": label,
+        "seconds": t_new,
+        "reference_seconds": t_old,
+        "ratio": t_old / t_new,
+        "build_seconds": part(&new, |p| p.build),
+        "value_iteration_seconds": vi_new,
+        "power_seconds": part(&new, |p| p.power),
+        "reference_build_seconds": part(&old, |p| p.build),
+        "reference_value_iteration_seconds": vi_old,
+        "reference_power_seconds": part(&old, |p| p.power),
+        "sweep_madds": madds,
+        "value_iteration_gflops": gflops(vi_new),
+        "reference_value_iteration_gflops": gflops(vi_old),
+    })
 }
 
 fn case(label: &str, problem: &Problem, reps: usize, baseline_s: Option<f64>) -> serde_json::Value {
@@ -299,6 +370,15 @@ fn main() {
     }
     let models = image_models();
     let fidelity = Problem::new(models.clone(), 150_000.0, 60, 2000.0);
+    let headline = against_reference(
+        "fidelity case (9 models, FLD 100, maximal, K=60, 2000 QPS)",
+        &fidelity,
+        if quick { 3 } else { 11 },
+    );
+    if std::env::args().any(|a| a == "fidelity") {
+        println!("{}", serde_json::json!({ "fidelity_vs_reference": headline }));
+        return;
+    }
     let mut cases = Vec::new();
     cases.push(case(
         "fidelity case (9 models, FLD 100, maximal, K=60, 2000 QPS)",
@@ -330,5 +410,8 @@ fn main() {
         Some(PAPER_SCALE_S),
     ));
     let component = decide_bench(if quick { 20_000 } else { 200_000 });
-    println!("{}", serde_json::json!({ "generation": cases, "component": component }));
+    println!(
+        "{}",
+        serde_json::json!({ "fidelity_vs_reference": headline, "generation": cases, "component": component })
+    );
 }

@@ -16,9 +16,14 @@
 
 pub mod arrivals;
 pub mod expectations;
+#[doc(hidden)]
+pub mod reference;
 pub mod states;
 pub mod transitions;
 pub mod value_iteration;
+
+#[cfg(test)]
+mod identity_tests;
 
 use std::collections::HashMap;
 
@@ -424,6 +429,27 @@ impl Generator {
     /// Total work done so far (multiply–adds, roughly).
     pub fn work(&self) -> u64 {
         self.work
+    }
+
+    /// Multiply–adds of one value-iteration sweep, counted analytically (for
+    /// flop/s figures): one per stored block probability (`Block · V`), one
+    /// per phase weight of every state–action pair served through a block,
+    /// one per destination of every left-behind distribution. Complete once
+    /// the blocks are built ([`Generator::build_transitions`]).
+    pub fn sweep_madds(&self) -> u64 {
+        let blocks: usize = self.blocks.iter().map(Block::nnz).sum();
+        let pairs: usize = self
+            .choices
+            .iter()
+            .zip(&self.phases)
+            .flat_map(|(choices, phase)| {
+                choices.iter().map(move |c| match &c.kind {
+                    Kind::Block(_) => phase.as_ref().map_or(0, |p| p.w.len()),
+                    Kind::Shift(shift) => shift.to.len(),
+                })
+            })
+            .sum();
+        (blocks + pairs) as u64
     }
 
     /// Whether the solution is ready.

@@ -1,0 +1,511 @@
+//! The generator as it was before the sweeps, the power iteration and the
+//! block construction were restructured for speed (issue 36, part 3): kept
+//! verbatim as the baseline that the benchmark times in the same run and that
+//! the tests compare against, bit for bit (`Solution` equality: the same
+//! policy table and the same expectations). Not for production use: call
+//! [`super::generate`] or drive a [`super::Generator`].
+//!
+//! Shared with the live code: [`Space`] (states and actions) and the arrival
+//! counts ([`super::arrivals`]), which the restructuring did not touch.
+
+pub mod expectations;
+pub mod transitions;
+pub mod value_iteration;
+
+use std::collections::HashMap;
+
+use super::{Action, ArrivalCounts, Arrivals, Balancing, Batching, Problem, ProblemError, Solution, Space};
+use transitions::{Block, BlockBuilder, Phase, Shift};
+
+/// How an action's transitions are represented.
+#[derive(Clone, Debug)]
+enum Kind {
+    /// Through phase weights and a shared [`Block`].
+    Block(usize),
+    /// A direct distribution (variable batching, requests left behind).
+    Shift(Shift),
+}
+
+#[derive(Clone, Debug)]
+struct Choice {
+    action: Action,
+    reward: f64,
+    kind: Kind,
+}
+
+/// Where a [`Generator`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Enumerating actions and phase weights, state by state.
+    Setup(usize),
+    /// Building transition block `i`.
+    Build(usize),
+    /// Value-iteration pass `iter` (the last one records the policy):
+    /// `y` for block `i`, or `Q` for state `i`.
+    SweepBlocks(u32, usize),
+    SweepStates(u32, usize),
+    /// Power iteration `iter`: aggregating state `i`, or spreading block `i`.
+    PowerStates(u32, usize),
+    PowerBlocks(u32, usize),
+    Done,
+}
+
+/// A policy generation that can be advanced with a work budget per call.
+///
+/// [`Generator::step`] does at most about `budget` multiply–adds (one unit of
+/// work is never larger than a few thousand) and returns `true` when the
+/// [`Solution`] is ready ([`Generator::solution`]). [`generate`] runs it to
+/// completion.
+pub struct Generator {
+    space: Space,
+    problem_load: f64,
+    counts: Box<dyn ArrivalCounts>,
+    rate: f64,
+    k: usize,
+    /// K (the phase count `k` is 1 under shortest-queue-first).
+    workers_total: usize,
+    /// Variable batching: condition the next head's slack on the order
+    /// statistics of the arrivals in interval A (Poisson only).
+    order_statistics: bool,
+    batching: Batching,
+    balancing: Balancing,
+    sweeps: u32,
+    power_iterations: u32,
+    tolerance: f64,
+    /// Per state: phase weights (states with `n ≥ 1` and the full state).
+    phases: Vec<Option<Phase>>,
+    /// Per state: its actions.
+    choices: Vec<Vec<Choice>>,
+    /// Keys of the blocks, `(batch, model)`, and their service times/rates.
+    block_specs: Vec<(f64, f64)>,
+    block_index: HashMap<(usize, usize), usize>,
+    blocks: Vec<Block>,
+    builder: Option<BlockBuilder>,
+    /// `Block · V` per block, `k` each.
+    y: Vec<f64>,
+    v: Vec<f64>,
+    v_next: Vec<f64>,
+    policy: Vec<usize>,
+    dist: Vec<f64>,
+    dist_next: Vec<f64>,
+    z: Vec<f64>,
+    power_done: u32,
+    stage: Stage,
+    work: u64,
+}
+
+impl std::fmt::Debug for Generator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generator")
+            .field("load_qps", &self.problem_load)
+            .field("stage", &self.stage)
+            .field("work", &self.work)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Generator {
+    /// Prepares a generation (cheap: no transition is computed yet).
+    pub fn new(problem: &Problem) -> Result<Generator, ProblemError> {
+        let space = Space::new(problem)?;
+        let states = space.state_count();
+        let k = match problem.balancing {
+            Balancing::RoundRobin => problem.workers as usize,
+            Balancing::ShortestQueue => 1,
+        };
+        Ok(Generator {
+            counts: problem.arrivals.counts(),
+            rate: problem.rate_per_us(),
+            k,
+            workers_total: problem.workers as usize,
+            order_statistics: problem.arrivals == Arrivals::Poisson && problem.variable_exact,
+            batching: problem.batching,
+            balancing: problem.balancing,
+            sweeps: problem.sweeps,
+            power_iterations: problem.power_iterations,
+            tolerance: problem.stationary_tolerance,
+            phases: vec![None; states],
+            choices: vec![Vec::new(); states],
+            block_specs: Vec::new(),
+            block_index: HashMap::new(),
+            blocks: Vec::new(),
+            builder: None,
+            y: Vec::new(),
+            v: vec![0.0; states],
+            v_next: vec![0.0; states],
+            policy: vec![0; states],
+            dist: Vec::new(),
+            dist_next: Vec::new(),
+            z: Vec::new(),
+            power_done: 0,
+            stage: Stage::Setup(0),
+            work: 0,
+            problem_load: problem.load_qps,
+            space,
+        })
+    }
+
+    /// The prepared state space.
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    /// Total work done so far (multiply–adds, roughly).
+    pub fn work(&self) -> u64 {
+        self.work
+    }
+
+    /// Whether the solution is ready.
+    pub fn is_done(&self) -> bool {
+        self.stage == Stage::Done
+    }
+
+    /// A rough progress fraction in `[0, 1]` (for progress bars).
+    pub fn progress(&self) -> f64 {
+        let sweeps = f64::from(self.sweeps + 1);
+        match self.stage {
+            Stage::Setup(_) => 0.0,
+            Stage::Build(i) => 0.2 * i as f64 / self.block_specs.len().max(1) as f64,
+            Stage::SweepBlocks(it, _) | Stage::SweepStates(it, _) => 0.2 + 0.6 * f64::from(it) / sweeps,
+            Stage::PowerStates(it, _) | Stage::PowerBlocks(it, _) => {
+                0.8 + 0.2 * f64::from(it) / f64::from(self.power_iterations.max(1))
+            }
+            Stage::Done => 1.0,
+        }
+    }
+
+    /// The arrival rate (per µs) that drives the transitions out of a state
+    /// with `n` requests: λ for round-robin; Appendix I.1's `λ_w(n)` for
+    /// shortest-queue-first: `λ/K` for `n ≤ 2`, `(λ/(Kμ))^K·μ` above, with μ
+    /// the worker's service rate, taken as the fastest model's throughput at
+    /// the largest batch within the SLO ("the maximum inference latency of
+    /// the model that meets the query load").
+    fn rate_for(&self, n: usize, workers: usize) -> f64 {
+        match self.balancing {
+            Balancing::RoundRobin => self.rate,
+            Balancing::ShortestQueue => {
+                let per_worker = self.rate / workers as f64;
+                if n <= 2 {
+                    return per_worker;
+                }
+                let mu = (1..=self.space.max_queue)
+                    .filter(|&b| self.space.latency(0, b) <= self.space.slo)
+                    .map(|b| b as f64 / self.space.latency(0, b))
+                    .fold(0.0, f64::max);
+                if mu <= 0.0 {
+                    return per_worker;
+                }
+                (per_worker / mu).powi(workers as i32) * mu
+            }
+        }
+    }
+
+    /// Advances by about `budget` multiply–adds; `true` when done.
+    pub fn step(&mut self, budget: u64) -> bool {
+        let start = self.work;
+        while self.stage != Stage::Done && self.work - start < budget {
+            self.unit();
+        }
+        self.stage == Stage::Done
+    }
+
+    /// Runs to completion.
+    pub fn run(&mut self) {
+        while !self.step(u64::MAX) {}
+    }
+
+    /// The solution, once [`Generator::is_done`].
+    pub fn solution(&self) -> Option<Solution> {
+        if !self.is_done() {
+            return None;
+        }
+        Some(self.assemble())
+    }
+
+    /// The actions of state `s` (after setup), in tie-breaking order.
+    pub fn actions_of(&self, s: usize) -> Vec<Action> {
+        self.choices[s].iter().map(|c| c.action).collect()
+    }
+
+    /// The transition row `P_a(s, ·)` of state `s` and its `index`-th action,
+    /// as `(state, probability)` pairs (duplicates summed), once the blocks are
+    /// built (from the first value-iteration sweep on). For checks and tests:
+    /// generation itself never materialises rows.
+    pub fn transition_row(&self, s: usize, index: usize) -> Option<Vec<(usize, f64)>> {
+        if matches!(self.stage, Stage::Setup(_) | Stage::Build(_)) {
+            return None;
+        }
+        let levels = self.space.slack_levels();
+        let mut row: HashMap<usize, f64> = HashMap::new();
+        if s < levels {
+            row.insert(levels + levels - 1, 1.0);
+        } else {
+            let phase = self.phases[s].as_ref()?;
+            match &self.choices[s].get(index)?.kind {
+                Kind::Block(i) => {
+                    let block = &self.blocks[*i];
+                    let k = block.k;
+                    for (c, &to) in block.cols.iter().enumerate() {
+                        let p = phase.dot(&block.vals[c * k..(c + 1) * k]);
+                        *row.entry(to as usize).or_default() += p;
+                    }
+                }
+                Kind::Shift(shift) => {
+                    for &(to, p) in &shift.to {
+                        *row.entry(to as usize).or_default() += p;
+                    }
+                }
+            }
+        }
+        let mut row: Vec<(usize, f64)> = row.into_iter().collect();
+        row.sort_by_key(|e| e.0);
+        Some(row)
+    }
+
+    /// Builds everything up to the first value-iteration sweep (for
+    /// [`Generator::transition_row`]).
+    pub fn build_transitions(&mut self) {
+        while matches!(self.stage, Stage::Setup(_) | Stage::Build(_)) {
+            self.unit();
+        }
+    }
+
+    /// Runs setup, block construction and value iteration (not the power
+    /// iteration): the policy is then fixed (for benchmarks of each phase).
+    pub fn solve_values(&mut self) {
+        while !matches!(self.stage, Stage::PowerStates(..) | Stage::PowerBlocks(..) | Stage::Done) {
+            self.unit();
+        }
+    }
+
+    /// Approximate heap bytes held: transition blocks, phase weights, action
+    /// lists and the value/distribution vectors.
+    pub fn memory_bytes(&self) -> usize {
+        let blocks: usize = self.blocks.iter().map(|b| b.vals.len() * 8 + b.cols.len() * 4).sum();
+        let phases: usize = self.phases.iter().flatten().map(|p| p.w.len() * 8 + 32).sum();
+        let choices: usize = self
+            .choices
+            .iter()
+            .flatten()
+            .map(|c| {
+                std::mem::size_of::<Choice>()
+                    + match &c.kind {
+                        Kind::Shift(s) => s.to.len() * 16,
+                        Kind::Block(_) => 0,
+                    }
+            })
+            .sum();
+        let vectors = (self.v.len() * 3 + self.dist.len() * 2 + self.y.len() + self.z.len()) * 8;
+        blocks + phases + choices + vectors
+    }
+
+    /// Storage of the transition blocks: (blocks, stored probabilities).
+    pub fn block_stats(&self) -> (usize, usize) {
+        (self.blocks.len(), self.blocks.iter().map(Block::nnz).sum())
+    }
+
+    /// One small unit of work.
+    fn unit(&mut self) {
+        match self.stage {
+            Stage::Setup(s) => {
+                self.setup_state(s);
+                self.stage = if s + 1 < self.space.state_count() {
+                    Stage::Setup(s + 1)
+                } else {
+                    self.y = vec![0.0; self.block_specs.len() * self.k];
+                    if self.block_specs.is_empty() {
+                        Stage::SweepBlocks(0, 0)
+                    } else {
+                        Stage::Build(0)
+                    }
+                };
+            }
+            Stage::Build(i) => {
+                let builder = match self.builder.as_mut() {
+                    Some(b) => b,
+                    None => {
+                        let (tau, rate) = self.block_specs[i];
+                        self.builder = Some(BlockBuilder::new(&self.space, tau, rate, self.k));
+                        self.builder.as_mut().expect("just set")
+                    }
+                };
+                self.work += builder.step(self.counts.as_ref());
+                if builder.is_done() {
+                    let done = self.builder.take().expect("builder present");
+                    let block = done.finish(self.space.full());
+                    self.work += block.nnz() as u64;
+                    self.blocks.push(block);
+                    self.stage =
+                        if i + 1 < self.block_specs.len() { Stage::Build(i + 1) } else { Stage::SweepBlocks(0, 0) };
+                }
+            }
+            Stage::SweepBlocks(it, i) => {
+                if i < self.blocks.len() {
+                    let k = self.k;
+                    self.blocks[i].times(&self.v, &mut self.y[i * k..(i + 1) * k]);
+                    self.work += self.blocks[i].nnz() as u64;
+                }
+                self.stage =
+                    if i + 1 < self.blocks.len() { Stage::SweepBlocks(it, i + 1) } else { Stage::SweepStates(it, 0) };
+            }
+            Stage::SweepStates(it, s0) => {
+                let end = (s0 + 64).min(self.space.state_count());
+                let record = it == self.sweeps;
+                for s in s0..end {
+                    self.work += self.update_state(s, record);
+                }
+                self.stage = if end < self.space.state_count() {
+                    Stage::SweepStates(it, end)
+                } else if it < self.sweeps {
+                    std::mem::swap(&mut self.v, &mut self.v_next);
+                    Stage::SweepBlocks(it + 1, 0)
+                } else {
+                    self.start_power();
+                    Stage::PowerStates(0, 0)
+                };
+            }
+            Stage::PowerStates(it, s0) => {
+                let end = (s0 + 256).min(self.space.state_count());
+                for s in s0..end {
+                    self.work += self.aggregate_state(s);
+                }
+                self.stage = if end < self.space.state_count() {
+                    Stage::PowerStates(it, end)
+                } else {
+                    Stage::PowerBlocks(it, 0)
+                };
+            }
+            Stage::PowerBlocks(it, i) => {
+                if i < self.blocks.len() {
+                    let k = self.k;
+                    let z = &self.z[i * k..(i + 1) * k];
+                    if z.iter().any(|&x| x != 0.0) {
+                        self.blocks[i].spread(z, &mut self.dist_next);
+                        self.work += self.blocks[i].nnz() as u64;
+                    }
+                }
+                if i + 1 < self.blocks.len() {
+                    self.stage = Stage::PowerBlocks(it, i + 1);
+                } else {
+                    let change: f64 = self.dist.iter().zip(&self.dist_next).map(|(a, b)| (a - b).abs()).sum();
+                    std::mem::swap(&mut self.dist, &mut self.dist_next);
+                    self.dist_next.iter_mut().for_each(|x| *x = 0.0);
+                    self.z.iter_mut().for_each(|x| *x = 0.0);
+                    self.power_done = it + 1;
+                    self.work += self.dist.len() as u64;
+                    self.stage = if it + 1 >= self.power_iterations || change < self.tolerance {
+                        Stage::Done
+                    } else {
+                        Stage::PowerStates(it + 1, 0)
+                    };
+                }
+            }
+            Stage::Done => {}
+        }
+    }
+
+    /// Enumerates the actions of state `s` (§4.3) with their rewards (§4.1)
+    /// and transition representations, and its phase weights.
+    fn setup_state(&mut self, s: usize) {
+        let prepared = self.prepare_state(s);
+        self.commit_state(s, prepared);
+    }
+
+    /// The part of a state's setup that depends on nothing but the problem
+    /// (so threads can run it): phase weights, actions, rewards, and the
+    /// left-behind distributions of variable batching.
+    pub(super) fn prepare_state(&self, s: usize) -> Prepared {
+        let space = &self.space;
+        let full = s == space.full();
+        let (n, j) = if full { (space.max_queue + 1, 0) } else { space.split(s) };
+        // Mostly K evaluations of ln Γ (~50 flops each) for the phase weights.
+        let mut work = self.k as u64 * 48;
+        if n == 0 {
+            // The arrival action: deterministic, handled inline.
+            return Prepared { phase: None, choices: Vec::new(), work };
+        }
+        let t_a = space.slo - space.grid[j];
+        let phase = Phase::of_state(self.counts.as_ref(), self.rate, self.k, n, t_a);
+        let actions = if full {
+            vec![Action { model: 0, batch: (space.max_queue + 1) as u16 }]
+        } else {
+            space.actions(n, j, self.batching)
+        };
+        let rate = self.rate_for(n, self.workers_total);
+        let mut choices = Vec::with_capacity(actions.len());
+        for a in actions {
+            let (m, b) = (a.model as usize, a.batch as usize);
+            let tau = space.latency(m, b);
+            // §4.1: R = Accuracy(a)·SLOSatisfied(s, a). The artifact scales it by
+            // b/n, which is 1 under maximal batching; the full state earns 0.
+            let reward = if full || space.violates(j, a) { 0.0 } else { space.accuracy[m] * b as f64 / n as f64 };
+            let kind = if b >= n {
+                PreparedKind::Block { tau, rate }
+            } else {
+                // Uniform order statistics hold for Poisson arrivals only.
+                let exact = self.order_statistics;
+                let (shift, w) = Shift::new(space, self.counts.as_ref(), rate, self.k, &phase, n, j, b, tau, exact);
+                work += w;
+                PreparedKind::Shift(shift)
+            };
+            work += 16;
+            choices.push((a, reward, kind));
+        }
+        Prepared { phase: Some(phase), choices, work }
+    }
+
+    /// Registers a prepared state: its blocks get indices in first-use order
+    /// (state order), so sequential and parallel setup number them alike.
+    pub(super) fn commit_state(&mut self, s: usize, prepared: Prepared) {
+        self.work += prepared.work;
+        let mut choices = Vec::with_capacity(prepared.choices.len());
+        for (action, reward, kind) in prepared.choices {
+            let kind = match kind {
+                PreparedKind::Block { tau, rate } => {
+                    // Maximal batching: b = n, so (b, m) fixes both τ and, for
+                    // shortest-queue-first, the rate λ_w(n).
+                    let key = (usize::from(action.batch), usize::from(action.model));
+                    let index = match self.block_index.get(&key) {
+                        Some(&i) => i,
+                        None => {
+                            let i = self.block_specs.len();
+                            self.block_specs.push((tau, rate));
+                            self.block_index.insert(key, i);
+                            i
+                        }
+                    };
+                    Kind::Block(index)
+                }
+                PreparedKind::Shift(shift) => Kind::Shift(shift),
+            };
+            choices.push(Choice { action, reward, kind });
+        }
+        self.phases[s] = prepared.phase;
+        self.choices[s] = choices;
+    }
+}
+
+/// A state's setup, computed before its blocks are numbered.
+pub(super) struct Prepared {
+    phase: Option<Phase>,
+    choices: Vec<(Action, f64, PreparedKind)>,
+    work: u64,
+}
+
+pub(super) enum PreparedKind {
+    Block { tau: f64, rate: f64 },
+    Shift(Shift),
+}
+
+/// Generates the policy for `problem` in one go (single-threaded).
+pub fn generate(problem: &Problem) -> Result<Solution, ProblemError> {
+    generate_with_threads(problem, 1)
+}
+
+/// Generates the policy for `problem` using `threads` threads for the block
+/// construction and the value-iteration sweeps (same result as [`generate`]).
+pub fn generate_with_threads(problem: &Problem, threads: usize) -> Result<Solution, ProblemError> {
+    let mut generator = Generator::new(problem)?;
+    generator.run_parallel(threads);
+    Ok(generator.solution().expect("a finished generation has a solution"))
+}

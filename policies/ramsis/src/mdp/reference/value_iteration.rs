@@ -1,0 +1,221 @@
+//! Value iteration (RAMSIS §4.1), as the artifact runs it: `V₀ = 0`, a fixed
+//! number of undiscounted Jacobi sweeps `V_{i+1}(s) = max_a [R(s, a) +
+//! Σ_{s'} P_a(s, s') V_i(s')]`, then the greedy policy with respect to the
+//! last `V` (the first best action in [`Space::actions`](super::Space::actions)
+//! order wins ties).
+//!
+//! Each sweep first multiplies every transition [`Block`](super::transitions::Block)
+//! by `V` (`K` values per block), then evaluates each state–action pair as
+//! `R + phase · y`: the cost per sweep is the number of stored block
+//! probabilities plus `K` per state–action pair.
+
+use super::{Generator, Kind};
+
+/// Below this many stored transition probabilities, [`Generator::run_parallel`]
+/// runs the sweeps on one thread (setup and block construction still use all
+/// threads). At ~1 ns per value a sweep then takes under ~1 ms, and three
+/// barrier waits per sweep cost more than the split saves on 2 cores.
+pub const PARALLEL_SWEEP_MIN_VALUES: usize = 1_000_000;
+
+impl Generator {
+    /// The best action of state `s` against the current `y = Block · V`:
+    /// `(value, action index, work)`.
+    pub(super) fn evaluate(&self, s: usize) -> (f64, usize, u64) {
+        let k = self.k;
+        self.evaluate_with(s, &self.v, &|i| &self.y[i * k..(i + 1) * k])
+    }
+
+    /// [`Generator::evaluate`] with `V` and the per-block `y` given explicitly
+    /// (the parallel sweep keeps them outside `self`).
+    fn evaluate_with<'a>(&self, s: usize, v: &[f64], y: &dyn Fn(usize) -> &'a [f64]) -> (f64, usize, u64) {
+        let levels = self.space.slack_levels();
+        if s < levels {
+            // §4.4.1: an empty queue waits; the next state is (1, SLO).
+            return (v[levels + levels - 1], 0, 1);
+        }
+        let phase = self.phases[s].as_ref().expect("phase of a non-empty state");
+        let mut best = f64::NEG_INFINITY;
+        let mut best_index = 0;
+        let mut work = 0;
+        for (index, choice) in self.choices[s].iter().enumerate() {
+            let future = match &choice.kind {
+                Kind::Block(i) => {
+                    work += phase.w.len() as u64;
+                    phase.dot(y(*i))
+                }
+                Kind::Shift(shift) => {
+                    work += shift.to.len() as u64;
+                    shift.to.iter().map(|&(t, p)| p * v[t as usize]).sum()
+                }
+            };
+            let q = choice.reward + future;
+            if q > best {
+                best = q;
+                best_index = index;
+            }
+        }
+        (best, best_index, work)
+    }
+
+    /// Computes `V_next(s)` (and, on the recording pass, the policy) for state
+    /// `s`. Returns the work done.
+    pub(super) fn update_state(&mut self, s: usize, record: bool) -> u64 {
+        let (value, index, work) = self.evaluate(s);
+        self.v_next[s] = value;
+        if record {
+            self.policy[s] = index;
+        }
+        work
+    }
+
+    /// Runs setup and block construction on `threads` threads
+    /// (`std::thread::scope`), then the sweeps too when the blocks hold at
+    /// least [`PARALLEL_SWEEP_MIN_VALUES`] probabilities; the power iteration
+    /// stays sequential. The result is bit-for-bit the single-threaded one:
+    /// every state and block is computed by exactly one thread, in the same
+    /// way, and blocks are numbered in state order either way.
+    pub fn run_parallel(&mut self, threads: usize) {
+        use super::Stage;
+        let threads = threads.max(1);
+        if threads == 1 {
+            return self.run();
+        }
+        if let Stage::Setup(0) = self.stage {
+            // Prepare states on all threads (contiguous ranges), then number
+            // the blocks in state order as the sequential setup does.
+            let states = self.space.state_count();
+            let chunk = states.div_ceil(threads);
+            let this = &*self;
+            let prepared: Vec<Vec<super::Prepared>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        scope.spawn(move || {
+                            (t * chunk..((t + 1) * chunk).min(states))
+                                .map(|s| this.prepare_state(s))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("setup thread")).collect()
+            });
+            for (s, p) in prepared.into_iter().flatten().enumerate() {
+                self.commit_state(s, p);
+            }
+            self.y = vec![0.0; self.block_specs.len() * self.k];
+            self.stage = if self.block_specs.is_empty() { Stage::SweepBlocks(0, 0) } else { Stage::Build(0) };
+        }
+        while let Stage::Setup(_) = self.stage {
+            self.unit();
+        }
+        if let Stage::Build(0) = self.stage {
+            let space = &self.space;
+            let counts = self.counts.as_ref();
+            let k = self.k;
+            let specs = &self.block_specs;
+            let full = space.full();
+            let mut built: Vec<Option<super::Block>> = vec![None; specs.len()];
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        scope.spawn(move || {
+                            let mut out = Vec::new();
+                            for (i, &(tau, rate)) in specs.iter().enumerate().skip(t).step_by(threads) {
+                                let mut b = super::BlockBuilder::new(space, tau, rate, k);
+                                while !b.is_done() {
+                                    b.step(counts);
+                                }
+                                out.push((i, b.finish(full)));
+                            }
+                            out
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    for (i, block) in h.join().expect("block builder thread") {
+                        built[i] = Some(block);
+                    }
+                }
+            });
+            self.blocks = built.into_iter().map(|b| b.expect("every block built")).collect();
+            self.stage = Stage::SweepBlocks(0, 0);
+        }
+        let stored: usize = self.blocks.iter().map(|b| b.nnz()).sum();
+        if stored < PARALLEL_SWEEP_MIN_VALUES {
+            // Sweeps this small (~0.25 ms for the fidelity case) lose more to
+            // the barriers, and to a busy second core, than they gain.
+            return self.run();
+        }
+        self.parallel_sweeps(threads);
+        self.start_power();
+        self.stage = Stage::PowerStates(0, 0);
+        self.run();
+    }
+
+    /// All value-iteration passes on `threads` threads that live for the
+    /// whole iteration (spawning per sweep costs more than a sweep here).
+    /// Thread `t` owns blocks `t, t + T, …` (their `y`) and one contiguous
+    /// range of states; three barriers per sweep separate "compute y",
+    /// "evaluate states" and "publish V".
+    fn parallel_sweeps(&mut self, threads: usize) {
+        use std::sync::{Barrier, RwLock};
+        let k = self.k;
+        let states = self.space.state_count();
+        let blocks = self.blocks.len();
+        let sweeps = self.sweeps;
+        let chunk = states.div_ceil(threads);
+        let v = RwLock::new(std::mem::take(&mut self.v));
+        let y_parts: Vec<RwLock<Vec<f64>>> = (0..threads)
+            .map(|t| RwLock::new(vec![0.0; blocks.div_ceil(threads).max(1) * k * usize::from(t < blocks.max(1))]))
+            .collect();
+        let barrier = Barrier::new(threads);
+        let this = &*self;
+        let policies: Vec<Vec<usize>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (v, y_parts, barrier) = (&v, &y_parts, &barrier);
+                    scope.spawn(move || {
+                        let range = t * chunk..((t + 1) * chunk).min(states);
+                        let mut values = vec![0.0; range.len()];
+                        let mut policy = vec![0; range.len()];
+                        for it in 0..=sweeps {
+                            {
+                                let v = v.read().expect("v lock");
+                                let mut y = y_parts[t].write().expect("y lock");
+                                for (slot, i) in (t..blocks).step_by(threads).enumerate() {
+                                    this.blocks[i].times(&v, &mut y[slot * k..(slot + 1) * k]);
+                                }
+                            }
+                            barrier.wait();
+                            {
+                                let v = v.read().expect("v lock");
+                                let guards: Vec<_> = y_parts.iter().map(|p| p.read().expect("y lock")).collect();
+                                let y = |i: usize| {
+                                    let slot = i / threads;
+                                    &guards[i % threads][slot * k..(slot + 1) * k]
+                                };
+                                for (o, s) in range.clone().enumerate() {
+                                    let (value, index, _) = this.evaluate_with(s, &v, &y);
+                                    values[o] = value;
+                                    if it == sweeps {
+                                        policy[o] = index;
+                                    }
+                                }
+                            }
+                            barrier.wait();
+                            if it < sweeps {
+                                v.write().expect("v lock")[range.clone()].copy_from_slice(&values);
+                            }
+                            barrier.wait();
+                        }
+                        policy
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("sweep thread")).collect()
+        });
+        self.v = v.into_inner().expect("v lock");
+        for (t, part) in policies.into_iter().enumerate() {
+            self.policy[t * chunk..t * chunk + part.len()].copy_from_slice(&part);
+        }
+    }
+}
