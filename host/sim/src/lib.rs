@@ -18,6 +18,7 @@
 pub mod arrivals;
 pub mod engine;
 pub mod experiment;
+pub mod limit;
 pub mod model_switching;
 pub mod pipeline;
 pub mod plan;
