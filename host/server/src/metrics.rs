@@ -2,10 +2,14 @@
 //!
 //! A small hand-rolled registry: label sets are few (apps × models × outcomes), so
 //! a mutex-protected map per family is cheap next to a batch's inference time, and
-//! it avoids pulling a metrics framework into the hot path's dependencies.
+//! it avoids pulling a metrics framework into the hot path's dependencies. A
+//! counted label set is found by the hash of the borrowed labels ([`LabelMap`]):
+//! counting allocates only the first time a label set is seen, not per answer
+//! (issue 36's profile found the owned key built per answer under the lock).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
@@ -22,6 +26,54 @@ pub const DECIDE_BUCKETS: &[f64] =
 pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
 
 type Labels = Vec<(&'static str, String)>;
+
+/// Label sets and their values, found by the borrowed labels without building an
+/// owned key: a map from the labels' hash to the (few) sets with that hash.
+/// Rendering sorts the sets, so the exposition's order is the labels' order.
+struct LabelMap<V> {
+    by_hash: HashMap<u64, Vec<(Labels, V)>>,
+}
+
+impl<V> Default for LabelMap<V> {
+    fn default() -> Self {
+        LabelMap { by_hash: HashMap::new() }
+    }
+}
+
+impl<V> LabelMap<V> {
+    /// The value of `labels`, made by `make` the first time they are seen.
+    fn slot(&mut self, labels: &[(&'static str, &str)], make: impl FnOnce() -> V) -> &mut V {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        for (k, v) in labels {
+            k.hash(&mut hasher);
+            v.hash(&mut hasher);
+        }
+        let sets = self.by_hash.entry(hasher.finish()).or_default();
+        let same = |l: &Labels| l.len() == labels.len() && l.iter().zip(labels).all(|(a, b)| a.0 == b.0 && a.1 == b.1);
+        let i = match sets.iter().position(|(l, _)| same(l)) {
+            Some(i) => i,
+            None => {
+                sets.push((labels.iter().map(|(k, v)| (*k, v.to_string())).collect(), make()));
+                sets.len() - 1
+            }
+        };
+        &mut sets[i].1
+    }
+
+    /// Every label set with its value, in the labels' order.
+    fn sorted(&self) -> Vec<(&Labels, &V)> {
+        let mut all: Vec<_> = self.by_hash.values().flatten().map(|(l, v)| (l, v)).collect();
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        all
+    }
+}
+
+impl LabelMap<u64> {
+    /// Adds one to `labels`' count.
+    fn count(&mut self, labels: &[(&'static str, &str)]) {
+        *self.slot(labels, || 0) += 1;
+    }
+}
 
 #[derive(Default)]
 struct Histogram {
@@ -51,13 +103,14 @@ pub struct ConnectionStats {
 pub struct Metrics {
     /// Connection gauges and counters (the HTTP front updates them directly).
     pub connections: ConnectionStats,
-    requests: Mutex<BTreeMap<Labels, u64>>,
-    responses: Mutex<BTreeMap<Labels, u64>>,
-    faults: Mutex<BTreeMap<Labels, u64>>,
-    swaps: Mutex<BTreeMap<Labels, u64>>,
-    histograms: Mutex<BTreeMap<(&'static str, Labels), Histogram>>,
+    requests: Mutex<LabelMap<u64>>,
+    responses: Mutex<LabelMap<u64>>,
+    faults: Mutex<LabelMap<u64>>,
+    swaps: Mutex<LabelMap<u64>>,
+    /// One map per family of [`HISTOGRAMS`], by its name.
+    histograms: Mutex<BTreeMap<&'static str, LabelMap<Histogram>>>,
     events: Mutex<Events>,
-    replans: Mutex<BTreeMap<Labels, u64>>,
+    replans: Mutex<LabelMap<u64>>,
     /// The host whose apps' gauges are read when scraped ([`Metrics::read_apps_from`]).
     /// Weak: the state owns these metrics.
     state: OnceLock<Weak<crate::state::State>>,
@@ -113,28 +166,32 @@ impl Metrics {
     /// `shutdown`): the admin view's `served`, `late`, `dropped` and `rejected`
     /// counters are these summed over models and reasons.
     pub fn request(&self, app: &str, model: &str, outcome: &str) {
-        let key = vec![("app", app.to_string()), ("model", model.to_string()), ("outcome", outcome.to_string())];
-        *self.requests.lock().entry(key).or_default() += 1;
+        self.requests_n(app, model, outcome, 1);
+    }
+
+    /// Counts `n` answered requests alike (a batch's served answers: one lock per
+    /// batch, not per answer); see [`Metrics::request`].
+    pub fn requests_n(&self, app: &str, model: &str, outcome: &str, n: u64) {
+        if n > 0 {
+            *self.requests.lock().slot(&[("app", app), ("model", model), ("outcome", outcome)], || 0) += n;
+        }
     }
 
     /// Counts one answer a client received from `front` (`http`: every response,
     /// by status code; `grpc`: every inference call, by gRPC code name).
     pub fn response(&self, front: &'static str, code: &str) {
-        let key = vec![("front", front.to_string()), ("code", code.to_string())];
-        *self.responses.lock().entry(key).or_default() += 1;
+        self.responses.lock().count(&[("front", front), ("code", code)]);
     }
 
     /// Counts one policy fault of `kind` (`PolicyFault::kind`: `trap`, `timeout`,
     /// `memory`, `invalid`, `reinit`, `stalled`).
     pub fn fault(&self, app: &str, policy: &str, kind: &str) {
-        let key = vec![("app", app.to_string()), ("policy", policy.to_string()), ("kind", kind.to_string())];
-        *self.faults.lock().entry(key).or_default() += 1;
+        self.faults.lock().count(&[("app", app), ("policy", policy), ("kind", kind)]);
     }
 
     /// Counts one hot swap.
     pub fn swap(&self, app: &str, policy: &str) {
-        let key = vec![("app", app.to_string()), ("policy", policy.to_string())];
-        *self.swaps.lock().entry(key).or_default() += 1;
+        self.swaps.lock().count(&[("app", app), ("policy", policy)]);
         self.event("swap", app, policy);
     }
 
@@ -143,8 +200,7 @@ impl Metrics {
     /// (scope `app`, reason `detail`), so Grafana sees what the page's markers show.
     pub fn event(&self, kind: &'static str, app: &str, detail: &str) {
         if kind == "replan" {
-            let key = vec![("scope", app.to_string()), ("reason", detail.to_string())];
-            *self.replans.lock().entry(key).or_default() += 1;
+            self.replans.lock().count(&[("scope", app), ("reason", detail)]);
         }
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -167,7 +223,8 @@ impl Metrics {
     /// `app`'s answered requests by (model, outcome), as `sluice_requests_total` counts them.
     pub fn requests_of(&self, app: &str) -> Vec<(String, String, u64)> {
         let map = self.requests.lock();
-        map.iter()
+        map.sorted()
+            .into_iter()
             .filter(|(l, _)| l.iter().any(|(k, v)| *k == "app" && v == app))
             .map(|(l, n)| {
                 let get = |key: &str| l.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone()).unwrap_or_default();
@@ -183,8 +240,8 @@ impl Metrics {
         let n = HISTOGRAMS.iter().find(|h| h.0 == name).map(|h| h.2.len()).unwrap_or(0);
         let mut out = vec![0; n + 1];
         let map = self.histograms.lock();
-        for ((family, labels), h) in map.iter() {
-            if *family == name && labels.iter().any(|(k, v)| *k == "app" && v == app) {
+        for (labels, h) in map.get(name).map(LabelMap::sorted).unwrap_or_default() {
+            if labels.iter().any(|(k, v)| *k == "app" && v == app) {
                 for (o, c) in out.iter_mut().zip(&h.counts) {
                     *o += c;
                 }
@@ -196,25 +253,44 @@ impl Metrics {
 
     /// Records one observation into the histogram family `name` (one of [`HISTOGRAMS`]).
     pub fn observe(&self, name: &'static str, labels: &[(&'static str, &str)], value: f64) {
+        self.observe_all(name, labels, [value]);
+    }
+
+    /// Records every value of `values` into one label set of the histogram family
+    /// `name` under one lock (a batch's latencies).
+    pub fn observe_all(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &str)],
+        values: impl IntoIterator<Item = f64>,
+    ) {
         let buckets = HISTOGRAMS.iter().find(|h| h.0 == name).map(|h| h.2).unwrap_or(LATENCY_BUCKETS);
-        let key = (name, labels.iter().map(|(k, v)| (*k, v.to_string())).collect());
         let mut map = self.histograms.lock();
-        let h = map.entry(key).or_insert_with(|| Histogram { counts: vec![0; buckets.len()], ..Default::default() });
-        for (i, b) in buckets.iter().enumerate() {
-            if value <= *b {
-                h.counts[i] += 1;
+        let h = map
+            .entry(name)
+            .or_default()
+            .slot(labels, || Histogram { counts: vec![0; buckets.len()], ..Default::default() });
+        for value in values {
+            // Buckets are sorted: the value falls in every bucket from the first
+            // bound at or above it.
+            let first = buckets.partition_point(|b| !(value <= *b));
+            for c in &mut h.counts[first..] {
+                *c += 1;
             }
+            h.sum += value;
+            h.count += 1;
         }
-        h.sum += value;
-        h.count += 1;
     }
 
     /// The observation count and sum of the histogram family `name` over every
     /// label set that includes `labels` (the statistics extension reads them).
     pub fn histogram_totals(&self, name: &str, labels: &[(&str, &str)]) -> (u64, f64) {
         let map = self.histograms.lock();
-        map.iter()
-            .filter(|((n, l), _)| *n == name && labels.iter().all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v)))
+        map.get(name)
+            .map(LabelMap::sorted)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(l, _)| labels.iter().all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v)))
             .fold((0, 0.0), |(count, sum), (_, h)| (count + h.count, sum + h.sum))
     }
 
@@ -283,10 +359,7 @@ impl Metrics {
         let map = self.histograms.lock();
         for (name, help, buckets) in HISTOGRAMS {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            for ((n, labels), h) in map.iter() {
-                if n != name {
-                    continue;
-                }
+            for (labels, h) in map.get(name).map(LabelMap::sorted).unwrap_or_default() {
                 let base = render_labels(labels);
                 let sep = if base.is_empty() { "" } else { "," };
                 for (i, b) in buckets.iter().enumerate() {
@@ -335,9 +408,9 @@ fn render_labels(labels: &Labels) -> String {
         .join(",")
 }
 
-fn counter(out: &mut String, name: &str, help: &str, map: &BTreeMap<Labels, u64>) {
+fn counter(out: &mut String, name: &str, help: &str, map: &LabelMap<u64>) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-    for (labels, v) in map {
+    for (labels, v) in map.sorted() {
         let _ = writeln!(out, "{name}{{{}}} {v}", render_labels(labels));
     }
 }

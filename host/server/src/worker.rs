@@ -310,6 +310,16 @@ async fn execute(
     let outcome = decision::outcome(model, &requests, started, finished, result.is_err());
     match result {
         Ok(outputs) => {
+            // Counted per batch, under one lock per family (not per answer), and
+            // before any answer leaves, so a client that reads the metrics after its
+            // answer finds itself counted.
+            let on_time = requests.iter().filter(|r| decision::met(finished, r.deadline)).count() as u64;
+            app.metrics.requests_n(app.name(), &variant, "served", on_time);
+            app.metrics.requests_n(app.name(), &variant, "late", size as u64 - on_time);
+            let queue_s = requests.iter().map(|r| (started - r.arrival.min(started)) as f64 / 1e6);
+            app.metrics.observe_all("sluice_queue_seconds", &[("app", app.name())], queue_s);
+            let latency_s = requests.iter().map(|r| finished.saturating_sub(r.arrival) as f64 / 1e6);
+            app.metrics.observe_all("sluice_latency_seconds", &[("app", app.name())], latency_s);
             for (r, outputs) in requests.into_iter().zip(outputs) {
                 let met = decision::met(finished, r.deadline);
                 if !met {
@@ -320,11 +330,7 @@ async fn execute(
                     app.counters.audited_met.fetch_add(1, Ordering::Relaxed);
                 }
                 app.counters.served.fetch_add(1, Ordering::Relaxed);
-                app.metrics.request(app.name(), &variant, if met { "served" } else { "late" });
-                let queue_s = (started - r.arrival.min(started)) as f64 / 1e6;
                 let latency_us = finished.saturating_sub(r.arrival);
-                app.metrics.observe("sluice_queue_seconds", &[("app", app.name())], queue_s);
-                app.metrics.observe("sluice_latency_seconds", &[("app", app.name())], latency_us as f64 / 1e6);
                 let served = Served {
                     variant: variant.clone(),
                     policy: policy.to_string(),
