@@ -19,6 +19,7 @@ use wasmtime::{Engine, Store, StoreContextMut, Trap, UpdateDeadline};
 
 use sluice_sdk as sdk;
 
+mod lower;
 pub mod wasi;
 
 /// Host bindings generated from `wit/`, the single source of truth of the contract.
@@ -589,8 +590,9 @@ impl PolicyEngine {
 /// The optional `status: func() -> string` export.
 type StatusFunc = TypedFunc<(), (String,)>;
 
-/// A freshly instantiated and initialised instance: its store, bindings and `status`.
-type Live = (Store<HostState>, Policy, Option<StatusFunc>);
+/// A freshly instantiated and initialised instance: its store, bindings, `status`
+/// and `decide` (lowering the view straight from the host's: [`lower`]).
+type Live = (Store<HostState>, Policy, Option<StatusFunc>, lower::DecideFunc);
 
 /// What the instances of one binding share: the compiled policy, the `config`
 /// record (the same for every worker but for its index), the limits and the
@@ -673,6 +675,8 @@ pub struct PolicyInstance {
     bindings: Policy,
     /// The optional `status` export (world `policy-with-status`).
     status: Option<StatusFunc>,
+    /// `decide`, called with the host's view borrowed ([`lower`]).
+    decide: lower::DecideFunc,
     /// After a trap the store cannot be entered again; the next call re-instantiates.
     poisoned: bool,
     /// A re-instantiation running on its own thread, or the pause after failed ones.
@@ -684,7 +688,8 @@ pub struct PolicyInstance {
     /// Requests expired in this worker's queue since the policy last dispatched or
     /// dropped ([`crate::decision::STALL_LIMIT`]).
     pub(crate) expired_idle: u64,
-    /// The contract's view, rebuilt in place for each `decide` (no allocation per call).
+    /// The contract's view, rebuilt in place for each [`PolicyInstance::decide_via_bindings`]
+    /// (no allocation per call).
     wit_view: wit::View,
 }
 
@@ -707,7 +712,7 @@ impl PolicyInstance {
     /// `init`.
     pub fn new(engine: &Arc<PolicyEngine>, binding: &Arc<Binding>, worker: u32) -> Result<PolicyInstance, PolicyError> {
         let started = Instant::now();
-        let (store, bindings, status) = outside_runtime(binding.compiled.wasi, || {
+        let (store, bindings, status, decide) = outside_runtime(binding.compiled.wasi, || {
             Self::instantiate(engine, binding, worker, binding.limits.init_budget)
         })?;
         Ok(PolicyInstance {
@@ -717,6 +722,7 @@ impl PolicyInstance {
             store,
             bindings,
             status,
+            decide,
             poisoned: false,
             revival: Revival::Idle { failures: 0, retry_at: None },
             revivals: 0,
@@ -775,12 +781,17 @@ impl PolicyInstance {
             .map_err(|e| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") })?;
         // `status` is optional: components of the plain `policy` world lack it.
         let status = instance.get_typed_func::<(), (String,)>(&mut store, "status").ok();
+        // Type-checked here against the component's own `decide` (as `Policy::new`
+        // just did for the generated types): a mismatch refuses the component.
+        let decide = instance
+            .get_typed_func::<(lower::ViewArg<'static>,), (wit::Decision,)>(&mut store, "decide")
+            .map_err(|e| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") })?;
         // A transient copy: the record is lowered into the instance's memory.
         match bindings.call_init(&mut store, &to_wit_config(&binding.config, binding.models_of(worker), worker)) {
             Ok(Ok(())) => {
                 store.data_mut().drain_output();
                 store.data_mut().initialising = false;
-                Ok((store, bindings, status))
+                Ok((store, bindings, status, decide))
             }
             Ok(Err(message)) => {
                 store.data_mut().drain_output();
@@ -825,7 +836,7 @@ impl PolicyInstance {
                 })
                 .map_err(|e| PolicyFault::Reinit(e.to_string()))?
             };
-            (self.store, self.bindings, self.status) = live;
+            (self.store, self.bindings, self.status, self.decide) = live;
             self.poisoned = false;
             self.revivals += 1;
         }
@@ -884,6 +895,19 @@ impl PolicyInstance {
     /// the instance is re-created before its next call.
     pub fn decide(&mut self, view: &sdk::View) -> Result<sdk::Decision, PolicyFault> {
         self.ensure_live()?;
+        let (decide, store) = (lower::decide_func(&self.decide), &mut self.store);
+        let called = outside_runtime(self.binding.compiled.wasi, || {
+            decide.call(store, (lower::ViewArg::new(view),)).map(|(d,)| d)
+        });
+        self.decided(called)
+    }
+
+    /// [`PolicyInstance::decide`] through the generated bindings: the view copied into
+    /// a `wit::View`, then lowered field by field. The same answers and faults,
+    /// slower; kept as the `decide` benchmark's baseline (BENCHMARKS.md §1).
+    #[doc(hidden)]
+    pub fn decide_via_bindings(&mut self, view: &sdk::View) -> Result<sdk::Decision, PolicyFault> {
+        self.ensure_live()?;
         to_wit_view(view, &mut self.wit_view);
         let (bindings, store, view) = (&self.bindings, &mut self.store, &self.wit_view);
         let called = outside_runtime(self.binding.compiled.wasi, || bindings.call_decide(store, view));
@@ -891,6 +915,12 @@ impl PolicyInstance {
             // A burst's deep queue is not kept for the worker's lifetime.
             self.wit_view.queue = Vec::new();
         }
+        self.decided(called)
+    }
+
+    /// The decision of a `decide` call, or its fault (the instance is then
+    /// re-created before its next call).
+    fn decided(&mut self, called: wasmtime::Result<wit::Decision>) -> Result<sdk::Decision, PolicyFault> {
         match called {
             Ok(d) => {
                 self.store.data_mut().drain_output();
