@@ -121,6 +121,15 @@ pub struct Judged {
     pub margin_us: f64,
 }
 
+/// `judged` with the time from a batch's end to its answer leaving the server
+/// (`edge_us`, a high quantile of recent answers) kept back: added to the wait and
+/// to the margin. At most an eighth of the SLO, so a stall of the fronts (a
+/// descheduled runtime) cannot make admission refuse everything.
+pub fn keep_back_edge(judged: Judged, edge_us: u64, slo_us: u64) -> Judged {
+    let edge = edge_us.min(slo_us / 8) as f64;
+    Judged { wait_us: judged.wait_us + edge, margin_us: judged.margin_us + edge }
+}
+
 /// The wait admission counts for one request from each predictor's own prediction
 /// and margin (the high quantile of its own recent errors): the soonest of
 /// prediction plus margin, each predictor calibrated on its own. One margin for
@@ -295,6 +304,15 @@ impl PredictionErrors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_answering_time_is_kept_back_up_to_an_eighth_of_the_slo() {
+        let judged = Judged { wait_us: 300_000.0, margin_us: 10_000.0 };
+        let kept = keep_back_edge(judged, 4_000, 400_000);
+        assert_eq!((kept.wait_us, kept.margin_us), (304_000.0, 14_000.0));
+        let capped = keep_back_edge(judged, 90_000, 400_000);
+        assert_eq!((capped.wait_us, capped.margin_us), (350_000.0, 60_000.0));
+    }
 
     /// ResNet-50 on one CPU thread (profiles/imagenet-light-cpu.toml, p95, with
     /// batch 3 between 2 and 4): batching does not pay.

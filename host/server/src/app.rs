@@ -52,7 +52,8 @@ pub enum AdmitError {
         ahead: usize,
         /// The predicted time to serve them and this one, the margin included.
         wait_ms: f64,
-        /// The margin in it (a high quantile of recent prediction errors).
+        /// The margin in it (a high quantile of recent prediction errors, and the
+        /// time kept back for answering).
         margin_ms: f64,
         /// The app's SLO: the request's deadline from its arrival.
         slo_ms: f64,
@@ -73,7 +74,7 @@ fn overload_reason(ahead: usize, wait_ms: f64, margin_ms: f64, slo_ms: f64, push
         );
     }
     format!(
-        "behind {ahead} {requests} it would be answered in about {wait_ms:.0} ms ({:.0} ms predicted + {margin_ms:.0} ms margin for prediction errors), past its {slo_ms} ms deadline",
+        "behind {ahead} {requests} it would be answered in about {wait_ms:.0} ms ({:.0} ms predicted + {margin_ms:.0} ms margin for prediction errors and answering), past its {slo_ms} ms deadline",
         (wait_ms - margin_ms).max(0.0)
     )
 }
@@ -364,6 +365,11 @@ pub struct App {
     /// The margins those errors give, per predictor and band of depth
     /// ([`App::margin_us`]).
     margins_us: [[AtomicU64; admission::BANDS]; admission::PREDICTORS],
+    /// How long answers took, recently, from their batch's end to the front that
+    /// sends them ([`App::record_edge`]).
+    edges: Mutex<admission::PredictionErrors>,
+    /// The [`admission::ERROR_QUANTILE`] of `edges` (µs), kept back by admission.
+    edge_us: AtomicU64,
     /// The app's arrival rate at the last admission, req/s (f64 bits): how fast
     /// a waiting request's batch fills.
     arrival_rate: AtomicU64,
@@ -599,6 +605,8 @@ impl App {
             refusals_seen: AtomicU64::new(0),
             errors: Mutex::new(Default::default()),
             margins_us: Default::default(),
+            edges: Mutex::new(Default::default()),
+            edge_us: AtomicU64::new(0),
             arrival_rate: AtomicU64::new(0),
             accepting: AtomicBool::new(true),
             draining: AtomicBool::new(false),
@@ -715,7 +723,23 @@ impl App {
     fn judge(&self, predicted: [f64; admission::PREDICTORS], ahead: usize) -> admission::Judged {
         let band = admission::band(ahead);
         let margins = std::array::from_fn(|i| self.margins_us[i][band].load(Ordering::Relaxed));
-        admission::judge(predicted, margins, self.slo_us / 4)
+        let judged = admission::judge(predicted, margins, self.slo_us / 4);
+        admission::keep_back_edge(judged, self.edge_us.load(Ordering::Relaxed), self.slo_us)
+    }
+
+    /// Records that an answer reached its front `edge_us` after its batch ended (the
+    /// front's task woken and run on a busy runtime): the client waits for that
+    /// too, so admission keeps a high quantile of it back ([`App::judge`]). Without
+    /// it, requests admitted to finish just by their deadline were answered a few
+    /// ms late by the client's clock while on time by the server's (BENCHMARKS §7).
+    pub fn record_edge(&self, edge_us: u64) {
+        let margin = self.edges.lock().record([i64::try_from(edge_us).unwrap_or(i64::MAX)]);
+        self.edge_us.store(margin, Ordering::Relaxed);
+    }
+
+    /// The time kept back for answering, µs ([`App::record_edge`]).
+    pub fn edge_us(&self) -> u64 {
+        self.edge_us.load(Ordering::Relaxed)
     }
 
     /// Folds the answers of a batch finished at `finished` into each predictor's

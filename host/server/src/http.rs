@@ -255,7 +255,7 @@ fn queue_gauges(state: &State, out: &mut String) {
     }
     let _ = writeln!(
         out,
-        "# HELP sluice_admission_margin_seconds The margin admission adds to its predictions (the 99th percentile of recent prediction errors), by app.\n# TYPE sluice_admission_margin_seconds gauge"
+        "# HELP sluice_admission_margin_seconds The margin admission adds to its predictions (the 99th percentile of recent prediction errors, plus that of the time from a batch's end to its answer reaching the front), by app.\n# TYPE sluice_admission_margin_seconds gauge"
     );
     for (name, app) in &state.apps {
         let _ = writeln!(out, "sluice_admission_margin_seconds{{app=\"{name}\"}} {}", app.margin_us() / 1e6);

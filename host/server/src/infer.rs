@@ -448,6 +448,11 @@ async fn app_infer(
     if let Some(e) = failed {
         return Err(e);
     }
+    // The answer is here: how long after its batch ended (the front's wake-up on
+    // the runtime), for admission to keep back (`App::record_edge`).
+    if let Some(last) = served.iter().map(|s| s.latency_us).max() {
+        app.record_edge((arrived.elapsed().as_micros() as u64).saturating_sub(last));
+    }
     let outputs = if served.len() == 1 { served[0].outputs.clone() } else { concat_outputs(app.name(), &served)? };
     let first = &served[0];
     let mut parameters = json!({

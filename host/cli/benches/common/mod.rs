@@ -96,10 +96,11 @@ pub fn clock_ticks() -> f64 {
 }
 
 /// Starts `sluice serve <args> --listen 127.0.0.1:0` in `dir` and reads the address
-/// it prints; no `--config` in `args` serves the embedded default.
+/// it prints; no `--config` in `args` serves the embedded default. `SLUICE_BENCH_EXE`
+/// names another build of `sluice` to run (an A/B of two builds with the same bench).
 #[allow(dead_code)] // The overhead bench builds its own command.
 pub fn start_server_with(dir: &Path, args: &[&std::ffi::OsStr]) -> Result<ServerProcess> {
-    let exe = env!("CARGO_BIN_EXE_sluice");
+    let exe = std::env::var_os("SLUICE_BENCH_EXE").unwrap_or_else(|| env!("CARGO_BIN_EXE_sluice").into());
     let mut command = Command::new(exe);
     command.current_dir(dir).arg("serve").args(args).args(["--listen", "127.0.0.1:0"]).env("RUST_LOG", "warn");
     start_process(command)
