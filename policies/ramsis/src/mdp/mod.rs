@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 pub use arrivals::{ArrivalCounts, Arrivals};
 pub use states::{Action, Space};
-use transitions::{Block, BlockBuilder, Phase, Shift};
+use transitions::{Block, BlockBuilder, CountCache, Phase, Shift};
 
 /// Slack discretization (§4.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -357,14 +357,30 @@ pub struct Generator {
     block_index: HashMap<(usize, usize), usize>,
     blocks: Vec<Block>,
     builder: Option<BlockBuilder>,
+    /// Count pmfs shared by the blocks while they are built.
+    count_cache: CountCache,
     /// `Block · V` per block, `k` each.
     y: Vec<f64>,
+    /// The sweeps' layout of the phase weights (see `value_iteration`):
+    /// `phase_t[t·phase_stride + s]` is state `s`'s weight of phase `t`, 0
+    /// outside its range, so that the weights of consecutive states are
+    /// contiguous.
+    phase_t: Vec<f64>,
+    phase_stride: usize,
+    /// Per block, the windows of consecutive states whose pairs it serves.
+    windows: Vec<Vec<value_iteration::Window>>,
+    /// `phase · y` of every state–action pair served through a block, indexed
+    /// `pair_start[s] + choice`, refreshed block by block each sweep.
+    future: Vec<f64>,
+    pair_start: Vec<u32>,
     v: Vec<f64>,
     v_next: Vec<f64>,
     policy: Vec<usize>,
     dist: Vec<f64>,
     dist_next: Vec<f64>,
     z: Vec<f64>,
+    /// Per-column sums of [`Block::spread`].
+    scratch: Vec<f64>,
     power_done: u32,
     stage: Stage,
     work: u64,
@@ -406,13 +422,20 @@ impl Generator {
             block_index: HashMap::new(),
             blocks: Vec::new(),
             builder: None,
+            count_cache: CountCache::default(),
             y: Vec::new(),
+            phase_t: Vec::new(),
+            phase_stride: 0,
+            windows: Vec::new(),
+            future: Vec::new(),
+            pair_start: Vec::new(),
             v: vec![0.0; states],
             v_next: vec![0.0; states],
             policy: vec![0; states],
             dist: Vec::new(),
             dist_next: Vec::new(),
             z: Vec::new(),
+            scratch: Vec::new(),
             power_done: 0,
             stage: Stage::Setup(0),
             work: 0,
@@ -543,7 +566,8 @@ impl Generator {
                     let block = &self.blocks[*i];
                     let k = block.k;
                     for (c, &to) in block.cols.iter().enumerate() {
-                        let p = phase.dot(&block.vals[c * k..(c + 1) * k]);
+                        let col: Vec<f64> = (0..k).map(|q| block.value(c, q)).collect();
+                        let p = phase.dot(&col);
                         *row.entry(to as usize).or_default() += p;
                     }
                 }
@@ -593,7 +617,10 @@ impl Generator {
             })
             .sum();
         let vectors = (self.v.len() * 3 + self.dist.len() * 2 + self.y.len() + self.z.len()) * 8;
-        blocks + phases + choices + vectors
+        let sweeps = (self.phase_t.len() + self.future.len()) * 8
+            + self.pair_start.len() * 4
+            + self.windows.iter().map(|w| w.len() * std::mem::size_of::<value_iteration::Window>()).sum::<usize>();
+        blocks + phases + choices + vectors + sweeps
     }
 
     /// Storage of the transition blocks: (blocks, stored probabilities).
@@ -610,6 +637,7 @@ impl Generator {
                     Stage::Setup(s + 1)
                 } else {
                     self.y = vec![0.0; self.block_specs.len() * self.k];
+                    self.prepare_sweeps();
                     if self.block_specs.is_empty() {
                         Stage::SweepBlocks(0, 0)
                     } else {
@@ -626,20 +654,25 @@ impl Generator {
                         self.builder.as_mut().expect("just set")
                     }
                 };
-                self.work += builder.step(self.counts.as_ref());
+                self.work += builder.step(self.counts.as_ref(), &mut self.count_cache);
                 if builder.is_done() {
                     let done = self.builder.take().expect("builder present");
                     let block = done.finish(self.space.full());
                     self.work += block.nnz() as u64;
                     self.blocks.push(block);
-                    self.stage =
-                        if i + 1 < self.block_specs.len() { Stage::Build(i + 1) } else { Stage::SweepBlocks(0, 0) };
+                    self.stage = if i + 1 < self.block_specs.len() {
+                        Stage::Build(i + 1)
+                    } else {
+                        self.count_cache = CountCache::default();
+                        Stage::SweepBlocks(0, 0)
+                    };
                 }
             }
             Stage::SweepBlocks(it, i) => {
                 if i < self.blocks.len() {
                     let k = self.k;
                     self.blocks[i].times(&self.v, &mut self.y[i * k..(i + 1) * k]);
+                    self.block_futures(i);
                     self.work += self.blocks[i].nnz() as u64;
                 }
                 self.stage =
@@ -676,8 +709,12 @@ impl Generator {
                 if i < self.blocks.len() {
                     let k = self.k;
                     let z = &self.z[i * k..(i + 1) * k];
+                    if it == 0 {
+                        // The value iteration is over: the layout for `z · Block`.
+                        self.blocks[i].make_row_major();
+                    }
                     if z.iter().any(|&x| x != 0.0) {
-                        self.blocks[i].spread(z, &mut self.dist_next);
+                        self.blocks[i].spread(z, &mut self.dist_next, &mut self.scratch);
                         self.work += self.blocks[i].nnz() as u64;
                     }
                 }

@@ -100,20 +100,53 @@ impl Phase {
 }
 
 /// Next-state distributions of one `(service time, arrival rate)` pair, one
-/// row per phase: `vals[c·K + q] = P(next = cols[c] | q)`. Rows sum to 1.
+/// row per phase: `P(next = cols[c] | q)`, stored column-major
+/// (`vals[c·K + q]`) for the value iteration's `Block · V` and row-major
+/// (`vals[q·C + c]`, after [`Block::make_row_major`]) for the power iteration's
+/// `z · Block`, so that both vectorise. Rows sum to 1.
 #[derive(Clone, Debug, Default)]
 pub struct Block {
     /// Phases (K, or 1 for shortest-queue-first).
     pub k: usize,
     /// Destination state of each column.
     pub cols: Vec<u32>,
-    /// Column-major probabilities, `cols.len() × k`.
+    /// The probabilities, `cols.len() × k`: column-major unless `row_major`.
     pub vals: Vec<f64>,
+    /// Whether `vals` is row-major (`vals[q·C + c]`).
+    pub row_major: bool,
 }
 
 impl Block {
-    /// `y[q] = Σ_c vals[c][q] · v[cols[c]]` (the block times the value vector).
+    /// `P(next = cols[c] | q)`, in either layout.
+    pub fn value(&self, c: usize, q: usize) -> f64 {
+        if self.row_major {
+            self.vals[q * self.cols.len() + c]
+        } else {
+            self.vals[c * self.k + q]
+        }
+    }
+
+    /// Switches to the row-major layout (once the value iteration, the only
+    /// user of [`Block::times`], is over).
+    pub fn make_row_major(&mut self) {
+        if self.row_major {
+            return;
+        }
+        let (k, cols) = (self.k, self.cols.len());
+        let mut rows = vec![0.0; self.vals.len()];
+        for (c, col) in self.vals.chunks_exact(k.max(1)).enumerate() {
+            for (q, &p) in col.iter().enumerate() {
+                rows[q * cols + c] = p;
+            }
+        }
+        self.vals = rows;
+        self.row_major = true;
+    }
+
+    /// `y[q] = Σ_c vals[c][q] · v[cols[c]]` (the block times the value vector;
+    /// column-major layout).
     pub fn times(&self, v: &[f64], y: &mut [f64]) {
+        debug_assert!(!self.row_major, "Block::times needs the column-major layout");
         let k = self.k;
         y[..k].iter_mut().for_each(|x| *x = 0.0);
         for (c, &s) in self.cols.iter().enumerate() {
@@ -129,9 +162,30 @@ impl Block {
     }
 
     /// `out[cols[c]] += Σ_q z[q] · vals[c][q]` (a distribution over phases,
-    /// pushed through the block).
-    pub fn spread(&self, z: &[f64], out: &mut [f64]) {
+    /// pushed through the block). In the row-major layout the sums run over
+    /// all columns at once (`mass += z[q] · row_q`, vectorised across
+    /// columns), with `scratch` holding them: each column's sum still adds its
+    /// terms in increasing `q`, so the result is the column-major one bit for
+    /// bit (phases with `z[q] = 0` add `+0.0` there and are skipped here).
+    pub fn spread(&self, z: &[f64], out: &mut [f64], scratch: &mut Vec<f64>) {
         let k = self.k;
+        if self.row_major {
+            let cols = self.cols.len();
+            scratch.clear();
+            scratch.resize(cols, 0.0);
+            for (row, &zq) in self.vals.chunks_exact(cols.max(1)).zip(&z[..k]) {
+                if zq == 0.0 {
+                    continue;
+                }
+                for (m, &p) in scratch.iter_mut().zip(row) {
+                    *m += p * zq;
+                }
+            }
+            for (&s, &mass) in self.cols.iter().zip(scratch.iter()) {
+                out[s as usize] += mass;
+            }
+            return;
+        }
         for (c, &s) in self.cols.iter().enumerate() {
             let col = &self.vals[c * k..(c + 1) * k];
             let mass: f64 = col.iter().zip(&z[..k]).map(|(p, x)| p * x).sum();
@@ -165,6 +219,10 @@ pub struct BlockBuilder {
     cur_range: (usize, usize),
     /// `P(n' = 0 | q)`.
     p0: Vec<f64>,
+    /// Scratch: the count differences `g` (padded with zeros) and one `F` or
+    /// window column per phase.
+    g: Vec<f64>,
+    f: Vec<f64>,
     block: Block,
     /// Destination state of `(n', j')` is `n'·J + j'`.
     levels: usize,
@@ -197,6 +255,8 @@ impl BlockBuilder {
             cur: vec![0.0; k * (n_max + 1)],
             cur_range: (1, 0),
             p0: vec![0.0; k],
+            g: Vec::new(),
+            f: Vec::new(),
             block: Block { k, ..Block::default() },
             levels: j,
         }
@@ -208,8 +268,9 @@ impl BlockBuilder {
     }
 
     /// Evaluates the next boundary (and emits the window that ends there).
-    /// Returns an estimate of the work done, in multiply–adds.
-    pub fn step(&mut self, counts: &dyn ArrivalCounts) -> u64 {
+    /// Returns an estimate of the work done, in multiply–adds (unchanged by
+    /// the cache and the vectorisation: it sizes a sliced generation's calls).
+    pub fn step(&mut self, counts: &dyn ArrivalCounts, cache: &mut CountCache) -> u64 {
         let k = self.k;
         let n1 = self.n_max + 1;
         let i = self.next;
@@ -224,29 +285,48 @@ impl BlockBuilder {
         self.cur_range = (1, 0);
         if t < self.tau {
             let a = counts.pmf(self.rate, t, k - 1);
-            let rest = counts.pmf(self.rate, self.tau - t, (self.n_max + 2) * k);
-            let cdf = Cdf::new(&rest);
+            // The counts after `t` depend on τ − t, which is SLO − T_j up to
+            // rounding for every block: the same few values recur.
+            let rest = cache.get(counts, self.rate, self.tau - t, (self.n_max + 2) * k);
+            let cdf = &rest.cdf;
             // Count pmfs: a few flops per stored entry, one `exp` per call.
-            work += 8 * (a.p.len() + rest.p.len()) as u64 + 64;
-            let lo = (rest.lo / k).max(1);
-            let hi = rest.hi().div_ceil(k).min(self.n_max);
+            work += 8 * (a.p.len() + rest.pmf.p.len()) as u64 + 64;
+            let lo = (rest.pmf.lo / k).max(1);
+            let hi = rest.pmf.hi().div_ceil(k).min(self.n_max);
             self.cur_range = (lo, hi);
-            let mut g = vec![0.0; k];
+            // g[u] for u < k, then zeros: the correlation below runs every
+            // phase q over every d, and the terms past q + d ≥ K add +0.0.
+            self.g.clear();
+            self.g.resize(2 * k, 0.0);
+            self.f.clear();
+            self.f.resize(k, 0.0);
             for np in lo..=hi {
-                for (u, gu) in g.iter_mut().enumerate() {
+                for (u, gu) in self.g[..k].iter_mut().enumerate() {
                     let top = (np * k + k - 1) as i64 - u as i64;
                     let bottom = (np * k) as i64 - 1 - u as i64;
                     *gu = cdf.at(top) - cdf.at(bottom);
                 }
-                for q in 0..k {
-                    let mut f = 0.0;
-                    let d_hi = (k - 1 - q).min(a.hi());
-                    if a.lo <= d_hi {
-                        for d in a.lo..=d_hi {
-                            f += a.p[d - a.lo] * g[q + d];
+                // f[q] = Σ_{d = a.lo}^{min(K−1−q, a.hi)} a[d] · g[q + d], each
+                // sum in increasing d as the scalar loop did; vectorised across
+                // q (one lane per phase).
+                self.f.iter_mut().for_each(|x| *x = 0.0);
+                let d_top = a.hi().min(k - 1);
+                if a.lo <= d_top {
+                    for d in a.lo..=d_top {
+                        let ad = a.p[d - a.lo];
+                        for (fq, &g) in self.f.iter_mut().zip(&self.g[d..d + k]) {
+                            *fq += ad * g;
                         }
-                        work += (d_hi - a.lo + 1) as u64;
                     }
+                    // The scalar loop's count: Σ_q (min(K−1−q, a.hi) − a.lo + 1)⁺.
+                    for q in 0..k {
+                        let d_hi = (k - 1 - q).min(a.hi());
+                        if a.lo <= d_hi {
+                            work += (d_hi - a.lo + 1) as u64;
+                        }
+                    }
+                }
+                for (q, &f) in self.f.iter().enumerate() {
                     self.cur[q * n1 + np] = f;
                 }
             }
@@ -264,11 +344,13 @@ impl BlockBuilder {
             // Window i−1: [b_{i−1}, b_i), next slack index j' = i − 1.
             let lo = self.prev_range.0.min(self.cur_range.0);
             let hi = self.prev_range.1.max(self.cur_range.1);
+            self.f.clear();
+            self.f.resize(k, 0.0);
             for np in lo..=hi {
-                let mut col = vec![0.0; k];
                 let mut largest = 0.0f64;
-                for (q, x) in col.iter_mut().enumerate() {
+                for (q, x) in self.f.iter_mut().enumerate() {
                     let v = self.prev[q * n1 + np] - self.cur[q * n1 + np];
+                    *x = 0.0;
                     if v > 0.0 {
                         *x = v;
                         largest = largest.max(v);
@@ -276,7 +358,7 @@ impl BlockBuilder {
                 }
                 if largest >= NEGLIGIBLE {
                     self.block.cols.push((np * self.levels + i - 1) as u32);
-                    self.block.vals.extend_from_slice(&col);
+                    self.block.vals.extend_from_slice(&self.f);
                 }
             }
             work += ((hi + 1).saturating_sub(lo) * k) as u64;
@@ -313,7 +395,40 @@ impl BlockBuilder {
     }
 }
 
+/// A count pmf with its prefix sums.
+#[derive(Debug)]
+pub struct CachedCounts {
+    /// The pmf.
+    pub pmf: CountPmf,
+    cdf: Cdf,
+}
+
+/// Count pmfs already computed, by their exact arguments (rate, interval,
+/// largest count): a hit returns the very values a new call would, so caching
+/// changes no result. One per generation (or per thread building blocks).
+#[derive(Debug, Default)]
+pub struct CountCache {
+    map: std::collections::HashMap<(u64, u64, usize), CachedCounts>,
+}
+
+impl CountCache {
+    /// `counts.pmf(rate, t_us, k_max)` and its prefix sums, computed once.
+    pub fn get(&mut self, counts: &dyn ArrivalCounts, rate: f64, t_us: f64, k_max: usize) -> &CachedCounts {
+        self.map.entry((rate.to_bits(), t_us.to_bits(), k_max)).or_insert_with(|| {
+            let pmf = counts.pmf(rate, t_us, k_max);
+            let cdf = Cdf::new(&pmf);
+            CachedCounts { pmf, cdf }
+        })
+    }
+
+    /// Approximate heap bytes held.
+    pub fn memory_bytes(&self) -> usize {
+        self.map.values().map(|c| (c.pmf.p.len() + c.cdf.prefix.len()) * 8 + 64).sum()
+    }
+}
+
 /// A prefix-summed count pmf: `at(x) = P(count ≤ x)`.
+#[derive(Debug)]
 struct Cdf {
     lo: usize,
     prefix: Vec<f64>,
