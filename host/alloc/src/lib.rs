@@ -38,6 +38,7 @@ pub mod infadapter;
 pub mod ladder;
 pub mod limits;
 pub mod loki;
+mod placement;
 pub mod planner;
 pub mod problem;
 pub mod proteus;
@@ -63,9 +64,15 @@ pub enum AnyPlan {
 /// What one allocation produced.
 #[derive(Clone, Debug, Serialize)]
 pub struct Allocation {
-    /// `optimal`, `time-limit`, `infeasible` (no plan at any demand factor), or
-    /// `fallback` (this solve produced no plan; `plan` is the last feasible one).
+    /// `optimal`, `time-limit`, `infeasible` (no plan at any demand factor),
+    /// `fallback` (this solve produced no plan; `plan` is the last feasible one), or,
+    /// when no MILP found a plan within the allocation's time limit, `greedy` or
+    /// `repaired`: a plan made without a solver (`origin` says why).
     pub status: String,
+    /// Where the plan came from when no solver made it (Proteus): `greedy` or
+    /// `repaired`, and why (None: a solver's plan, a heuristic's, or the last kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<proteus::Origin>,
     /// The plan's objective (of the solve that produced it).
     pub objective: Option<f64>,
     /// The achieved relative MIP gap.
@@ -86,7 +93,8 @@ impl Allocation {
     /// Whether this allocation made a new plan (solved, within the time limit, or by
     /// a heuristic) rather than keeping the last one.
     pub fn is_new_plan(&self) -> bool {
-        self.error.is_none() && matches!(self.status.as_str(), "optimal" | "time-limit" | "heuristic")
+        self.error.is_none()
+            && matches!(self.status.as_str(), "optimal" | "time-limit" | "heuristic" | "greedy" | "repaired")
     }
 }
 
@@ -121,6 +129,7 @@ impl Allocator {
             report: None,
             error: None,
             plan: Some(plan),
+            origin: None,
         }
     }
 
@@ -151,6 +160,7 @@ impl Allocator {
                     report: Some(report),
                     error: None,
                     plan: Some(plan),
+                    origin: None,
                 }
             }
             None => Allocation {
@@ -162,6 +172,7 @@ impl Allocator {
                 report: Some(report),
                 error: None,
                 plan: self.last.clone(),
+                origin: None,
             },
         }
     }
@@ -177,16 +188,37 @@ impl Allocator {
             report: None,
             error: Some(error),
             plan: self.last.clone(),
+            origin: None,
         }
     }
 
     /// Solves `problem`; on success the new plan is in force, otherwise the last one stays.
     pub fn allocate(&mut self, problem: &AnyProblem) -> Allocation {
         let solved = match problem {
-            AnyProblem::Proteus(p) => proteus::solve(p).map_err(|e| e.to_string()).map(|o| {
-                let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
-                (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Proteus))
-            }),
+            AnyProblem::Proteus(p) => {
+                let previous = match &self.last {
+                    Some(AnyPlan::Proteus(plan)) => Some(plan),
+                    _ => None,
+                };
+                match proteus::solve_from(p, previous) {
+                    Ok(o) if o.origin != proteus::Origin::Milp => {
+                        // No MILP found a plan in time: the greedy or the repaired plan,
+                        // in force and reported as such, never nothing.
+                        let plan = o.plan.map(AnyPlan::Proteus);
+                        let secs = o.report.solve_seconds;
+                        let mut a = self.solved(o.report, 0, secs, plan);
+                        if a.error.is_none() && a.plan.is_some() {
+                            a.status = o.origin.name().into();
+                            a.origin = Some(o.origin);
+                        }
+                        return a;
+                    }
+                    other => other.map_err(|e| e.to_string()).map(|o| {
+                        let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
+                        (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Proteus))
+                    }),
+                }
+            }
             AnyProblem::InfAdapter(p) => infadapter::solve(p).map_err(|e| e.to_string()).map(|o| {
                 let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
                 (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Infadapter))

@@ -44,6 +44,7 @@ use sluice_core::profile::{ModelProfile, Percentile, Profile};
 use thiserror::Error;
 
 pub use crate::ladder::{Ladder, Search};
+use crate::placement::Scorer;
 use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
 
 /// One type of device and how many of them there are.
@@ -404,6 +405,95 @@ impl Plan {
         self.devices_used = self.routes.iter().map(|r| r.devices).sum();
     }
 
+    /// Checks the plan against `problem` as a MILP's plan must hold (to a relative
+    /// 1e-6, HiGHS's rows hold to its tolerance): one entry per device; per type no
+    /// more devices placed than it has; every route an allowed variant of its app
+    /// that runs on its device type (capacity P as [`capacity`] computes it, times its
+    /// devices), hosted by exactly that many device entries, with no load unless it
+    /// has devices and no more load than its capacity over the headroom max(β, 1);
+    /// every app served between β (at most 1) of its demand — 0 for an app no device
+    /// can serve — and its demand, its shed the rest, its shares summing to 1 and its
+    /// routes' requests/s to what it is served. The plans the allocator returns
+    /// without a solver are checked with it before they are returned.
+    pub fn check(&self, problem: &Problem) -> Result<(), String> {
+        const TOL: f64 = 1e-6;
+        let close = |a: f64, b: f64| (a - b).abs() <= TOL * (1.0 + a.abs().max(b.abs()));
+        let headroom = self.beta.max(1.0);
+        let expected: usize = problem.devices.iter().map(|d| d.count as usize).sum();
+        if self.devices.len() != expected {
+            return Err(format!("{} device entries for {expected} devices", self.devices.len()));
+        }
+        for dev in &problem.devices {
+            let used: u32 = self.routes.iter().filter(|r| r.device_type == dev.name).map(|r| r.devices).sum();
+            if used > dev.count {
+                return Err(format!("{used} devices of type {} placed, it has {}", dev.name, dev.count));
+            }
+        }
+        for r in &self.routes {
+            let at = format!("route {} / {} on {}", r.app, r.model, r.device_type);
+            let app = problem.apps.iter().find(|a| a.name == r.app).ok_or(format!("{at}: no such app"))?;
+            if !app.models.contains(&r.model) {
+                return Err(format!("{at}: not a variant of the app"));
+            }
+            let dev =
+                problem.devices.iter().find(|d| d.name == r.device_type).ok_or(format!("{at}: no such device type"))?;
+            let mp = dev.profile.model(&r.model).ok_or(format!("{at}: not in the device's profile"))?;
+            let cap =
+                capacity(mp, app.slo_ms, &problem.batch_sizes, dev.memory_mb, app.memory_mb.get(&r.model).copied())
+                    .ok_or(format!("{at}: runs no batch within half the SLO, or does not fit"))?;
+            if !close(r.capacity_qps, cap.qps * r.devices as f64) {
+                return Err(format!(
+                    "{at}: capacity {} for {} devices of {} req/s",
+                    r.capacity_qps, r.devices, cap.qps
+                ));
+            }
+            if r.qps * headroom > r.capacity_qps * (1.0 + TOL) + TOL {
+                return Err(format!("{at}: {} req/s over capacity {} (headroom {headroom})", r.qps, r.capacity_qps));
+            }
+            let hosting = self
+                .devices
+                .iter()
+                .filter(|d| {
+                    d.device_type == r.device_type
+                        && d.app.as_ref() == Some(&r.app)
+                        && d.model.as_ref() == Some(&r.model)
+                })
+                .count();
+            if hosting != r.devices as usize {
+                return Err(format!("{at}: {} devices in the route, {hosting} device entries host it", r.devices));
+            }
+        }
+        let placed = self.devices.iter().filter(|d| d.app.is_some()).count();
+        let routed: u32 = self.routes.iter().map(|r| r.devices).sum();
+        if placed != routed as usize {
+            return Err(format!("{placed} devices host a variant, the routes count {routed}"));
+        }
+        for a in &self.apps {
+            let app =
+                problem.apps.iter().find(|x| x.name == a.name).ok_or(format!("app {}: not in the problem", a.name))?;
+            let s = app.demand_qps;
+            let least = if a.unservable.is_some() { 0.0 } else { s * self.beta.min(1.0) };
+            if a.served_qps < least * (1.0 - TOL) - TOL || a.served_qps > s * (1.0 + TOL) + TOL {
+                return Err(format!(
+                    "app {}: served {} req/s, not between {least} and its demand {s}",
+                    a.name, a.served_qps
+                ));
+            }
+            if !close(a.shed_qps, s - a.served_qps) {
+                return Err(format!("app {}: shed {} of {s}, served {}", a.name, a.shed_qps, a.served_qps));
+            }
+            let shares: f64 = self.routes.iter().filter(|r| r.app == a.name).map(|r| r.share).sum();
+            let qps: f64 = self.routes.iter().filter(|r| r.app == a.name).map(|r| r.qps).sum();
+            if a.served_qps > TOL && !close(shares, 1.0) {
+                return Err(format!("app {}: shares sum to {shares}", a.name));
+            }
+            if !close(qps, a.served_qps) {
+                return Err(format!("app {}: routes carry {qps} req/s, it is served {}", a.name, a.served_qps));
+            }
+        }
+        Ok(())
+    }
+
     /// Splits route `k`'s share evenly over the devices that host it.
     fn spread_share(&mut self, k: usize) {
         let r = &self.routes[k];
@@ -553,6 +643,50 @@ pub struct Outcome {
     /// Whether the allocation's time limit stopped the ladder: the plan is the best
     /// found by then (the highest β that had one).
     pub timed_out: bool,
+    /// Where the plan came from: a MILP's, or, when none found one in the time limit,
+    /// the greedy or the previous plan repaired.
+    pub origin: Origin,
+}
+
+/// Where a plan came from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Origin {
+    /// A MILP's plan (the lexicographic search's local search may have improved it).
+    #[default]
+    Milp,
+    /// No MILP found a plan within the allocation's time limit: each app's fastest
+    /// variants on devices given in order of need, then the local search.
+    Greedy {
+        /// Why no MILP's plan (the error it would have been).
+        reason: String,
+    },
+    /// No MILP found a plan within the allocation's time limit: the previous plan's
+    /// placement, re-routed for the new demand (each app shed to its capacity), then
+    /// the local search.
+    Repaired {
+        /// Why no MILP's plan (the error it would have been).
+        reason: String,
+    },
+}
+
+impl Origin {
+    /// `milp`, `greedy` or `repaired`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Origin::Milp => "milp",
+            Origin::Greedy { .. } => "greedy",
+            Origin::Repaired { .. } => "repaired",
+        }
+    }
+
+    /// Why the plan is not a MILP's (None for a MILP's).
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Origin::Milp => None,
+            Origin::Greedy { reason } | Origin::Repaired { reason } => Some(reason),
+        }
+    }
 }
 
 /// An app planned as absent because no device can serve it.
@@ -675,8 +809,77 @@ fn servable(problem: &Problem, cands: &[Cand]) -> Result<Vec<ShedApp>, ProteusEr
 /// ([`ProteusError::Unservable`]). `problem.solver.time_limit_s` bounds the whole
 /// allocation: each solve gets the time left, and when it runs out the best plan
 /// found so far is returned ([`Outcome::timed_out`]), or, with none,
-/// [`ProteusError::NoPlanInTime`].
+/// a plan made without a solver ([`solve_from`] with no previous plan: the greedy
+/// one, [`Outcome::origin`]).
 pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
+    solve_from(problem, None)
+}
+
+/// [`solve`], with the plan in force: when no MILP finds a plan within the
+/// allocation's time limit ([`ProteusError::NoPlanInTime`]), the answer is still a
+/// plan — `previous` repaired (its placement re-routed for the new demand) or the
+/// greedy plan, whichever serves the higher demand factor (then accuracy; the
+/// repaired one on a tie: it moves no device), each improved by the local search
+/// and checked as a MILP's plan is ([`Plan::check`]). Its [`Outcome::origin`] says
+/// which, and why. The error remains only when neither is a valid plan.
+pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome, ProteusError> {
+    match solve_milp(problem) {
+        Err(e @ ProteusError::NoPlanInTime { .. }) => without_solver(problem, previous, e),
+        other => other,
+    }
+}
+
+/// The plan when no MILP found one in time ([`solve_from`]).
+fn without_solver(problem: &Problem, previous: Option<&Plan>, error: ProteusError) -> Result<Outcome, ProteusError> {
+    let started = Instant::now();
+    let Ok((cands, shed)) = candidates_shedding(problem) else { return Err(error) };
+    let absent: Vec<bool> = problem.apps.iter().map(|a| shed.iter().any(|s| s.app == a.name)).collect();
+    let allowed = allowed_variants(problem, &cands);
+    let reason = error.to_string();
+    // A few milliseconds: the allocation's time is already spent.
+    let by = Instant::now() + Duration::from_secs_f64(FALLBACK_SEARCH_S);
+    let greedy = crate::placement::greedy(problem, &cands, &allowed, &absent).map(|n| (n, false));
+    let repaired =
+        previous.and_then(|p| crate::placement::repaired(problem, &cands, &allowed, &absent, p)).map(|n| (n, true));
+    let mut best: Option<(Plan, bool)> = None;
+    for (n, is_repair) in [repaired, greedy].into_iter().flatten() {
+        let Some(plan) = crate::placement::finish(problem, &cands, &allowed, &absent, n, by) else { continue };
+        let mut plan = plan;
+        if problem.pinned.is_none() {
+            plan.free_unloaded();
+        }
+        let Some(plan) = name_shed(Some(plan), &shed) else { continue };
+        if plan.check(problem).is_err() {
+            continue;
+        }
+        let better = match &best {
+            None => true,
+            Some((b, _)) => {
+                plan.beta > b.beta + 1e-9
+                    || ((plan.beta - b.beta).abs() <= 1e-9 && accuracy_objective(&plan) > accuracy_objective(b) + 1e-12)
+            }
+        };
+        if better {
+            best = Some((plan, is_repair));
+        }
+    }
+    let Some((plan, is_repair)) = best else { return Err(error) };
+    let origin = if is_repair { Origin::Repaired { reason } } else { Origin::Greedy { reason } };
+    let report = SolveReport {
+        status: Status::TimeLimit,
+        objective: Some(accuracy_objective(&plan)),
+        gap: None,
+        solve_seconds: started.elapsed().as_secs_f64(),
+        variables: 0,
+        constraints: 0,
+    };
+    Ok(Outcome { report, attempts: Vec::new(), plan: Some(plan), shed, timed_out: true, origin })
+}
+
+/// How long the local search of a plan made without a solver may run, s.
+const FALLBACK_SEARCH_S: f64 = 0.01;
+
+fn solve_milp(problem: &Problem) -> Result<Outcome, ProteusError> {
     let deadline = Instant::now() + Duration::from_secs_f64(problem.solver.time_limit_s.clamp(0.0, 1e7));
     let (cands, shed) = candidates_shedding(problem)?;
     let absent: Vec<bool> = problem.apps.iter().map(|a| shed.iter().any(|s| s.app == a.name)).collect();
@@ -719,7 +922,7 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
         });
         if plan.is_some() {
             let plan = name_shed(plan, &shed);
-            return Ok(Outcome { report, attempts, plan, shed, timed_out: false });
+            return Ok(Outcome { report, attempts, plan, shed, timed_out: false, origin: Origin::Milp });
         }
     }
     let allowed = undominated(&cands, &allowed);
@@ -737,7 +940,7 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
         return Err(ProteusError::NoPlanInTime { limit_s: problem.solver.time_limit_s, solves: attempts.len() });
     }
     let plan = name_shed(d.plan, &shed);
-    Ok(Outcome { report: d.report, attempts, plan, shed, timed_out: d.timed_out })
+    Ok(Outcome { report: d.report, attempts, plan, shed, timed_out: d.timed_out, origin: Origin::Milp })
 }
 
 /// The lexicographic search ([`Search::Lexicographic`]): first the highest step of
@@ -768,7 +971,14 @@ fn lexicographic(
     let in_time = |limit_s: f64, solves: usize| ProteusError::NoPlanInTime { limit_s, solves };
     let limit_s = problem.solver.time_limit_s;
     if steps.is_empty() {
-        return Ok(Outcome { report: SolveReport::none(), attempts, plan: None, shed, timed_out: false });
+        return Ok(Outcome {
+            report: SolveReport::none(),
+            attempts,
+            plan: None,
+            shed,
+            timed_out: false,
+            origin: Origin::Milp,
+        });
     }
     if left() < 1e-3 {
         return Err(in_time(limit_s, attempts.len()));
@@ -786,7 +996,7 @@ fn lexicographic(
             status: report.status,
             solve_seconds: report.solve_seconds,
         });
-        return Ok(Outcome { report, attempts, plan: None, shed, timed_out: false });
+        return Ok(Outcome { report, attempts, plan: None, shed, timed_out: false, origin: Origin::Milp });
     };
     let beta = steps[k];
     // Not proven the highest: a step above may have had a plan.
@@ -796,46 +1006,71 @@ fn lexicographic(
     // (started from the placement above, it has one from the first node); only
     // with none does it go on to the deadline.
     let soft = problem.solver.soft_limit_s;
-    // The soft limit bounds both accuracy solves together.
+    // The soft limit bounds both accuracy solves and the local searches together.
     let soft_deadline = Instant::now() + Duration::from_secs_f64(soft.clamp(0.0, 1e7));
     let soft_left = || soft_deadline.saturating_duration_since(Instant::now()).as_secs_f64();
+    // The local search after the full solve is kept this share of the soft limit.
+    let reserve = (soft / 6.0).min(MAX_SEARCH_S);
     // A better start first, where the placement is fixed: the same devices per
     // (type, app) as the first solve's, each with its most accurate mix of variants
     // (Sommelier's fixed placement, `Problem::pinned`) — a model that splits into one
     // small problem per (type, app) and is solved in a fraction of the full one's time.
-    // Its plan is also the answer if the full solve finds none in the time left.
-    let mut fallback = None;
-    let start = if problem.pinned.is_none() && problem.formulation == Formulation::Aggregated {
+    let mut first = None;
+    if problem.pinned.is_none() && problem.formulation == Formulation::Aggregated {
         let mut pins = vec![vec![0u32; problem.apps.len()]; problem.devices.len()];
         for (c, n) in cands.iter().zip(&start.devices) {
             pins[c.t][c.q] += n.round() as u32;
         }
         let fixed = Problem { pinned: Some(pins), ..problem.clone() };
         let budget = if soft > 0.0 { (soft / 2.0).min(left()) } else { left() / 2.0 };
-        match solve_at_from(&fixed, cands, allowed, absent, beta, Step::Accuracy, budget.max(1e-3), Some(&start)) {
-            Ok((r, Some(plan))) => {
-                attempts.push(Attempt { step: Step::Accuracy, beta, status: r.status, solve_seconds: r.solve_seconds });
-                let start = start_of(problem, cands, &plan);
-                let mut plan = plan;
-                plan.free_unloaded();
-                fallback = Some((r, plan));
-                start
-            }
-            _ => start,
+        if let Ok((r, Some(plan))) =
+            solve_at_from(&fixed, cands, allowed, absent, beta, Step::Accuracy, budget.max(1e-3), Some(&start))
+        {
+            attempts.push(Attempt { step: Step::Accuracy, beta, status: r.status, solve_seconds: r.solve_seconds });
+            first = Some((r, plan));
         }
-    } else {
-        start
-    };
-    let budget = if soft > 0.0 { soft_left().min(left()) } else { left() };
+    }
+    // Then the local search (`placement`) from that plan, or from the first solve's
+    // placement: the pinned plan keeps the first solve's split of devices between
+    // apps, which ignores accuracy; moving devices between apps is what it lacks. Its
+    // plan starts the full solve and is the answer if that finds none in time.
+    let scorer = Scorer::new(problem, cands, allowed, absent, beta);
+    let mut fallback: Option<(SolveReport, Plan)> = None;
+    if problem.pinned.is_none() {
+        let mut n = match &first {
+            Some((_, plan)) => scorer.counts(plan),
+            None => start.devices.iter().map(|d| d.round() as u32).collect(),
+        };
+        if scorer.objective(&n).is_some() {
+            let by = Instant::now() + Duration::from_secs_f64(MAX_SEARCH_S.min((soft_left() - reserve).max(0.0)));
+            scorer
+                .improve(&mut n, if soft > 0.0 { by } else { Instant::now() + Duration::from_secs_f64(MAX_SEARCH_S) });
+            if let Some(plan) = scorer.plan(&n) {
+                let report = first.as_ref().map_or_else(SolveReport::none, |(r, _)| r.clone());
+                fallback = Some((SolveReport { status: Status::TimeLimit, ..report }, plan));
+            }
+        }
+    }
+    if fallback.is_none() {
+        fallback = first.map(|(r, mut plan)| {
+            if problem.pinned.is_none() {
+                plan.free_unloaded();
+            }
+            (r, plan)
+        });
+    }
+    let start = fallback.as_ref().map_or(start, |(_, plan)| start_of(problem, cands, plan));
+    let budget = if soft > 0.0 { (soft_left() - reserve).max(1e-3).min(left()) } else { left() };
     let mut solved =
         solve_at_from(problem, cands, allowed, absent, beta, Step::Accuracy, budget.max(1e-3), Some(&start));
-    if matches!(solved, Err(ProteusError::Solve(SolveError::NoPlanInTime(_)))) && left() > 1e-3 {
+    if matches!(solved, Err(ProteusError::Solve(SolveError::NoPlanInTime(_)))) && left() > 1e-3 && fallback.is_none() {
         solved = solve_at_from(problem, cands, allowed, absent, beta, Step::Accuracy, left(), Some(&start));
     }
-    let (report, plan) = match (solved, fallback) {
-        (Err(ProteusError::Solve(SolveError::NoPlanInTime(_))), Some((report, plan))) => {
+    let (report, plan) = match (solved, fallback.clone()) {
+        (Err(ProteusError::Solve(SolveError::NoPlanInTime(_))), Some((report, mut plan))) => {
+            plan.free_unloaded();
             let plan = name_shed(Some(plan), &shed);
-            return Ok(Outcome { report, attempts, plan, shed, timed_out: true });
+            return Ok(Outcome { report, attempts, plan, shed, timed_out: true, origin: Origin::Milp });
         }
         (Err(ProteusError::Solve(SolveError::NoPlanInTime(_))), None) => {
             return Err(in_time(limit_s, attempts.len() + 1));
@@ -843,13 +1078,40 @@ fn lexicographic(
         (other, _) => other?,
     };
     attempts.push(Attempt { step: Step::Accuracy, beta, status: report.status, solve_seconds: report.solve_seconds });
+    let mut plan = plan;
+    if problem.pinned.is_none() {
+        if let Some(p) = plan.as_mut() {
+            // The full solve stopped at the soft limit: single and paired device moves
+            // from its plan, then the better of it and the start's.
+            let mut n = scorer.counts(p);
+            if scorer.objective(&n).is_some() {
+                let by = if soft > 0.0 { soft_left().max(0.005).min(reserve.max(0.005)) } else { MAX_SEARCH_S };
+                scorer.improve(&mut n, Instant::now() + Duration::from_secs_f64(by));
+                if let Some(q) = scorer.plan(&n) {
+                    if accuracy_objective(&q) > accuracy_objective(p) {
+                        *p = q;
+                    }
+                }
+            }
+            if let Some((_, f)) = &fallback {
+                if accuracy_objective(f) > accuracy_objective(p) {
+                    *p = f.clone();
+                }
+            }
+        }
+    }
     let mut plan = name_shed(plan, &shed);
     if problem.pinned.is_none() {
         // A fixed placement keeps its devices, loaded or not.
         plan.iter_mut().for_each(Plan::free_unloaded);
     }
-    Ok(Outcome { report, attempts, plan, shed, timed_out })
+    Ok(Outcome { report, attempts, plan, shed, timed_out, origin: Origin::Milp })
 }
+
+/// The longest a local search of the lexicographic search runs, s (each of the two).
+/// A round of paired moves at 4× the paper's demand takes ~10 ms; from the pinned
+/// plan the search converges in 50–90 ms there.
+const MAX_SEARCH_S: f64 = 0.1;
 
 /// A plan as a [`Start`]: its devices and capacity needed per candidate.
 fn start_of(problem: &Problem, cands: &[Cand], plan: &Plan) -> Start {
@@ -1210,8 +1472,14 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
 
 fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
     let At { problem, cands, keep, beta, headroom, total, step, .. } = *at;
-    let served = &at.served[..];
+    // Below β = 1, demand is shed per app, as in the aggregated model: app q is
+    // served a fraction ρ(q) ∈ [β, 1] of its demand, Σ_d y(d,q) = ρ(q), and y is a
+    // share of the whole demand.
+    let partial = beta < 1.0 && step == Step::Accuracy;
+    let served: &[f64] = if partial { &at.demand } else { &at.served };
     let mut m = Milp::default();
+    let rho: Vec<Option<Variable>> =
+        served.iter().map(|&s| (partial && s > 0.0).then(|| m.add(variable().min(beta).max(1)))).collect();
     // Devices: (type, index within type).
     let devices: Vec<usize> =
         problem.devices.iter().enumerate().flat_map(|(t, d)| std::iter::repeat_n(t, d.count as usize)).collect();
@@ -1280,7 +1548,17 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
         let cap: Expression = row.iter().map(|&(i, xv, _)| cands[i].cap.qps * xv).sum();
         m.constrain(constraint!(load <= cap));
     }
-    route_all(&mut m, served, |q| y.iter().map(|row| row[q]).sum());
+    if partial {
+        for (q, p) in rho.iter().enumerate() {
+            let e: Expression = y.iter().map(|row| row[q]).sum();
+            match p {
+                Some(p) => m.constrain(constraint!(e == *p)),
+                None => m.constrain(constraint!(e == 0)),
+            }
+        }
+    } else {
+        route_all(&mut m, served, |q| y.iter().map(|row| row[q]).sum());
+    }
     let (sense, objective): (Sense, Expression) = match step {
         Step::Hardware => (Sense::Minimise, x.iter().flatten().map(|(_, xv, _)| *xv).sum()),
         // Eq. 7: Σ_q a_q with a_q = Σ_m A_m Σ_d x(d,m)·y(d,q)·s_q, over total demand.
@@ -1306,7 +1584,18 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
         }
     }
     let routes: Vec<(usize, u32, f64)> = routes.into_iter().map(|(i, (n, s))| (i, n, s)).collect();
-    Ok((report, Some(make_plan(problem, cands, &routes, beta, served, step))))
+    if !partial {
+        return Ok((report, Some(make_plan(problem, cands, &routes, beta, served, step))));
+    }
+    // Each app's served demand is what its shares add up to, and the shares become
+    // fractions of it.
+    let fraction: Vec<f64> = rho.iter().map(|p| p.map_or(0.0, |p| values.value(p).clamp(beta, 1.0))).collect();
+    let served: Vec<f64> = served.iter().zip(&fraction).map(|(s, f)| s * f).collect();
+    let routes: Vec<(usize, u32, f64)> = routes
+        .into_iter()
+        .map(|(i, n, share)| (i, n, if fraction[cands[i].q] > 0.0 { share / fraction[cands[i].q] } else { 0.0 }))
+        .collect();
+    Ok((report, Some(make_plan(problem, cands, &routes, beta, &served, step))))
 }
 
 /// Builds the plan from (candidate, devices, share) triples.

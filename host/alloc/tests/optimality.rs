@@ -176,6 +176,7 @@ fn brute_with(p: &proteus::Problem, beta: f64, allowed: &dyn Fn(&Opt) -> bool, p
 /// Checks a plan's structure: shares sum to one per served app, routes only to
 /// devices that host the variant, capacity with headroom respected.
 fn check_plan(p: &proteus::Problem, plan: &proteus::Plan) {
+    plan.check(p).unwrap_or_else(|e| panic!("{e}: {plan:?}"));
     for (q, app) in p.apps.iter().enumerate() {
         let served = plan.apps[q].served_qps;
         let share: f64 = plan.routes.iter().filter(|r| r.app == app.name).map(|r| r.share).sum();
@@ -210,9 +211,9 @@ fn both_formulations_match_brute_force_on_random_instances() {
         let mut p = random_problem(&mut rng, apps, 2);
         for formulation in [Formulation::Aggregated, Formulation::PerDevice] {
             p.formulation = formulation;
-            // The aggregated formulation sheds per app below β = 1; the per-device one
-            // serves every app exactly β of its demand.
-            let per_app = formulation == Formulation::Aggregated;
+            // Both formulations shed per app below β = 1 (issue 34: the per-device one
+            // used to serve every app exactly β of its demand).
+            let per_app = true;
             let first_feasible =
                 p.ladder.steps().into_iter().find_map(|b| brute_with(&p, b, &|_| true, per_app).map(|v| (b, v.0)));
             let out = proteus::solve(&p).unwrap();
@@ -258,9 +259,6 @@ fn both_formulations_match_brute_force_on_random_instances() {
                             assert!(a.served_qps >= a.demand_qps * plan.beta - 1e-6, "case {case}: {a:?}");
                             assert!(a.served_qps <= a.demand_qps + 1e-6, "case {case}: {a:?}");
                             assert!((a.served_qps + a.shed_qps - a.demand_qps).abs() < 1e-9);
-                            if !per_app {
-                                assert!((a.served_qps - a.demand_qps * plan.beta).abs() < 1e-6);
-                            }
                         }
                     }
                 }
@@ -325,12 +323,18 @@ fn a_surge_is_shed_per_app() {
     let big = best(0);
     p.apps[0].demand_qps = big * 2.6;
     p.apps[1].demand_qps = 1.0;
-    for search in [
+    let searches = [
         sluice_alloc::ladder::Search::Lexicographic,
         sluice_alloc::ladder::Search::Bisect,
         sluice_alloc::ladder::Search::Descend,
-    ] {
+    ];
+    // Both formulations: the per-device one used to shed uniformly.
+    for (search, formulation) in
+        searches.into_iter().flat_map(|s| [Formulation::Aggregated, Formulation::PerDevice].map(|f| (s, f)))
+    {
         p.ladder.search = search;
+        p.formulation = formulation;
+        let search = (search, formulation);
         let plan = proteus::solve(&p).unwrap().plan.expect("a plan after shedding");
         assert!(plan.beta < 0.5 && plan.beta > 0.2, "{search:?}: β {}", plan.beta);
         let (a, b) = (&plan.apps[0], &plan.apps[1]);
@@ -525,4 +529,38 @@ fn infadapter_time_limit_bounds_the_whole_ladder() {
     p.demand_rps = 60.0;
     let out = infadapter::solve(&p).unwrap();
     assert!(out.plan.is_some() || out.attempts.len() == p.ladder.steps().len(), "{:?}", out.attempts);
+}
+
+#[test]
+fn plans_made_without_a_solver_are_valid_on_random_instances() {
+    // A limit no MILP meets: every allocation still answers with a plan (the greedy
+    // one), valid as a MILP's must be, each app served between β and its demand, and
+    // never better than the optimum at its β (brute force).
+    let mut rng = Lcg(13);
+    let mut seen = 0;
+    for case in 0..12 {
+        let apps = 1 + case % 3;
+        let mut p = random_problem(&mut rng, apps, 2);
+        p.solver.time_limit_s = 1e-9;
+        for formulation in [Formulation::Aggregated, Formulation::PerDevice] {
+            p.formulation = formulation;
+            let out = proteus::solve(&p).unwrap_or_else(|e| panic!("case {case} {formulation:?}: {e}"));
+            assert!(
+                matches!(out.origin, proteus::Origin::Greedy { .. }),
+                "case {case} {formulation:?}: {:?}",
+                out.origin
+            );
+            let plan = out.plan.expect("a plan, never nothing");
+            check_plan(&p, &plan);
+            for a in &plan.apps {
+                assert!(a.served_qps >= a.demand_qps * plan.beta.min(1.0) - 1e-6, "case {case}: {a:?}");
+            }
+            if let Some((best, _)) = brute_with(&p, plan.beta, &|_| true, true) {
+                let got = proteus::accuracy_objective(&plan);
+                assert!(got <= best + 1e-6, "case {case} {formulation:?}: greedy {got} above the optimum {best}");
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen > 0);
 }

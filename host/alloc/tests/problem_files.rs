@@ -347,39 +347,110 @@ fn surge() -> sluice_alloc::proteus::Problem {
 
 #[test]
 fn the_time_limit_bounds_the_whole_allocation() {
+    use sluice_alloc::proteus::Origin;
     // Tiny limits: each allocation returns within about its limit (plus building
-    // one model), with a plan or an error that says the time ran out.
+    // one model), always with a plan: a MILP's, or, when none found one in time, the
+    // greedy plan, valid and marked as such (issue 34: never nothing).
+    let mut greedy_seen = false;
     for limit in [1e-4, 0.02, 0.2] {
         let mut p = surge();
         p.solver.time_limit_s = limit;
-        for search in [sluice_alloc::ladder::Search::Bisect, sluice_alloc::ladder::Search::Descend] {
+        for search in [
+            sluice_alloc::ladder::Search::Lexicographic,
+            sluice_alloc::ladder::Search::Bisect,
+            sluice_alloc::ladder::Search::Descend,
+        ] {
             p.ladder.search = search;
             let t = std::time::Instant::now();
-            let got = sluice_alloc::proteus::solve(&p);
+            let out = sluice_alloc::proteus::solve(&p).unwrap_or_else(|e| panic!("{limit} s {search:?}: {e}"));
             let secs = t.elapsed().as_secs_f64();
             assert!(secs < limit + 1.0, "{limit} s {search:?}: took {secs} s");
-            match got {
-                Ok(out) => {
-                    let plan = out.plan.expect("a plan or an error");
-                    assert!(plan.beta < 1.0, "3x demand is shed");
+            let plan = out.plan.expect("a plan, never nothing");
+            plan.check(&p).unwrap_or_else(|e| panic!("{limit} s {search:?}: {e}"));
+            match &out.origin {
+                Origin::Milp => {
                     assert!(out.timed_out || out.attempts.iter().all(|a| a.solve_seconds <= limit + 0.1));
                 }
-                Err(e) => assert!(
-                    e.to_string()
-                        .starts_with(&format!("no plan found within the allocation's time limit of {limit} s")),
-                    "{e}"
-                ),
+                Origin::Greedy { reason } => {
+                    greedy_seen = true;
+                    assert!(out.timed_out);
+                    assert!(
+                        reason.starts_with(&format!("no plan found within the allocation's time limit of {limit} s")),
+                        "{reason}"
+                    );
+                }
+                Origin::Repaired { .. } => panic!("no previous plan to repair"),
             }
         }
     }
-    // The allocator keeps the plan in force when the time runs out with none.
+    assert!(greedy_seen, "a limit of 0.1 ms left no MILP a plan: the greedy plan went untested");
+    // The allocator repairs the plan in force when the time runs out with none.
     let mut p = surge();
     p.solver.time_limit_s = 1e-4;
     let mut allocator = Allocator::default();
     let first = allocator.allocate(&AnyProblem::Proteus(surge()));
-    assert!(first.plan.is_some(), "{first:?}");
-    let next = allocator.allocate(&AnyProblem::Proteus(p));
-    assert_eq!(next.status, "fallback", "{next:?}");
-    assert!(next.error.as_deref().is_some_and(|e| e.contains("time limit")), "{next:?}");
-    assert!(next.plan.is_some());
+    assert!(first.plan.is_some() && first.origin.is_none(), "{first:?}");
+    for a in &mut p.apps {
+        a.demand_qps *= 1.3;
+    }
+    let next = allocator.allocate(&AnyProblem::Proteus(p.clone()));
+    assert!(next.status == "repaired" || next.status == "greedy", "{next:?}");
+    assert!(next.is_new_plan() && next.error.is_none(), "{next:?}");
+    let origin = next.origin.as_ref().expect("the origin is reported");
+    assert_eq!(origin.name(), next.status);
+    assert!(origin.reason().is_some_and(|r| r.contains("time limit")), "{origin:?}");
+    let Some(sluice_alloc::AnyPlan::Proteus(plan)) = &next.plan else { panic!("a Proteus plan") };
+    plan.check(&p).unwrap();
+    assert!(plan.apps.iter().zip(&p.apps).all(|(a, b)| a.demand_qps == b.demand_qps), "planned for the new demand");
+    let json = serde_json::to_value(&next).unwrap();
+    assert_eq!(json["origin"]["kind"], next.status.as_str(), "{json}");
+}
+
+#[test]
+fn a_greedy_plan_sheds_per_app() {
+    use sluice_alloc::proteus::Origin;
+    // The paper's setup with one app far beyond what every device could serve and a
+    // limit no MILP meets: the greedy plan serves every app at least the plan's β
+    // (the fraction the surging app's devices cover) and each as much more as its
+    // devices allow, not every app the same fraction.
+    let AnyProblem::Proteus(mut p) = AnyProblem::load(&root().join("examples/allocate/proteus-paper.toml")).unwrap()
+    else {
+        unreachable!()
+    };
+    p.solver.time_limit_s = 1e-6;
+    p.apps[0].demand_qps = 1e8;
+    let out = sluice_alloc::proteus::solve(&p).expect("a plan, never an error");
+    assert!(matches!(out.origin, Origin::Greedy { .. }), "{:?}", out.origin);
+    let plan = out.plan.expect("a plan");
+    plan.check(&p).unwrap();
+    let surging = &plan.apps[0];
+    assert!(surging.shed_qps > 0.0 && surging.served_qps > 0.0, "{surging:?}");
+    assert!(surging.served_qps >= surging.demand_qps * plan.beta - 1e-6, "{surging:?}");
+    assert!(plan.beta < 0.01, "β {}", plan.beta);
+    for a in &plan.apps {
+        assert!(a.served_qps >= a.demand_qps * plan.beta - 1e-6, "{a:?} below β {}", plan.beta);
+    }
+    let full = plan.apps[1..].iter().filter(|a| a.shed_qps.abs() < 1e-6).count();
+    assert!(full >= plan.apps.len() / 2, "{} of the other apps served in full: {:?}", full, plan.apps);
+    // The per-device formulation gets the same answer.
+    p.formulation = sluice_alloc::proteus::Formulation::PerDevice;
+    let out = sluice_alloc::proteus::solve(&p).expect("a plan");
+    assert!(matches!(out.origin, Origin::Greedy { .. }));
+    out.plan.expect("a plan").check(&p).unwrap();
+    // A fixed placement keeps its devices per (type, app) in the greedy plan.
+    let mut pinned = p.clone();
+    pinned.formulation = sluice_alloc::proteus::Formulation::Aggregated;
+    let pins: Vec<Vec<u32>> = pinned
+        .devices
+        .iter()
+        .map(|d| (0..pinned.apps.len()).map(|q| u32::from((q as u32) < d.count.min(9))).collect())
+        .collect();
+    pinned.pinned = Some(pins.clone());
+    let out = sluice_alloc::proteus::solve(&pinned).expect("a plan");
+    let plan = out.plan.expect("a plan");
+    plan.check(&pinned).unwrap();
+    // (A pin of an app with no variant on that type stays idle.)
+    let got = plan.pins(&pinned);
+    assert!(got.iter().flatten().zip(pins.iter().flatten()).all(|(g, p)| g <= p), "{got:?}");
+    assert!(got.iter().flatten().sum::<u32>() >= 30, "{got:?}");
 }

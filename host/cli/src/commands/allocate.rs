@@ -1,6 +1,8 @@
 //! `sluice allocate --problem <file> [--json]`: solves one allocation problem
 //! ([`sluice_alloc::AnyProblem`]) and prints the plan; with `--json`, one object with
-//! `status`, `objective`, `gap`, `solve_seconds` and the `plan`.
+//! `status`, `objective`, `gap`, `solve_seconds` and the `plan`, and `origin` when no
+//! MILP found a plan within the time limit and the plan is the greedy or the repaired
+//! one (status `greedy` / `repaired`; docs/allocator.md).
 //!
 //! A file with a number out of its range (docs/allocator.md, "Ranges") is refused as
 //! it is read, naming the field; a problem no plan can serve (no device, or an app
@@ -42,6 +44,10 @@ pub fn run(args: AllocateArgs) -> Result<()> {
             allocation.solve_seconds,
             allocation.solves
         );
+        if let Some(origin) = &allocation.origin {
+            // No MILP found a plan in the time limit: say whose plan this is instead.
+            println!("plan: {} (no solver), because {}", origin.name(), origin.reason().unwrap_or("-"));
+        }
         match &allocation.plan {
             Some(AnyPlan::Proteus(p)) => {
                 println!(
