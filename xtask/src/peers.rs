@@ -16,8 +16,12 @@
 //!    from one rate to the next), warm-up, then `sluice_loadgen::poisson` open loop
 //!    with the same seeded Poisson arrivals and the same body (one real image as
 //!    OIP JSON) for all. Latency, on-time and goodput are measured at the client.
-//! 4. [`report`]: a table per system and rate, the goals with their ratios from
-//!    this run, then one JSON line.
+//! 4. [`bound`]: the limit any scheduler could hold on the same arrivals (issue
+//!    36): the clairvoyant optimum of `sluice_sim::limit` on ResNet-50's latency
+//!    table from a profile (`--bound-profile`), computed in process in well under
+//!    a second.
+//! 5. [`report`]: a table per system and rate, the goals with their ratios from
+//!    this run and the bound beside the held rates, then one JSON line.
 //!
 //! Not part of `cargo xtask test` or `bench`: it takes ~20 minutes and installs
 //! ~1 GB of Python packages.
@@ -76,6 +80,63 @@ pub struct PeersArgs {
     /// Run only the systems whose label contains one of these (default: all).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// The profile whose ResNet-50 table (at the app's default percentile, p95)
+    /// the held-rate bound is computed for. The default is the emulated executor's
+    /// (the AMD machine's): on a machine where ResNet-50 runs faster, give a profile
+    /// measured there (`sluice profile`), or the bound is the slower machine's.
+    #[arg(long, default_value = "profiles/imagenet-light-cpu.toml")]
+    pub bound_profile: PathBuf,
+}
+
+/// The clairvoyant bound on the held rate for the sluice rows on ResNet-50
+/// (`sluice_sim::limit`, issue 36): what no scheduler could beat.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Bound {
+    /// The profile the latency table came from.
+    pub profile: String,
+    /// ResNet-50's latency at batch 1..=MAX_BATCH, µs.
+    pub latency_us: Vec<u64>,
+    /// The highest rate at which the optimum has ≥ 99 % on time on this run's
+    /// arrivals (its seed and seconds), req/s, to 0.1 req/s.
+    pub held: f64,
+    /// The same on 10 seeds × 600 s: the steady state, without one short trace's luck.
+    pub held_long: f64,
+}
+
+/// Searches the bound ([`Bound`]) on this run's arrivals: `sluice_loadgen::poisson`'s
+/// schedule for the run's seed, in µs, the rate found by
+/// `sluice_sim::limit::highest_held` from 1 req/s in steps of 1 down to 0.1.
+pub fn bound(root: &Path, args: &PeersArgs) -> Result<Bound> {
+    use sluice_sim::limit::{highest_held, on_time_fraction, Setting};
+    let path = root.join(&args.bound_profile);
+    let profile = sluice_core::profile::Profile::load(&path).with_context(|| format!("{}", path.display()))?;
+    let table = profile
+        .model("resnet50")
+        .with_context(|| format!("{}: no resnet50", path.display()))?
+        .latency_table(sluice_core::profile::Percentile::P95);
+    let setting = Setting {
+        workers: WORKERS as usize,
+        latency_us: table[..(MAX_BATCH as usize).min(table.len())].to_vec(),
+        slo_us: (SLO_MS * 1000.0) as u64,
+    };
+    let search = |seeds: &[u64], seconds: f64| {
+        highest_held(1.0, 1.0, 0.1, 200.0, |rate| {
+            let traces: Vec<Vec<u64>> = seeds
+                .iter()
+                .map(|&seed| {
+                    poisson::arrival_times(rate, Duration::from_secs_f64(seconds), seed)
+                        .iter()
+                        .map(|t| (t * 1e6).round() as u64)
+                        .collect()
+                })
+                .collect();
+            on_time_fraction(&setting, &traces, HELD).map(|f| f.is_some())
+        })
+    };
+    let held = search(&[args.seed], args.seconds)?.rate;
+    let long: Vec<u64> = (args.seed..args.seed + 10).collect();
+    let held_long = search(&long, 600.0)?.rate;
+    Ok(Bound { profile: args.bound_profile.display().to_string(), latency_us: setting.latency_us, held, held_long })
 }
 
 /// One system under test.
@@ -500,7 +561,7 @@ fn fmt_errors(e: &BTreeMap<String, usize>) -> String {
 }
 
 /// Prints the tables and the goals, then one JSON line.
-pub fn report(rows: &[Row], args: &PeersArgs) {
+pub fn report(rows: &[Row], args: &PeersArgs, bound: Option<&Bound>) {
     let labels: Vec<String> = {
         let mut l: Vec<String> = Vec::new();
         for r in rows {
@@ -531,20 +592,29 @@ pub fn report(rows: &[Row], args: &PeersArgs) {
     }
     let peers: Vec<&String> = labels.iter().filter(|l| !l.starts_with("sluice")).collect();
     let best_peer_held = peers.iter().map(|p| held(&of(p))).fold(0.0, f64::max);
-    println!("\n| system | highest rate held (≥ 99 % on time) | × better peer (goal ≥ 2, ResNet-50 only) | peak goodput /s (at req/s) | lowest goodput past the peak / peak (goal ≥ 0.9) |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("\n| system | highest rate held (≥ 99 % on time) | × better peer (goal ≥ 2, ResNet-50 only) | clairvoyant bound req/s (ResNet-50) | held / bound | peak goodput /s (at req/s) | lowest goodput past the peak / peak (goal ≥ 0.9) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     let mut goals = Vec::new();
     for l in &labels {
         let rs = of(l);
         let h = held(&rs);
         let (at, peak, ratio) = past_capacity(&rs);
         let vs = if best_peer_held > 0.0 { h / best_peer_held } else { f64::INFINITY };
+        // The bound is ResNet-50's alone: not for the rows that serve other variants.
+        let resnet_only = systems().iter().find(|s| &s.label == l).is_none_or(|s| match &s.kind {
+            Kind::Sluice { models, .. } => *models == ["resnet50"],
+            _ => true,
+        });
+        let of_bound = bound.filter(|_| resnet_only).map(|b| (b.held, h / b.held));
         println!(
-            "| {l} | {h:.0} | {} | {peak:.1} ({at:.0}) | {} |",
+            "| {l} | {h:.0} | {} | {} | {} | {peak:.1} ({at:.0}) | {} |",
             if l.starts_with("sluice") { format!("{vs:.2}") } else { "–".into() },
+            of_bound.map_or("–".into(), |(b, _)| format!("{b:.1}")),
+            of_bound.map_or("–".into(), |(_, r)| format!("{r:.2}")),
             ratio.map_or("– (peak at the top rate)".into(), |r| format!("{r:.2}"))
         );
-        goals.push(json!({ "system": l, "held_rate": h, "held_vs_best_peer": vs, "peak_goodput": peak, "peak_at": at, "past_peak_ratio": ratio }));
+        goals.push(json!({ "system": l, "held_rate": h, "held_vs_best_peer": vs, "bound": of_bound.map(|b| b.0),
+            "held_vs_bound": of_bound.map(|b| b.1), "peak_goodput": peak, "peak_at": at, "past_peak_ratio": ratio }));
     }
     // Below capacity: p99 against the better peer's at the same rate.
     println!(
@@ -562,10 +632,19 @@ pub fn report(rows: &[Row], args: &PeersArgs) {
             .collect();
         println!("| {rate:.0} | {peer:.0} | {} |", cells.join(" | "));
     }
+    if let Some(b) = bound {
+        println!(
+            "\nbound: {:.1} req/s on this run's arrivals (seed {}, {} s), {:.1} on 10 seeds × 600 s: the clairvoyant optimum \
+             (sluice_sim::limit, exact) for 2 workers, batches ≤ {MAX_BATCH}, SLO {SLO_MS} ms and ResNet-50's table {:?} µs from {}; \
+             a machine faster than that profile can hold more",
+            b.held, args.seed, args.seconds, b.held_long, b.latency_us, b.profile
+        );
+    }
     println!(
         "{}",
         json!({ "bench": "peers", "slo_ms": SLO_MS, "seconds": args.seconds, "seed": args.seed, "workers": WORKERS,
-                "max_batch": MAX_BATCH, "batch_wait_s": BATCH_WAIT_S, "packages": PEER_PACKAGES, "rows": rows, "goals": goals })
+                "max_batch": MAX_BATCH, "batch_wait_s": BATCH_WAIT_S, "packages": PEER_PACKAGES, "rows": rows, "goals": goals,
+                "bound": bound })
     );
 }
 
@@ -586,6 +665,8 @@ pub fn run(root: &Path, args: &PeersArgs) -> Result<()> {
         "sluice",
     ]))?;
     let rows = measure(root, &venv, args)?;
-    report(&rows, args);
+    // Computed after the measurements, so it never competes with them for the cores.
+    let bound = bound(root, args)?;
+    report(&rows, args, Some(&bound));
     Ok(())
 }
