@@ -51,6 +51,15 @@ pub trait ArrivalCounts: Send + Sync {
     /// underflow (the phase weights of interval A, see `transitions`).
     fn ln_pmf(&self, rate: f64, t_us: f64, k: usize) -> f64;
 
+    /// `out[i] = ln_pmf(rate, t_us, first + i)`: the same values bit for bit,
+    /// for a run of counts at once (the phase weights need `K` of them per
+    /// state). Implementations may share work between the counts.
+    fn ln_pmf_run(&self, rate: f64, t_us: f64, first: usize, out: &mut [f64]) {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.ln_pmf(rate, t_us, first + i);
+        }
+    }
+
     /// The pmf over counts `0..=k_max` for an interval of `t_us` µs, truncated
     /// to the entries of at least [`NEGLIGIBLE`].
     fn pmf(&self, rate: f64, t_us: f64, k_max: usize) -> CountPmf;
@@ -97,6 +106,24 @@ impl ArrivalCounts for Poisson {
         let k = k as f64;
         // scipy.stats.poisson.pmf computes exp(xlogy(k, mu) - gammaln(k+1) - mu).
         k * mu.ln() - ln_gamma(k + 1.0) - mu
+    }
+
+    /// `ln μ` once per run instead of once per count, and `ln Γ(k + 1)` from
+    /// a table of the same function's values: the same expression, operand
+    /// for operand, as [`Poisson::ln_pmf`].
+    fn ln_pmf_run(&self, rate: f64, t_us: f64, first: usize, out: &mut [f64]) {
+        let mu = (rate * t_us).max(0.0);
+        if mu == 0.0 {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = self.ln_pmf(rate, t_us, first + i);
+            }
+            return;
+        }
+        let ln_mu = mu.ln();
+        for (i, o) in out.iter_mut().enumerate() {
+            let k = first + i;
+            *o = k as f64 * ln_mu - ln_factorial(k) - mu;
+        }
     }
 
     fn pmf(&self, rate: f64, t_us: f64, k_max: usize) -> CountPmf {
@@ -198,6 +225,20 @@ impl ArrivalCounts for GammaPoisson {
             None => CountPmf { lo: k_max, p: vec![0.0] },
         }
     }
+}
+
+/// Counts below this have `ln k!` tabulated ([`ln_factorial`]): `(N_w + 2)·K`
+/// for the paper's `N_w = 32` and up to ~120 workers.
+const LN_FACTORIAL_TABLE: usize = 4096;
+
+/// `ln k! = ln_gamma(k + 1)`, from a table filled once per process by that
+/// very function (so the values are the same bit for bit).
+pub fn ln_factorial(k: usize) -> f64 {
+    static TABLE: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
+    if k >= LN_FACTORIAL_TABLE {
+        return ln_gamma(k as f64 + 1.0);
+    }
+    TABLE.get_or_init(|| (0..LN_FACTORIAL_TABLE).map(|k| ln_gamma(k as f64 + 1.0)).collect())[k]
 }
 
 /// `ln Γ(x)` for `x > 0` (Lanczos, g = 7, 9 terms; relative error ~1e-15).

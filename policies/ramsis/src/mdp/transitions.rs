@@ -77,7 +77,8 @@ impl Phase {
             return Phase::zero();
         }
         let base = (n - 1) * k;
-        let ln: Vec<f64> = (0..k).map(|q| counts.ln_pmf(rate, t_a, base + q)).collect();
+        let mut ln = vec![0.0; k];
+        counts.ln_pmf_run(rate, t_a, base, &mut ln);
         let max = ln.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         if max < LN_MIN_POSITIVE {
             return Phase { lo: 0, w: vec![1.0 / k as f64; k] };
@@ -199,6 +200,9 @@ impl Block {
     }
 }
 
+/// Phases per vector of the block construction's correlation.
+const CORRELATION_LANES: usize = 8;
+
 /// Builds a [`Block`] one window boundary at a time, so that the work can be
 /// sliced (the component builds policies between `decide` calls).
 #[derive(Debug)]
@@ -211,7 +215,8 @@ pub struct BlockBuilder {
     bounds: Vec<f64>,
     /// The next boundary to evaluate.
     next: usize,
-    /// `F` at the previous boundary: `k × (n_max + 1)`, row `q`.
+    /// `F` at the previous boundary: `(n_max + 1) × k`, `n'`-major
+    /// (`prev[n'·k + q]`), zero outside `prev_range`.
     prev: Vec<f64>,
     /// `n'` range where `prev` may be non-zero.
     prev_range: (usize, usize),
@@ -272,7 +277,6 @@ impl BlockBuilder {
     /// the cache and the vectorisation: it sizes a sliced generation's calls).
     pub fn step(&mut self, counts: &dyn ArrivalCounts, cache: &mut CountCache) -> u64 {
         let k = self.k;
-        let n1 = self.n_max + 1;
         let i = self.next;
         self.next += 1;
         let t = self.bounds[i];
@@ -281,7 +285,11 @@ impl BlockBuilder {
         }
         let mut work = 0u64;
         // F(t, n' | q) for n' ≥ 1.
-        self.cur.iter_mut().for_each(|x| *x = 0.0);
+        // `cur` holds the boundary before last: clear what it wrote.
+        let (stale_lo, stale_hi) = self.cur_range;
+        if stale_lo <= stale_hi {
+            self.cur[stale_lo * k..(stale_hi + 1) * k].iter_mut().for_each(|x| *x = 0.0);
+        }
         self.cur_range = (1, 0);
         if t < self.tau {
             let a = counts.pmf(self.rate, t, k - 1);
@@ -297,38 +305,44 @@ impl BlockBuilder {
             // g[u] for u < k, then zeros: the correlation below runs every
             // phase q over every d, and the terms past q + d ≥ K add +0.0.
             self.g.clear();
-            self.g.resize(2 * k, 0.0);
-            self.f.clear();
-            self.f.resize(k, 0.0);
+            self.g.resize(2 * k + CORRELATION_LANES, 0.0);
+            let d_top = a.hi().min(k - 1);
+            // The scalar loop's count: Σ_q (min(K−1−q, a.hi) − a.lo + 1)⁺ per n'.
+            let per_np: u64 = (0..k)
+                .map(|q| {
+                    let d_hi = (k - 1 - q).min(a.hi());
+                    if a.lo <= d_hi {
+                        (d_hi - a.lo + 1) as u64
+                    } else {
+                        0
+                    }
+                })
+                .sum();
             for np in lo..=hi {
                 for (u, gu) in self.g[..k].iter_mut().enumerate() {
                     let top = (np * k + k - 1) as i64 - u as i64;
                     let bottom = (np * k) as i64 - 1 - u as i64;
                     *gu = cdf.at(top) - cdf.at(bottom);
                 }
-                // f[q] = Σ_{d = a.lo}^{min(K−1−q, a.hi)} a[d] · g[q + d], each
-                // sum in increasing d as the scalar loop did; vectorised across
-                // q (one lane per phase).
-                self.f.iter_mut().for_each(|x| *x = 0.0);
-                let d_top = a.hi().min(k - 1);
-                if a.lo <= d_top {
-                    for d in a.lo..=d_top {
-                        let ad = a.p[d - a.lo];
-                        for (fq, &g) in self.f.iter_mut().zip(&self.g[d..d + k]) {
-                            *fq += ad * g;
+                // F[q] = Σ_{d = a.lo}^{min(K−1−q, a.hi)} a[d] · g[q + d], each
+                // sum in increasing d as the scalar loop did, vectorised across
+                // q (one lane per phase, the lanes' sums kept in registers).
+                let out = &mut self.cur[np * k..(np + 1) * k];
+                for q0 in (0..k).step_by(CORRELATION_LANES) {
+                    let mut acc = [0.0f64; CORRELATION_LANES];
+                    if a.lo <= d_top {
+                        for (d, &ad) in (a.lo..=d_top).zip(&a.p) {
+                            let g: &[f64; CORRELATION_LANES] =
+                                self.g[q0 + d..q0 + d + CORRELATION_LANES].try_into().expect("lanes");
+                            for (x, &gu) in acc.iter_mut().zip(g) {
+                                *x += ad * gu;
+                            }
                         }
                     }
-                    // The scalar loop's count: Σ_q (min(K−1−q, a.hi) − a.lo + 1)⁺.
-                    for q in 0..k {
-                        let d_hi = (k - 1 - q).min(a.hi());
-                        if a.lo <= d_hi {
-                            work += (d_hi - a.lo + 1) as u64;
-                        }
-                    }
+                    let n = CORRELATION_LANES.min(k - q0);
+                    out[q0..q0 + n].copy_from_slice(&acc[..n]);
                 }
-                for (q, &f) in self.f.iter().enumerate() {
-                    self.cur[q * n1 + np] = f;
-                }
+                work += per_np;
             }
             if i == 0 {
                 // P(n' = 0 | q) = P(c_τ ≤ K − 1 − q) (the artifact's n' = 0 case).
@@ -348,8 +362,9 @@ impl BlockBuilder {
             self.f.resize(k, 0.0);
             for np in lo..=hi {
                 let mut largest = 0.0f64;
-                for (q, x) in self.f.iter_mut().enumerate() {
-                    let v = self.prev[q * n1 + np] - self.cur[q * n1 + np];
+                let (prev, cur) = (&self.prev[np * k..(np + 1) * k], &self.cur[np * k..(np + 1) * k]);
+                for ((x, &before), &after) in self.f.iter_mut().zip(prev).zip(cur) {
+                    let v = before - after;
                     *x = 0.0;
                     if v > 0.0 {
                         *x = v;
@@ -363,8 +378,9 @@ impl BlockBuilder {
             }
             work += ((hi + 1).saturating_sub(lo) * k) as u64;
         }
+        // `cur` becomes `prev`; the old `prev` (and its range, to clear) `cur`.
         std::mem::swap(&mut self.prev, &mut self.cur);
-        self.prev_range = self.cur_range;
+        std::mem::swap(&mut self.prev_range, &mut self.cur_range);
         work + (k * 4) as u64
     }
 
