@@ -284,6 +284,18 @@ fn take<Q: Queued, const N: usize>(items: &mut Vec<Q>, view: &sdk::View, indices
     }
     let unchanged =
         items.len() == view.queue.len() && items.iter().zip(&view.queue).all(|(r, p)| r.pending().id == p.id);
+    // The common answer (the safe policy's, RAMSIS's): the head of an unchanged
+    // queue, nothing else. The same result as below without a slot per queued
+    // request: a third of a native simulated decision's allocations.
+    if unchanged
+        && indices[1..].iter().all(|l| l.is_empty())
+        && indices[0].iter().enumerate().all(|(k, &i)| i as usize == k)
+    {
+        let head = items.drain(..indices[0].len()).collect();
+        let mut taken = std::array::from_fn(|_| Vec::new());
+        taken[0] = head;
+        return taken;
+    }
     let at: std::collections::HashMap<u64, usize> = if unchanged {
         std::collections::HashMap::new()
     } else {

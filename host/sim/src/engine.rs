@@ -3,8 +3,7 @@
 //! ([`decision::decide`]) and policy runtime (the same `.wasm` instances), all
 //! from `sluice_core`.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
@@ -26,7 +25,7 @@ use sluice_core::demand::DemandMonitor;
 use sluice_core::outcome::Outcome;
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::queue::{insert_by_deadline, DropReason};
-use sluice_core::router::{LoadMonitor, Router, RouterMode};
+use sluice_core::router::{Router, RouterMode};
 use sluice_core::runtime::{Binding, PolicyInstance};
 use sluice_core::whatif::ReplayControl;
 use sluice_core::workload::ArrivalSpec;
@@ -85,6 +84,53 @@ struct Worker {
     busy: usize,
     /// Invalidates timers armed by earlier decisions.
     timer_token: u64,
+    /// What the worker's one event slot ([`Events`]) holds: the batch it runs, or
+    /// the timer its last decision armed.
+    pending: Pending,
+}
+
+/// A worker's one scheduled event. A worker has at most one event that can still
+/// do something: its batch's completion while it is busy, else the timer of its
+/// last decision (every decision re-arms the token, so an earlier timer would be
+/// ignored when it fired, and a busy worker ignores timers). So one slot per worker
+/// replaces the heap of events, stale timers and all.
+enum Pending {
+    None,
+    Done { model: u32, batch: Vec<SimRequest>, started: u64 },
+    Timer { token: u64 },
+}
+
+/// The app's arrival-rate estimate: the same count over the same sliding window as
+/// `sluice_core::router::LoadMonitor` (RAMSIS §6), without its lock, which the
+/// simulator's one thread does not need and which cost one lock per arrival and
+/// per decision.
+struct Load {
+    window_us: u64,
+    arrivals: VecDeque<u64>,
+}
+
+impl Load {
+    fn new(window_us: u64) -> Load {
+        Load { window_us, arrivals: VecDeque::new() }
+    }
+
+    /// As `LoadMonitor::record`.
+    fn record(&mut self, now: u64) {
+        self.arrivals.push_back(now);
+        self.expire(now);
+    }
+
+    /// As `LoadMonitor::rate`: requests per second over the window ending at `now`.
+    fn rate(&mut self, now: u64) -> f64 {
+        self.expire(now);
+        self.arrivals.len() as f64 * 1e6 / self.window_us as f64
+    }
+
+    fn expire(&mut self, now: u64) {
+        while self.arrivals.front().is_some_and(|t| *t + self.window_us < now) {
+            self.arrivals.pop_front();
+        }
+    }
 }
 
 struct AppState {
@@ -106,7 +152,7 @@ struct AppState {
     next_refused: usize,
     queues: Vec<Vec<SimRequest>>,
     workers: Vec<Worker>,
-    load: LoadMonitor,
+    load: Load,
     router: Router,
     slo_us: u64,
     expire_us: u64,
@@ -128,33 +174,75 @@ impl AppState {
     }
 }
 
-/// An event in the queue, ordered earliest first, ties by insertion order.
-///
-/// The event travels in the heap itself: a side table of payloads keyed by sequence
-/// number (a `BTreeMap`, before) cost an insertion and a removal per event, a third
-/// of a run's time at 2,000 req/s.
-struct Scheduled {
-    at: u64,
-    seq: u64,
-    event: Event,
+/// The event queue: one slot per event source — each worker's [`Pending`] event,
+/// the allocator's tick — in a tournament tree over the slots, ordered by (time,
+/// sequence number). Each source has at most one event that matters at a time, so
+/// a slot replaces what was a binary heap of events (stale timers included); an
+/// update replays one leaf-to-root path of log2(slots) branch-free minimums and
+/// the earliest event is the root. The sequence number is taken when an event is
+/// scheduled, so ties break by insertion order as before and the order of events
+/// is the same. (The apps' next arrivals are kept beside it: [`Simulation::next_event`].)
+struct Events {
+    /// Node `i`'s children are `2i` and `2i + 1`; leaf `k` (slot `k`) is node
+    /// `leaves + k`; each node holds the earliest (key, slot) below it (node 0 is
+    /// unused). A key is `time << 64 | sequence number`, `EMPTY` for none.
+    nodes: Vec<(u128, u32)>,
+    leaves: usize,
+    /// The slot [`Events::pop`] took its event from, until it is set again or the
+    /// next pop empties it: most handlers schedule their slot's next event at once,
+    /// so the path is replayed once, not twice.
+    popped: Option<usize>,
 }
 
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
+const EMPTY: u128 = u128::MAX;
+
+impl Events {
+    fn new(slots: usize) -> Events {
+        let leaves = slots.max(1).next_power_of_two();
+        let mut nodes = vec![(EMPTY, 0u32); 2 * leaves];
+        for k in 0..leaves {
+            nodes[leaves + k].1 = k as u32;
+        }
+        for i in (1..leaves).rev() {
+            nodes[i] = nodes[2 * i];
+        }
+        Events { nodes, leaves, popped: None }
+    }
+
+    /// Sets slot `k`'s event to `key` ([`key`]; `EMPTY` for none), replacing what it held.
+    fn set(&mut self, k: usize, key: u128) {
+        if self.popped == Some(k) {
+            self.popped = None;
+        }
+        let mut i = self.leaves + k;
+        self.nodes[i].0 = key;
+        while i > 1 {
+            i /= 2;
+            let (l, r) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
+            // Real keys never tie (unique sequence numbers); two empty ones go left.
+            self.nodes[i] = if r.0 < l.0 { r } else { l };
+        }
+    }
+
+    /// The earliest event's key and slot (its key `EMPTY` when there is none), after
+    /// the last one popped is taken out of its slot.
+    fn peek(&mut self) -> (u128, usize) {
+        if let Some(k) = self.popped.take() {
+            self.set(k, EMPTY);
+        }
+        let (key, k) = self.nodes[1];
+        (key, k as usize)
+    }
+
+    /// Takes slot `k`'s event (the one [`Events::peek`] just gave) out of the queue.
+    fn pop(&mut self, k: usize) {
+        self.popped = Some(k);
     }
 }
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> Ordering {
-        // Reversed: `BinaryHeap` is a max-heap and the earliest event comes first.
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
+
+/// An event's key: earlier times first, then lower sequence numbers.
+fn key(at: u64, seq: u64) -> u128 {
+    (u128::from(at) << 64) | u128::from(seq)
 }
 
 /// What a caller gives a run instead of drawing it from the experiment (what-if
@@ -178,24 +266,16 @@ pub struct Given {
     pub abort: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
-enum Event {
-    Arrival {
-        app: usize,
-    },
+/// What an event is for: an app's next arrival (kept beside [`Events`]), or what
+/// one of its slots stands for.
+#[derive(Clone, Copy)]
+enum Slot {
+    /// The app's next arrival.
+    Arrival { app: usize },
     /// The allocator looks at the demand (every second of virtual time).
     AllocTick,
-    Done {
-        app: usize,
-        worker: usize,
-        model: u32,
-        batch: Vec<SimRequest>,
-        started: u64,
-    },
-    Timer {
-        app: usize,
-        worker: usize,
-        token: u64,
-    },
+    /// The worker's [`Pending`] event.
+    Worker { app: usize, worker: usize },
 }
 
 /// One run: its apps and the event queue.
@@ -204,12 +284,16 @@ pub struct Simulation {
     alloc: Option<AllocState>,
     apps: Vec<AppState>,
     rng: Rng,
-    events: BinaryHeap<Scheduled>,
-    /// Per app, its next arrival (time, sequence number), kept beside the heap: one
-    /// arrival at a time is due per app, so it need not go through the heap, and
-    /// its sequence number is taken when it is scheduled, as for any event, so the
-    /// order of events is the same as if it did.
-    next_arrivals: Vec<Option<(u64, u64)>>,
+    events: Events,
+    /// What each slot of `events` stands for: the allocator's tick, then every
+    /// app's workers in order.
+    slots: Vec<Slot>,
+    /// Per app, its next arrival's key ([`key`]; `EMPTY`: none), kept beside
+    /// `events`: one arrival at a time is due per app, and an arrival is most of
+    /// the events, so comparing it with the queue's earliest saves a path replay.
+    next_arrivals: Vec<u128>,
+    /// Per app, the slot of its worker 0.
+    first_worker_slot: Vec<usize>,
     /// Virtual time: the time of the event being processed.
     clock: VirtualClock,
     seq: u64,
@@ -222,7 +306,8 @@ pub struct Simulation {
     run: usize,
     policy_label: String,
     seed: u64,
-    /// Whether `decide` is timed (the results' decide seconds); see [`Simulation::untimed`].
+    /// Whether a component's `decide` is timed (the results' decide seconds; the native
+    /// policy's never is); see [`Simulation::untimed`].
     timed: bool,
     /// The view every decision is built in (one allocation per run, not per decision).
     scratch: sdk::View,
@@ -366,7 +451,7 @@ impl Simulation {
                     None if pool.is_some() => Vec::new(),
                     None => all.clone(),
                 };
-                workers.push(Worker { policy, loaded, busy: 0, timer_token: 0 });
+                workers.push(Worker { policy, loaded, busy: 0, timer_token: 0, pending: Pending::None });
             }
             let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
             apps.push(AppState {
@@ -375,7 +460,7 @@ impl Simulation {
                 // An experiment's default is one SLO (the papers' simulators count
                 // late answers); the conversion is the host's (`AppConfig::expire_us_or`).
                 expire_us: spec.expire_us_or(slo_us),
-                load: LoadMonitor::new(spec.load_window_ms * 1000),
+                load: Load::new(spec.load_window_ms * 1000),
                 router: Router::new(spec.router, spec.workers as usize, spec.weights.as_deref())
                     .with_context(|| format!("app {}: weights", spec.name))?,
                 spec: spec.clone(),
@@ -399,12 +484,20 @@ impl Simulation {
             Some(pool) => Some(AllocState::start(pool, &run.allocator, &apps)?),
             None => None,
         };
+        let mut slots: Vec<Slot> = vec![Slot::AllocTick];
+        let mut first_worker_slot = Vec::new();
+        for (app, a) in apps.iter().enumerate() {
+            first_worker_slot.push(slots.len());
+            slots.extend((0..a.workers.len()).map(|worker| Slot::Worker { app, worker }));
+        }
         let mut sim = Simulation {
             alloc,
             apps,
             rng,
-            events: BinaryHeap::new(),
-            next_arrivals: Vec::new(),
+            events: Events::new(slots.len()),
+            slots,
+            next_arrivals: vec![EMPTY; first_worker_slot.len()],
+            first_worker_slot,
             clock: VirtualClock::default(),
             seq: 0,
             duration_us,
@@ -426,9 +519,8 @@ impl Simulation {
                 sim.apply(&plan);
             }
             sim.alloc = Some(alloc);
-            sim.schedule(TICK_US, Event::AllocTick);
+            sim.schedule_tick(TICK_US);
         }
-        sim.next_arrivals = vec![None; sim.apps.len()];
         for a in 0..sim.apps.len() {
             if let Some(first) = sim.apps[a].arrivals.first() {
                 let at = first.at;
@@ -438,29 +530,46 @@ impl Simulation {
         Ok(sim)
     }
 
-    fn schedule(&mut self, at: u64, event: Event) {
+    /// Puts an event at `at` in `slot`, replacing what it held.
+    fn schedule_slot(&mut self, slot: usize, at: u64) {
         // Ties break by insertion order, which keeps runs deterministic.
         self.seq += 1;
-        self.events.push(Scheduled { at, seq: self.seq, event });
+        self.events.set(slot, key(at, self.seq));
     }
 
     fn schedule_arrival(&mut self, app: usize, at: u64) {
         self.seq += 1;
-        self.next_arrivals[app] = Some((at, self.seq));
+        self.next_arrivals[app] = key(at, self.seq);
     }
 
-    /// The next event: the heap's earliest or an app's next arrival, whichever
-    /// comes first by (time, sequence number).
-    fn next_event(&mut self) -> Option<(u64, Event)> {
-        let arrival = self.next_arrivals.iter().enumerate().filter_map(|(a, x)| x.map(|k| (k, a))).min();
-        let heap = self.events.peek().map(|s| (s.at, s.seq));
-        match (arrival, heap) {
-            (Some((k, app)), h) if h.is_none_or(|h| k < h) => {
-                self.next_arrivals[app] = None;
-                Some((k.0, Event::Arrival { app }))
-            }
-            _ => self.events.pop().map(|s| (s.at, s.event)),
+    fn schedule_tick(&mut self, at: u64) {
+        self.schedule_slot(0, at);
+    }
+
+    /// Sets worker `w` of app `a`'s event: `pending` at `at`, or none.
+    fn schedule_worker(&mut self, a: usize, w: usize, at: u64, pending: Pending) {
+        let slot = self.first_worker_slot[a] + w;
+        match pending {
+            Pending::None => self.events.set(slot, EMPTY),
+            _ => self.schedule_slot(slot, at),
         }
+        self.apps[a].workers[w].pending = pending;
+    }
+
+    /// The next event: the earliest by (time, sequence number) of the queue's and
+    /// the apps' next arrivals, taken out of the queue.
+    fn next_event(&mut self) -> Option<(u64, Slot)> {
+        let (first, slot) = self.events.peek();
+        let (arrival, app) = self.next_arrivals.iter().enumerate().map(|(a, &k)| (k, a)).min().unwrap_or((EMPTY, 0));
+        if arrival < first {
+            self.next_arrivals[app] = EMPTY;
+            return Some(((arrival >> 64) as u64, Slot::Arrival { app }));
+        }
+        if first == EMPTY {
+            return None;
+        }
+        self.events.pop(slot);
+        Some(((first >> 64) as u64, self.slots[slot]))
     }
 
     /// Runs to completion: every arrival, then every queued request is served,
@@ -539,20 +648,26 @@ impl Simulation {
             // Every handler reads the time from the clock, as the live worker does.
             self.clock.set(now);
             match event {
-                Event::Arrival { app } => self.arrive(app),
-                Event::Done { app, worker, model, batch, started } => {
-                    self.finish(app, worker, model, batch, started);
-                    self.decide(app, worker);
-                }
-                Event::AllocTick => {
+                Slot::Arrival { app } => self.arrive(app),
+                Slot::AllocTick => {
                     self.alloc_tick(now);
                     if now + TICK_US < self.duration_us {
-                        self.schedule(now + TICK_US, Event::AllocTick);
+                        self.schedule_tick(now + TICK_US);
                     }
                 }
-                Event::Timer { app, worker, token } => {
-                    if self.apps[app].workers[worker].timer_token == token && self.apps[app].workers[worker].busy == 0 {
-                        self.decide(app, worker);
+                Slot::Worker { app, worker } => {
+                    match std::mem::replace(&mut self.apps[app].workers[worker].pending, Pending::None) {
+                        Pending::Done { model, batch, started } => {
+                            self.finish(app, worker, model, batch, started);
+                            self.decide(app, worker);
+                        }
+                        Pending::Timer { token } => {
+                            let w = &self.apps[app].workers[worker];
+                            if w.timer_token == token && w.busy == 0 {
+                                self.decide(app, worker);
+                            }
+                        }
+                        Pending::None => {}
                     }
                 }
             }
@@ -683,6 +798,10 @@ impl Simulation {
         app.count_refused(now);
         let load_qps = app.load.rate(now);
         let worker = &mut app.workers[w];
+        // The native policy's decisions are not timed: two clock reads cost more
+        // than its decision (a tenth of a native run), and its decide seconds
+        // are a wall-clock figure, not part of the results.
+        let timed = self.timed && matches!(worker.policy, Bound::Wasm(_));
         let cx = Context {
             now,
             worker: w as u32,
@@ -692,7 +811,7 @@ impl Simulation {
             models: app.device_models.as_ref().map_or(&app.models[..], |d| &d[w][..]),
             expire_us: app.expire_us,
             draining: false,
-            timed: self.timed,
+            timed,
         };
         let d = decision::decide_with(&mut worker.policy, &mut app.queues[q], &cx, &mut self.scratch);
         if let Some(t) = d.decide_time {
@@ -723,12 +842,17 @@ impl Simulation {
                 let sampler = &app.latency[w.min(app.latency.len() - 1)];
                 let latency = sampler.latency(model as usize, batch.len(), &mut self.rng);
                 app.stats.batch(&app.models[model as usize].name, batch.len());
-                self.schedule(now + latency, Event::Done { app: a, worker: w, model, batch, started: now });
+                self.schedule_worker(a, w, now + latency, Pending::Done { model, batch, started: now });
             }
-            Next::Wait(t) => self.schedule(t, Event::Timer { app: a, worker: w, token }),
-            Next::Again => return true,
-            Next::Idle { expire_at: Some(t) } => self.schedule(t, Event::Timer { app: a, worker: w, token }),
-            Next::Idle { expire_at: None } => {}
+            Next::Wait(t) | Next::Idle { expire_at: Some(t) } => {
+                self.schedule_worker(a, w, t, Pending::Timer { token })
+            }
+            Next::Again => {
+                // The timer armed before is stale now (the token moved on).
+                self.schedule_worker(a, w, 0, Pending::None);
+                return true;
+            }
+            Next::Idle { expire_at: None } => self.schedule_worker(a, w, 0, Pending::None),
         }
         false
     }

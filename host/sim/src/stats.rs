@@ -292,21 +292,26 @@ impl Stats {
             }),
             accuracy_loss: None,
         };
-        let mut windows: BTreeMap<u64, WindowRow> = BTreeMap::new();
+        // Per window (dense, by index: a map lookup per request was most of this
+        // pass), its row once a request arrived in it; windows without arrivals
+        // have no row.
+        let span = self.arrivals.iter().map(|&t| t / window_us.max(1) + 1).max().unwrap_or(0) as usize;
+        let mut windows: Vec<Option<WindowRow>> = (0..span).map(|_| None).collect();
         // The served requests' latencies per window, in the same pass (p50 for the
         // report; p99 too on [[device]]s).
-        let mut latencies: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        let mut mix: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); span];
+        let mut mix: Vec<Option<Vec<u64>>> = vec![None; span];
         for (i, f) in self.fates.iter().enumerate() {
             let w = self.arrivals[i] / window_us.max(1);
+            let k = w as usize;
             if served(*f) {
-                latencies.entry(w).or_default().push(self.latency_us[i]);
+                latencies[k].push(self.latency_us[i]);
                 let m = self.model[i] as usize;
                 if m < self.model_names.len() {
-                    mix.entry(w).or_insert_with(|| vec![0; self.model_names.len()])[m] += 1;
+                    mix[k].get_or_insert_with(|| vec![0; self.model_names.len()])[m] += 1;
                 }
             }
-            let row = windows.entry(w).or_insert_with(|| WindowRow {
+            let row = windows[k].get_or_insert_with(|| WindowRow {
                 run,
                 app: app.to_string(),
                 policy: policy.to_string(),
@@ -324,13 +329,15 @@ impl Stats {
                 Fate::Pending => {}
             }
         }
-        let last = windows.keys().next_back().copied().unwrap_or(0);
+        let last = windows.iter().rposition(Option::is_some).unwrap_or(0) as u64;
         let mut queue_area = self.queue_area(window_us.max(1), last, duration_us);
         let rows = windows
             .into_iter()
+            .enumerate()
+            .filter_map(|(k, r)| r.map(|r| (k as u64, r)))
             .map(|(w, mut r)| {
                 r.accuracy = if r.on_time > 0 { r.accuracy / r.on_time as f64 } else { 0.0 };
-                let mut l = latencies.remove(&w).unwrap_or_default();
+                let mut l = std::mem::take(&mut latencies[w as usize]);
                 let (p50, p99) = p50_p99_ms(&mut l);
                 if !self.devices.is_empty() {
                     let from = w * window_us.max(1);
@@ -338,7 +345,7 @@ impl Stats {
                     r.p99_ms = Some(p99);
                 }
                 r.p50_ms = (!l.is_empty()).then_some(p50);
-                let m = mix.remove(&w).unwrap_or_else(|| vec![0; self.model_names.len()]);
+                let m = mix[w as usize].take().unwrap_or_else(|| vec![0; self.model_names.len()]);
                 r.mix = self.model_names.iter().cloned().zip(m).collect();
                 r.queue = queue_area
                     .iter_mut()
