@@ -2,14 +2,14 @@
 //!
 //! The bindings that `bindgen!` generates lower `list<pending>` one field at a
 //! time: every `u64` store looks the guest's memory up again through the
-//! instance and the canonical options and bounds-checks it, and the record's field
-//! offsets are recomputed per element. At a queue depth of 32 that was half of a
-//! `decide` call (BENCHMARKS.md §1, "2026-11-26"). [`ViewArg`] is the same
-//! `view` record (the derive type-checks it against the component's own type
-//! when an instance is made, so a component built against another contract is
-//! refused as before) whose queue is stored with one memory lookup and one bounds
-//! check for the whole list, and which borrows the host's view instead of
-//! copying it into a `wit::View` first.
+//! instance and the canonical options and bounds-checks it, and the record's
+//! field offsets are recomputed per element. At a queue depth of 32 that was half
+//! of a `decide` call (BENCHMARKS.md §1, "The view lowered straight from the
+//! host's"). [`ViewArg`] is the same `view` record (the derive type-checks it
+//! against the component's own type when an instance is made, so a component
+//! built against another contract is refused as before) whose queue is stored
+//! with one memory lookup and one bounds check for the whole list, and which
+//! borrows the host's view instead of copying it into a `wit::View` first.
 //!
 //! What reaches the guest is byte for byte what the generated bindings write: the
 //! canonical ABI fixes `pending`'s layout (three little-endian `u64` at offsets
