@@ -289,5 +289,11 @@ mod tests {
             assert_eq!(instance.decide(&v), Ok(want.clone()), "depth {depth}");
             assert_eq!(instance.decide_via_bindings(&v), Ok(want), "depth {depth}, generated bindings");
         }
+        // The hash tells the fields apart: a lowering that swapped two would answer
+        // another instant.
+        let v = view(32, 3);
+        let mut swapped = v.clone();
+        swapped.queue.iter_mut().for_each(|p| std::mem::swap(&mut p.arrival, &mut p.deadline));
+        assert_ne!(instance.decide(&swapped), Ok(Decision::WaitUntil(echo(&v))));
     }
 }
