@@ -13,7 +13,9 @@
 //! whole-allocation time limit (10 s), against a reference (the best HiGHS finds
 //! in 60 s): time per allocation, the ratio, solves, β, objective and the gap to
 //! the reference. Goals: ≤ 0.5 s at the paper's size, ≤ 1 s at 4× its size, every
-//! run, within 1 % of the reference.
+//! run, within 1 % of the reference. Beside them, the default search without its
+//! local search (`[ladder] local_search = false`, the search before 2026-11-26): its
+//! objective's gap and the time ratio, same run.
 //!
 //! Run: `cargo bench -p sluice-alloc --bench solve` (`-- quick`: one repetition;
 //! `-- surge`: only the surge). Prints tables, then one JSON line. Asserts nothing.
@@ -251,13 +253,21 @@ fn surge(base: &proteus::Problem, reps: usize, reps_old: usize) -> (Vec<serde_js
         default.solver.mip_gap = SolverSettings::default().mip_gap;
         default.solver.soft_limit_s = SolverSettings::default().soft_limit_s;
         let new = surge_run(&default, reps);
+        // The same search without its local search (before 2026-11-26): the
+        // objective the local search adds, and what it costs in time.
+        let mut plain = default.clone();
+        plain.ladder.local_search = false;
+        let before = surge_run(&plain, reps);
         let ratio = median(&old.seconds) / median(&new.seconds).max(1e-9);
+        let ratio_before = median(&before.seconds) / median(&new.seconds).max(1e-9);
         let worst = new.seconds.last().copied().unwrap_or(f64::INFINITY);
         // Relative gap to the reference, positive when the default's plan is worse.
-        let gap = match (new.objective, reference.objective) {
+        let gap_of = |run: &SurgeRun| match (run.objective, reference.objective) {
             (Some(o), Some(r)) if r > 0.0 => Some((r - o) / r),
             _ => None,
         };
+        let gap = gap_of(&new);
+        let gap_before = gap_of(&before);
         let met = worst <= *goal && gap.is_some_and(|g| g <= 0.01);
         all_met &= met;
         let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |x| format!("{x:.d$}"));
@@ -280,7 +290,15 @@ fn surge(base: &proteus::Problem, reps: usize, reps_old: usize) -> (Vec<serde_js
             ratio,
             if met { "MET" } else { "NOT" },
         );
-        for (label, r) in [("previous", &old), ("new", &new), ("reference", &reference)] {
+        println!(
+            "  without the local search: median {:.3} s, max {:.3} s, objective {}, gap {} %; new / without: time x{:.2}",
+            median(&before.seconds),
+            before.seconds.last().copied().unwrap_or(0.0),
+            f(before.objective, 5),
+            f(gap_before.map(|g| g * 100.0), 3),
+            1.0 / ratio_before.max(1e-9),
+        );
+        for (label, r) in [("previous", &old), ("new", &new), ("without", &before), ("reference", &reference)] {
             if label != "previous" {
                 println!("  {label} solves: {}", r.attempts);
             }
@@ -298,6 +316,8 @@ fn surge(base: &proteus::Problem, reps: usize, reps_old: usize) -> (Vec<serde_js
                           "beta": old.beta, "objective": old.objective, "error": old.error },
             "new": { "median_s": median(&new.seconds), "max_s": new.seconds.last(), "solves": new.solves,
                      "beta": new.beta, "objective": new.objective, "error": new.error },
+            "without_local_search": { "median_s": median(&before.seconds), "max_s": before.seconds.last(),
+                     "beta": before.beta, "objective": before.objective, "gap_to_reference": gap_before },
         }));
     }
     (rows, all_met)

@@ -34,6 +34,16 @@ pub struct Ladder {
     /// over the steps; `"descend"`: one at a time from the top, the artifact's).
     #[serde(default)]
     pub search: Search,
+    /// `local_search = true`: the lexicographic search moves devices between variants
+    /// and apps, one or two at a time, around its accuracy solves while a move raises
+    /// the objective (`placement.rs`; docs/allocator.md, "Surges"). `false`: the
+    /// MILPs' plans alone, as before 2026-11-26 (the surge bench's baseline).
+    #[serde(default = "default_local_search")]
+    pub local_search: bool,
+}
+
+fn default_local_search() -> bool {
+    true
 }
 
 /// How the ladder's steps are searched.
@@ -65,7 +75,13 @@ fn default_min_beta() -> f64 {
 
 impl Default for Ladder {
     fn default() -> Self {
-        Ladder { beta: default_beta(), step: default_step(), min_beta: default_min_beta(), search: Search::default() }
+        Ladder {
+            beta: default_beta(),
+            step: default_step(),
+            min_beta: default_min_beta(),
+            search: Search::default(),
+            local_search: default_local_search(),
+        }
     }
 }
 

@@ -1010,7 +1010,7 @@ fn lexicographic(
     let soft_deadline = Instant::now() + Duration::from_secs_f64(soft.clamp(0.0, 1e7));
     let soft_left = || soft_deadline.saturating_duration_since(Instant::now()).as_secs_f64();
     // The local search after the full solve is kept this share of the soft limit.
-    let reserve = (soft / 6.0).min(MAX_SEARCH_S);
+    let reserve = if problem.ladder.local_search { (soft / 6.0).min(MAX_SEARCH_S) } else { 0.0 };
     // A better start first, where the placement is fixed: the same devices per
     // (type, app) as the first solve's, each with its most accurate mix of variants
     // (Sommelier's fixed placement, `Problem::pinned`) — a model that splits into one
@@ -1036,7 +1036,7 @@ fn lexicographic(
     // plan starts the full solve and is the answer if that finds none in time.
     let scorer = Scorer::new(problem, cands, allowed, absent, beta);
     let mut fallback: Option<(SolveReport, Plan)> = None;
-    if problem.pinned.is_none() {
+    if problem.pinned.is_none() && problem.ladder.local_search {
         let mut n = match &first {
             Some((_, plan)) => scorer.counts(plan),
             None => start.devices.iter().map(|d| d.round() as u32).collect(),
@@ -1079,7 +1079,7 @@ fn lexicographic(
     };
     attempts.push(Attempt { step: Step::Accuracy, beta, status: report.status, solve_seconds: report.solve_seconds });
     let mut plan = plan;
-    if problem.pinned.is_none() {
+    if problem.pinned.is_none() && problem.ladder.local_search {
         if let Some(p) = plan.as_mut() {
             // The full solve stopped at the soft limit: single and paired device moves
             // from its plan, then the better of it and the start's.

@@ -38,12 +38,13 @@ pub struct SolverSettings {
     /// goal allows 1 %).
     #[serde(default = "default_gap")]
     pub mip_gap: f64,
-    /// `soft_limit_s = 0.3`: Proteus's accuracy solve (with the default `[ladder]
-    /// search = "lexicographic"`) stops here with the best plan HiGHS has by then,
-    /// reported with its status `time-limit` and the gap it reached; only a solve
-    /// with no plan yet goes on to `time_limit_s`. A surge's accuracy solve finds a
-    /// plan within 1 % of the best in this time and then spends seconds proving it
-    /// (docs/allocator.md, "Surges"). 0: no soft limit, solve to `mip_gap`.
+    /// `soft_limit_s = 0.2`: Proteus's accuracy solves and local searches (with the
+    /// default `[ladder] search = "lexicographic"`) stop here with the best plan by
+    /// then, reported with its status `time-limit` and the gap it reached; only a
+    /// search with no plan yet goes on to `time_limit_s`. With the local search, the
+    /// surges' plans are within 1 % of the best in this time, and the same at 0.15 and
+    /// 0.3 s (docs/allocator.md, "Surges"); HiGHS alone spends seconds proving them.
+    /// 0: no soft limit, solve to `mip_gap`.
     #[serde(default = "default_soft_limit")]
     pub soft_limit_s: f64,
     /// `threads = 1`: HiGHS threads. One by default: the allocator runs beside the
@@ -59,7 +60,7 @@ fn default_gap() -> f64 {
     0.005
 }
 fn default_soft_limit() -> f64 {
-    0.3
+    0.2
 }
 fn default_threads() -> u32 {
     1
