@@ -361,12 +361,11 @@ pub struct Generator {
     count_cache: CountCache,
     /// `Block · V` per block, `k` each.
     y: Vec<f64>,
-    /// The sweeps' layout of the phase weights (see `value_iteration`):
-    /// `phase_t[t·phase_stride + s]` is state `s`'s weight of phase `t`, 0
-    /// outside its range, so that the weights of consecutive states are
-    /// contiguous.
+    /// The sweeps' layout of the phase weights (see `value_iteration`), in
+    /// tiles of [`value_iteration::LANES`] states: `phase_t[(a·K + t)·LANES + l]`
+    /// is state `a·LANES + l`'s weight of phase `t`, 0 outside its range, so
+    /// that a window reads one contiguous tile.
     phase_t: Vec<f64>,
-    phase_stride: usize,
     /// Per block, the windows of consecutive states whose pairs it serves.
     windows: Vec<Vec<value_iteration::Window>>,
     /// `phase · y` of every state–action pair served through a block, indexed
@@ -425,7 +424,6 @@ impl Generator {
             count_cache: CountCache::default(),
             y: Vec::new(),
             phase_t: Vec::new(),
-            phase_stride: 0,
             windows: Vec::new(),
             future: Vec::new(),
             pair_start: Vec::new(),
@@ -602,7 +600,7 @@ impl Generator {
     /// Approximate heap bytes held: transition blocks, phase weights, action
     /// lists and the value/distribution vectors.
     pub fn memory_bytes(&self) -> usize {
-        let blocks: usize = self.blocks.iter().map(|b| b.vals.len() * 8 + b.cols.len() * 4).sum();
+        let blocks: usize = self.blocks.iter().map(|b| b.vals.len() * 8 + b.cols.len() * 12).sum();
         let phases: usize = self.phases.iter().flatten().map(|p| p.w.len() * 8 + 32).sum();
         let choices: usize = self
             .choices
@@ -619,7 +617,9 @@ impl Generator {
         let vectors = (self.v.len() * 3 + self.dist.len() * 2 + self.y.len() + self.z.len()) * 8;
         let sweeps = (self.phase_t.len() + self.future.len()) * 8
             + self.pair_start.len() * 4
-            + self.windows.iter().map(|w| w.len() * std::mem::size_of::<value_iteration::Window>()).sum::<usize>();
+            + self.windows.iter().map(|w| w.len() * std::mem::size_of::<value_iteration::Window>()).sum::<usize>()
+            + self.count_cache.memory_bytes()
+            + self.scratch.len() * 8;
         blocks + phases + choices + vectors + sweeps
     }
 

@@ -14,8 +14,8 @@
 //! rounding, and the policy must not change), so they are vectorised across
 //! states instead of within one: right after block `i`'s `y` is computed, the
 //! pairs it serves are evaluated [`LANES`] consecutive states at a time, one
-//! SIMD lane per state, from a transposed copy of the phase weights
-//! (`phase_t`, zero outside each state's phase range). Each lane performs the
+//! SIMD lane per state, from a transposed copy of the phase weights in tiles
+//! of [`LANES`] states (`phase_t`, zero outside each state's phase range). Each lane performs the
 //! same multiplications and additions in the same order as the scalar dot
 //! product; the zero weights outside the range add `+0.0`, which changes no
 //! sum (every term is `≥ +0`: weights, probabilities and values are
@@ -29,7 +29,8 @@ use super::{Generator, Kind};
 /// AVX registers, enough independent additions to hide their latency.
 pub const LANES: usize = 8;
 
-/// `LANES` consecutive states `s0..s0 + LANES` evaluated against one block:
+/// The tile of `LANES` states `s0..s0 + LANES` (`s0` a multiple of `LANES`)
+/// evaluated against one block:
 /// `dest[l]` is the pair index of state `s0 + l`'s action through the block
 /// (`u32::MAX`: the lane's result is not used), and `t_lo..t_hi` covers the
 /// phase ranges of the used lanes.
@@ -54,13 +55,12 @@ impl Generator {
     pub(super) fn prepare_sweeps(&mut self) {
         let k = self.k;
         let states = self.space.state_count();
-        // A window may start at any state and read LANES columns from there.
-        let stride = states + LANES;
-        let mut phase_t = vec![0.0; k * stride];
+        let mut phase_t = vec![0.0; states.div_ceil(LANES) * k * LANES];
         for (s, phase) in self.phases.iter().enumerate() {
             if let Some(p) = phase {
+                let (tile, lane) = (s / LANES, s % LANES);
                 for (i, &w) in p.w.iter().enumerate() {
-                    phase_t[(p.lo + i) * stride + s] = w;
+                    phase_t[(tile * k + p.lo + i) * LANES + lane] = w;
                 }
             }
         }
@@ -86,7 +86,7 @@ impl Generator {
                 let mut out = Vec::new();
                 let mut next = 0;
                 while next < users.len() {
-                    let s0 = users[next].0;
+                    let s0 = users[next].0 / LANES as u32 * LANES as u32;
                     let mut w = Window { s0, t_lo: u32::MAX, t_hi: 0, dest: [u32::MAX; LANES] };
                     while let Some(&(s, pair)) = users.get(next) {
                         let lane = (s - s0) as usize;
@@ -107,7 +107,6 @@ impl Generator {
             })
             .collect();
         self.phase_t = phase_t;
-        self.phase_stride = stride;
         self.windows = windows;
         self.future = vec![0.0; total as usize];
         self.pair_start = pair_start;
@@ -117,14 +116,13 @@ impl Generator {
     /// at a time (same operations, same order as [`Phase::dot`](super::transitions::Phase::dot)).
     pub(super) fn block_futures(&mut self, i: usize) {
         let k = self.k;
-        let stride = self.phase_stride;
         let y = &self.y[i * k..(i + 1) * k];
         for w in &self.windows[i] {
             let mut acc = [0.0f64; LANES];
-            let s0 = w.s0 as usize;
+            let tile = w.s0 as usize / LANES * k;
             for (t, &yt) in y.iter().enumerate().take(w.t_hi as usize).skip(w.t_lo as usize) {
-                let row: &[f64; LANES] =
-                    self.phase_t[t * stride + s0..t * stride + s0 + LANES].try_into().expect("LANES weights");
+                let at = (tile + t) * LANES;
+                let row: &[f64; LANES] = self.phase_t[at..at + LANES].try_into().expect("LANES weights");
                 for (a, &p) in acc.iter_mut().zip(row) {
                     *a += p * yt;
                 }
