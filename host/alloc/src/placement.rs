@@ -429,7 +429,7 @@ pub(crate) fn finish(
     let covered = covered.min(top);
     // Coverage c means capacity ≥ c·demand: a step β ≤ c has its headroom (β ≥ 1)
     // or its floor (β < 1).
-    let beta = steps.iter().copied().find(|&b| b <= covered * (1.0 - 1e-9)).unwrap_or(covered * (1.0 - 1e-9)).max(0.0);
+    let beta = steps.iter().copied().find(|&b| b <= covered + 1e-9).unwrap_or(covered * (1.0 - 1e-9)).max(0.0);
     let scorer = Scorer::new(problem, cands, allowed, absent, beta);
     scorer.objective(&n)?;
     if problem.pinned.is_none() {

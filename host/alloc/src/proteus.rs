@@ -835,7 +835,12 @@ fn without_solver(problem: &Problem, previous: Option<&Plan>, error: ProteusErro
     let Ok((cands, shed)) = candidates_shedding(problem) else { return Err(error) };
     let absent: Vec<bool> = problem.apps.iter().map(|a| shed.iter().any(|s| s.app == a.name)).collect();
     let allowed = allowed_variants(problem, &cands);
-    let reason = error.to_string();
+    let reason = match &error {
+        ProteusError::NoPlanInTime { limit_s, solves } => {
+            format!("no MILP found a plan within the allocation's time limit of {limit_s} s ({solves} solves)")
+        }
+        other => other.to_string(),
+    };
     // A few milliseconds: the allocation's time is already spent.
     let by = Instant::now() + Duration::from_secs_f64(FALLBACK_SEARCH_S);
     let greedy = crate::placement::greedy(problem, &cands, &allowed, &absent).map(|n| (n, false));

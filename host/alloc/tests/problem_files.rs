@@ -375,7 +375,9 @@ fn the_time_limit_bounds_the_whole_allocation() {
                     greedy_seen = true;
                     assert!(out.timed_out);
                     assert!(
-                        reason.starts_with(&format!("no plan found within the allocation's time limit of {limit} s")),
+                        reason.starts_with(&format!(
+                            "no MILP found a plan within the allocation's time limit of {limit} s"
+                        )),
                         "{reason}"
                     );
                 }
