@@ -240,8 +240,11 @@ pub struct Held {
 }
 
 /// The highest rate `holds` accepts: up from `start` in steps of `coarse` until
-/// a rate fails (or `max` is reached), then bisection between the last held rate
-/// and the first failed one until they are within `fine`. This assumes holding is
+/// a rate fails (or `max` is reached), or down in the same steps while `start`
+/// and the rates below it fail, then bisection between the last held rate and
+/// the first failed one until they are within `fine` (below the lowest step, from
+/// 0). Starting near the answer (a live search from the simulator's figure) thus
+/// costs a few probes whichever side it is on. This assumes holding is
 /// monotone in the rate, which it is for the clairvoyant bound on time-scaled
 /// arrivals and only roughly for a live server; the probes are returned so a
 /// caller can show where it was not.
@@ -260,20 +263,29 @@ pub fn highest_held<E>(
     };
     let (mut lo, mut hi) = (0.0, None);
     let mut rate = start;
-    loop {
-        if probe(rate, &mut probes)? {
-            lo = rate;
-            if rate >= max {
+    if probe(rate, &mut probes)? {
+        lo = rate;
+        while rate < max {
+            rate = (rate + coarse).min(max);
+            if probe(rate, &mut probes)? {
+                lo = rate;
+            } else {
+                hi = Some(rate);
                 break;
             }
-            rate = (rate + coarse).min(max);
-        } else {
+        }
+    } else {
+        hi = Some(rate);
+        while rate - coarse > 0.0 {
+            rate -= coarse;
+            if probe(rate, &mut probes)? {
+                lo = rate;
+                break;
+            }
             hi = Some(rate);
-            break;
         }
     }
     if let Some(mut h) = hi {
-        // Below `start` nothing was held: bisect down towards 0 from it.
         while h - lo > fine {
             let mid = (lo + h) / 2.0;
             if probe(mid, &mut probes)? {
@@ -430,8 +442,14 @@ mod tests {
         // Everything held: the top.
         let held = highest_held(1.0, 5.0, 0.1, 12.0, |_| Ok::<_, ()>(true)).unwrap();
         assert_eq!((held.rate, held.failed), (12.0, None));
-        // Nothing held: bisection towards 0 from the start.
-        let held = highest_held(4.0, 1.0, 0.5, 10.0, |r| Ok::<_, ()>(r < 1.2)).unwrap();
-        assert!(held.rate < 1.2 && held.rate > 0.6, "{held:?}");
+        // The start not held: down in coarse steps (4, 3, 2 fail, 1 holds), then
+        // bisection between 1 and 2.
+        let held = highest_held(4.0, 1.0, 0.25, 10.0, |r| Ok::<_, ()>(r < 1.6)).unwrap();
+        assert!(held.rate < 1.6 && held.rate >= 1.25, "{held:?}");
+        let rates: Vec<f64> = held.probes.iter().map(|p| p.rate).collect();
+        assert_eq!(rates, [4.0, 3.0, 2.0, 1.0, 1.5, 1.75], "{held:?}");
+        // Nothing held down to the lowest step: bisection towards 0 from it.
+        let held = highest_held(2.0, 1.0, 0.1, 10.0, |r| Ok::<_, ()>(r < 0.3)).unwrap();
+        assert!(held.rate < 0.3 && held.rate > 0.15, "{held:?}");
     }
 }
