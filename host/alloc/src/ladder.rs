@@ -36,7 +36,7 @@ pub struct Ladder {
     pub search: Search,
     /// `local_search = true`: the lexicographic search moves devices between variants
     /// and apps, one or two at a time, around its accuracy solves while a move raises
-    /// the objective (`placement.rs`; docs/allocator.md, "Surges"). `false`: the
+    /// the objective (`placement.rs`; docs/allocator.md, "Proteus"). `false`: the
     /// MILPs' plans alone, as before 2026-11-26 (the surge bench's baseline).
     #[serde(default = "default_local_search")]
     pub local_search: bool,

@@ -2,11 +2,11 @@
 //! variant), the best routing is known in closed form, so a placement can be scored
 //! in microseconds. Two uses (issue 34):
 //!
-//! - **Local search** after the lexicographic search's accuracy solves: moving one
-//!   device of a type from one variant (or idleness) to another, while a move raises
-//!   the objective. HiGHS, stopped at the soft limit, left surges up to 2 % below its
-//!   60 s optimum; the moves it had not tried were single-device swaps between apps
-//!   (docs/allocator.md, "Surges").
+//! - **Local search** around the lexicographic search's full accuracy solve: moving
+//!   one device of a type from one variant (or idleness) to another, or two such
+//!   moves together, while that raises the objective. HiGHS, stopped at the soft
+//!   limit, left surges up to 2 % below its 60 s optimum; the moves it had not tried
+//!   were devices moved between apps (docs/allocator.md, "Proteus").
 //! - **The greedy plan** when no MILP finds a plan in the allocation's time limit:
 //!   each app's fastest variant, devices given one at a time to the app whose demand
 //!   is least covered, then the same local search.

@@ -43,7 +43,7 @@ pub struct SolverSettings {
     /// then, reported with its status `time-limit` and the gap it reached; only a
     /// search with no plan yet goes on to `time_limit_s`. With the local search, the
     /// surges' plans are within 1 % of the best in this time, and the same at 0.15 and
-    /// 0.3 s (docs/allocator.md, "Surges"); HiGHS alone spends seconds proving them.
+    /// 0.3 s (docs/allocator.md, "Proteus"); HiGHS alone spends seconds proving them.
     /// 0: no soft limit, solve to `mip_gap`.
     #[serde(default = "default_soft_limit")]
     pub soft_limit_s: f64,
