@@ -3,7 +3,8 @@
 //! ([`decision::decide`]) and policy runtime (the same `.wasm` instances), all
 //! from `sluice_core`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
@@ -175,68 +176,53 @@ impl AppState {
 }
 
 /// The event queue: one slot per event source — each worker's [`Pending`] event,
-/// the allocator's tick — in a tournament tree over the slots, ordered by (time,
-/// sequence number). Each source has at most one event that matters at a time, so
-/// a slot replaces what was a binary heap of events (stale timers included); an
-/// update replays one leaf-to-root path of log2(slots) branch-free minimums and
-/// the earliest event is the root. The sequence number is taken when an event is
-/// scheduled, so ties break by insertion order as before and the order of events
-/// is the same. (The apps' next arrivals are kept beside it: [`Simulation::next_event`].)
+/// the allocator's tick — ordered by (time, sequence number). Each source has at
+/// most one event that matters at a time, so the heap holds small (key, slot)
+/// entries rather than the events (a finished batch's requests travelled in the
+/// heap before), and an entry whose slot has since been given another event (a
+/// re-armed or cleared timer) is skipped when it comes up. The sequence number is
+/// taken when an event is scheduled, so ties break by insertion order as before and
+/// the order of events is the same. (The apps' next arrivals are kept beside it:
+/// [`Simulation::next_event`].)
 struct Events {
-    /// Node `i`'s children are `2i` and `2i + 1`; leaf `k` (slot `k`) is node
-    /// `leaves + k`; each node holds the earliest (key, slot) below it (node 0 is
-    /// unused). A key is `time << 64 | sequence number`, `EMPTY` for none.
-    nodes: Vec<(u128, u32)>,
-    leaves: usize,
-    /// The slot [`Events::pop`] took its event from, until it is set again or the
-    /// next pop empties it: most handlers schedule their slot's next event at once,
-    /// so the path is replayed once, not twice.
-    popped: Option<usize>,
+    /// (key, slot), earliest key on top; a key is `time << 64 | sequence number`
+    /// ([`key`]).
+    heap: BinaryHeap<Reverse<(u128, u32)>>,
+    /// Per slot, the key of its event (`EMPTY`: none): an entry of `heap` with
+    /// another key is stale.
+    keys: Vec<u128>,
 }
 
 const EMPTY: u128 = u128::MAX;
 
 impl Events {
     fn new(slots: usize) -> Events {
-        let leaves = slots.max(1).next_power_of_two();
-        let mut nodes = vec![(EMPTY, 0u32); 2 * leaves];
-        for k in 0..leaves {
-            nodes[leaves + k].1 = k as u32;
-        }
-        for i in (1..leaves).rev() {
-            nodes[i] = nodes[2 * i];
-        }
-        Events { nodes, leaves, popped: None }
+        Events { heap: BinaryHeap::with_capacity(slots), keys: vec![EMPTY; slots] }
     }
 
-    /// Sets slot `k`'s event to `key` ([`key`]; `EMPTY` for none), replacing what it held.
+    /// Sets slot `k`'s event to `key` (`EMPTY` for none), replacing what it held.
     fn set(&mut self, k: usize, key: u128) {
-        if self.popped == Some(k) {
-            self.popped = None;
-        }
-        let mut i = self.leaves + k;
-        self.nodes[i].0 = key;
-        while i > 1 {
-            i /= 2;
-            let (l, r) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
-            // Real keys never tie (unique sequence numbers); two empty ones go left.
-            self.nodes[i] = if r.0 < l.0 { r } else { l };
+        self.keys[k] = key;
+        if key != EMPTY {
+            self.heap.push(Reverse((key, k as u32)));
         }
     }
 
-    /// The earliest event's key and slot (its key `EMPTY` when there is none), after
-    /// the last one popped is taken out of its slot.
+    /// The earliest event's key and slot (its key `EMPTY` when there is none).
     fn peek(&mut self) -> (u128, usize) {
-        if let Some(k) = self.popped.take() {
-            self.set(k, EMPTY);
+        while let Some(&Reverse((key, k))) = self.heap.peek() {
+            if self.keys[k as usize] == key {
+                return (key, k as usize);
+            }
+            self.heap.pop();
         }
-        let (key, k) = self.nodes[1];
-        (key, k as usize)
+        (EMPTY, 0)
     }
 
     /// Takes slot `k`'s event (the one [`Events::peek`] just gave) out of the queue.
     fn pop(&mut self, k: usize) {
-        self.popped = Some(k);
+        self.heap.pop();
+        self.keys[k] = EMPTY;
     }
 }
 
@@ -795,6 +781,17 @@ impl Simulation {
         let now = self.clock.now();
         let app = &mut self.apps[a];
         let q = if app.spec.router == RouterMode::Shared { 0 } else { w };
+        if app.queues[q].is_empty() {
+            // What the decision core answers on an empty queue (nothing expires, the
+            // policy is not asked, its stall count does not move), without building
+            // a context: half of a lightly loaded run's decisions come after a batch
+            // that emptied the queue. The load estimate is brought up to date at the
+            // next one that reads it, with the same result.
+            let worker = &mut app.workers[w];
+            worker.timer_token += 1;
+            self.schedule_worker(a, w, 0, Pending::None);
+            return false;
+        }
         app.count_refused(now);
         let load_qps = app.load.rate(now);
         let worker = &mut app.workers[w];
