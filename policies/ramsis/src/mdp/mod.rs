@@ -600,7 +600,7 @@ impl Generator {
     /// Approximate heap bytes held: transition blocks, phase weights, action
     /// lists and the value/distribution vectors.
     pub fn memory_bytes(&self) -> usize {
-        let blocks: usize = self.blocks.iter().map(|b| b.vals.len() * 8 + b.cols.len() * 12).sum();
+        let blocks: usize = self.blocks.iter().map(|b| b.vals.len() * 8 + b.cols.len() * 16).sum();
         let phases: usize = self.phases.iter().flatten().map(|p| p.w.len() * 8 + 32).sum();
         let choices: usize = self
             .choices

@@ -101,32 +101,59 @@ impl Phase {
 }
 
 /// Next-state distributions of one `(service time, arrival rate)` pair, one
-/// row per phase: `P(next = cols[c] | q)`, stored column-major
-/// (`vals[c·K + q]`) for the value iteration's `Block · V` and row-major
-/// (`vals[q·C + c]`, after [`Block::make_row_major`]) for the power iteration's
-/// `z · Block`, so that both vectorise. Rows sum to 1.
+/// row per phase: `P(next = cols[c] | q)`. Rows sum to 1.
+///
+/// Two layouts (issue 36): for the value iteration's `Block · V`, *packed*
+/// columns, each stored only on its phases `lo..hi` outside which it is
+/// exactly 0 (about a quarter of the fidelity case's values are: `Block · V`
+/// streams the probabilities from memory every sweep, so fewer bytes is
+/// faster); for the power iteration's `z · Block`, row-major
+/// (`vals[q·C + c]`, after [`Block::make_row_major`]), so that the sums run
+/// across columns. Both give the dense column-major computation's results
+/// bit for bit: a skipped zero would only have added `+0.0`.
 #[derive(Clone, Debug, Default)]
 pub struct Block {
     /// Phases (K, or 1 for shortest-queue-first).
     pub k: usize,
     /// Destination state of each column.
     pub cols: Vec<u32>,
-    /// The probabilities, `cols.len() × k`: column-major unless `row_major`.
+    /// The probabilities: packed columns (see `spans`) unless `row_major`.
     pub vals: Vec<f64>,
-    /// Whether `vals` is row-major (`vals[q·C + c]`).
+    /// Whether `vals` is row-major (`vals[q·C + c]`, all `C × K` values).
     pub row_major: bool,
-    /// Per column, the phases `lo..hi` outside which its probabilities are
-    /// exactly 0 (so [`Block::times`] can skip them).
-    pub spans: Vec<(u32, u32)>,
+    /// Packed layout: per column `(offset, lo, hi)`, its phases `lo..hi` at
+    /// `vals[offset..offset + hi − lo]`, zeros elsewhere.
+    pub spans: Vec<(u32, u32, u32)>,
 }
 
 impl Block {
+    /// Packs dense column-major probabilities (`dense[c·K + q]`).
+    fn packed(k: usize, cols: Vec<u32>, dense: &[f64]) -> Block {
+        let mut vals = Vec::with_capacity(dense.len());
+        let spans = dense
+            .chunks_exact(k.max(1))
+            .map(|col| {
+                let lo = col.iter().position(|&p| p != 0.0).unwrap_or(0);
+                let hi = col.iter().rposition(|&p| p != 0.0).map_or(lo, |h| h + 1);
+                let offset = vals.len() as u32;
+                vals.extend_from_slice(&col[lo..hi]);
+                (offset, lo as u32, hi as u32)
+            })
+            .collect();
+        vals.shrink_to_fit();
+        Block { k, cols, vals, row_major: false, spans }
+    }
+
     /// `P(next = cols[c] | q)`, in either layout.
     pub fn value(&self, c: usize, q: usize) -> f64 {
         if self.row_major {
-            self.vals[q * self.cols.len() + c]
+            return self.vals[q * self.cols.len() + c];
+        }
+        let (offset, lo, hi) = self.spans[c];
+        if (lo as usize..hi as usize).contains(&q) {
+            self.vals[offset as usize + q - lo as usize]
         } else {
-            self.vals[c * self.k + q]
+            0.0
         }
     }
 
@@ -136,61 +163,36 @@ impl Block {
         if self.row_major {
             return;
         }
-        let (k, cols) = (self.k, self.cols.len());
-        let mut rows = vec![0.0; self.vals.len()];
-        for (c, col) in self.vals.chunks_exact(k.max(1)).enumerate() {
-            for (q, &p) in col.iter().enumerate() {
+        let cols = self.cols.len();
+        let mut rows = vec![0.0; cols * self.k];
+        for (c, &(offset, lo, hi)) in self.spans.iter().enumerate() {
+            let col = &self.vals[offset as usize..offset as usize + (hi - lo) as usize];
+            for (q, &p) in (lo as usize..).zip(col) {
                 rows[q * cols + c] = p;
             }
         }
         self.vals = rows;
+        self.spans = Vec::new();
         self.row_major = true;
     }
 
     /// `y[q] = Σ_c vals[c][q] · v[cols[c]]` (the block times the value vector;
-    /// column-major layout). [`TIMES_LANES`] phases at a time, their sums
-    /// kept in registers across all columns; each sum adds its terms in
-    /// column order from `+0.0`, and columns with `v = 0` (which would add
-    /// `+0.0`) are skipped, as the scalar loop did.
+    /// packed layout). Each sum adds its terms in column order from `+0.0`;
+    /// the zeros outside a column's span and columns with `v = 0` are
+    /// skipped (they would add `+0.0`).
     pub fn times(&self, v: &[f64], y: &mut [f64]) {
-        debug_assert!(!self.row_major, "Block::times needs the column-major layout");
+        debug_assert!(!self.row_major, "Block::times needs the packed layout");
         let k = self.k;
-        if k < TIMES_LANES {
-            y[..k].iter_mut().for_each(|x| *x = 0.0);
-            for (col, &s) in self.vals.chunks_exact(k.max(1)).zip(&self.cols) {
-                let vs = v[s as usize];
-                if vs == 0.0 {
-                    continue;
-                }
-                for (yq, &p) in y[..k].iter_mut().zip(col) {
-                    *yq += p * vs;
-                }
+        y[..k].iter_mut().for_each(|x| *x = 0.0);
+        for (&s, &(offset, lo, hi)) in self.cols.iter().zip(&self.spans) {
+            let vs = v[s as usize];
+            if vs == 0.0 {
+                continue;
             }
-            return;
-        }
-        // Full chunks of lanes; a remainder is covered by one more chunk
-        // ending at K, which recomputes a few phases and writes only the rest.
-        // A column whose chunk holds only zeros would add +0.0: skipped.
-        let mut q0 = 0;
-        while q0 < k {
-            let start = q0.min(k - TIMES_LANES);
-            let end = (start + TIMES_LANES) as u32;
-            let mut acc = [0.0f64; TIMES_LANES];
-            for ((col, &s), &(lo, hi)) in self.vals.chunks_exact(k).zip(&self.cols).zip(&self.spans) {
-                if hi <= start as u32 || lo >= end {
-                    continue;
-                }
-                let vs = v[s as usize];
-                if vs == 0.0 {
-                    continue;
-                }
-                let col: &[f64; TIMES_LANES] = col[start..start + TIMES_LANES].try_into().expect("lanes");
-                for (a, &p) in acc.iter_mut().zip(col) {
-                    *a += p * vs;
-                }
+            let col = &self.vals[offset as usize..offset as usize + (hi - lo) as usize];
+            for (yq, &p) in y[lo as usize..hi as usize].iter_mut().zip(col) {
+                *yq += p * vs;
             }
-            y[q0..start + TIMES_LANES].copy_from_slice(&acc[q0 - start..]);
-            q0 = start + TIMES_LANES;
         }
     }
 
@@ -198,8 +200,9 @@ impl Block {
     /// pushed through the block). In the row-major layout the sums run over
     /// all columns at once (`mass += z[q] · row_q`, vectorised across
     /// columns), with `scratch` holding them: each column's sum still adds its
-    /// terms in increasing `q`, so the result is the column-major one bit for
-    /// bit (phases with `z[q] = 0` add `+0.0` there and are skipped here).
+    /// terms in increasing `q`, so the result is the dense column-major one
+    /// bit for bit (phases with `z[q] = 0` add `+0.0` there and are skipped
+    /// here).
     pub fn spread(&self, z: &[f64], out: &mut [f64], scratch: &mut Vec<f64>) {
         let k = self.k;
         if self.row_major {
@@ -220,22 +223,17 @@ impl Block {
             return;
         }
         for (c, &s) in self.cols.iter().enumerate() {
-            let col = &self.vals[c * k..(c + 1) * k];
-            let mass: f64 = col.iter().zip(&z[..k]).map(|(p, x)| p * x).sum();
+            let mass: f64 = (0..k).map(|q| self.value(c, q) * z[q]).sum();
             out[s as usize] += mass;
         }
     }
 
-    /// Number of stored probabilities.
+    /// Number of probabilities, `columns × K`, zeros included (the unit of
+    /// the work accounting, whatever the layout stores).
     pub fn nnz(&self) -> usize {
-        self.vals.len()
+        self.cols.len() * self.k
     }
 }
-
-/// Phases summed together by [`Block::times`]: 20 `f64`, ten of the sixteen
-/// SSE2 registers (measured on the fidelity case, K = 60: 16 lanes took 15%
-/// longer, 30 spilled to the stack and took twice as long).
-pub const TIMES_LANES: usize = 20;
 
 /// Phases per vector of the block construction's correlation.
 const CORRELATION_LANES: usize = 8;
@@ -444,17 +442,7 @@ impl BlockBuilder {
         }
         self.block.cols.push(full_state as u32);
         self.block.vals.extend_from_slice(&full);
-        self.block.spans = self
-            .block
-            .vals
-            .chunks_exact(k.max(1))
-            .map(|col| {
-                let lo = col.iter().position(|&p| p != 0.0).unwrap_or(0);
-                let hi = col.iter().rposition(|&p| p != 0.0).map_or(lo, |h| h + 1);
-                (lo as u32, hi as u32)
-            })
-            .collect();
-        self.block
+        Block::packed(k, self.block.cols, &self.block.vals)
     }
 }
 
