@@ -1105,6 +1105,12 @@ fn lexicographic(
             }
         }
     }
+    // The report's objective is the plan's (the local search may have raised it);
+    // its gap stays what HiGHS reached, an upper bound on the plan's.
+    let mut report = report;
+    if let (Some(p), Some(o)) = (&plan, report.objective) {
+        report.objective = Some(o.max(accuracy_objective(p)));
+    }
     let mut plan = name_shed(plan, &shed);
     if problem.pinned.is_none() {
         // A fixed placement keeps its devices, loaded or not.
