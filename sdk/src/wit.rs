@@ -110,7 +110,9 @@ fn install_panic_hook() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         std::panic::set_hook(Box::new(|info| {
-            crate::log::log(crate::log::Level::Error, &format!("{PANIC_PREFIX}{info}"));
+            // The import itself, not `crate::log`: that module calls this one, and
+            // modules depend one way. Level 0 is WIT's error (`log::Level::Error`).
+            log(0, &format!("{PANIC_PREFIX}{info}"));
         }));
     });
 }

@@ -27,7 +27,8 @@ use sluice_core::profile::Profile;
 use sluice_server::config::{Config, ExecutorKind};
 use sluice_server::executor::remote::{serve_agent, AgentModels};
 use sluice_server::executor::LoadedModel;
-use sluice_server::state::{resolve_models, ModelSource};
+use sluice_server::executor::ModelSource;
+use sluice_server::state::resolve_models;
 
 use crate::keys::{decode, encode, AgentRecord, DeviceInfo, Keys, Loaded, Placement, RoutingTable};
 use crate::lease::KeptLease;

@@ -341,7 +341,7 @@ fn cluster_view(
     agents: &Mirror,
     leader: &Mirror,
     frontends: &Mirror,
-) -> sluice_server::dashboard::ClusterView {
+) -> sluice_server::state::ClusterView {
     let me = Arc::downgrade(fe);
     let (agents, leader, frontends) = (agents.subscribe(), leader.subscribe(), frontends.subscribe());
     Box::new(move || {

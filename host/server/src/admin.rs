@@ -2,7 +2,6 @@
 //! app's policy, inspect an app, change a worker's loaded models, and what-if
 //! evaluations ([`crate::evaluate`]).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -12,8 +11,6 @@ use serde_json::{json, Value};
 
 use crate::api::{app_of, ok, parse_json, read_body, read_body_up_to, registry_error, ApiError, Body};
 use crate::state::State;
-use sluice_core::clock::Clock as _;
-use sluice_core::decision::Bound;
 use sluice_core::runtime::PolicyError;
 
 #[derive(Deserialize)]
@@ -72,7 +69,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                     Err(e) => registry_error(e),
                 },
             };
-            Ok(crate::http::refuse_before_body(state, req, refusal).await)
+            Ok(crate::api::refuse_before_body(state, req, refusal).await)
         }
         (&Method::GET, ["apps"]) => ok(json!({ "apps": state.apps.keys().collect::<Vec<_>>() })),
         // Off the async threads: a policy's `status` runs under its worker's slot
@@ -123,7 +120,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
         (&Method::POST, ["apps", app, "evaluate"]) => {
             let app = app.to_string();
             let body = read_body(state, req).await?;
-            let started = crate::evaluate::start(state, &app, &body).await?;
+            let started = crate::evaluate::start(&state.evaluations, &state.apps, &state.registry, &app, &body).await?;
             Ok(with_status(StatusCode::ACCEPTED, started))
         }
         // The dashboard's one poll: every app's view, the counters it draws, the
@@ -168,7 +165,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             } else {
                 Some(parse_json::<SolveRequest>(&body)?.demand_qps)
             };
-            crate::allocation::replan(state, "admin", demand).await.map(ok).map_err(|e| ApiError {
+            state.allocator.replan("admin", demand).await.map(ok).map_err(|e| ApiError {
                 // A bad demand is the client's; no allocator or a failed application is a conflict.
                 status: if e.starts_with("demand_qps.") { StatusCode::BAD_REQUEST } else { StatusCode::CONFLICT },
                 message: e,
@@ -193,7 +190,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                 allow: None,
             })?
         }
-        (&Method::GET, ["allocation"]) => match &*state.allocation_view.lock() {
+        (&Method::GET, ["allocation"]) => match &state.allocator.view() {
             Some(v) => ok(v.clone()),
             None => Err(ApiError::new(StatusCode::NOT_FOUND, "no allocator: the config has no [[device]]")),
         },
@@ -265,77 +262,5 @@ fn with_status(status: StatusCode, body: Value) -> Response<Body> {
 }
 
 fn app_status(state: &State, name: &str) -> Result<Response<Body>, ApiError> {
-    ok(app_view(state, name)?)
-}
-
-/// `GET /admin/apps/{app}`'s body (the dashboard's snapshot carries one per app).
-/// It asks each worker's policy for its `status` under the worker's slot lock: call
-/// it off the async threads.
-pub(crate) fn app_view(state: &State, name: &str) -> Result<Value, ApiError> {
-    let a = app_of(state, name)?;
-    let b = a.binding.lock().clone();
-    let c = &a.counters;
-    let load = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
-    let workers: Vec<Value> = a
-        .workers
-        .iter()
-        .map(|w| {
-            let loaded: Vec<&str> = w.loaded.lock().iter().map(|id| a.models[*id as usize].name.as_str()).collect();
-            // Asked under the worker's slot lock, between two of its decisions.
-            let (status, revivals, reviving) = match &mut w.slot.lock().current {
-                Bound::Wasm(instance) => {
-                    let status = match instance.status() {
-                        Ok(Some(s)) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
-                        Ok(None) => Value::Null,
-                        Err(fault) => json!({ "error": fault.to_string() }),
-                    };
-                    (status, instance.revivals(), instance.reviving())
-                }
-                Bound::Safe => (Value::Null, 0, false),
-            };
-            json!({
-                "index": w.index,
-                "loaded": loaded,
-                "queue": w.queue.len(),
-                "in_flight": w.in_flight.load(Ordering::Relaxed),
-                "policy_status": status,
-                "revivals": revivals,
-                "reviving": reviving,
-            })
-        })
-        .collect();
-    Ok(json!({
-        "app": a.name(),
-        "policy": b.policy,
-        "digest": b.digest,
-        "params": serde_json::from_str::<Value>(&b.params).unwrap_or(Value::Null),
-        "generation": b.generation,
-        "unbound_reason": b.unbound_reason,
-        "fail_mode": a.config.fail_mode,
-        "router": a.config.router,
-        "weights": (a.router.mode() == sluice_core::router::RouterMode::Weighted).then(|| a.router.weights()),
-        "slo_ms": a.config.slo_ms,
-        "load_qps": a.load.rate(a.clock.now()),
-        "queue_lengths": a.queue_lengths(),
-        "queued": a.queued.load(Ordering::Relaxed),
-        "workers": workers,
-        "models": a.models.iter().map(|m| json!({ "id": m.id, "name": m.name, "accuracy": m.accuracy, "latency_us": m.latency })).collect::<Vec<_>>(),
-        "counters": {
-            "accepted": load(&c.accepted),
-            "served": load(&c.served),
-            "late": load(&c.late),
-            "dropped": load(&c.dropped),
-            "rejected": load(&c.rejected),
-            "faults": load(&c.faults),
-            "swaps": load(&c.swaps),
-            "reviving_decisions": load(&c.reviving_decisions),
-            "rejected_overload": load(&c.rejected_overload),
-        },
-        // Requests admitted to check a refusal (`admission_audit`), and how many of
-        // them made their deadline: refusals that would have been false.
-        "admission_audit": { "audited": load(&c.audited), "met": load(&c.audited_met) },
-        "swap_max_wait_us": load(&c.swap_max_wait_ns) as f64 / 1e3,
-        "shared_store_bytes": b.shared.as_ref().map(|s| s.bytes()),
-        "arrival_ring": a.ring.get().map(|r| r.view()),
-    }))
+    ok(crate::dashboard::app_view(state, name)?)
 }

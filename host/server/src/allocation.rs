@@ -30,9 +30,11 @@ use std::sync::atomic::Ordering;
 use sluice_core::clock::Clock as _;
 use sluice_core::demand::planned_demand;
 
+use crate::app::App;
 use crate::config::{AppConfig, Config, ExecutorKind};
 use crate::executor::{model_set, LoadedModel};
-use crate::state::{AppSources, ModelSource, State};
+use crate::executor::{AppSources, ModelSource};
+use crate::metrics::Metrics;
 
 /// The devices of the config (`sluice_alloc::config::DevicePool`).
 pub type Devices = DevicePool;
@@ -209,12 +211,10 @@ impl Allocation {
 /// The demand every app is planned for: its forecast once its counts cover the
 /// forecaster's window, and until then at least its configured `demand_qps`
 /// (`sluice_core::demand::planned_demand`), at least `min_demand_qps`.
-fn forecast(state: &State, config: &Config) -> BTreeMap<String, f64> {
+fn forecast(apps: &BTreeMap<String, Arc<App>>, config: &Config) -> BTreeMap<String, f64> {
     let a = &config.allocator;
     let f = a.forecaster();
-    state
-        .apps
-        .values()
+    apps.values()
         .map(|app| {
             let counts = app.demand.per_second(app.clock.now());
             let configured = a.demand_qps.get(app.name()).copied().unwrap_or(0.0);
@@ -224,155 +224,188 @@ fn forecast(state: &State, config: &Config) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// Re-plans now — for `demand` when given (per app, requests/s; apps it leaves out
-/// get their forecast), else for the forecast demand — and applies the plan. Returns
-/// `GET /admin/allocation`'s view after it.
-pub async fn replan(state: &Arc<State>, reason: &str, demand: Option<BTreeMap<String, f64>>) -> Result<Value, String> {
-    let mut guard = state.allocation.lock().await;
-    let a = guard.as_mut().ok_or("no allocator: the config has no [[device]]")?;
-    let mut forecast = forecast(state, &a.config);
-    for (app, d) in demand.unwrap_or_default() {
-        if !forecast.contains_key(&app) {
-            return Err(format!("demand_qps.{app}: no app of that name"));
-        }
-        // The problem files' and configs' range: 1e300 requests/s must not reach HiGHS.
-        if !sluice_alloc::limits::within(d, sluice_alloc::limits::MAX_DEMAND_QPS) {
-            return Err(format!(
-                "demand_qps.{app}: expected 0 to {:e} requests/s",
-                sluice_alloc::limits::MAX_DEMAND_QPS
-            ));
-        }
-        forecast.insert(app, d.max(a.config.allocator.min_demand_qps));
-    }
-    let demand = forecast;
-    let problem = problem(&a.devices, &a.config, &a.resolved, &demand);
-    let mut planner = std::mem::replace(&mut a.planner, Planner::new(&a.config.allocator));
-    let (planner, result) = tokio::task::spawn_blocking(move || {
-        let r = planner.plan(problem);
-        (planner, r)
-    })
-    .await
-    .map_err(|e| format!("allocator task: {e}"))?;
-    a.planner = planner;
-    state.metrics.observe("sluice_allocator_solve_seconds", &[("status", &result.status)], result.solve_seconds);
-    let old = match &a.last.plan {
-        Some(AnyPlan::Proteus(p)) => Some(p.clone()),
-        _ => None,
-    };
-    let new = match &result.plan {
-        Some(AnyPlan::Proteus(p)) => Some(p.clone()),
-        _ => None,
-    };
-    if let (true, Some(old), Some(new)) = (result.is_new_plan(), old, new) {
-        if let Err(e) = apply(state, a, &old, &new).await {
-            // The old weights are still in force: so is the old plan, for the view and
-            // as the allocator's fallback.
-            a.planner.restore(old);
-            return Err(format!("the new plan could not be applied, the last one stays: {e}"));
-        }
-        a.last = result;
-        a.demand = demand;
-        a.remember(reason);
-        // The dashboard's re-plan marker.
-        state.metrics.event("replan", "allocator", reason);
-    } else {
-        a.last = result;
-        tracing::warn!(status = a.last.status, error = ?a.last.error, "allocator: no new plan; the last one stays");
-    }
-    let view = a.to_json();
-    *state.allocation_view.lock() = Some(view.clone());
-    Ok(view)
+/// The `[[device]]` allocator as the host runs it: the allocation in force (locked
+/// for the whole of a re-plan, so re-plans never overlap), the view
+/// `GET /admin/allocation` shows (updated after every plan, so the admin API never
+/// waits on a re-plan), and what a re-plan reads and changes: the apps and the
+/// metrics. A service of its own below the state, which holds it.
+pub struct Allocator {
+    apps: BTreeMap<String, Arc<App>>,
+    metrics: Arc<Metrics>,
+    current: tokio::sync::Mutex<Option<Allocation>>,
+    view: parking_lot::Mutex<Option<Value>>,
 }
 
-/// Applies `new` over `old`, make before break.
-async fn apply(state: &Arc<State>, a: &Allocation, old: &proteus::Plan, new: &proteus::Plan) -> Result<(), String> {
-    // A core whose replica is resized keeps its variant but changes its time.
-    let key = |d: &proteus::DevicePlan| (d.app.clone(), d.model.clone(), d.service_us);
-    // 1. Make: every device whose (app, variant) changes loads the new variant on the
-    //    new app's worker (loaded and warmed off the worker; its weight is still 0
-    //    there, or it already serves that app and switches between two decisions).
-    for (w, (o, n)) in old.devices.iter().zip(&new.devices).enumerate() {
-        let Some(app_name) = &n.app else { continue };
-        if key(o) == key(n) {
-            continue;
+impl Allocator {
+    /// The allocator of `apps` with the allocation started (`None`: the config has
+    /// no `[[device]]`, and every re-plan is refused).
+    pub fn new(apps: BTreeMap<String, Arc<App>>, metrics: Arc<Metrics>, allocation: Option<Allocation>) -> Arc<Self> {
+        let view = allocation.as_ref().map(Allocation::to_json);
+        Arc::new(Allocator {
+            apps,
+            metrics,
+            current: tokio::sync::Mutex::new(allocation),
+            view: parking_lot::Mutex::new(view),
+        })
+    }
+
+    /// What `GET /admin/allocation` shows (`None` without `[[device]]`s).
+    pub fn view(&self) -> Option<Value> {
+        self.view.lock().clone()
+    }
+
+    /// Re-plans now — for `demand` when given (per app, requests/s; apps it leaves out
+    /// get their forecast), else for the forecast demand — and applies the plan. Returns
+    /// `GET /admin/allocation`'s view after it.
+    pub async fn replan(&self, reason: &str, demand: Option<BTreeMap<String, f64>>) -> Result<Value, String> {
+        let mut guard = self.current.lock().await;
+        let a = guard.as_mut().ok_or("no allocator: the config has no [[device]]")?;
+        let mut forecast = forecast(&self.apps, &a.config);
+        for (app, d) in demand.unwrap_or_default() {
+            if !forecast.contains_key(&app) {
+                return Err(format!("demand_qps.{app}: no app of that name"));
+            }
+            // The problem files' and configs' range: 1e300 requests/s must not reach HiGHS.
+            if !sluice_alloc::limits::within(d, sluice_alloc::limits::MAX_DEMAND_QPS) {
+                return Err(format!(
+                    "demand_qps.{app}: expected 0 to {:e} requests/s",
+                    sluice_alloc::limits::MAX_DEMAND_QPS
+                ));
+            }
+            forecast.insert(app, d.max(a.config.allocator.min_demand_qps));
         }
-        let app = state.apps.get(app_name).ok_or_else(|| format!("plan names unknown app {app_name}"))?;
-        let sources = a.models_for(&app.config, w, n);
-        let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<BTreeMap<u32, LoadedModel>> {
-            sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
+        let demand = forecast;
+        let problem = problem(&a.devices, &a.config, &a.resolved, &demand);
+        let mut planner = std::mem::replace(&mut a.planner, Planner::new(&a.config.allocator));
+        let (planner, result) = tokio::task::spawn_blocking(move || {
+            let r = planner.plan(problem);
+            (planner, r)
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("{e:#}"))?;
-        app.set_worker_models(w, model_set(loaded)).await?;
-    }
-    // 2. Switch: every app's shares at once.
-    for (name, app) in &state.apps {
-        let weights: Vec<f64> =
-            new.devices.iter().map(|d| if d.app.as_deref() == Some(name.as_str()) { d.share } else { 0.0 }).collect();
-        app.router.set_weights(&weights).map_err(|e| format!("app {name}: {e}"))?;
-    }
-    // 3. Break: a worker whose device went to another app (or idle) receives nothing
-    //    now; once its queue is empty it unloads. A batch in flight finishes first (a
-    //    worker installs models only between decisions).
-    for (w, (o, n)) in old.devices.iter().zip(&new.devices).enumerate() {
-        let Some(app_name) = &o.app else { continue };
-        if o.app == n.app {
-            continue;
-        }
-        let Some(app) = state.apps.get(app_name) else { continue };
-        let worker = &app.workers[w];
-        let bound =
-            std::time::Duration::from_micros(2 * app.slo_us + app.expire_us) + std::time::Duration::from_secs(1);
-        let end = tokio::time::Instant::now() + bound;
-        while (!worker.queue.is_empty() || worker.in_flight.load(Ordering::Acquire) > 0)
-            && tokio::time::Instant::now() < end
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        app.set_worker_models(w, sluice_core::executor::ModelSet::default()).await?;
-    }
-    tracing::info!(
-        effective_accuracy = new.effective_accuracy,
-        beta = new.beta,
-        devices_used = new.devices_used,
-        "allocator: plan applied"
-    );
-    Ok(())
-}
-
-/// Re-plans every `period_s`, and early when an app's forecast moves more than
-/// `threshold` from the demand of the plan in force; ends when the server drains.
-pub async fn control_loop(state: std::sync::Weak<State>) {
-    let mut last = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(state) = state.upgrade() else { return };
-        if state.apps.values().any(|a| a.draining.load(Ordering::Acquire)) {
-            return;
-        }
-        let Some((used, config)) = state
-            .allocation
-            .try_lock()
-            .ok()
-            .and_then(|g| g.as_ref().filter(|a| a.planner.replans()).map(|a| (a.demand.clone(), a.config.clone())))
-        else {
-            continue;
+        .map_err(|e| format!("allocator task: {e}"))?;
+        a.planner = planner;
+        self.metrics.observe("sluice_allocator_solve_seconds", &[("status", &result.status)], result.solve_seconds);
+        let old = match &a.last.plan {
+            Some(AnyPlan::Proteus(p)) => Some(p.clone()),
+            _ => None,
         };
-        let a = &config.allocator;
-        let since = last.elapsed().as_secs_f64();
-        let due = since >= a.period_s;
-        let now = forecast(&state, &config);
-        // A shift past the band re-plans early, but not within `min_interval_s` of
-        // the last re-plan: a ramp would otherwise re-plan at every step of it.
-        let shifted = since >= a.min_interval_s.min(a.period_s) && a.demand_shifted(&used, &now);
-        if due || shifted {
-            last = tokio::time::Instant::now();
-            let reason = if shifted { "demand shift" } else { "period" };
-            if let Err(e) = replan(&state, reason, None).await {
-                tracing::error!("allocator: re-plan failed, the last plan stays: {e}");
+        let new = match &result.plan {
+            Some(AnyPlan::Proteus(p)) => Some(p.clone()),
+            _ => None,
+        };
+        if let (true, Some(old), Some(new)) = (result.is_new_plan(), old, new) {
+            if let Err(e) = self.apply(a, &old, &new).await {
+                // The old weights are still in force: so is the old plan, for the view and
+                // as the allocator's fallback.
+                a.planner.restore(old);
+                return Err(format!("the new plan could not be applied, the last one stays: {e}"));
+            }
+            a.last = result;
+            a.demand = demand;
+            a.remember(reason);
+            // The dashboard's re-plan marker.
+            self.metrics.event("replan", "allocator", reason);
+        } else {
+            a.last = result;
+            tracing::warn!(status = a.last.status, error = ?a.last.error, "allocator: no new plan; the last one stays");
+        }
+        let view = a.to_json();
+        *self.view.lock() = Some(view.clone());
+        Ok(view)
+    }
+
+    /// Applies `new` over `old`, make before break.
+    async fn apply(&self, a: &Allocation, old: &proteus::Plan, new: &proteus::Plan) -> Result<(), String> {
+        // A core whose replica is resized keeps its variant but changes its time.
+        let key = |d: &proteus::DevicePlan| (d.app.clone(), d.model.clone(), d.service_us);
+        // 1. Make: every device whose (app, variant) changes loads the new variant on the
+        //    new app's worker (loaded and warmed off the worker; its weight is still 0
+        //    there, or it already serves that app and switches between two decisions).
+        for (w, (o, n)) in old.devices.iter().zip(&new.devices).enumerate() {
+            let Some(app_name) = &n.app else { continue };
+            if key(o) == key(n) {
+                continue;
+            }
+            let app = self.apps.get(app_name).ok_or_else(|| format!("plan names unknown app {app_name}"))?;
+            let sources = a.models_for(&app.config, w, n);
+            let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<BTreeMap<u32, LoadedModel>> {
+                sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{e:#}"))?;
+            app.set_worker_models(w, model_set(loaded)).await?;
+        }
+        // 2. Switch: every app's shares at once.
+        for (name, app) in &self.apps {
+            let weights: Vec<f64> = new
+                .devices
+                .iter()
+                .map(|d| if d.app.as_deref() == Some(name.as_str()) { d.share } else { 0.0 })
+                .collect();
+            app.router.set_weights(&weights).map_err(|e| format!("app {name}: {e}"))?;
+        }
+        // 3. Break: a worker whose device went to another app (or idle) receives nothing
+        //    now; once its queue is empty it unloads. A batch in flight finishes first (a
+        //    worker installs models only between decisions).
+        for (w, (o, n)) in old.devices.iter().zip(&new.devices).enumerate() {
+            let Some(app_name) = &o.app else { continue };
+            if o.app == n.app {
+                continue;
+            }
+            let Some(app) = self.apps.get(app_name) else { continue };
+            let worker = &app.workers[w];
+            let bound =
+                std::time::Duration::from_micros(2 * app.slo_us + app.expire_us) + std::time::Duration::from_secs(1);
+            let end = tokio::time::Instant::now() + bound;
+            while (!worker.queue.is_empty() || worker.in_flight.load(Ordering::Acquire) > 0)
+                && tokio::time::Instant::now() < end
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            app.set_worker_models(w, sluice_core::executor::ModelSet::default()).await?;
+        }
+        tracing::info!(
+            effective_accuracy = new.effective_accuracy,
+            beta = new.beta,
+            devices_used = new.devices_used,
+            "allocator: plan applied"
+        );
+        Ok(())
+    }
+
+    /// Re-plans every `period_s`, and early when an app's forecast moves more than
+    /// `threshold` from the demand of the plan in force; ends when the server drains.
+    pub async fn control_loop(this: std::sync::Weak<Allocator>) {
+        let mut last = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(this) = this.upgrade() else { return };
+            if this.apps.values().any(|a| a.draining.load(Ordering::Acquire)) {
+                return;
+            }
+            let Some((used, config)) =
+                this.current.try_lock().ok().and_then(|g| {
+                    g.as_ref().filter(|a| a.planner.replans()).map(|a| (a.demand.clone(), a.config.clone()))
+                })
+            else {
+                continue;
+            };
+            let a = &config.allocator;
+            let since = last.elapsed().as_secs_f64();
+            let due = since >= a.period_s;
+            let now = forecast(&this.apps, &config);
+            // A shift past the band re-plans early, but not within `min_interval_s` of
+            // the last re-plan: a ramp would otherwise re-plan at every step of it.
+            let shifted = since >= a.min_interval_s.min(a.period_s) && a.demand_shifted(&used, &now);
+            if due || shifted {
+                last = tokio::time::Instant::now();
+                let reason = if shifted { "demand shift" } else { "period" };
+                if let Err(e) = this.replan(reason, None).await {
+                    tracing::error!("allocator: re-plan failed, the last plan stays: {e}");
+                }
             }
         }
     }

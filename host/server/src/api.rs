@@ -16,6 +16,30 @@ use crate::app::App;
 use crate::state::State;
 use sluice_core::registry::RegistryError;
 
+impl From<crate::binary::BinaryError> for ApiError {
+    fn from(e: crate::binary::BinaryError) -> ApiError {
+        ApiError::bad_request(e.0)
+    }
+}
+
+impl From<crate::evaluate::EvaluateError> for ApiError {
+    fn from(e: crate::evaluate::EvaluateError) -> ApiError {
+        use crate::evaluate::EvaluateError as E;
+        match e {
+            E::Unavailable => ApiError::new(StatusCode::NOT_IMPLEMENTED, e.to_string()),
+            E::UnknownApp { .. } => ApiError::not_found(e.to_string()),
+            E::BadRequest(m) => ApiError::bad_request(m),
+            E::Conflict(m) => ApiError::new(StatusCode::CONFLICT, m),
+            E::Busy { running, .. } => ApiError {
+                extra: Some(json!({ "running": running })),
+                ..ApiError::new(StatusCode::CONFLICT, e.to_string())
+            },
+            E::Registry(r) => registry_error(r),
+            E::Internal(m) => ApiError::internal(m),
+        }
+    }
+}
+
 /// The response body type.
 pub type Body = Full<Bytes>;
 
@@ -179,110 +203,51 @@ pub struct Peer(pub std::net::SocketAddr);
 #[derive(Clone, Copy, Debug)]
 pub struct AdminListener;
 
-/// Failed admin logins an address may make before its admin requests are slowed.
-pub const LOGIN_FAILURES_ALLOWED: u32 = 10;
-
-/// How long an address's failed logins are remembered: its count starts over once
-/// it has not failed for this long (a steady guesser stays slowed).
-pub const LOGIN_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// The delay an admin request from a slowed address waits per failure beyond
-/// [`LOGIN_FAILURES_ALLOWED`] ...
-pub const LOGIN_DELAY_STEP: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// ... up to this.
-pub const LOGIN_DELAY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Addresses tracked at most (beyond it, expired entries are swept, then the
-/// oldest dropped: memory stays bounded whatever the attacker's address space).
-const LOGIN_TRACKED_MAX: usize = 4096;
-
-/// Failed admin logins per client address, which slow that address's admin
-/// requests without ever refusing a right token.
-///
-/// After [`LOGIN_FAILURES_ALLOWED`] failures (none more than [`LOGIN_WINDOW`] after
-/// the one before), every admin request from the address waits [`LOGIN_DELAY_STEP`]
-/// per failure beyond them, up to [`LOGIN_DELAY_MAX`], before its token is checked;
-/// then a right token is served and a wrong one gets its 401. The wait applies to
-/// right tokens too: were a right token answered at once, a guesser would know a
-/// guess wrong as soon as no answer came, and the delay would slow nothing. So an
-/// address's guesses are bounded by the connections it may hold (its share of
-/// `max_connections`, [`crate::server`]) over the delay, while an operator behind
-/// the same proxy (or on localhost) as a guesser is slowed, never locked out: the
-/// earlier rule (429 to every request from the address for the rest of a minute,
-/// whatever the token) let anyone sharing the address lock the operator out. A
-/// strong token is the defence against guessing (`admin_listen` on an internal
-/// address the other); this only makes a weak one costly to guess. Failures are
-/// logged at most once a second.
-#[derive(Default)]
-pub struct LoginGuard {
-    /// Per address: when it last failed, and how many times in a row (each within
-    /// [`LOGIN_WINDOW`] of the previous).
-    failures: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
-    log: RateLimitedLog,
+/// Whether the client sent `Expect: 100-continue`: it waits for a `100 Continue`
+/// before it sends the body.
+fn expects_continue(req: &Request<Incoming>) -> bool {
+    req.headers().get(hyper::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
-impl LoginGuard {
-    /// How long an admin request from `ip` waits before its token is checked (zero
-    /// while the address has failed fewer than [`LOGIN_FAILURES_ALLOWED`] times).
-    pub fn delay(&self, ip: std::net::IpAddr) -> std::time::Duration {
-        let map = self.failures.lock();
-        match map.get(&ip) {
-            Some((last, n)) if *n >= LOGIN_FAILURES_ALLOWED && last.elapsed() < LOGIN_WINDOW => {
-                LOGIN_DELAY_STEP.saturating_mul(n - LOGIN_FAILURES_ALLOWED + 1).min(LOGIN_DELAY_MAX)
+/// The answer to a request refused from its head alone (an unknown app, an
+/// overloaded one, a version-pinned inference, a refused admin token, a reserved
+/// policy name), its body unread or thrown away:
+/// - a client that sent `Expect: 100-continue` waits for a `100 Continue` before it
+///   sends the body, and hyper writes that `100` only when the body is first read.
+///   The body is not touched: the final status goes instead of the `100`, as RFC
+///   9110 §10.1.1 allows (curl sends `Expect` above 1 MB: a 4 MB image refused
+///   after its upload cost the client the upload). The answer says
+///   `Connection: close`: the announced body never came, so the connection cannot
+///   carry another request (hyper closes it once the unread body is dropped).
+/// - any other client is already sending: the body is read and thrown away (within
+///   the body timeout, up to `max_body_bytes`) before answering, so it sees the
+///   answer rather than a connection reset under its upload.
+pub(crate) async fn refuse_before_body(state: &State, req: Request<Incoming>, error: ApiError) -> Response<Body> {
+    if expects_continue(&req) {
+        drop(req);
+        let mut r = error.into_response();
+        r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+        return r;
+    }
+    discard_body(state, req).await;
+    error.into_response()
+}
+
+/// Reads and throws away a request's body (within the body timeout, up to
+/// `max_body_bytes`).
+async fn discard_body(state: &State, req: Request<Incoming>) {
+    use http_body_util::BodyExt as _;
+    let mut body = req.into_body();
+    let limit = state.config.max_body_bytes;
+    let timeout = std::time::Duration::from_millis(state.config.body_read_timeout_ms);
+    let _ = tokio::time::timeout(timeout, async {
+        let mut read = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            read += frame.data_ref().map_or(0, |d| d.len());
+            if read > limit {
+                break;
             }
-            _ => std::time::Duration::ZERO,
         }
-    }
-
-    /// Counts a failed login from `ip`.
-    pub fn failed(&self, ip: std::net::IpAddr, why: &str) {
-        let now = std::time::Instant::now();
-        let n = {
-            let mut map = self.failures.lock();
-            if map.len() >= LOGIN_TRACKED_MAX && !map.contains_key(&ip) {
-                map.retain(|_, (last, _)| last.elapsed() < LOGIN_WINDOW);
-                if map.len() >= LOGIN_TRACKED_MAX {
-                    if let Some(oldest) = map.iter().min_by_key(|(_, (last, _))| *last).map(|(k, _)| *k) {
-                        map.remove(&oldest);
-                    }
-                }
-            }
-            let entry = map.entry(ip).or_insert((now, 0));
-            if entry.0.elapsed() >= LOGIN_WINDOW {
-                entry.1 = 0;
-            }
-            *entry = (now, entry.1.saturating_add(1));
-            entry.1
-        };
-        self.log.warn(
-            |suppressed| tracing::warn!(%ip, failures = n, "failed admin login: {why} ({suppressed} more not logged)"),
-        );
-    }
-}
-
-/// A warning written at most once a second; the ones in between are counted and
-/// the count goes with the next line written. For what an attacker or a faulting
-/// policy can repeat at line rate (failed accepts, logins, policy faults).
-#[derive(Default)]
-pub struct RateLimitedLog {
-    state: parking_lot::Mutex<(Option<std::time::Instant>, u64)>,
-}
-
-impl RateLimitedLog {
-    /// Calls `log` with the number of warnings not written since the last one,
-    /// unless one was written less than a second ago.
-    pub fn warn(&self, log: impl FnOnce(u64)) {
-        let now = std::time::Instant::now();
-        let suppressed = {
-            let mut state = self.state.lock();
-            if state.0.is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1)) {
-                state.1 += 1;
-                return;
-            }
-            state.0 = Some(now);
-            std::mem::take(&mut state.1)
-        };
-        log(suppressed);
-    }
+    })
+    .await;
 }

@@ -382,7 +382,7 @@ pub struct App {
     pub aborted: AtomicBool,
     abort_notify: tokio::sync::Notify,
     /// Fault lines in the log: at most one a second.
-    fault_log: crate::api::RateLimitedLog,
+    fault_log: crate::throttle::RateLimitedLog,
     /// Which worker gets the next request.
     pub router: Router,
     next_id: Arc<AtomicU64>,
@@ -612,7 +612,7 @@ impl App {
             draining: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
             abort_notify: tokio::sync::Notify::new(),
-            fault_log: crate::api::RateLimitedLog::default(),
+            fault_log: crate::throttle::RateLimitedLog::default(),
             router,
             next_id,
             engine,

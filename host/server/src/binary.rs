@@ -11,23 +11,27 @@ use hyper::body::Incoming;
 use hyper::Request;
 use serde_json::Value;
 
-use crate::api::ApiError;
+/// A body the extension's framing does not describe: the client's error (400 at
+/// the edge, `From<BinaryError> for ApiError`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BinaryError(pub String);
 
 /// The header that marks a binary body and gives the JSON header's length.
 pub const HEADER: &str = "inference-header-content-length";
 
 /// The JSON header's length, when the request uses the extension.
-pub fn header_length(req: &Request<Incoming>) -> Result<Option<usize>, ApiError> {
+pub fn header_length(req: &Request<Incoming>) -> Result<Option<usize>, BinaryError> {
     let Some(v) = req.headers().get(HEADER) else { return Ok(None) };
     v.to_str()
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
         .map(Some)
-        .ok_or_else(|| ApiError::bad_request(format!("{HEADER}: expected a byte count, got {v:?}")))
+        .ok_or_else(|| BinaryError(format!("{HEADER}: expected a byte count, got {v:?}")))
 }
 
 /// Splits a body into its JSON header and the binary data after it.
-pub fn split(body: Bytes, json_len: Option<usize>) -> Result<(Bytes, Bytes), ApiError> {
+pub fn split(body: Bytes, json_len: Option<usize>) -> Result<(Bytes, Bytes), BinaryError> {
     match json_len {
         None => Ok((body, Bytes::new())),
         Some(n) if n <= body.len() => {
@@ -35,7 +39,7 @@ pub fn split(body: Bytes, json_len: Option<usize>) -> Result<(Bytes, Bytes), Api
             let binary = json.split_off(n);
             Ok((json, binary))
         }
-        Some(n) => Err(ApiError::bad_request(format!("{HEADER} is {n} but the body has only {} bytes", body.len()))),
+        Some(n) => Err(BinaryError(format!("{HEADER} is {n} but the body has only {} bytes", body.len()))),
     }
 }
 

@@ -19,18 +19,10 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Response, StatusCode};
 use serde_json::{json, Value};
 
-use crate::api::{ApiError, Body};
+use crate::api::{app_of, ApiError, Body};
 use crate::state::State;
-
-/// The cluster as a host in it sees it, for `GET /admin/dashboard`'s `cluster`.
-///
-/// Why a function set from outside: the roles, the leader and the agents live in
-/// the cluster's store, which `sluice_cluster` reads, and `sluice_cluster` depends
-/// on this crate, not the other way round. A frontend
-/// (`sluice_cluster::frontend::run`) sets one in [`State::cluster_view`] that
-/// answers from what it already mirrors (no store round trip per poll); outside
-/// a cluster there is none. It is called off the async threads, once per poll.
-pub type ClusterView = Box<dyn Fn() -> Value + Send + Sync>;
+use sluice_core::clock::Clock as _;
+use sluice_core::decision::Bound;
 
 /// Serves `/dashboard` (the page) and `/dashboard/<file>` (what it loads).
 pub fn asset(file: Option<&str>) -> Result<Response<Body>, ApiError> {
@@ -62,7 +54,7 @@ pub fn asset(file: Option<&str>) -> Result<Response<Body>, ApiError> {
 ///   the page differences two polls for rates and quantiles.
 /// - `events`: swaps and re-plans after `since`, for the markers.
 /// - `allocation`, `pipelines`, `evaluations`: as their admin routes show them.
-/// - `cluster`: the cluster as this host sees it ([`ClusterView`]: a frontend's
+/// - `cluster`: the cluster as this host sees it ([`crate::state::ClusterView`]: a frontend's
 ///   roles, leader, agents and their devices, routing table), or `{"role":
 ///   "standalone"}` outside a cluster.
 ///
@@ -70,7 +62,7 @@ pub fn asset(file: Option<&str>) -> Result<Response<Body>, ApiError> {
 pub fn snapshot(state: &Arc<State>, since: u64) -> Result<Value, ApiError> {
     let mut apps = Vec::new();
     for name in state.apps.keys() {
-        let mut view = crate::admin::app_view(state, name)?;
+        let mut view = app_view(state, name)?;
         let mut outcomes = serde_json::Map::new();
         let mut by_model = serde_json::Map::new();
         for (model, outcome, n) in state.metrics.requests_of(name) {
@@ -112,8 +104,80 @@ pub fn snapshot(state: &Arc<State>, since: u64) -> Result<Value, ApiError> {
         "connections_open": state.metrics.connections.open.load(Ordering::Relaxed),
         "apps": apps,
         "events": state.metrics.events_after(since),
-        "allocation": state.allocation_view.lock().clone(),
+        "allocation": state.allocator.view(),
         "pipelines": pipelines,
         "evaluations": evaluations,
+    }))
+}
+
+/// `GET /admin/apps/{app}`'s body (the dashboard's snapshot carries one per app).
+/// It asks each worker's policy for its `status` under the worker's slot lock: call
+/// it off the async threads.
+pub(crate) fn app_view(state: &State, name: &str) -> Result<Value, ApiError> {
+    let a = app_of(state, name)?;
+    let b = a.binding.lock().clone();
+    let c = &a.counters;
+    let load = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    let workers: Vec<Value> = a
+        .workers
+        .iter()
+        .map(|w| {
+            let loaded: Vec<&str> = w.loaded.lock().iter().map(|id| a.models[*id as usize].name.as_str()).collect();
+            // Asked under the worker's slot lock, between two of its decisions.
+            let (status, revivals, reviving) = match &mut w.slot.lock().current {
+                Bound::Wasm(instance) => {
+                    let status = match instance.status() {
+                        Ok(Some(s)) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+                        Ok(None) => Value::Null,
+                        Err(fault) => json!({ "error": fault.to_string() }),
+                    };
+                    (status, instance.revivals(), instance.reviving())
+                }
+                Bound::Safe => (Value::Null, 0, false),
+            };
+            json!({
+                "index": w.index,
+                "loaded": loaded,
+                "queue": w.queue.len(),
+                "in_flight": w.in_flight.load(Ordering::Relaxed),
+                "policy_status": status,
+                "revivals": revivals,
+                "reviving": reviving,
+            })
+        })
+        .collect();
+    Ok(json!({
+        "app": a.name(),
+        "policy": b.policy,
+        "digest": b.digest,
+        "params": serde_json::from_str::<Value>(&b.params).unwrap_or(Value::Null),
+        "generation": b.generation,
+        "unbound_reason": b.unbound_reason,
+        "fail_mode": a.config.fail_mode,
+        "router": a.config.router,
+        "weights": (a.router.mode() == sluice_core::router::RouterMode::Weighted).then(|| a.router.weights()),
+        "slo_ms": a.config.slo_ms,
+        "load_qps": a.load.rate(a.clock.now()),
+        "queue_lengths": a.queue_lengths(),
+        "queued": a.queued.load(Ordering::Relaxed),
+        "workers": workers,
+        "models": a.models.iter().map(|m| json!({ "id": m.id, "name": m.name, "accuracy": m.accuracy, "latency_us": m.latency })).collect::<Vec<_>>(),
+        "counters": {
+            "accepted": load(&c.accepted),
+            "served": load(&c.served),
+            "late": load(&c.late),
+            "dropped": load(&c.dropped),
+            "rejected": load(&c.rejected),
+            "faults": load(&c.faults),
+            "swaps": load(&c.swaps),
+            "reviving_decisions": load(&c.reviving_decisions),
+            "rejected_overload": load(&c.rejected_overload),
+        },
+        // Requests admitted to check a refusal (`admission_audit`), and how many of
+        // them made their deadline: refusals that would have been false.
+        "admission_audit": { "audited": load(&c.audited), "met": load(&c.audited_met) },
+        "swap_max_wait_us": load(&c.swap_max_wait_ns) as f64 / 1e3,
+        "shared_store_bytes": b.shared.as_ref().map(|s| s.bytes()),
+        "arrival_ring": a.ring.get().map(|r| r.view()),
     }))
 }

@@ -21,15 +21,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use hyper::StatusCode;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{app_of, registry_error, ApiError};
 use crate::app::{App, SwapReport};
-use crate::state::State;
 use sluice_core::clock::Clock as _;
+use sluice_core::registry::{Registry, RegistryError};
 use sluice_core::whatif::{
     compare, Comparison, PolicyUnderTest, PromoteIf, ReplayControl, ReplayError, ReplayJob, Replayer,
 };
@@ -233,24 +231,57 @@ impl Evaluations {
     }
 }
 
-fn conflict(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, message)
+/// Why an evaluation did not start. The edge answers each with its status
+/// (`From<EvaluateError> for ApiError`): 501, 404, 400, 409, 409 with the running
+/// evaluation's id, the registry's own, 500.
+#[derive(Debug, thiserror::Error)]
+pub enum EvaluateError {
+    /// The host has no simulator to replay with.
+    #[error("what-if evaluation is not available: this host was started without a simulator")]
+    Unavailable,
+    /// No such app.
+    #[error("unknown app `{name}` (served: {})", known.join(", "))]
+    UnknownApp {
+        /// The name asked for.
+        name: String,
+        /// The apps served.
+        known: Vec<String>,
+    },
+    /// The request is malformed.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The request is well formed, but the app cannot be evaluated so.
+    #[error("{0}")]
+    Conflict(String),
+    /// Another evaluation of the app is running.
+    #[error("app {app}: evaluation {running} is running; one at a time per app")]
+    Busy {
+        /// The app.
+        app: String,
+        /// The running evaluation's id.
+        running: u64,
+    },
+    /// A policy could not be resolved.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// A server-side failure (logged by the edge).
+    #[error("{0}")]
+    Internal(String),
 }
 
-fn busy(app: &str, running: u64) -> ApiError {
-    ApiError {
-        status: StatusCode::CONFLICT,
-        message: format!("app {app}: evaluation {running} is running; one at a time per app"),
-        extra: Some(json!({ "running": running })),
-        allow: None,
-    }
+fn conflict(message: impl Into<String>) -> EvaluateError {
+    EvaluateError::Conflict(message.into())
 }
 
-fn params_of(v: Option<Value>, field: &str) -> Result<String, ApiError> {
+fn busy(app: &str, running: u64) -> EvaluateError {
+    EvaluateError::Busy { app: app.to_string(), running }
+}
+
+fn params_of(v: Option<Value>, field: &str) -> Result<String, EvaluateError> {
     match v {
         None => Ok("{}".into()),
         Some(v @ Value::Object(_)) => Ok(v.to_string()),
-        Some(other) => Err(ApiError::bad_request(format!("{field} must be a JSON object, got {other}"))),
+        Some(other) => Err(EvaluateError::BadRequest(format!("{field} must be a JSON object, got {other}"))),
     }
 }
 
@@ -260,8 +291,9 @@ enum Against {
     Policy(String, String),
 }
 
-fn against_of(v: Option<Value>) -> Result<Against, ApiError> {
-    let bad = || ApiError::bad_request(r#"against: expected "current" or {"policy": "...", "params": {...}}"#);
+fn against_of(v: Option<Value>) -> Result<Against, EvaluateError> {
+    let bad =
+        || EvaluateError::BadRequest(r#"against: expected "current" or {"policy": "...", "params": {...}}"#.into());
     match v {
         None => Ok(Against::Current),
         Some(Value::String(s)) if s == "current" => Ok(Against::Current),
@@ -272,7 +304,7 @@ fn against_of(v: Option<Value>) -> Result<Against, ApiError> {
             };
             let params = params_of(m.remove("params"), "against.params")?;
             if let Some(k) = m.keys().next() {
-                return Err(ApiError::bad_request(format!("against: unknown field `{k}`")));
+                return Err(EvaluateError::BadRequest(format!("against: unknown field `{k}`")));
             }
             Ok(Against::Policy(policy, params))
         }
@@ -281,45 +313,51 @@ fn against_of(v: Option<Value>) -> Result<Against, ApiError> {
 }
 
 /// Resolves a policy name to what a replay runs (`safe` is the native fallback).
-async fn policy(state: &State, name: &str, params: String) -> Result<PolicyUnderTest, ApiError> {
+async fn policy(registry: &Arc<Registry>, name: &str, params: String) -> Result<PolicyUnderTest, EvaluateError> {
     if name == "safe" {
         return Ok(PolicyUnderTest { name: name.into(), compiled: None, params });
     }
-    let registry = state.registry.clone();
+    let registry = registry.clone();
     let n = name.to_string();
     // A built-in's first use compiles it: off the async threads.
     let compiled = tokio::task::spawn_blocking(move || registry.get(&n))
         .await
-        .map_err(ApiError::internal)?
-        .map_err(registry_error)?;
+        .map_err(|e| EvaluateError::Internal(e.to_string()))??;
     Ok(PolicyUnderTest { name: name.into(), compiled: Some(compiled), params })
 }
 
-/// `POST /admin/apps/{app}/evaluate`: checks the request, snapshots the window and
-/// starts the replays on a thread of their own. Answers 202 with the evaluation's id.
-pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Value, ApiError> {
-    let req: EvaluateRequest = crate::api::parse_json(body)?;
+/// `POST /admin/apps/{app}/evaluate`: checks the request (`body`) against `apps`
+/// (the host's) and the policies of `registry`, snapshots the window and starts the
+/// replays on a thread of their own. Answers the 202's body, with the evaluation's id.
+pub async fn start(
+    evaluations: &Arc<Evaluations>,
+    apps: &BTreeMap<String, Arc<App>>,
+    registry: &Arc<Registry>,
+    app_name: &str,
+    body: &[u8],
+) -> Result<Value, EvaluateError> {
+    let req: EvaluateRequest =
+        serde_json::from_slice(body).map_err(|e| EvaluateError::BadRequest(format!("invalid JSON body: {e}")))?;
     let request_view: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let evaluations = &state.evaluations;
     let Some(replayer) = evaluations.replayer.get().cloned() else {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "what-if evaluation is not available: this host was started without a simulator",
-        ));
+        return Err(EvaluateError::Unavailable);
     };
-    let app = app_of(state, app_name)?.clone();
+    let app = apps
+        .get(app_name)
+        .ok_or_else(|| EvaluateError::UnknownApp { name: app_name.into(), known: apps.keys().cloned().collect() })?
+        .clone();
     if let Some(&running) = evaluations.store.lock().running.get(app_name) {
         return Err(busy(app_name, running));
     }
     if !(req.window_s.is_finite() && req.window_s > 0.0 && req.window_s <= MAX_WINDOW_S) {
-        return Err(ApiError::bad_request(format!("window_s: expected 0 < window_s <= {MAX_WINDOW_S}")));
+        return Err(EvaluateError::BadRequest(format!("window_s: expected 0 < window_s <= {MAX_WINDOW_S}")));
     }
     let against = against_of(req.against)?;
     if let Some(rule) = &req.promote_if {
-        rule.validate().map_err(ApiError::bad_request)?;
+        rule.validate().map_err(EvaluateError::BadRequest)?;
         if !matches!(against, Against::Current) {
-            return Err(ApiError::bad_request(
-                "promote_if compares the candidate with the current policy: leave `against` out or \"current\"",
+            return Err(EvaluateError::BadRequest(
+                "promote_if compares the candidate with the current policy: leave `against` out or \"current\"".into(),
             ));
         }
     }
@@ -335,13 +373,13 @@ pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Va
     if ring.capacity() == 0 {
         return Err(conflict("arrival recording is off (arrival_ring = 0 in the config)"));
     }
-    let candidate = policy(state, &req.policy, candidate_params).await?;
+    let candidate = policy(registry, &req.policy, candidate_params).await?;
     let generation = app.binding.lock().generation;
     let current = match against {
-        Against::Policy(name, params) => policy(state, &name, params).await?,
+        Against::Policy(name, params) => policy(registry, &name, params).await?,
         Against::Current => {
             let b = app.binding.lock().clone();
-            let p = policy(state, &b.policy, b.params.clone()).await?;
+            let p = policy(registry, &b.policy, b.params.clone()).await?;
             if let (Some(c), Some(d)) = (&p.compiled, &b.digest) {
                 if &c.digest != d {
                     return Err(conflict(format!(
@@ -360,7 +398,7 @@ pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Va
     let mut arrivals =
         tokio::task::spawn_blocking(move || ring_app.ring.get().map(|r| r.since(from)).unwrap_or_default())
             .await
-            .map_err(ApiError::internal)?;
+            .map_err(|e| EvaluateError::Internal(e.to_string()))?;
     let Some(&first) = arrivals.first() else {
         return Err(conflict(format!(
             "app {app_name}: no arrivals recorded in the last {} s; nothing to replay",
@@ -375,7 +413,7 @@ pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Va
         duration_us: arrivals.last().copied().unwrap_or(0) + 1,
         arrivals_us: Arc::new(arrivals),
         series_window_us: SERIES_WINDOW_US,
-        engine: state.registry.engine().clone(),
+        engine: registry.engine().clone(),
         policy: candidate,
     };
     let current_job = ReplayJob { policy: current, ..job.clone() };
@@ -398,7 +436,7 @@ pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Va
     evaluations.claim(evaluation.clone()).map_err(|running| busy(app_name, running))?;
     let parallel = evaluations.threads > 1;
     let handle = tokio::runtime::Handle::current();
-    let (state2, e) = (state.clone(), evaluation.clone());
+    let (evaluations2, e) = (evaluations.clone(), evaluation.clone());
     let rule = req.promote_if;
     let spawned = std::thread::Builder::new().name(format!("sluice-evaluate-{}", e.id)).spawn(move || {
         run_in_background();
@@ -423,12 +461,12 @@ pub async fn start(state: &Arc<State>, app_name: &str, body: &[u8]) -> Result<Va
             "what-if evaluation finished"
         );
         *e.progress.lock() = Progress { status, result, error, promotion, wall_ms: Some(wall_ms) };
-        state2.evaluations.release(&e);
+        evaluations2.release(&e);
     });
     if let Err(err) = spawned {
         evaluation.progress.lock().status = Status::Failed;
         evaluations.release(&evaluation);
-        return Err(ApiError::internal(format!("cannot start an evaluation thread: {err}")));
+        return Err(EvaluateError::Internal(format!("cannot start an evaluation thread: {err}")));
     }
     tracing::info!(app = app_name, evaluation = evaluation.id, policy = req.policy, "what-if evaluation started");
     Ok(json!({

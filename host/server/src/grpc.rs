@@ -22,16 +22,14 @@ use std::time::Instant;
 use bytes::Bytes;
 use hyper::StatusCode;
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::OwnedSemaphorePermit;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status};
 
 use crate::api::ApiError;
+use crate::conn::{ConnInfo, Counted};
 use crate::infer::{self, pinned_version, target, Data, Input, Output, Target, Unsupported};
-use crate::metrics::Metrics;
 use crate::state::State;
 use sluice_core::tensor::{DataType, Tensor, TensorData};
 
@@ -46,20 +44,16 @@ use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceSe
 use proto::infer_parameter::ParameterChoice;
 use proto::*;
 
-/// The protocol extensions both fronts serve (`GET /v2`, `ServerMetadata`).
-pub const EXTENSIONS: &[&str] =
-    &["classification", "binary_tensor_data", "model_repository", "model_configuration", "statistics"];
-
 /// Serves gRPC on `listener` until `shutdown` resolves, then finishes the calls in
 /// progress (h2 GOAWAY: no new calls on open connections) and returns. Each
 /// connection holds one of `slots` (the `max_connections` the HTTP front shares,
-/// with each client's share of them: `crate::server::Connections`); one refused is
+/// with each client's share of them: `crate::conn::Connections`); one refused is
 /// closed at once and counted, and one asked to give its slot up ends once no call
 /// is in progress on it.
 pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<State>,
-    slots: Arc<crate::server::Connections>,
+    slots: Arc<crate::conn::Connections>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Counted>>(16);
@@ -68,7 +62,7 @@ pub(crate) async fn serve(
     // The accept loop: tonic takes connections from a stream; this one applies the
     // connection limit and counts them first.
     let accept = tokio::spawn(async move {
-        let errors = crate::api::RateLimitedLog::default();
+        let errors = crate::throttle::RateLimitedLog::default();
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
@@ -79,7 +73,7 @@ pub(crate) async fn serve(
                 }
             };
             let _ = stream.set_nodelay(true);
-            let activity = crate::server::Activity::start();
+            let activity = crate::conn::Activity::start();
             let Some(slot) = slots.admit(peer.ip(), &activity, &metrics) else {
                 // No HTTP/2 answer can be written before the handshake: closing is
                 // the refusal (the client sees UNAVAILABLE).
@@ -87,18 +81,7 @@ pub(crate) async fn serve(
                 continue;
             };
             metrics.connections.open.fetch_add(1, Ordering::Relaxed);
-            let close = slot.close.clone();
-            let conn = Counted {
-                inner: stream,
-                _slot: slot,
-                asked: Box::pin(async move { close.asked().await }),
-                giving_up: false,
-                metrics: metrics.clone(),
-                activity,
-                idle,
-                ended: false,
-                timer: Box::pin(tokio::time::sleep(idle)),
-            };
+            let conn = Counted::new(stream, slot, metrics.clone(), activity, idle);
             if tx.send(Ok(conn)).await.is_err() {
                 break;
             }
@@ -250,120 +233,6 @@ impl tokio_stream::Stream for Incoming {
     }
 }
 
-/// A connection that holds its slot and counts as open until dropped, and ends
-/// (its reads see the end of the stream, so hyper closes it) once no call has been
-/// in progress on it for `idle_timeout_ms`. hyper has no idle timeout for HTTP/2,
-/// and the keep-alive pings move bytes, so idleness is judged by calls, as
-/// grpc-go's `MaxConnectionIdle` does.
-struct Counted {
-    inner: TcpStream,
-    /// Its place in the connection table, given back when dropped.
-    _slot: crate::server::Slot,
-    /// Resolves when the table asks for the slot back (another client needs it).
-    asked: Pin<Box<dyn Future<Output = ()> + Send>>,
-    /// Set once asked: it ends as soon as no call is in progress.
-    giving_up: bool,
-    metrics: Arc<Metrics>,
-    activity: Arc<crate::server::Activity>,
-    idle: std::time::Duration,
-    /// Set once it was found idle: its reads stay at the end of the stream.
-    ended: bool,
-    /// Wakes the connection's reader to look at `activity` again.
-    timer: Pin<Box<tokio::time::Sleep>>,
-}
-
-/// What tonic puts in each call's extensions for this connection.
-#[derive(Clone)]
-struct ConnInfo {
-    /// The connection's calls in progress and last activity.
-    activity: Arc<crate::server::Activity>,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.metrics.connections.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl Connected for Counted {
-    type ConnectInfo = ConnInfo;
-    fn connect_info(&self) -> Self::ConnectInfo {
-        ConnInfo { activity: self.activity.clone() }
-    }
-}
-
-impl AsyncRead for Counted {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let this = &mut *self;
-        if this.ended {
-            return Poll::Ready(Ok(()));
-        }
-        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if read.is_ready() {
-            return read;
-        }
-        // Nothing to read: end the connection if it is idle or gives its slot up,
-        // else look again when it could first be.
-        loop {
-            if !this.giving_up && this.asked.as_mut().poll(cx).is_ready() {
-                this.giving_up = true;
-            }
-            // Asked for its slot (counted by the table): it ends between calls.
-            if this.giving_up && !this.activity.busy() {
-                this.ended = true;
-                return Poll::Ready(Ok(()));
-            }
-            if this.activity.idle(this.idle) {
-                this.ended = true;
-                this.metrics.connections.idle_closed.fetch_add(1, Ordering::Relaxed);
-                return Poll::Ready(Ok(()));
-            }
-            // A call in progress touches the activity when it ends; until then
-            // look again a whole period later (soon, when giving the slot up).
-            let left = if this.giving_up {
-                std::time::Duration::from_millis(10)
-            } else if this.activity.busy() {
-                this.idle
-            } else {
-                this.idle.saturating_sub(this.activity.idle_for())
-            };
-            let left = left.max(std::time::Duration::from_millis(10));
-            let at = tokio::time::Instant::now() + left;
-            // A pending read comes once per call or more: the timer is re-armed only
-            // when it has fired or must fire sooner. One set later than needed would
-            // find the connection idle late; one set sooner only looks again early.
-            if this.timer.is_elapsed() || at < this.timer.deadline() {
-                this.timer.as_mut().reset(at);
-            }
-            if this.timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-        }
-    }
-}
-
-impl AsyncWrite for Counted {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
 /// The gRPC status of an error the shared path returned: the same message, the
 /// code that matches its HTTP status.
 pub fn status(e: ApiError) -> Status {
@@ -485,7 +354,7 @@ impl GrpcInferenceService for Service {
         Ok(Response::new(ServerMetadataResponse {
             name: "sluice".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            extensions: EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+            extensions: infer::EXTENSIONS.iter().map(|e| e.to_string()).collect(),
         }))
     }
 

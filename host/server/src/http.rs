@@ -13,7 +13,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::api::{app_of, json_response, ok, parse_json, read_body, ApiError, Body};
+use crate::api::{app_of, json_response, ok, parse_json, read_body, refuse_before_body, ApiError, Body};
 use crate::binary;
 use crate::infer::{self, pinned_version, target, Data, Input, Output, Target, Unsupported};
 use crate::state::State;
@@ -84,9 +84,9 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
             Ok(json_response(status, &json!({ "ready": ready })))
         }
-        (&Method::GET, ["v2"]) => {
-            ok(json!({ "name": "sluice", "version": env!("CARGO_PKG_VERSION"), "extensions": crate::grpc::EXTENSIONS }))
-        }
+        (&Method::GET, ["v2"]) => ok(
+            json!({ "name": "sluice", "version": env!("CARGO_PKG_VERSION"), "extensions": crate::infer::EXTENSIONS }),
+        ),
         (&Method::GET, ["v2", "models", "stats"]) => statistics(state, None, ""),
         (&Method::GET, ["v2", "models", app]) => metadata(&target(state, app)?, ""),
         (&Method::GET, ["v2", "models", app, "versions", v]) => metadata(&target(state, app)?, v),
@@ -284,7 +284,7 @@ fn allowed(route: &[&str]) -> Option<&'static str> {
 }
 
 /// Checks the admin bearer token; an address that failed too often waits first
-/// ([`crate::api::LoginGuard`]: failures are slowed, a right token is never refused).
+/// ([`crate::throttle::LoginGuard`]: failures are slowed, a right token is never refused).
 async fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), ApiError> {
     let Some(token) = &state.admin_token else {
         return Err(ApiError::new(
@@ -293,7 +293,7 @@ async fn authorize(state: &State, req: &Request<Incoming>) -> Result<(), ApiErro
         ));
     };
     // Counted per client as connections are: an IPv4 address, an IPv6 /64.
-    let ip = req.extensions().get::<crate::api::Peer>().map(|p| crate::server::client_of(p.0.ip()));
+    let ip = req.extensions().get::<crate::api::Peer>().map(|p| crate::conn::client_of(p.0.ip()));
     let delay = ip.map(|ip| state.logins.delay(ip)).unwrap_or_default();
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -588,55 +588,6 @@ async fn parse_off_thread<T: for<'de> Deserialize<'de> + Send + 'static>(json: B
         return parse_json(&json);
     }
     tokio::task::spawn_blocking(move || parse_json(&json)).await.map_err(ApiError::internal)?
-}
-
-/// Whether the client sent `Expect: 100-continue`: it waits for a `100 Continue`
-/// before it sends the body.
-fn expects_continue(req: &Request<Incoming>) -> bool {
-    req.headers().get(hyper::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
-}
-
-/// The answer to a request refused from its head alone (an unknown app, an
-/// overloaded one, a version-pinned inference, a refused admin token, a reserved
-/// policy name), its body unread or thrown away:
-/// - a client that sent `Expect: 100-continue` waits for a `100 Continue` before it
-///   sends the body, and hyper writes that `100` only when the body is first read.
-///   The body is not touched: the final status goes instead of the `100`, as RFC
-///   9110 §10.1.1 allows (curl sends `Expect` above 1 MB: a 4 MB image refused
-///   after its upload cost the client the upload). The answer says
-///   `Connection: close`: the announced body never came, so the connection cannot
-///   carry another request (hyper closes it once the unread body is dropped).
-/// - any other client is already sending: the body is read and thrown away (within
-///   the body timeout, up to `max_body_bytes`) before answering, so it sees the
-///   answer rather than a connection reset under its upload.
-pub(crate) async fn refuse_before_body(state: &State, req: Request<Incoming>, error: ApiError) -> Response<Body> {
-    if expects_continue(&req) {
-        drop(req);
-        let mut r = error.into_response();
-        r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
-        return r;
-    }
-    discard_body(state, req).await;
-    error.into_response()
-}
-
-/// Reads and throws away a request's body (within the body timeout, up to
-/// `max_body_bytes`).
-async fn discard_body(state: &State, req: Request<Incoming>) {
-    use http_body_util::BodyExt as _;
-    let mut body = req.into_body();
-    let limit = state.config.max_body_bytes;
-    let timeout = std::time::Duration::from_millis(state.config.body_read_timeout_ms);
-    let _ = tokio::time::timeout(timeout, async {
-        let mut read = 0usize;
-        while let Some(Ok(frame)) = body.frame().await {
-            read += frame.data_ref().map_or(0, |d| d.len());
-            if read > limit {
-                break;
-            }
-        }
-    })
-    .await;
 }
 
 /// Which outputs go back in binary: every output when the request says

@@ -30,6 +30,10 @@ use sluice_core::executor::OUTPUT_NAME;
 use sluice_core::queue::{DropReason, Reply, Served};
 use sluice_core::tensor::{DataType, Tensor, TensorData};
 
+/// The protocol extensions both fronts serve (`GET /v2`, `ServerMetadata`).
+pub const EXTENSIONS: &[&str] =
+    &["classification", "binary_tensor_data", "model_repository", "model_configuration", "statistics"];
+
 /// An input tensor as a front decoded it, not yet checked.
 pub(crate) struct Input {
     /// Its name.

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
@@ -94,7 +94,7 @@ pub struct ConnectionStats {
     /// Connections closed because a request's head did not arrive in time.
     pub header_timeouts: std::sync::atomic::AtomicU64,
     /// Connections asked to give their slot to a client under its share
-    /// (`connection_share`; `crate::server::Connections`).
+    /// (`connection_share`; `crate::conn::Connections`).
     pub evicted: std::sync::atomic::AtomicU64,
 }
 
@@ -111,10 +111,12 @@ pub struct Metrics {
     histograms: Mutex<BTreeMap<&'static str, LabelMap<Histogram>>>,
     events: Mutex<Events>,
     replans: Mutex<LabelMap<u64>>,
-    /// The host whose apps' gauges are read when scraped ([`Metrics::read_apps_from`]).
-    /// Weak: the state owns these metrics.
-    state: OnceLock<Weak<crate::state::State>>,
+    /// Writes the gauges read from the apps when scraped ([`Metrics::read_gauges_from`]).
+    gauges: OnceLock<Gauges>,
 }
+
+/// Writes gauges into the exposition when it is rendered.
+pub type Gauges = Box<dyn Fn(&mut String) + Send + Sync>;
 
 /// How many control events (swaps, re-plans) the dashboard's timeline keeps: a
 /// page polls every half second and asks for those after the last it saw, so only
@@ -272,8 +274,9 @@ impl Metrics {
             .slot(labels, || Histogram { counts: vec![0; buckets.len()], ..Default::default() });
         for value in values {
             // Buckets are sorted: the value falls in every bucket from the first
-            // bound at or above it.
-            let first = buckets.partition_point(|b| !(value <= *b));
+            // bound at or above it (a NaN in none, counted only in `count`).
+            let first =
+                buckets.partition_point(|b| matches!(value.partial_cmp(b), Some(std::cmp::Ordering::Greater) | None));
             for c in &mut h.counts[first..] {
                 *c += 1;
             }
@@ -294,11 +297,12 @@ impl Metrics {
             .fold((0, 0.0), |(count, sum), (_, h)| (count + h.count, sum + h.sum))
     }
 
-    /// Reads per-worker queue lengths and the variants' accuracies from `state`'s
-    /// apps whenever the metrics are rendered (set once, by `State::build`): read
-    /// at scrape time, they cost the request path nothing.
-    pub fn read_apps_from(&self, state: &Arc<crate::state::State>) {
-        let _ = self.state.set(Arc::downgrade(state));
+    /// Sets what writes the gauges read at scrape time (per-worker queue lengths,
+    /// the variants' accuracies: the state's apps, `State::build`). Set once. Read
+    /// when scraped, they cost the request path nothing; a function and not the
+    /// state itself, so these metrics stay below the state that owns them.
+    pub fn read_gauges_from(&self, gauges: Gauges) {
+        let _ = self.gauges.set(gauges);
     }
 
     /// Renders everything in the Prometheus text format.
@@ -334,8 +338,8 @@ impl Metrics {
             "Re-plans that put a new plan in force, by scope (allocator: the [[device]] allocator) and reason (admin, period, demand shift).",
             &self.replans.lock(),
         );
-        if let Some(state) = self.state.get().and_then(Weak::upgrade) {
-            app_gauges(&state, &mut out);
+        if let Some(gauges) = self.gauges.get() {
+            gauges(&mut out);
         }
         let c = &self.connections;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
@@ -374,33 +378,8 @@ impl Metrics {
     }
 }
 
-/// Gauges read from the apps when scraped: each worker's queue, and each variant's
-/// accuracy (so a dashboard weighs `sluice_requests_total`'s served answers by it:
-/// the accuracy served, as the live page computes it).
-fn app_gauges(state: &crate::state::State, out: &mut String) {
-    let _ = writeln!(
-        out,
-        "# HELP sluice_worker_queued_requests Requests queued per worker, by app and worker (one series, worker 0, for an app whose workers share one queue: router = \"shared\").\n# TYPE sluice_worker_queued_requests gauge"
-    );
-    for (name, app) in &state.apps {
-        for (w, n) in app.queue_lengths().iter().enumerate() {
-            let labels = vec![("app", name.clone()), ("worker", w.to_string())];
-            let _ = writeln!(out, "sluice_worker_queued_requests{{{}}} {n}", render_labels(&labels));
-        }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP sluice_model_accuracy_ratio Each variant's accuracy (0 to 1, from its profile), by app and model: the served answers of sluice_requests_total weighted by it are the accuracy served.\n# TYPE sluice_model_accuracy_ratio gauge"
-    );
-    for (name, app) in &state.apps {
-        for m in &app.models {
-            let labels = vec![("app", name.clone()), ("model", m.name.clone())];
-            let _ = writeln!(out, "sluice_model_accuracy_ratio{{{}}} {}", render_labels(&labels), m.accuracy);
-        }
-    }
-}
-
-fn render_labels(labels: &Labels) -> String {
+/// The labels as the exposition writes them: `k="v",...`, values escaped.
+pub fn render_labels(labels: &[(&'static str, String)]) -> String {
     labels
         .iter()
         .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))

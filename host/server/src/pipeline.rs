@@ -53,7 +53,7 @@ use sluice_core::tensor::Tensor;
 use crate::app::{AdmitError, App};
 use crate::config::{InputSpec, PipelineConfig};
 use crate::executor::{model_set, LoadedModel};
-use crate::state::{AppSources, ModelSource};
+use crate::executor::{AppSources, ModelSource};
 
 /// A boxed future: the tree's steps call each other recursively.
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;

@@ -3,6 +3,7 @@
 //! policy registry, metrics, and the model changes the admin API asks for.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use sluice_sdk as sdk;
 use crate::app::{App, WorkerStart};
 use crate::config::{AppConfig, Config, ExecutorKind, InputSpec, PipelineConfig};
 use crate::executor::onnx::{self, OnnxOptions};
-use crate::executor::{model_set, LoadedModel, OnnxSource};
+use crate::executor::{model_set, AppSources, LoadedModel, ModelSource, OnnxSource};
 use crate::metrics::Metrics;
 use crate::pipeline::PipelineApp;
 use sluice_core::clock::WallClock;
@@ -39,52 +40,30 @@ pub struct State {
     /// Per-app model sources, to load models on workers at run time.
     pub sources: HashMap<String, AppSources>,
     workers: parking_lot::Mutex<JoinSet<()>>,
-    /// The allocator, with `[[device]]`s; locked for the whole of a re-plan, so
-    /// re-plans never overlap.
-    pub allocation: tokio::sync::Mutex<Option<crate::allocation::Allocation>>,
-    /// What `GET /admin/allocation` shows, updated after every plan (so the admin
-    /// API never waits on a re-plan).
-    pub allocation_view: parking_lot::Mutex<Option<serde_json::Value>>,
+    /// The `[[device]]` allocator (without `[[device]]`s, one that refuses re-plans).
+    pub allocator: Arc<crate::allocation::Allocator>,
     /// The served pipelines, by name (their tasks' internal apps are in `apps`).
     pub pipelines: BTreeMap<String, Arc<PipelineApp>>,
     /// KiB of request bodies being read and parsed at once (`body_budget_bytes`).
     pub body_budget: Arc<tokio::sync::Semaphore>,
     /// Failed admin logins per client address.
-    pub logins: crate::api::LoginGuard,
+    pub logins: crate::throttle::LoginGuard,
     /// What-if evaluations and the replayer that runs them ([`State::set_replayer`]).
-    pub evaluations: crate::evaluate::Evaluations,
+    pub evaluations: Arc<crate::evaluate::Evaluations>,
     /// The cluster as this host sees it, for `GET /admin/dashboard` (set once by a
-    /// cluster's frontend; unset outside a cluster): see [`crate::dashboard::ClusterView`].
-    pub cluster_view: std::sync::OnceLock<crate::dashboard::ClusterView>,
+    /// cluster's frontend; unset outside a cluster): see [`ClusterView`].
+    pub cluster_view: std::sync::OnceLock<ClusterView>,
 }
 
-/// How an app's models are (re)loaded.
-#[derive(Clone)]
-pub struct AppSources {
-    /// The executor.
-    pub executor: ExecutorKind,
-    /// Per model id: the onnx source (onnx executor) or latency table (emulated).
-    pub models: Vec<ModelSource>,
-}
-
-/// How one model is loaded.
-#[derive(Clone)]
-pub enum ModelSource {
-    /// Emulated: its dense latency table.
-    Emulated(Arc<Vec<u64>>),
-    /// ONNX: the file and options.
-    Onnx(OnnxSource),
-}
-
-impl ModelSource {
-    /// Loads (and for ONNX warms) the model; blocking.
-    pub fn load(&self) -> anyhow::Result<LoadedModel> {
-        Ok(match self {
-            ModelSource::Emulated(t) => LoadedModel::Emulated(t.clone()),
-            ModelSource::Onnx(src) => LoadedModel::load_onnx(src)?,
-        })
-    }
-}
+/// The cluster as a host in it sees it, for `GET /admin/dashboard`'s `cluster`.
+///
+/// Why a function set from outside: the roles, the leader and the agents live in
+/// the cluster's store, which `sluice_cluster` reads, and `sluice_cluster` depends
+/// on this crate, not the other way round. A frontend
+/// (`sluice_cluster::frontend::run`) sets one in [`State::cluster_view`] that
+/// answers from what it already mirrors (no store round trip per poll); outside
+/// a cluster there is none. It is called off the async threads, once per poll.
+pub type ClusterView = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 impl State {
     /// Builds every app: profiles, models (loaded and warmed on every worker), policy
@@ -165,9 +144,10 @@ impl State {
         }
         let admin_token =
             std::env::var("SLUICE_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(config.admin_token.clone());
-        let view = allocator.as_ref().map(|a| a.to_json());
         let with_devices = allocator.is_some();
-        let evaluations = crate::evaluate::Evaluations::new(config.evaluations_kept, config.evaluation_threads);
+        let allocator = crate::allocation::Allocator::new(apps.clone(), metrics.clone(), allocator);
+        let evaluations =
+            Arc::new(crate::evaluate::Evaluations::new(config.evaluations_kept, config.evaluation_threads));
         let state = Arc::new(State {
             apps,
             registry,
@@ -176,20 +156,24 @@ impl State {
             config,
             sources,
             workers: parking_lot::Mutex::new(set),
-            allocation: tokio::sync::Mutex::new(allocator),
-            allocation_view: parking_lot::Mutex::new(view),
+            allocator,
             pipelines,
             body_budget: Arc::new(tokio::sync::Semaphore::new(body_budget_kib)),
-            logins: crate::api::LoginGuard::default(),
+            logins: crate::throttle::LoginGuard::default(),
             evaluations,
             cluster_view: std::sync::OnceLock::new(),
         });
-        state.metrics.read_apps_from(&state);
+        let weak = Arc::downgrade(&state);
+        state.metrics.read_gauges_from(Box::new(move |out| {
+            if let Some(state) = weak.upgrade() {
+                app_gauges(&state, out);
+            }
+        }));
         for p in state.pipelines.values() {
             tokio::spawn(crate::pipeline::control_loop(Arc::downgrade(p)));
         }
         if with_devices {
-            tokio::spawn(crate::allocation::control_loop(Arc::downgrade(&state)));
+            tokio::spawn(crate::allocation::Allocator::control_loop(Arc::downgrade(&state.allocator)));
         }
         Ok(state)
     }
@@ -475,5 +459,36 @@ fn resolve_input(app: &AppConfig, sources: &AppSources) -> anyhow::Result<InputS
             Ok(InputSpec { name: m.input_name().to_string(), datatype: "FP32".into(), shape: m.input_shape().to_vec() })
         }
         _ => anyhow::bail!("app {}: input: required for executor = \"emulated\" (e.g. input = {{ name = \"input\", datatype = \"FP32\", shape = [4] }})", app.name),
+    }
+}
+
+/// Gauges read from the apps when scraped: each worker's queue, and each variant's
+/// accuracy (so a dashboard weighs `sluice_requests_total`'s served answers by it:
+/// the accuracy served, as the live page computes it).
+fn app_gauges(state: &State, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "# HELP sluice_worker_queued_requests Requests queued per worker, by app and worker (one series, worker 0, for an app whose workers share one queue: router = \"shared\").\n# TYPE sluice_worker_queued_requests gauge"
+    );
+    for (name, app) in &state.apps {
+        for (w, n) in app.queue_lengths().iter().enumerate() {
+            let labels = vec![("app", name.clone()), ("worker", w.to_string())];
+            let _ = writeln!(out, "sluice_worker_queued_requests{{{}}} {n}", crate::metrics::render_labels(&labels));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_model_accuracy_ratio Each variant's accuracy (0 to 1, from its profile), by app and model: the served answers of sluice_requests_total weighted by it are the accuracy served.\n# TYPE sluice_model_accuracy_ratio gauge"
+    );
+    for (name, app) in &state.apps {
+        for m in &app.models {
+            let labels = vec![("app", name.clone()), ("model", m.name.clone())];
+            let _ = writeln!(
+                out,
+                "sluice_model_accuracy_ratio{{{}}} {}",
+                crate::metrics::render_labels(&labels),
+                m.accuracy
+            );
+        }
     }
 }

@@ -30,6 +30,34 @@ pub enum LoadedModel {
     Onnx(Arc<Mutex<OnnxModel>>),
 }
 
+/// How an app's models are (re)loaded.
+#[derive(Clone)]
+pub struct AppSources {
+    /// The executor.
+    pub executor: crate::config::ExecutorKind,
+    /// Per model id: the onnx source (onnx executor) or latency table (emulated).
+    pub models: Vec<ModelSource>,
+}
+
+/// How one model is loaded.
+#[derive(Clone)]
+pub enum ModelSource {
+    /// Emulated: its dense latency table.
+    Emulated(Arc<Vec<u64>>),
+    /// ONNX: the file and options.
+    Onnx(OnnxSource),
+}
+
+impl ModelSource {
+    /// Loads (and for ONNX warms) the model; blocking.
+    pub fn load(&self) -> anyhow::Result<LoadedModel> {
+        Ok(match self {
+            ModelSource::Emulated(t) => LoadedModel::Emulated(t.clone()),
+            ModelSource::Onnx(src) => LoadedModel::load_onnx(src)?,
+        })
+    }
+}
+
 /// How to load one model for the onnx executor.
 #[derive(Clone, Debug)]
 pub struct OnnxSource {

@@ -483,7 +483,7 @@ async fn agent_infer(
         .await
         .map_err(|e| AgentError::BadRequest(format!("reading the batch: {e}")))?
         .to_bytes();
-    let (json, data) = binary::split(body, Some(json_len)).map_err(|e| AgentError::BadRequest(e.message))?;
+    let (json, data) = binary::split(body, Some(json_len)).map_err(|e| AgentError::BadRequest(e.0))?;
     #[derive(Deserialize)]
     struct BatchRequest {
         inputs: Vec<WireTensor>,
