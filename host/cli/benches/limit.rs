@@ -31,7 +31,8 @@
 //! Run: `cargo bench -p sluice --bench limit` (needs `cargo xtask policies`).
 //! Environment: `LIMIT_SECONDS` (arrivals per seed, default 12, as the peers run),
 //! `LIMIT_SEEDS` (default `13,14`; 13 is the peers run's), `LIMIT_POLICIES`
-//! (comma-separated policies to run, default all), `LIMIT_LIVE=0` (the simulator
+//! (comma-separated policies to run, default all), `LIMIT_PROFILE` (another
+//! profile with a `resnet50`, relative to the repository root), `LIMIT_LIVE=0` (the simulator
 //! only), `LIMIT_ADMIT_ALL=1` (the live host with `admission_audit = 1`: every
 //! request admitted, as in the simulator, which has no admission; the default is
 //! the peers run's config, whose admission refuses requests it predicts late). Prints a table, a line
@@ -91,13 +92,13 @@ fn root() -> PathBuf {
 /// `expire_after_ms = 0` is the live host's default, written out because the
 /// simulator's own default is one SLO (the papers' simulators serve late
 /// requests late, spending a worker on them).
-fn app_config(root: &Path, policy: &str, params: &str) -> String {
+fn app_config(profile: &Path, policy: &str, params: &str) -> String {
     format!(
         "name = \"img\"\nslo_ms = {SLO_MS}\nworkers = {WORKERS}\nrouter = \"shortest-queue\"\nexecutor = \"emulated\"\n\
          expire_after_ms = 0\n\
-         profile = \"{root}/{PROFILE}\"\nmodels = [\"{MODEL}\"]\nmax_batch = {MAX_BATCH}\n\
+         profile = \"{profile}\"\nmodels = [\"{MODEL}\"]\nmax_batch = {MAX_BATCH}\n\
          policy = \"{policy}\"\nparams = {params}\ninput = {{ name = \"data_0\", datatype = \"FP32\", shape = [3, 224, 224] }}\n",
-        root = root.display()
+        profile = profile.display()
     )
 }
 
@@ -140,6 +141,7 @@ impl Options {
 /// The simulator's side: one experiment per (policy, params), run on given arrivals.
 struct Sim {
     root: PathBuf,
+    profile: PathBuf,
     cache: PolicyCache,
     profiles: BTreeMap<PathBuf, Profile>,
 }
@@ -152,7 +154,7 @@ impl Sim {
              arrivals = {{ kind = \"poisson\", rate_qps = 1.0 }}\n",
             seconds,
             self.root.display(),
-            app_config(&self.root, policy, params)
+            app_config(&self.profile, policy, params)
         );
         let exp = Experiment::parse(&text, "limit", &self.root)?;
         let run = exp.runs().remove(0);
@@ -200,6 +202,7 @@ fn body() -> Request {
 /// The live side: a fresh `sluice serve` per seed and rate.
 struct Live {
     root: PathBuf,
+    profile: PathBuf,
     dir: tempfile::TempDir,
     runtime: tokio::runtime::Runtime,
     body: Request,
@@ -220,7 +223,7 @@ impl Live {
             "builtin_policy_dir = \"{root}/target/policies\"\npolicy_dir = \"{dir}/policies\"\n\n[[app]]\n{app}",
             root = self.root.display(),
             dir = self.dir.path().display(),
-            app = app_config(&self.root, policy, params)
+            app = app_config(&self.profile, policy, params)
         ) + if self.admit_all { "admission_audit = 1.0\n" } else { "" };
         let path = self.dir.path().join("limit.toml");
         std::fs::write(&path, config)?;
@@ -304,7 +307,10 @@ fn main() -> Result<()> {
     let root = root();
     let started = Instant::now();
     let load_start = loadavg();
-    let profile = Profile::load(&root.join(PROFILE))?;
+    // `LIMIT_PROFILE`: another profile (one measured on the machine at hand, or
+    // this one with an overhead added to every batch), relative to the root.
+    let profile_path = std::env::var("LIMIT_PROFILE").map_or_else(|_| root.join(PROFILE), |p| root.join(p));
+    let profile = Profile::load(&profile_path)?;
     let table = profile.model(MODEL).context("resnet50 in the profile")?.latency_table(Percentile::P95);
     let setting = Setting {
         workers: WORKERS as usize,
@@ -347,11 +353,13 @@ fn main() -> Result<()> {
     // 2. The simulator, every policy and params.
     let mut sim = Sim {
         cache: PolicyCache::new(root.join("target/policies"), root.clone())?,
-        profiles: BTreeMap::from([(root.join(PROFILE), profile.clone())]),
+        profiles: BTreeMap::from([(profile_path.clone(), profile.clone())]),
+        profile: profile_path.clone(),
         root: root.clone(),
     };
     let mut live = Live {
         root: root.clone(),
+        profile: profile_path.clone(),
         dir: tempfile::tempdir()?,
         runtime: tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?,
         body: body(),
