@@ -14,24 +14,24 @@
 //! - [`executor`]: ONNX Runtime and the emulated executor behind
 //!   `sluice_core::executor::Executor`; [`profiling`]: `sluice profile`.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod admission;
 pub mod allocation;
-pub mod api;
+pub(crate) mod api;
 pub mod app;
-pub mod binary;
+pub(crate) mod binary;
 pub mod config;
 pub(crate) mod conn;
 pub mod dashboard;
-pub mod evaluate;
+pub(crate) mod evaluate;
 pub mod executor;
 pub mod grpc;
-pub mod http;
+pub(crate) mod http;
 pub(crate) mod infer;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod pipeline;
 pub mod profiling;
 pub mod server;
 pub mod state;
 pub mod throttle;
-pub mod worker;
+pub(crate) mod worker;
