@@ -372,6 +372,11 @@ pub struct Generator {
     /// `pair_start[s] + choice`, refreshed block by block each sweep.
     future: Vec<f64>,
     pair_start: Vec<u32>,
+    /// `R(s, a)` per pair, and per state the work of its evaluation when all
+    /// its actions go through blocks (`u64::MAX` otherwise): the per-state
+    /// pass then reads two contiguous slices.
+    rewards: Vec<f64>,
+    block_work: Vec<u64>,
     v: Vec<f64>,
     v_next: Vec<f64>,
     policy: Vec<usize>,
@@ -427,6 +432,8 @@ impl Generator {
             windows: Vec::new(),
             future: Vec::new(),
             pair_start: Vec::new(),
+            rewards: Vec::new(),
+            block_work: Vec::new(),
             v: vec![0.0; states],
             v_next: vec![0.0; states],
             policy: vec![0; states],
@@ -615,7 +622,7 @@ impl Generator {
             })
             .sum();
         let vectors = (self.v.len() * 3 + self.dist.len() * 2 + self.y.len() + self.z.len()) * 8;
-        let sweeps = (self.phase_t.len() + self.future.len()) * 8
+        let sweeps = (self.phase_t.len() + self.future.len() + self.rewards.len() + self.block_work.len()) * 8
             + self.pair_start.len() * 4
             + self.windows.iter().map(|w| w.len() * std::mem::size_of::<value_iteration::Window>()).sum::<usize>()
             + self.count_cache.memory_bytes()

@@ -110,6 +110,18 @@ impl Generator {
         self.windows = windows;
         self.future = vec![0.0; total as usize];
         self.pair_start = pair_start;
+        self.rewards = self.choices.iter().flatten().map(|c| c.reward).collect();
+        self.block_work = self
+            .choices
+            .iter()
+            .zip(&self.phases)
+            .map(|(choices, phase)| match phase {
+                Some(p) if choices.iter().all(|c| matches!(c.kind, Kind::Block(_))) => {
+                    (choices.len() * p.w.len()) as u64
+                }
+                _ => u64::MAX,
+            })
+            .collect();
     }
 
     /// `phase · y_i` for every pair served through block `i`, [`LANES`] states
@@ -143,8 +155,22 @@ impl Generator {
             // §4.4.1: an empty queue waits; the next state is (1, SLO).
             return (self.v[levels + levels - 1], 0, 1);
         }
+        let pairs = self.pair_start[s] as usize..self.pair_start[s + 1] as usize;
+        if self.block_work[s] != u64::MAX {
+            // Every action through a block: `R + future`, first maximum wins.
+            let mut best = f64::NEG_INFINITY;
+            let mut best_index = 0;
+            for (index, (&reward, &future)) in self.rewards[pairs.clone()].iter().zip(&self.future[pairs]).enumerate() {
+                let q = reward + future;
+                if q > best {
+                    best = q;
+                    best_index = index;
+                }
+            }
+            return (best, best_index, self.block_work[s]);
+        }
         let phase = self.phases[s].as_ref().expect("phase of a non-empty state");
-        let futures = &self.future[self.pair_start[s] as usize..self.pair_start[s + 1] as usize];
+        let futures = &self.future[pairs];
         let mut best = f64::NEG_INFINITY;
         let mut best_index = 0;
         let mut work = 0;
