@@ -295,7 +295,7 @@ impl Stats {
         // Per window (dense, by index: a map lookup per request was most of this
         // pass), its row once a request arrived in it; windows without arrivals
         // have no row.
-        let span = self.arrivals.iter().map(|&t| t / window_us.max(1) + 1).max().unwrap_or(0) as usize;
+        let span = self.arrivals.iter().max().map_or(0, |&t| t / window_us.max(1) + 1) as usize;
         let mut windows: Vec<Option<WindowRow>> = (0..span).map(|_| None).collect();
         // The served requests' latencies per window, in the same pass (p50 for the
         // report; p99 too on [[device]]s).
