@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sluice_core::app_config::{AppConfig, InvalidField};
 use sluice_core::demand::{DecayingPercentile, Ewma, Forecaster, PeakAhead};
 use sluice_core::profile::Profile;
@@ -14,8 +14,89 @@ use sluice_core::router::RouterMode;
 use sluice_sdk as sdk;
 
 use crate::limits;
-use crate::problem::{check_batches, check_count, check_demand, check_ladder, check_memory, check_total};
+use crate::limits::{check_batches, check_count, check_demand, check_memory};
 use crate::proteus;
+use crate::proteus::{check_ladder, check_total};
+
+/// How plans are made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// Proteus's MILP (`proteus::solve`).
+    #[default]
+    Milp,
+    /// INFaaS-Accuracy's greedy autoscaler (`infaas::step`).
+    InfaasAccuracy,
+    /// InfAdapter's ILP on CPU cores (`cores::plan`).
+    Infadapter,
+    /// Model-Switching+: InfAdapter's ILP with one variant.
+    ModelSwitchingPlus,
+    /// A VPA-like autoscaler: one variant, cores sized to the load.
+    Vpa,
+}
+
+impl Method {
+    /// Whether it plans CPU cores from a capacity table (`cores`).
+    pub fn is_cores(self) -> bool {
+        matches!(self, Method::Infadapter | Method::ModelSwitchingPlus | Method::Vpa)
+    }
+
+    /// Its name in a config.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Milp => "milp",
+            Method::InfaasAccuracy => "infaas-accuracy",
+            Method::Infadapter => "infadapter",
+            Method::ModelSwitchingPlus => "model-switching-plus",
+            Method::Vpa => "vpa",
+        }
+    }
+}
+
+/// Whether the plan follows demand.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Replan {
+    /// Every `period_s`, and early on a demand shift.
+    #[default]
+    Periodic,
+    /// Never: the first plan (for `demand_qps`) stays — a static deployment.
+    Never,
+}
+
+/// Whether re-plans may move devices between apps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Any device may serve any app.
+    #[default]
+    Dynamic,
+    /// Every device keeps the app the first plan gave it.
+    Fixed,
+}
+
+/// What a plan's idle devices do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Spare {
+    /// Stay idle (Eq. 1 allows it; hardware scaling wants it).
+    #[default]
+    Idle,
+    /// Host a copy of the most loaded variant of their type, for headroom
+    /// (`Plan::replicate_into_idle`; the reference leaves no device idle).
+    Replicate,
+}
+
+/// How an app's requests are split over its devices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Routing {
+    /// By the plan's shares (query assignment, §4).
+    #[default]
+    Plan,
+    /// Evenly over the devices hosting the app's variants.
+    Uniform,
+}
 
 /// A group of identical devices.
 #[derive(Clone, Debug, Deserialize)]
@@ -91,25 +172,25 @@ pub struct AllocatorConfig {
     /// `method = "milp"` (Proteus's MILP, the default) or `"infaas-accuracy"` (the
     /// greedy autoscaler of Proteus's INFaaS-Accuracy baseline).
     #[serde(default)]
-    pub method: crate::planner::Method,
+    pub method: Method,
     /// `replan = "periodic"` (the default) or `"never"`: the first plan stays (Clipper).
     #[serde(default)]
-    pub replan: crate::planner::Replan,
+    pub replan: Replan,
     /// `placement = "dynamic"` (the default) or `"fixed"`: after the first plan every
     /// device keeps its app, re-plans choose variants and routing only (Sommelier).
     #[serde(default)]
-    pub placement: crate::planner::Placement,
+    pub placement: Placement,
     /// `variants = "all"` (the default), `"most-accurate"` or `"least-accurate"`.
     #[serde(default)]
     pub variants: crate::proteus::Variants,
     /// `routing = "plan"` (the default: the plan's shares) or `"uniform"`: evenly over
     /// an app's devices (Proteus without query assignment).
     #[serde(default)]
-    pub routing: crate::planner::Routing,
+    pub routing: Routing,
     /// `spare = "idle"` (the default) or `"replicate"`: what a plan's idle devices do
-    /// (`planner::Spare`).
+    /// ([`Spare`]).
     #[serde(default)]
-    pub spare: crate::planner::Spare,
+    pub spare: Spare,
     /// `[allocator.infaas]`: the greedy autoscaler's thresholds.
     #[serde(default)]
     pub infaas: crate::infaas::Settings,
@@ -217,14 +298,14 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
     let a = allocator;
     a.solver.validate().map_err(|m| invalid("allocator.solver".into(), &m))?;
     a.infaas.validate().map_err(|m| invalid("allocator.infaas".into(), &m))?;
-    let heuristic = a.method != crate::planner::Method::Milp;
-    if heuristic && a.placement == crate::planner::Placement::Fixed {
+    let heuristic = a.method != Method::Milp;
+    if heuristic && a.placement == Placement::Fixed {
         return Err(invalid(
             "allocator.placement".into(),
             &format!("method = \"{}\" moves devices itself: placement must be \"dynamic\"", a.method.name()),
         ));
     }
-    if heuristic && a.spare == crate::planner::Spare::Replicate {
+    if heuristic && a.spare == Spare::Replicate {
         return Err(invalid(
             "allocator.spare".into(),
             &format!("method = \"{}\" releases devices itself: spare must be \"idle\"", a.method.name()),
@@ -324,7 +405,7 @@ fn validate_cores(apps: &[AppConfig], devices: &[DeviceConfig], a: &AllocatorCon
             ));
         }
     }
-    if a.method == crate::planner::Method::Vpa {
+    if a.method == Method::Vpa {
         match &a.cores.variant {
             None => return Err(invalid("allocator.cores.variant", "required by method = \"vpa\"".into())),
             Some(v) if !model.has(v) => {

@@ -199,7 +199,8 @@ impl Default for CoreSettings {
 impl CoreSettings {
     /// Checks the values (not the table: [`CoreModel::load`] reads it).
     pub fn validate(&self) -> Result<(), String> {
-        use crate::problem::{check_cores, check_factor, check_fit_cpus, check_slo, check_weights};
+        use crate::infadapter::check_weights;
+        use crate::limits::{check_cores, check_factor, check_fit_cpus, check_slo};
         check_slo(self.sla_ms).map_err(|m| format!("sla_ms: {m}"))?;
         check_fit_cpus(&self.fit_cpus).map_err(|m| format!("fit_cpus: {m}"))?;
         check_cores(self.min_cores, true).map_err(|m| format!("min_cores: {m}"))?;

@@ -314,3 +314,11 @@ pub fn fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
     let intercept = (my - slope * mx).min(0.99).trunc();
     Some((slope, intercept))
 }
+
+/// `[weights]`: finite, 0 to 1e6 each.
+pub(crate) fn check_weights(w: &Weights) -> Result<(), String> {
+    if ![w.accuracy, w.cores, w.loading].iter().all(|&x| crate::limits::within(x, crate::limits::MAX_FACTOR)) {
+        return Err(format!("expected weights from 0 to {:e}", crate::limits::MAX_FACTOR));
+    }
+    Ok(())
+}

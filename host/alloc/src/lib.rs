@@ -38,7 +38,6 @@ pub mod infadapter;
 pub mod ladder;
 pub mod limits;
 pub mod loki;
-mod placement;
 pub mod planner;
 pub mod problem;
 pub mod proteus;

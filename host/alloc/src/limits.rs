@@ -91,3 +91,76 @@ pub fn positive_within(x: f64, max: f64) -> bool {
 pub fn span(r: &RangeInclusive<u32>) -> String {
     format!("{} to {}", r.start(), r.end())
 }
+
+// The range checks every problem file and `[allocator]` config shares (the ranges above;
+// docs/allocator.md, "Ranges"). Each returns the message; the caller
+// names the field.
+
+/// `count` of one device type: 1 to 10,000.
+pub(crate) fn check_count(count: u32) -> Result<(), String> {
+    if !DEVICE_COUNT.contains(&count) {
+        return Err(format!(
+            "expected {} devices (a type with none is a mistake: remove its [[device]])",
+            span(&DEVICE_COUNT)
+        ));
+    }
+    Ok(())
+}
+
+/// `memory_mb`: positive, at most 1e9 MB.
+pub(crate) fn check_memory(mb: f64) -> Result<(), String> {
+    if !positive_within(mb, MAX_MEMORY_MB) {
+        return Err(format!("expected a positive number of MB, at most {:e}", MAX_MEMORY_MB));
+    }
+    Ok(())
+}
+
+/// An SLO or SLA, ms: positive, at most an hour.
+pub(crate) fn check_slo(ms: f64) -> Result<(), String> {
+    if !positive_within(ms, MAX_LATENCY_MS) {
+        return Err(format!("expected a positive number of milliseconds, at most {}", MAX_LATENCY_MS));
+    }
+    Ok(())
+}
+
+/// Demand, requests/s: finite, 0 to 1e9.
+pub(crate) fn check_demand(qps: f64) -> Result<(), String> {
+    if !within(qps, MAX_DEMAND_QPS) {
+        return Err(format!("expected a number of requests/s from 0 to {:e}", MAX_DEMAND_QPS));
+    }
+    Ok(())
+}
+
+/// `batch_sizes`: 1 to 64 sizes of 1 to 4,096.
+pub(crate) fn check_batches(sizes: &[u32]) -> Result<(), String> {
+    if sizes.is_empty() || sizes.len() > MAX_LIST || sizes.iter().any(|b| !BATCH_SIZE.contains(b)) {
+        return Err(format!("expected 1 to {} batch sizes of {} each", MAX_LIST, span(&BATCH_SIZE)));
+    }
+    Ok(())
+}
+
+/// A core count (`cores`, `min_cores`, `fit_cpus`, `current`): 1 to 4,096 (`zero_ok`:
+/// 0 too).
+pub(crate) fn check_cores(n: u32, zero_ok: bool) -> Result<(), String> {
+    if !(CORES.contains(&n) || zero_ok && n == 0) {
+        let from = if zero_ok { 0 } else { *CORES.start() };
+        return Err(format!("expected {from} to {} cores", CORES.end()));
+    }
+    Ok(())
+}
+
+/// `fit_cpus`: 2 to 64 core counts of 1 to 4,096.
+pub(crate) fn check_fit_cpus(cpus: &[u32]) -> Result<(), String> {
+    if cpus.len() < 2 || cpus.len() > MAX_LIST || cpus.iter().any(|&n| check_cores(n, false).is_err()) {
+        return Err(format!("expected 2 to {} core counts of {} each", MAX_LIST, span(&CORES)));
+    }
+    Ok(())
+}
+
+/// A factor (`capacity_coef`): positive, at most 1e6.
+pub(crate) fn check_factor(x: f64) -> Result<(), String> {
+    if !positive_within(x, MAX_FACTOR) {
+        return Err(format!("expected a positive factor, at most {:e}", MAX_FACTOR));
+    }
+    Ok(())
+}

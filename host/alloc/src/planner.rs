@@ -17,92 +17,10 @@
 
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
-use crate::config::AllocatorConfig;
+use crate::config::{AllocatorConfig, Method, Placement, Replan, Routing, Spare};
 use crate::cores::{self, CoreMethod, CoreModel};
 use crate::proteus::{self, Plan};
 use crate::{infaas, Allocation, Allocator, AnyPlan, AnyProblem};
-
-/// How plans are made.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Method {
-    /// Proteus's MILP (`proteus::solve`).
-    #[default]
-    Milp,
-    /// INFaaS-Accuracy's greedy autoscaler (`infaas::step`).
-    InfaasAccuracy,
-    /// InfAdapter's ILP on CPU cores (`cores::plan`).
-    Infadapter,
-    /// Model-Switching+: InfAdapter's ILP with one variant.
-    ModelSwitchingPlus,
-    /// A VPA-like autoscaler: one variant, cores sized to the load.
-    Vpa,
-}
-
-impl Method {
-    /// Whether it plans CPU cores from a capacity table (`cores`).
-    pub fn is_cores(self) -> bool {
-        matches!(self, Method::Infadapter | Method::ModelSwitchingPlus | Method::Vpa)
-    }
-
-    /// Its name in a config.
-    pub fn name(self) -> &'static str {
-        match self {
-            Method::Milp => "milp",
-            Method::InfaasAccuracy => "infaas-accuracy",
-            Method::Infadapter => "infadapter",
-            Method::ModelSwitchingPlus => "model-switching-plus",
-            Method::Vpa => "vpa",
-        }
-    }
-}
-
-/// Whether the plan follows demand.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Replan {
-    /// Every `period_s`, and early on a demand shift.
-    #[default]
-    Periodic,
-    /// Never: the first plan (for `demand_qps`) stays — a static deployment.
-    Never,
-}
-
-/// Whether re-plans may move devices between apps.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Placement {
-    /// Any device may serve any app.
-    #[default]
-    Dynamic,
-    /// Every device keeps the app the first plan gave it.
-    Fixed,
-}
-
-/// What a plan's idle devices do.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Spare {
-    /// Stay idle (Eq. 1 allows it; hardware scaling wants it).
-    #[default]
-    Idle,
-    /// Host a copy of the most loaded variant of their type, for headroom
-    /// (`Plan::replicate_into_idle`; the reference leaves no device idle).
-    Replicate,
-}
-
-/// How an app's requests are split over its devices.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Routing {
-    /// By the plan's shares (query assignment, §4).
-    #[default]
-    Plan,
-    /// Evenly over the devices hosting the app's variants.
-    Uniform,
-}
 
 /// Makes plans the way a config says, remembering the plan in force (the fallback
 /// when a solve fails) and, for a fixed placement, the first plan's placement.

@@ -20,10 +20,13 @@ use sluice_core::pipeline::{Pipeline, PipelineSpec};
 use sluice_core::profile::{Percentile, Profile};
 
 use crate::cores::CapacityTable;
-use crate::infadapter::{self, Weights};
-use crate::limits::{self, positive_within, span, within};
+use crate::infadapter::{self, check_weights, Weights};
+use crate::limits::{
+    self, check_batches, check_cores, check_count, check_demand, check_factor, check_fit_cpus, check_memory, check_slo,
+    span, within,
+};
 use crate::loki::{self, Scaling, TieBreak};
-use crate::proteus::{self, Formulation, Ladder, Objective};
+use crate::proteus::{self, check_ladder, check_total, Formulation, Ladder, Objective};
 use crate::solver::SolverSettings;
 
 /// The problem file format this build reads.
@@ -356,113 +359,6 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
         variants: f.variants,
         pinned: None,
     })
-}
-
-// The range checks every problem file and `[allocator]` config shares (the ranges:
-// `crate::limits`; docs/allocator.md, "Ranges"). Each returns the message; the caller
-// names the field.
-
-/// `count` of one device type: 1 to 10,000.
-pub(crate) fn check_count(count: u32) -> Result<(), String> {
-    if !limits::DEVICE_COUNT.contains(&count) {
-        return Err(format!(
-            "expected {} devices (a type with none is a mistake: remove its [[device]])",
-            span(&limits::DEVICE_COUNT)
-        ));
-    }
-    Ok(())
-}
-
-/// The devices of all types together: at most 10,000, or 1,000 per-device.
-pub(crate) fn check_total(total: u32, formulation: Formulation) -> Result<(), String> {
-    let (max, why) = match formulation {
-        Formulation::Aggregated => (limits::MAX_DEVICES, ""),
-        Formulation::PerDevice => (limits::MAX_PER_DEVICE_DEVICES, " with formulation = \"per-device\""),
-    };
-    if total > max {
-        return Err(format!("{total} devices in all: expected at most {max}{why}"));
-    }
-    Ok(())
-}
-
-/// `memory_mb`: positive, at most 1e9 MB.
-pub(crate) fn check_memory(mb: f64) -> Result<(), String> {
-    if !positive_within(mb, limits::MAX_MEMORY_MB) {
-        return Err(format!("expected a positive number of MB, at most {:e}", limits::MAX_MEMORY_MB));
-    }
-    Ok(())
-}
-
-/// An SLO or SLA, ms: positive, at most an hour.
-pub(crate) fn check_slo(ms: f64) -> Result<(), String> {
-    if !positive_within(ms, limits::MAX_LATENCY_MS) {
-        return Err(format!("expected a positive number of milliseconds, at most {}", limits::MAX_LATENCY_MS));
-    }
-    Ok(())
-}
-
-/// Demand, requests/s: finite, 0 to 1e9.
-pub(crate) fn check_demand(qps: f64) -> Result<(), String> {
-    if !within(qps, limits::MAX_DEMAND_QPS) {
-        return Err(format!("expected a number of requests/s from 0 to {:e}", limits::MAX_DEMAND_QPS));
-    }
-    Ok(())
-}
-
-/// `batch_sizes`: 1 to 64 sizes of 1 to 4,096.
-pub(crate) fn check_batches(sizes: &[u32]) -> Result<(), String> {
-    if sizes.is_empty() || sizes.len() > limits::MAX_LIST || sizes.iter().any(|b| !limits::BATCH_SIZE.contains(b)) {
-        return Err(format!("expected 1 to {} batch sizes of {} each", limits::MAX_LIST, span(&limits::BATCH_SIZE)));
-    }
-    Ok(())
-}
-
-/// `[ladder]`: 0 ≤ min_beta < beta ≤ 10, 0 < step ≤ 1.
-pub(crate) fn check_ladder(l: &Ladder) -> Result<(), String> {
-    if !(positive_within(l.beta, limits::MAX_BETA) && positive_within(l.step, 1.0) && within(l.min_beta, l.beta)) {
-        return Err(format!(
-            "expected beta in (0, {}], step in (0, 1] and min_beta from 0 to below beta",
-            limits::MAX_BETA
-        ));
-    }
-    if l.beta <= l.min_beta {
-        return Err("beta must be above min_beta".into());
-    }
-    Ok(())
-}
-
-/// A core count (`cores`, `min_cores`, `fit_cpus`, `current`): 1 to 4,096 (`zero_ok`:
-/// 0 too).
-pub(crate) fn check_cores(n: u32, zero_ok: bool) -> Result<(), String> {
-    if !(limits::CORES.contains(&n) || zero_ok && n == 0) {
-        let from = if zero_ok { 0 } else { *limits::CORES.start() };
-        return Err(format!("expected {from} to {} cores", limits::CORES.end()));
-    }
-    Ok(())
-}
-
-/// `fit_cpus`: 2 to 64 core counts of 1 to 4,096.
-pub(crate) fn check_fit_cpus(cpus: &[u32]) -> Result<(), String> {
-    if cpus.len() < 2 || cpus.len() > limits::MAX_LIST || cpus.iter().any(|&n| check_cores(n, false).is_err()) {
-        return Err(format!("expected 2 to {} core counts of {} each", limits::MAX_LIST, span(&limits::CORES)));
-    }
-    Ok(())
-}
-
-/// `[weights]`: finite, 0 to 1e6 each.
-pub(crate) fn check_weights(w: &Weights) -> Result<(), String> {
-    if ![w.accuracy, w.cores, w.loading].iter().all(|&x| within(x, limits::MAX_FACTOR)) {
-        return Err(format!("expected weights from 0 to {:e}", limits::MAX_FACTOR));
-    }
-    Ok(())
-}
-
-/// A factor (`capacity_coef`): positive, at most 1e6.
-pub(crate) fn check_factor(x: f64) -> Result<(), String> {
-    if !positive_within(x, limits::MAX_FACTOR) {
-        return Err(format!("expected a positive factor, at most {:e}", limits::MAX_FACTOR));
-    }
-    Ok(())
 }
 
 fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infadapter::Problem, ProblemError> {

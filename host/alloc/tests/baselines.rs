@@ -7,8 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 
 use sluice_alloc::config::AllocatorConfig;
+use sluice_alloc::config::{Method, Placement, Replan, Routing};
 use sluice_alloc::infaas::{self, Settings};
-use sluice_alloc::planner::{Method, Placement, Planner, Replan, Routing};
+use sluice_alloc::planner::Planner;
 use sluice_alloc::proteus::{self, DeviceType, Formulation, Ladder, Objective, Plan, Variants};
 use sluice_alloc::SolverSettings;
 use sluice_core::profile::{ModelProfile, Profile};
@@ -267,7 +268,7 @@ fn hardware_first_within_a_restriction_uses_the_allowed_variants() {
 fn infaas_with_replicated_spares_is_refused() {
     let c = config(|c| {
         c.method = Method::InfaasAccuracy;
-        c.spare = sluice_alloc::planner::Spare::Replicate;
+        c.spare = sluice_alloc::config::Spare::Replicate;
     });
     let err = sluice_alloc::config::validate(&[], &[], &c).unwrap_err();
     assert_eq!(err.field, "allocator.spare");

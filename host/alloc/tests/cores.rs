@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use sluice_alloc::config::AllocatorConfig;
+use sluice_alloc::config::Method;
 use sluice_alloc::cores::{CapacityTable, CoreSettings};
-use sluice_alloc::planner::{Method, Planner};
+use sluice_alloc::planner::Planner;
 use sluice_alloc::proteus::{self, DeviceType, Plan};
 use sluice_alloc::AnyPlan;
 use sluice_core::profile::Profile;
@@ -221,7 +222,7 @@ fn core_methods_refuse_configs_they_cannot_plan() {
         }),
     );
     assert!(e.message.contains("`vgg`"), "{e:?}");
-    let e = err(std::slice::from_ref(&app), &config(&|c| c.spare = sluice_alloc::planner::Spare::Replicate));
+    let e = err(std::slice::from_ref(&app), &config(&|c| c.spare = sluice_alloc::config::Spare::Replicate));
     assert_eq!(e.field, "allocator.spare");
     assert!(e.message.contains("\"infadapter\""), "{e:?}");
 }

@@ -315,7 +315,7 @@ impl<'a> Leader<'a> {
         let options = self.options;
         let keys = &options.keys;
         let mut assignments = assign(&plan, members, &self.placement);
-        if self.config.allocator.spare == sluice_alloc::planner::Spare::Replicate {
+        if self.config.allocator.spare == sluice_alloc::config::Spare::Replicate {
             standby_copies(&mut assignments, members);
         }
         if assignments.is_empty() {

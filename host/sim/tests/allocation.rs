@@ -98,6 +98,6 @@ fn a_sweep_systems_allocator_keys_are_checked_and_named() {
     let runs = e.runs();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].policy_label, "static");
-    assert_eq!(runs[0].allocator.replan, sluice_alloc::planner::Replan::Never);
+    assert_eq!(runs[0].allocator.replan, sluice_alloc::config::Replan::Never);
     assert_eq!(runs[0].allocator.objective, e.allocator.objective);
 }

@@ -35,6 +35,9 @@
 //! placements (`Search::Lexicographic`, the default) or by solving steps in turn
 //! (docs/allocator.md, "Proteus").
 
+/// The local search over placements and the plans made without a solver.
+mod placement;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -44,8 +47,8 @@ use sluice_core::profile::{ModelProfile, Percentile, Profile};
 use thiserror::Error;
 
 pub use crate::ladder::{Ladder, Search};
-use crate::placement::Scorer;
 use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
+use placement::Scorer;
 
 /// One type of device and how many of them there are.
 #[derive(Clone, Debug)]
@@ -762,10 +765,9 @@ fn servable(problem: &Problem, cands: &[Cand]) -> Result<Vec<ShedApp>, ProteusEr
     // code: the plan lists every device, and 1e300 requests/s is not a coefficient.
     let total: u64 = problem.devices.iter().map(|d| u64::from(d.count)).sum();
     let total = u32::try_from(total).unwrap_or(u32::MAX);
-    crate::problem::check_total(total, problem.formulation)
-        .map_err(|m| SolveError::OutOfRange(format!("device: {m}")))?;
+    check_total(total, problem.formulation).map_err(|m| SolveError::OutOfRange(format!("device: {m}")))?;
     for app in &problem.apps {
-        crate::problem::check_demand(app.demand_qps)
+        crate::limits::check_demand(app.demand_qps)
             .map_err(|m| SolveError::OutOfRange(format!("app {}: demand_qps: {m}", app.name)))?;
     }
     let mut unservable = Vec::new();
@@ -843,12 +845,11 @@ fn without_solver(problem: &Problem, previous: Option<&Plan>, error: ProteusErro
     };
     // A few milliseconds: the allocation's time is already spent.
     let by = Instant::now() + Duration::from_secs_f64(FALLBACK_SEARCH_S);
-    let greedy = crate::placement::greedy(problem, &cands, &allowed, &absent).map(|n| (n, false));
-    let repaired =
-        previous.and_then(|p| crate::placement::repaired(problem, &cands, &allowed, &absent, p)).map(|n| (n, true));
+    let greedy = placement::greedy(problem, &cands, &allowed, &absent).map(|n| (n, false));
+    let repaired = previous.and_then(|p| placement::repaired(problem, &cands, &allowed, &absent, p)).map(|n| (n, true));
     let mut best: Option<(Plan, bool)> = None;
     for (n, is_repair) in [repaired, greedy].into_iter().flatten() {
-        let Some(plan) = crate::placement::finish(problem, &cands, &allowed, &absent, n, by) else { continue };
+        let Some(plan) = placement::finish(problem, &cands, &allowed, &absent, n, by) else { continue };
         let mut plan = plan;
         if problem.pinned.is_none() {
             plan.free_unloaded();
@@ -1697,4 +1698,33 @@ pub(crate) fn make_plan(
 pub fn accuracy_objective(plan: &Plan) -> f64 {
     let total: f64 = plan.apps.iter().map(|a| a.demand_qps).sum();
     plan.apps.iter().map(|a| a.accuracy * a.served_qps).sum::<f64>() / total.max(1e-12)
+}
+
+/// The devices of all types together: at most 10,000, or 1,000 per-device.
+pub(crate) fn check_total(total: u32, formulation: Formulation) -> Result<(), String> {
+    let (max, why) = match formulation {
+        Formulation::Aggregated => (crate::limits::MAX_DEVICES, ""),
+        Formulation::PerDevice => (crate::limits::MAX_PER_DEVICE_DEVICES, " with formulation = \"per-device\""),
+    };
+    if total > max {
+        return Err(format!("{total} devices in all: expected at most {max}{why}"));
+    }
+    Ok(())
+}
+
+/// `[ladder]`: 0 ≤ min_beta < beta ≤ 10, 0 < step ≤ 1.
+pub(crate) fn check_ladder(l: &Ladder) -> Result<(), String> {
+    if !(crate::limits::positive_within(l.beta, crate::limits::MAX_BETA)
+        && crate::limits::positive_within(l.step, 1.0)
+        && crate::limits::within(l.min_beta, l.beta))
+    {
+        return Err(format!(
+            "expected beta in (0, {}], step in (0, 1] and min_beta from 0 to below beta",
+            crate::limits::MAX_BETA
+        ));
+    }
+    if l.beta <= l.min_beta {
+        return Err("beta must be above min_beta".into());
+    }
+    Ok(())
 }

@@ -22,7 +22,7 @@
 
 use std::time::Instant;
 
-use crate::proteus::{make_plan, Cand, Plan, Problem, Step};
+use super::{make_plan, Cand, Plan, Problem, Step};
 
 /// Scores placements of one problem at one demand factor.
 pub(crate) struct Scorer<'a> {
