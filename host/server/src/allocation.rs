@@ -285,6 +285,16 @@ impl Allocator {
         .map_err(|e| format!("allocator task: {e}"))?;
         a.planner = planner;
         self.metrics.observe("sluice_allocator_solve_seconds", &[("status", &result.status)], result.solve_seconds);
+        if let Some(origin) = &result.origin {
+            // No MILP found a plan in the allocation's time limit: the plan is the
+            // greedy or repaired one (docs/allocator.md), which an operator should know.
+            tracing::warn!(
+                plan = origin.name(),
+                reason = origin.reason().unwrap_or("-"),
+                reason_for_replan = reason,
+                "allocator: a plan made without a solver"
+            );
+        }
         let old = match &a.last.plan {
             Some(AnyPlan::Proteus(p)) => Some(p.clone()),
             _ => None,
