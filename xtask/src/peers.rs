@@ -26,6 +26,10 @@
 //! Not part of `cargo xtask test` or `bench`: it takes ~20 minutes and installs
 //! ~1 GB of Python packages.
 
+// Without the feature `bound`, `run` only hands over to the build with it, and the
+// measuring code it would call is not reached from this build.
+#![cfg_attr(not(feature = "bound"), allow(dead_code, unused_imports))]
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -106,6 +110,7 @@ pub struct Bound {
 /// Searches the bound ([`Bound`]) on this run's arrivals: `sluice_loadgen::poisson`'s
 /// schedule for the run's seed, in µs, the rate found by
 /// `sluice_sim::limit::highest_held` from 1 req/s in steps of 1 down to 0.1.
+#[cfg(feature = "bound")]
 pub fn bound(root: &Path, args: &PeersArgs) -> Result<Bound> {
     use sluice_sim::limit::{highest_held, on_time_fraction, Setting};
     let path = root.join(&args.bound_profile);
@@ -650,6 +655,26 @@ pub fn report(rows: &[Row], args: &PeersArgs, bound: Option<&Bound>) {
 
 /// `cargo xtask peers`: set up, build, measure, report.
 pub fn run(root: &Path, args: &PeersArgs) -> Result<()> {
+    // The bound needs the simulator, which the light `cargo xtask` build leaves out
+    // (feature `bound`, xtask/Cargo.toml): the same command again, as a release
+    // build with it (sharing the release artefacts the run builds anyway).
+    #[cfg(not(feature = "bound"))]
+    {
+        let _ = args;
+        let mut again = Command::new("cargo");
+        again.current_dir(root).args(["run", "--quiet", "--release", "-p", "xtask", "--features", "bound", "--"]);
+        again.args(std::env::args_os().skip(1));
+        crate::run(&mut again)
+    }
+    #[cfg(feature = "bound")]
+    {
+        run_measured(root, args)
+    }
+}
+
+/// [`run`], in the build with the bound.
+#[cfg(feature = "bound")]
+fn run_measured(root: &Path, args: &PeersArgs) -> Result<()> {
     crate::setup(root)?;
     let venv = setup_venv(root)?;
     crate::policies::build_policies(
@@ -671,7 +696,7 @@ pub fn run(root: &Path, args: &PeersArgs) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "bound"))]
 mod tests {
     use super::*;
 
