@@ -387,7 +387,8 @@ pub struct App {
     pub router: Router,
     next_id: Arc<AtomicU64>,
     engine: Arc<PolicyEngine>,
-    /// Where accepted arrivals are logged (`sluice serve --record-arrivals`).
+    /// Where arrivals are logged (`sluice serve --record-arrivals`): accepted ones,
+    /// and those refused at admission marked `refused` ([`ArrivalLog::record`]).
     pub recorder: std::sync::OnceLock<Arc<ArrivalLog>>,
     /// The recent arrivals what-if evaluations replay (`arrival_ring`; set by
     /// [`crate::state::State::build`] for the config's apps).
