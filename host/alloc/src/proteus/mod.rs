@@ -1361,6 +1361,62 @@ fn route_all(m: &mut Milp, served: &[f64], shares: impl Fn(usize) -> Expression)
     }
 }
 
+/// Per-app shedding below β = 1, as both formulations model it (Proteus §4, Eq. 7
+/// with a served fraction): at the accuracy step below β = 1 app q is served a
+/// fraction ρ(q) ∈ [β, 1] of its whole demand, as much as capacity allows, and its
+/// shares sum to ρ(q); otherwise every app's served demand is routed whole
+/// ([`route_all`]).
+struct Shedding<'a> {
+    /// Whether demand is shed per app in this solve.
+    partial: bool,
+    /// The demand the shares are of: the whole demand when shedding, else the
+    /// served demand.
+    served: &'a [f64],
+    /// ρ(q) per app with demand, when shedding.
+    rho: Vec<Option<Variable>>,
+}
+
+impl<'a> Shedding<'a> {
+    fn new(at: &'a At, m: &mut Milp) -> Shedding<'a> {
+        let partial = at.beta < 1.0 && at.step == Step::Accuracy;
+        let served: &[f64] = if partial { &at.demand } else { &at.served };
+        let rho = served.iter().map(|&s| (partial && s > 0.0).then(|| m.add(variable().min(at.beta).max(1)))).collect();
+        Shedding { partial, served, rho }
+    }
+
+    /// Constrains each app's shares (`shares(q)`): to ρ(q) when shedding (to 0 for an
+    /// app with no demand), else routed whole.
+    fn constrain_shares(&self, m: &mut Milp, shares: impl Fn(usize) -> Expression) {
+        if !self.partial {
+            return route_all(m, self.served, shares);
+        }
+        for (q, p) in self.rho.iter().enumerate() {
+            let e = shares(q);
+            match p {
+                Some(p) => m.constrain(constraint!(e == *p)),
+                None => m.constrain(constraint!(e == 0)),
+            }
+        }
+    }
+
+    /// The plan of a solved model from its `routes` (candidate, devices, share of the
+    /// demand the shares are of): when shedding, each app's served demand is what its
+    /// shares add up to, and the shares become fractions of it.
+    fn plan(&self, at: &At, values: &crate::solver::Values, routes: Vec<(usize, u32, f64)>) -> Plan {
+        let (problem, cands, beta, step) = (at.problem, at.cands, at.beta, at.step);
+        if !self.partial {
+            return make_plan(problem, cands, &routes, beta, self.served, step);
+        }
+        let fraction: Vec<f64> = self.rho.iter().map(|p| p.map_or(0.0, |p| values.value(p).clamp(beta, 1.0))).collect();
+        let served: Vec<f64> = self.served.iter().zip(&fraction).map(|(s, f)| s * f).collect();
+        let routes: Vec<(usize, u32, f64)> = routes
+            .into_iter()
+            .map(|(i, n, share)| (i, n, if fraction[cands[i].q] > 0.0 { share / fraction[cands[i].q] } else { 0.0 }))
+            .collect();
+        make_plan(problem, cands, &routes, beta, &served, step)
+    }
+}
+
 /// The device constraints both aggregated models share, over `n`, the devices of
 /// each candidate's type hosting its variant (None: not offered): Σ_m n(t,m) ≤
 /// count(t), a device hosts at most one variant (Eq. 1); with a fixed placement,
@@ -1383,17 +1439,14 @@ fn device_counts(m: &mut Milp, problem: &Problem, cands: &[Cand], n: &[Option<Va
 
 fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
     let At { problem, cands, keep, beta, headroom, total, step, .. } = *at;
-    // Below β = 1, demand is shed per app: app q is served a fraction ρ(q) ∈ [β, 1]
-    // of its demand, as much as capacity allows — the objective, accuracy over
-    // total demand (Proteus §4, Eq. 7), counts shed requests as 0, so an app is
+    // Below β = 1, demand is shed per app ([`Shedding`]): the objective, accuracy
+    // over total demand (Proteus §4, Eq. 7), counts shed requests as 0, so an app is
     // served more wherever a device has room. β is the floor the ladder found,
     // every app's share of the surge; the shares r below are then of the whole
     // demand s_q, and sum to ρ(q).
-    let partial = beta < 1.0 && step == Step::Accuracy;
-    let served: &[f64] = if partial { &at.demand } else { &at.served };
     let mut m = Milp::default();
-    let rho: Vec<Option<Variable>> =
-        served.iter().map(|&s| (partial && s > 0.0).then(|| m.add(variable().min(beta).max(1)))).collect();
+    let shedding = Shedding::new(at, &mut m);
+    let served = shedding.served;
     // n(c): devices of the candidate's type hosting its variant; r(c): share of its
     // app's demand routed to them.
     let mut n: Vec<Option<Variable>> = Vec::with_capacity(cands.len());
@@ -1410,17 +1463,7 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
     device_counts(&mut m, problem, cands, &n);
     let shares =
         |q: usize| -> Expression { cands.iter().zip(&r).filter(|(c, _)| c.q == q).filter_map(|(_, v)| *v).sum() };
-    if partial {
-        for (q, p) in rho.iter().enumerate() {
-            let e = shares(q);
-            match p {
-                Some(p) => m.constrain(constraint!(e == *p)),
-                None => m.constrain(constraint!(e == 0)),
-            }
-        }
-    } else {
-        route_all(&mut m, served, shares);
-    }
+    shedding.constrain_shares(&mut m, shares);
     // Capacity with headroom (Eqs. 4-5): β·s·r ≤ P·n.
     for (i, c) in cands.iter().enumerate() {
         if let (Some(nv), Some(rv)) = (n[i], r[i]) {
@@ -1438,7 +1481,7 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
                 }
             }
         }
-        for (q, p) in rho.iter().enumerate() {
+        for (q, p) in shedding.rho.iter().enumerate() {
             if let Some(p) = p {
                 let routed: f64 = cands.iter().zip(&start.load).filter(|(c, _)| c.q == q).map(|(_, l)| l).sum();
                 m.start(*p, (routed / served[q].max(1e-12)).clamp(beta, 1.0));
@@ -1468,30 +1511,16 @@ fn aggregated(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
             (devices > 0 || share > 1e-9).then_some((i, devices, share))
         })
         .collect();
-    if !partial {
-        return Ok((report, Some(make_plan(problem, cands, &routes, beta, served, step))));
-    }
-    // Each app's served demand is what its shares add up to, and the shares become
-    // fractions of it.
-    let fraction: Vec<f64> = rho.iter().map(|p| p.map_or(0.0, |p| values.value(p).clamp(beta, 1.0))).collect();
-    let served: Vec<f64> = served.iter().zip(&fraction).map(|(s, f)| s * f).collect();
-    let routes: Vec<(usize, u32, f64)> = routes
-        .into_iter()
-        .map(|(i, n, share)| (i, n, if fraction[cands[i].q] > 0.0 { share / fraction[cands[i].q] } else { 0.0 }))
-        .collect();
-    Ok((report, Some(make_plan(problem, cands, &routes, beta, &served, step))))
+    Ok((report, Some(shedding.plan(at, &values, routes))))
 }
 
 fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
-    let At { problem, cands, keep, beta, headroom, total, step, .. } = *at;
-    // Below β = 1, demand is shed per app, as in the aggregated model: app q is
-    // served a fraction ρ(q) ∈ [β, 1] of its demand, Σ_d y(d,q) = ρ(q), and y is a
-    // share of the whole demand.
-    let partial = beta < 1.0 && step == Step::Accuracy;
-    let served: &[f64] = if partial { &at.demand } else { &at.served };
+    let At { problem, cands, keep, headroom, total, step, .. } = *at;
+    // Below β = 1, demand is shed per app, as in the aggregated model ([`Shedding`]):
+    // Σ_d y(d,q) = ρ(q), and y is a share of the whole demand.
     let mut m = Milp::default();
-    let rho: Vec<Option<Variable>> =
-        served.iter().map(|&s| (partial && s > 0.0).then(|| m.add(variable().min(beta).max(1)))).collect();
+    let shedding = Shedding::new(at, &mut m);
+    let served = shedding.served;
     // Devices: (type, index within type).
     let devices: Vec<usize> =
         problem.devices.iter().enumerate().flat_map(|(t, d)| std::iter::repeat_n(t, d.count as usize)).collect();
@@ -1560,17 +1589,7 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
         let cap: Expression = row.iter().map(|&(i, xv, _)| cands[i].cap.qps * xv).sum();
         m.constrain(constraint!(load <= cap));
     }
-    if partial {
-        for (q, p) in rho.iter().enumerate() {
-            let e: Expression = y.iter().map(|row| row[q]).sum();
-            match p {
-                Some(p) => m.constrain(constraint!(e == *p)),
-                None => m.constrain(constraint!(e == 0)),
-            }
-        }
-    } else {
-        route_all(&mut m, served, |q| y.iter().map(|row| row[q]).sum());
-    }
+    shedding.constrain_shares(&mut m, |q| y.iter().map(|row| row[q]).sum());
     let (sense, objective): (Sense, Expression) = match step {
         Step::Hardware => (Sense::Minimise, x.iter().flatten().map(|(_, xv, _)| *xv).sum()),
         // Eq. 7: Σ_q a_q with a_q = Σ_m A_m Σ_d x(d,m)·y(d,q)·s_q, over total demand.
@@ -1596,18 +1615,7 @@ fn per_device(at: &At) -> Result<(SolveReport, Option<Plan>), ProteusError> {
         }
     }
     let routes: Vec<(usize, u32, f64)> = routes.into_iter().map(|(i, (n, s))| (i, n, s)).collect();
-    if !partial {
-        return Ok((report, Some(make_plan(problem, cands, &routes, beta, served, step))));
-    }
-    // Each app's served demand is what its shares add up to, and the shares become
-    // fractions of it.
-    let fraction: Vec<f64> = rho.iter().map(|p| p.map_or(0.0, |p| values.value(p).clamp(beta, 1.0))).collect();
-    let served: Vec<f64> = served.iter().zip(&fraction).map(|(s, f)| s * f).collect();
-    let routes: Vec<(usize, u32, f64)> = routes
-        .into_iter()
-        .map(|(i, n, share)| (i, n, if fraction[cands[i].q] > 0.0 { share / fraction[cands[i].q] } else { 0.0 }))
-        .collect();
-    Ok((report, Some(make_plan(problem, cands, &routes, beta, &served, step))))
+    Ok((report, Some(shedding.plan(at, &values, routes))))
 }
 
 /// Builds the plan from (candidate, devices, share) triples.
