@@ -22,9 +22,6 @@ pub mod states;
 pub mod transitions;
 pub mod value_iteration;
 
-#[cfg(test)]
-mod identity_tests;
-
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};

@@ -1,27 +1,14 @@
-//! The restructured generator against the frozen [`reference`](super::reference):
+//! The restructured generator against the frozen `mdp::reference`:
 //! the same `Solution` (policy table, expectations, iteration counts) bit for
 //! bit, the same transition rows, and the same work accounting, so that a
 //! component generating slice by slice finishes on the same call.
 
-use super::{reference, Arrivals, Balancing, Batching, Discretization, Generator, ModelSpec, Problem};
-
-/// The artifact's effective p95 table for one task (the fidelity case's input).
-fn table(task: &str) -> Vec<ModelSpec> {
-    let text = include_str!("../../tests/data/ramsis_effective_latency_p95_us.csv");
-    let mut models: Vec<ModelSpec> = Vec::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        if f[0] != task {
-            continue;
-        }
-        let index: usize = f[1].parse().unwrap();
-        if models.len() < index {
-            models.push(ModelSpec { name: f[2].to_string(), accuracy: f[3].parse().unwrap(), latency_us: Vec::new() });
-        }
-        models[index - 1].latency_us.push(f[5].parse().unwrap());
-    }
-    models
+mod common {
+    include!("common/table.rs");
 }
+
+use common::table;
+use policy_ramsis::mdp::{self, reference, Arrivals, Balancing, Batching, Discretization, Generator, Problem};
 
 fn fidelity() -> Problem {
     Problem::new(table("image"), 150_000.0, 60, 2000.0)
@@ -36,7 +23,7 @@ fn small() -> Problem {
 }
 
 fn assert_same(problem: &Problem) {
-    let new = super::generate(problem).unwrap();
+    let new = mdp::generate(problem).unwrap();
     let old = reference::generate(problem).unwrap();
     // `Solution: PartialEq` compares every f64 exactly.
     assert_eq!(new, old, "{problem:?}");
@@ -87,7 +74,7 @@ fn other_balancing_arrivals_and_full_power_are_identical_to_the_reference() {
 #[test]
 fn parallel_generation_is_identical_to_the_reference() {
     let problem = fidelity();
-    assert_eq!(super::generate_with_threads(&problem, 2).unwrap(), reference::generate(&problem).unwrap());
+    assert_eq!(mdp::generate_with_threads(&problem, 2).unwrap(), reference::generate(&problem).unwrap());
 }
 
 #[test]
