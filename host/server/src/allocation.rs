@@ -32,8 +32,7 @@ use sluice_core::demand::planned_demand;
 
 use crate::app::App;
 use crate::config::{AppConfig, Config, ExecutorKind};
-use crate::executor::{model_set, LoadedModel};
-use crate::executor::{AppSources, ModelSource};
+use crate::executor::{load_set, AppSources, ModelSource};
 use crate::metrics::Metrics;
 
 /// The devices of the config (`sluice_alloc::config::DevicePool`).
@@ -337,14 +336,7 @@ impl Allocator {
                 continue;
             }
             let app = self.apps.get(app_name).ok_or_else(|| format!("plan names unknown app {app_name}"))?;
-            let sources = a.models_for(&app.config, w, n);
-            let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<BTreeMap<u32, LoadedModel>> {
-                sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
-            })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("{e:#}"))?;
-            app.set_worker_models(w, model_set(loaded)).await?;
+            app.set_worker_models(w, load_set(a.models_for(&app.config, w, n)).await?).await?;
         }
         // 2. Switch: every app's shares at once.
         for (name, app) in &self.apps {

@@ -17,7 +17,7 @@ use sluice_sdk as sdk;
 use crate::app::{App, WorkerStart};
 use crate::config::{AppConfig, Config, ExecutorKind, InputSpec, PipelineConfig};
 use crate::executor::onnx::{self, OnnxOptions};
-use crate::executor::{model_set, AppSources, LoadedModel, ModelSource, OnnxSource};
+use crate::executor::{load_set, model_set, AppSources, LoadedModel, ModelSource, OnnxSource};
 use crate::metrics::Metrics;
 use crate::pipeline::PipelineApp;
 use sluice_core::clock::WallClock;
@@ -207,13 +207,7 @@ impl State {
             ids.push(id as u32);
         }
         let sources: Vec<(u32, ModelSource)> = ids.iter().map(|&id| (id, src.models[id as usize].clone())).collect();
-        let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<BTreeMap<u32, LoadedModel>> {
-            sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("{e:#}"))?;
-        a.set_worker_models(w, model_set(loaded)).await?;
+        a.set_worker_models(w, load_set(sources).await?).await?;
         Ok(ids)
     }
 

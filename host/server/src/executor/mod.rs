@@ -85,6 +85,19 @@ pub fn model_set(loaded: std::collections::BTreeMap<u32, LoadedModel>) -> sluice
     )
 }
 
+/// Loads (and warms) `sources` off the async threads into one worker's model set,
+/// for a worker to switch to at run time (`App::set_worker_models`).
+pub async fn load_set(sources: Vec<(u32, ModelSource)>) -> Result<sluice_core::executor::ModelSet, String> {
+    let loaded =
+        tokio::task::spawn_blocking(move || -> anyhow::Result<std::collections::BTreeMap<u32, LoadedModel>> {
+            sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("{e:#}"))?;
+    Ok(model_set(loaded))
+}
+
 impl Executor for LoadedModel {
     /// Runs one batch: the samples are concatenated along dimension 0 and the
     /// outputs split back, one `Vec<Tensor>` per sample in order. Whatever the
