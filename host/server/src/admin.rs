@@ -120,7 +120,9 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
         (&Method::POST, ["apps", app, "evaluate"]) => {
             let app = app.to_string();
             let body = read_body(state, req).await?;
-            let started = crate::evaluate::start(&state.evaluations, &state.apps, &state.registry, &app, &body).await?;
+            let request = (parse_json(&body)?, serde_json::from_slice(&body).unwrap_or(Value::Null));
+            let started =
+                crate::evaluate::start(&state.evaluations, &state.apps, &state.registry, &app, request).await?;
             Ok(with_status(StatusCode::ACCEPTED, started))
         }
         // The dashboard's one poll: every app's view, the counters it draws, the

@@ -326,19 +326,17 @@ async fn policy(registry: &Arc<Registry>, name: &str, params: String) -> Result<
     Ok(PolicyUnderTest { name: name.into(), compiled: Some(compiled), params })
 }
 
-/// `POST /admin/apps/{app}/evaluate`: checks the request (`body`) against `apps`
-/// (the host's) and the policies of `registry`, snapshots the window and starts the
-/// replays on a thread of their own. Answers the 202's body, with the evaluation's id.
+/// `POST /admin/apps/{app}/evaluate`: checks the request (parsed by the edge, with
+/// the body as JSON for the evaluation's view) against `apps` (the host's) and the
+/// policies of `registry`, snapshots the window and starts the replays on a thread
+/// of their own. Answers the 202's body, with the evaluation's id.
 pub async fn start(
     evaluations: &Arc<Evaluations>,
     apps: &BTreeMap<String, Arc<App>>,
     registry: &Arc<Registry>,
     app_name: &str,
-    body: &[u8],
+    (req, request_view): (EvaluateRequest, Value),
 ) -> Result<Value, EvaluateError> {
-    let req: EvaluateRequest =
-        serde_json::from_slice(body).map_err(|e| EvaluateError::BadRequest(format!("invalid JSON body: {e}")))?;
-    let request_view: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let Some(replayer) = evaluations.replayer.get().cloned() else {
         return Err(EvaluateError::Unavailable);
     };
