@@ -307,7 +307,17 @@ pub async fn compare_pipeline() -> Agreement {
         tokio::time::sleep_until(start + Duration::from_micros(at)).await;
         sent.push(start.elapsed().as_micros() as u64);
         let p = pipeline.clone();
-        pending.push(tokio::spawn(async move { p.infer(input(i)).await }));
+        let mut tree = Box::pin(async move { p.infer(input(i)).await });
+        // Admitted here, in the order sent, as the simulator replays them: a client's
+        // request is admitted and its root queued in `infer`'s first poll, and left to
+        // a spawned task, a burst of 20 reached the root in the runtime's order (on
+        // two threads, not the order sent), so the same ranks ended differently.
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(tree.as_mut(), cx))).await;
+        pending.push(match first {
+            std::task::Poll::Ready(answer) => tokio::spawn(async move { answer }),
+            std::task::Poll::Pending => tokio::spawn(tree),
+        });
     }
     let mut live = Vec::new();
     for h in pending {
@@ -354,10 +364,10 @@ pub async fn compare_pipeline() -> Agreement {
 async fn one_trace_through_a_pipeline_ends_the_same_live_and_simulated() {
     let Agreement { sent, agree, calm, calm_agree } = compare_pipeline().await;
     // Away from the budgets every request ends the same; in the overload bursts a
-    // root batch ends within wall-clock jitter of its budget, so per-task dropping
-    // drops its children on one side only: 97 % agreed in all on a quiet machine,
-    // 86 % with the whole suite running beside it (docs/simulator.md, "Pipelines,
-    // live and simulated").
+    // root batch can end within wall-clock jitter of its budget on a loaded machine,
+    // so per-task dropping drops its children on one side only: 71 of 71 agreed in
+    // three runs at load average 2 (docs/simulator.md, "Pipelines, live and
+    // simulated").
     assert_eq!(calm_agree, calm, "pipeline: {calm_agree} of {calm} requests away from the budgets agree");
-    assert!(agree * 100 >= sent * 80, "pipeline: {agree} of {sent} client requests agree");
+    assert!(agree * 100 >= sent * 90, "pipeline: {agree} of {sent} client requests agree");
 }
