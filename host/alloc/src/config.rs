@@ -230,15 +230,24 @@ pub enum ForecasterKind {
     VpaPercentile,
 }
 
+/// The one "re-plan early when demand moved" rule: the demand `now` is more than
+/// `threshold` (relative) away from the demand `planned` for, measured against at
+/// least `floor` req/s so an idle app's noise (0.3 against 0.1 req/s) does not
+/// re-plan. Apps ([`AllocatorConfig::demand_shifted`]) and pipelines
+/// (`replan_threshold`, their `min_demand_qps`) both use it.
+pub fn demand_moved(planned: f64, now: f64, threshold: f64, floor: f64) -> bool {
+    (now - planned).abs() > threshold * planned.max(floor)
+}
+
 impl AllocatorConfig {
-    /// Whether an app's demand `now` moved more than `threshold` (relative, against
-    /// at least 1 req/s) from the demand `used` by the plan in force (an app absent
-    /// there counts as 1 req/s): the early re-plan rule of the live host and the
-    /// simulator.
+    /// Whether an app's demand `now` moved from the demand `used` by the plan in
+    /// force ([`demand_moved`], against at least `min_demand_qps`; an app absent
+    /// there counts as `min_demand_qps`): the early re-plan rule of the live host,
+    /// the cluster's allocator and the simulator.
     pub fn demand_shifted(&self, used: &BTreeMap<String, f64>, now: &BTreeMap<String, f64>) -> bool {
-        now.iter().any(|(app, d)| {
-            let u = used.get(app).copied().unwrap_or(1.0);
-            (d - u).abs() > self.threshold * u.max(1.0)
+        now.iter().any(|(app, &d)| {
+            let u = used.get(app).copied().unwrap_or(self.min_demand_qps);
+            demand_moved(u, d, self.threshold, self.min_demand_qps)
         })
     }
 
@@ -520,5 +529,32 @@ impl DevicePool {
             variants: allocator.variants,
             pinned: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demand_moved_is_relative_to_the_plan_with_a_floor() {
+        // 20 % of 10 req/s is 2: 12.5 moved, 11.5 did not.
+        assert!(demand_moved(10.0, 12.5, 0.2, 1.0));
+        assert!(!demand_moved(10.0, 11.5, 0.2, 1.0));
+        assert!(demand_moved(10.0, 7.9, 0.2, 1.0));
+        // An idle app planned for 0.1 req/s: against the floor, 0.3 is noise.
+        assert!(!demand_moved(0.1, 0.3, 0.2, 1.0));
+        assert!(demand_moved(0.1, 1.5, 0.2, 1.0));
+        // The floor is the configured minimum demand, not a constant.
+        assert!(!demand_moved(0.0, 1.5, 0.2, 10.0));
+    }
+
+    #[test]
+    fn an_app_absent_from_the_plan_counts_as_the_minimum_demand() {
+        let c = AllocatorConfig { min_demand_qps: 5.0, ..AllocatorConfig::default() };
+        let now = BTreeMap::from([("a".to_string(), 5.5)]);
+        assert!(!c.demand_shifted(&BTreeMap::new(), &now));
+        let now = BTreeMap::from([("a".to_string(), 7.0)]);
+        assert!(c.demand_shifted(&BTreeMap::new(), &now));
     }
 }

@@ -222,10 +222,7 @@ impl<'a> Leader<'a> {
                 .collect();
             let now_asked = replan.current().kvs.values().map(|kv| kv.mod_revision).max().unwrap_or(0);
             let demand_now = self.demand(&demand.current());
-            let moved = self.apps.iter().any(|(a, _)| {
-                let (was, is) = (planned_demand.get(&a.name).copied().unwrap_or(0.0), demand_now[&a.name]);
-                (is - was).abs() > self.config.allocator.threshold * was.max(self.config.allocator.min_demand_qps)
-            });
+            let moved = self.config.allocator.demand_shifted(&planned_demand, &demand_now);
             let why = if self.routing.epoch == 0 {
                 Some("first plan")
             } else if !lost.is_empty() {

@@ -1039,7 +1039,8 @@ pub async fn control_loop(pipeline: std::sync::Weak<PipelineApp>) {
         let planned = st.plan.as_ref().map_or(0.0, |plan| plan.demand_qps);
         let every = p.config.replan_period_s;
         let due = every > 0.0 && last.elapsed().as_secs_f64() >= every;
-        let shifted = every > 0.0 && (demand - planned).abs() > p.config.replan_threshold * planned.max(1.0);
+        let shifted = every > 0.0
+            && sluice_alloc::config::demand_moved(planned, demand, p.config.replan_threshold, p.config.min_demand_qps);
         if due || shifted {
             drop(st);
             last = tokio::time::Instant::now();
