@@ -152,14 +152,23 @@ const SKIMAGE_WHEEL: &str = "scikit-image==0.26.0";
 /// Debian packages the build needs: cmake and libclang for the HiGHS C++ build behind
 /// the allocator (good_lp's `highs` feature; DESIGN.md, toolchain facts); protoc for the
 /// KServe v2 gRPC front and etcd-client (tonic-prost-build runs it); etcd for the
-/// cluster tests, which start real etcd members.
+/// cluster tests, which start real etcd members, and etcdctl (`etcd-client`) for the
+/// one that runs deploy/kubernetes's etcd-auth Job (host/cluster/tests/etcd_auth_job.rs).
 /// libb64 is the one library Triton's perf_analyzer 2.51 links that Debian has and
 /// the wheel does not carry (tests/perf_analyzer.rs).
 /// chromium and chromium-driver (`/usr/bin/chromium`, `/usr/bin/chromedriver`) run
 /// the dashboard's browser tests (tests/dashboard.rs): Debian's build, since no
 /// browser can be downloaded at test time here.
-const DEBIAN_PACKAGES: &[&str] =
-    &["cmake", "libclang-dev", "protobuf-compiler", "etcd-server", "libb64-0d", "chromium", "chromium-driver"];
+const DEBIAN_PACKAGES: &[&str] = &[
+    "cmake",
+    "libclang-dev",
+    "protobuf-compiler",
+    "etcd-server",
+    "etcd-client",
+    "libb64-0d",
+    "chromium",
+    "chromium-driver",
+];
 
 fn debian_installed(package: &str) -> bool {
     Command::new("dpkg-query")

@@ -41,7 +41,9 @@
 //!   anywhere else;
 //! - etcd's authentication: etcd has `--auth-token`, a Job runs `etcdctl auth enable`
 //!   after giving the `sluice` role read and write under `/sluice/` only, with
-//!   passwords from a Secret (`$(VAR)` of a secretKeyRef, never in the manifest); every
+//!   passwords from a Secret (every `*PASSWORD*` variable of the Job a secretKeyRef,
+//!   a password on etcdctl's command line only as `$(VAR)` of one; never in the
+//!   manifest; etcd_auth_job.rs runs the Job against a real etcd); every
 //!   sluice role has `SLUICE_ETCD_USER` and `SLUICE_ETCD_PASSWORD_FILE` in a mounted
 //!   Secret, and no `SLUICE_ETCD_PASSWORD` value;
 //! - only an agent with accelerator devices requests `nvidia.com/gpu`, and only when an
@@ -986,6 +988,15 @@ fn credential_problems(w: &Workload<'_>, c: &Value, what: &str) -> Vec<String> {
 fn etcd_auth_problems(workloads: &[Workload<'_>], etcd: &Workload<'_>) -> Vec<String> {
     let mut problems = Vec::new();
     let args = |c: &Value| strings(s(c, &["args"]));
+    // A container's command line as words: a shell script (`sh -c`) split on white
+    // space, so that `etcdctl auth enable` in it reads as it does in args.
+    let words = |c: &Value| -> Vec<String> {
+        strings(s(c, &["command"]))
+            .into_iter()
+            .chain(args(c))
+            .flat_map(|a| a.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .collect()
+    };
     if !etcd.containers().any(|c| args(c).iter().any(|a| a.starts_with("--auth-token="))) {
         problems.push(format!(
             "{}: no --auth-token: etcd's authentication is not configured (any pod admitted to its client port \
@@ -993,17 +1004,20 @@ fn etcd_auth_problems(workloads: &[Workload<'_>], etcd: &Workload<'_>) -> Vec<St
             etcd.what
         ));
     }
-    let runs = |c: &Value, words: &[&str]| args(c).windows(words.len()).any(|w| w == words);
+    let runs = |c: &Value, run: &[&str]| words(c).windows(run.len()).any(|w| w == run);
     let jobs: Vec<&Workload<'_>> = workloads.iter().filter(|w| w.kind == "Job").collect();
     let enables = jobs.iter().find(|j| j.containers().any(|c| runs(c, &["auth", "enable"])));
     let Some(job) = enables else {
         problems.push("no Job turns etcd's authentication on (etcdctl auth enable)".into());
         return problems;
     };
-    let grants = job.containers().any(|c| runs(c, &["role", "grant-permission", "sluice", "readwrite", "/sluice/"]));
+    let grants = job
+        .containers()
+        .any(|c| runs(c, &["role", "grant-permission", "sluice", "readwrite", "/sluice/", "--prefix=true"]));
     if !grants {
         problems.push(format!(
-            "{}: no role grant-permission sluice readwrite /sluice/ (the roles' user must reach its keys and no others)",
+            "{}: no role grant-permission sluice readwrite /sluice/ --prefix=true (the roles' user must reach its \
+             keys and no others)",
             job.what
         ));
     }
@@ -1015,7 +1029,18 @@ fn etcd_auth_problems(workloads: &[Workload<'_>], etcd: &Workload<'_>) -> Vec<St
             .filter(|e| s(e, &["valueFrom", "secretKeyRef"]).is_some())
             .map(|e| str_at(e, &["name"]))
             .collect();
-        for a in args(c) {
+        // A password in the Job's environment comes from the Secret.
+        for e in s(c, &["env"]).and_then(Value::as_sequence).into_iter().flatten() {
+            let var = str_at(e, &["name"]);
+            if var.contains("PASSWORD") && s(e, &["valueFrom", "secretKeyRef"]).is_none() {
+                problems.push(format!(
+                    "{}: container {}: env {var}: a password not taken from a Secret (a secretKeyRef)",
+                    job.what,
+                    str_at(c, &["name"])
+                ));
+            }
+        }
+        for a in words(c) {
             let Some(password) = a.strip_prefix("--new-user-password=") else { continue };
             let from_secret =
                 password.strip_prefix("$(").and_then(|p| p.strip_suffix(')')).is_some_and(|v| secret_env.contains(v));
@@ -1125,9 +1150,21 @@ const VIOLATIONS: &[(&str, &str, &str, &str)] = &[
     ),
     ("config.yaml", "workers = 12", "workers = 0", "sluice refuses the config"),
     ("etcd.yaml", "            - --auth-token=simple\n", "", "--auth-token"),
-    ("etcd-auth.yaml", "            - auth\n            - enable\n", "            - auth\n            - status\n", "auth enable"),
-    ("etcd-auth.yaml", "            - /sluice/\n", "            - /\n", "readwrite /sluice/"),
-    ("etcd-auth.yaml", "--new-user-password=$(SLUICE_PASSWORD)", "--new-user-password=hunter2", "from a Secret"),
+    ("etcd-auth.yaml", "etcdctl auth enable\n", "etcdctl auth status\n", "auth enable"),
+    ("etcd-auth.yaml", "readwrite /sluice/ --prefix=true", "readwrite / --prefix=true", "readwrite /sluice/"),
+    (
+        "etcd-auth.yaml",
+        "            - name: SLUICE_PASSWORD\n              valueFrom:\n                secretKeyRef:\n                  \
+         name: sluice-etcd-auth\n                  key: sluice-password\n",
+        "            - name: SLUICE_PASSWORD\n              value: hunter2\n",
+        "from a Secret",
+    ),
+    (
+        "etcd-auth.yaml",
+        "printf '%s\\n' \"$SLUICE_PASSWORD\" | etcdctl user add sluice --interactive=false",
+        "etcdctl user add sluice --new-user-password=hunter2",
+        "from a Secret",
+    ),
     ("etcd-auth.yaml", "        sluice.dev/etcd-client: \"true\"\n", "", "client port"),
     ("etcd-auth.yaml", "              memory: 64Mi\n", "", "no resources.limits.memory"),
     (
