@@ -9,6 +9,9 @@
 //!   the record live and simulated runs are compared by.
 //! - [`decision::decide`]: one decision of one worker — expiry, the policy's
 //!   `decide`, validation, the safe fallback — over any queue, at any clock.
+//! - [`worker::Machine`]: the worker around it as an I/O-free state machine that
+//!   the live worker thread and the simulator's event loops drive — what leaves
+//!   the queue and why, when to decide again, what a finished batch means.
 //! - [`runtime`]: the Wasm policy runtime (compile cache, epoch deadlines, memory
 //!   caps, faults, the binding's shared store); [`registry`]: built-in and uploaded
 //!   policies.
@@ -36,4 +39,5 @@ pub mod router;
 pub mod runtime;
 pub mod tensor;
 pub mod whatif;
+pub mod worker;
 pub mod workload;
