@@ -20,6 +20,13 @@
 //! forbids spare capacity on every variant but the least accurate (docs/allocator.md
 //! shows the decisions that changes); a plan here may keep spare capacity anywhere.
 //! Demand beyond the budget is shed down the same ladder as Proteus's.
+//!
+//! When no MILP finds a plan within the allocation's time limit, [`solve_from`]
+//! still answers with one made without a solver ([`crate::origin::Origin`]): the
+//! previous plan's cores re-routed for the new demand (spare cores added where it
+//! falls short), or the greedy plan — the fewest cores that carry the demand with one
+//! variant or two, quotas filled most accurate first (λ_m ≤ th_m(n_m), Σ λ_m = λ, RC ≤
+//! B: the constraints of Eq. 1) — each checked with [`Plan::check`].
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -28,6 +35,7 @@ use good_lp::{constraint, variable, Expression, Solution as _, Variable};
 use serde::{Deserialize, Serialize};
 
 use crate::ladder::{Ladder, Search, Tried};
+use crate::origin::{self, Origin};
 use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
 
 /// A variant: its accuracy, its loading time and its capacity model.
@@ -163,6 +171,9 @@ pub struct Outcome {
     pub attempts: Vec<Tried>,
     /// The plan (None: infeasible down to the ladder's minimum).
     pub plan: Option<Plan>,
+    /// Where the plan came from: the ILP's, or, when none found one within the time
+    /// limit, the greedy plan or the previous one repaired ([`solve_from`]).
+    pub origin: Origin,
 }
 
 /// Core counts a variant may get: 0 or min_cores..=budget.
@@ -170,10 +181,188 @@ fn core_options(p: &Problem) -> Vec<u32> {
     std::iter::once(0).chain(p.min_cores.max(1)..=p.budget_cores).collect()
 }
 
+/// Cores a plan may use: the budget, or fewer where the problem caps them.
+fn usable_cores(p: &Problem) -> u32 {
+    p.usable_cores.unwrap_or(p.budget_cores).min(p.budget_cores)
+}
+
+/// Tolerance of [`Plan::check`] on requests/s (HiGHS's feasibility tolerance is
+/// 1e-7 on rows whose coefficients are about 1).
+const RPS_TOLERANCE: f64 = 1e-6;
+
+impl Plan {
+    /// Checks the plan against the ILP's constraints (Eq. 1 as written here): one
+    /// entry per variant in the problem's order, each with 0 or `min_cores` to B cores
+    /// and a quota within its capacity th(n) (none on 0 cores); Σ n ≤ the usable
+    /// cores; at most one variant used for Model-Switching+; Σ λ_m the served demand,
+    /// λ·min(β, 1), with β a step of the ladder; the loading, accuracy and objective
+    /// as the ILP computes them. Every plan [`solve_from`] returns meets it, a
+    /// solver's or not. The error names the variant or the row.
+    pub fn check(&self, problem: &Problem) -> Result<(), String> {
+        if self.variants.len() != problem.variants.len()
+            || self.variants.iter().zip(&problem.variants).any(|(a, b)| a.name != b.name)
+        {
+            return Err("expected one entry per variant, in the problem's order".into());
+        }
+        let lambda = problem.demand_rps;
+        let steps = problem.ladder.steps();
+        if !steps.iter().any(|&b| (b.min(1.0) - self.beta).abs() < 1e-9) {
+            return Err(format!("beta {}: not a step of the ladder", self.beta));
+        }
+        let served = lambda * self.beta;
+        let tol = |x: f64| RPS_TOLERANCE * x.abs().max(1.0);
+        let mut expected = vec![0u32; self.variants.len()];
+        for (v, (vp, variant)) in self.variants.iter().zip(&problem.variants).enumerate() {
+            let n = vp.cores;
+            if n > problem.budget_cores || (n > 0 && n < problem.min_cores) {
+                return Err(format!(
+                    "variant {}: {n} cores, expected 0 or {} to {}",
+                    vp.name, problem.min_cores, problem.budget_cores
+                ));
+            }
+            let th = variant.throughput(n, problem.capacity_coef);
+            if (vp.capacity_rps - th).abs() > tol(th) {
+                return Err(format!("variant {}: capacity {} is not th({n}) = {th}", vp.name, vp.capacity_rps));
+            }
+            if !(vp.quota_rps >= -tol(0.0) && vp.quota_rps <= th + tol(th)) {
+                return Err(format!("variant {}: quota {} outside [0, th({n}) = {th}]", vp.name, vp.quota_rps));
+            }
+            let current = problem.current.get(&vp.name).copied().unwrap_or(0);
+            if vp.loads != (n > 0 && n != current) {
+                return Err(format!("variant {}: loads {} with {n} cores and {current} now", vp.name, vp.loads));
+            }
+            expected[v] = n;
+        }
+        let cores: u32 = expected.iter().sum();
+        if cores != self.cores || cores > usable_cores(problem) {
+            return Err(format!("{} cores used (entries: {cores}), at most {}", self.cores, usable_cores(problem)));
+        }
+        if problem.single && expected.iter().filter(|&&n| n > 0).count() > 1 {
+            return Err("Model-Switching+: more than one variant used".into());
+        }
+        let total: f64 = self.variants.iter().map(|v| v.quota_rps).sum();
+        if (total - served).abs() > tol(served) || (self.served_rps - served).abs() > tol(served) {
+            return Err(format!("quotas sum to {total} req/s, served {}, expected {served}", self.served_rps));
+        }
+        if (self.shed_rps - (lambda - served)).abs() > tol(lambda) {
+            return Err(format!("shed {} req/s, expected {}", self.shed_rps, lambda - served));
+        }
+        let quotas: Vec<f64> = self.variants.iter().map(|v| v.quota_rps).collect();
+        let again = build_plan(problem, self.beta, &expected, &quotas);
+        if (again.objective - self.objective).abs() > 1e-6
+            || (again.accuracy - self.accuracy).abs() > 1e-6
+            || (again.loading_s - self.loading_s).abs() > 1e-9
+        {
+            return Err(format!(
+                "objective {} / accuracy {} / loading {} s, expected {} / {} / {}",
+                self.objective, self.accuracy, self.loading_s, again.objective, again.accuracy, again.loading_s
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The plan of `cores` and `quotas` per variant (the problem's order) at factor
+/// `beta` (≤ 1), with its loading, accuracy and objective as the ILP counts them:
+/// one implementation for the ILP's plans, the greedy and repaired ones, and
+/// [`Plan::check`].
+fn build_plan(problem: &Problem, beta: f64, cores: &[u32], quotas: &[f64]) -> Plan {
+    let lambda = problem.demand_rps;
+    let served = lambda * beta;
+    let max_rt = problem.variants.iter().map(|v| v.load_time_s).fold(0.0, f64::max).max(1e-9);
+    let w = &problem.weights;
+    let mut variants = Vec::new();
+    let mut loading: f64 = 0.0;
+    let mut acc_mass = 0.0;
+    for ((variant, &n), &q) in problem.variants.iter().zip(cores).zip(quotas) {
+        let current = problem.current.get(&variant.name).copied().unwrap_or(0);
+        let loads = n > 0 && n != current;
+        if loads {
+            loading = loading.max(variant.load_time_s);
+        }
+        acc_mass += q * variant.accuracy;
+        variants.push(VariantPlan {
+            name: variant.name.clone(),
+            cores: n,
+            quota_rps: q,
+            capacity_rps: variant.throughput(n, problem.capacity_coef),
+            loads,
+        });
+    }
+    let used_cores: u32 = cores.iter().sum();
+    Plan {
+        beta,
+        cores: used_cores,
+        served_rps: served,
+        shed_rps: lambda - served,
+        accuracy: if served > 0.0 { acc_mass / served } else { 0.0 },
+        loading_s: loading,
+        objective: w.accuracy * acc_mass / lambda.max(1e-12)
+            - w.cores * used_cores as f64 / problem.budget_cores.max(1) as f64
+            - w.loading * loading / max_rt,
+        variants,
+    }
+}
+
 /// Solves the problem down the ladder. A budget or demand out of its range
 /// ([`crate::limits`]; a problem file refuses them as it is read) is refused before
-/// the model, one binary per variant and core count, is built.
+/// the model, one binary per variant and core count, is built. When no ILP finds a
+/// plan within the time limit, the greedy plan ([`solve_from`] with no previous plan).
 pub fn solve(problem: &Problem) -> Result<Outcome, SolveError> {
+    solve_from(problem, None)
+}
+
+/// [`solve`], with the plan in force. `time_limit_s` bounds the whole allocation
+/// (issue 34), and when it passes with no ILP's plan the answer is still a plan:
+/// `previous` repaired (its cores kept, quotas re-routed for the new demand, spare
+/// cores added to one of its variants where it falls short) or the greedy plan
+/// ([`greedy`]), whichever serves the higher demand factor (then the higher
+/// objective; the repaired one on a tie: it loads nothing), checked with
+/// [`Plan::check`] and marked in [`Outcome::origin`]. `NoPlanInTime` remains only
+/// when neither serves even the ladder's lowest step.
+pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome, SolveError> {
+    let (outcome, ran_out) = solve_milp(problem)?;
+    if outcome.plan.is_some() || !ran_out {
+        return Ok(outcome);
+    }
+    let started = Instant::now();
+    let reason = origin::no_plan_in_time(problem.solver.time_limit_s, outcome.attempts.len());
+    let repaired = previous.and_then(|p| repaired(problem, p)).map(|p| (p, true));
+    let greedy = greedy(problem).map(|p| (p, false));
+    let mut best: Option<(Plan, bool)> = None;
+    for (plan, is_repair) in [repaired, greedy].into_iter().flatten() {
+        if plan.check(problem).is_err() {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(b, _)| better(&plan, b)) {
+            best = Some((plan, is_repair));
+        }
+    }
+    let Some((plan, is_repair)) = best else { return Err(SolveError::NoPlanInTime(problem.solver.time_limit_s)) };
+    let report = SolveReport {
+        status: Status::TimeLimit,
+        objective: Some(plan.objective),
+        gap: None,
+        solve_seconds: started.elapsed().as_secs_f64(),
+        variables: 0,
+        constraints: 0,
+    };
+    Ok(Outcome {
+        report,
+        attempts: outcome.attempts,
+        plan: Some(plan),
+        origin: Origin::without_solver(is_repair, reason),
+    })
+}
+
+/// Whether `a` is a better plan than `b`: a higher demand factor, then a higher
+/// objective (which counts the cores and the loading as well as accuracy).
+fn better(a: &Plan, b: &Plan) -> bool {
+    a.beta > b.beta + 1e-9 || ((a.beta - b.beta).abs() <= 1e-9 && a.objective > b.objective + 1e-12)
+}
+
+/// The ILP down the ladder; `true` when the time limit passed with no plan.
+fn solve_milp(problem: &Problem) -> Result<(Outcome, bool), SolveError> {
     use crate::limits::{self, span, within, CORES};
     if !CORES.contains(&problem.budget_cores) || problem.min_cores > *CORES.end() {
         return Err(SolveError::OutOfRange(format!(
@@ -205,10 +394,187 @@ pub fn solve(problem: &Problem) -> Result<Outcome, SolveError> {
             other => other,
         }
     })?;
-    if d.plan.is_none() && (d.timed_out || ran_out) {
-        return Err(SolveError::NoPlanInTime(problem.solver.time_limit_s));
+    let ran_out = d.plan.is_none() && (d.timed_out || ran_out);
+    Ok((Outcome { report: d.report, attempts: d.tried, plan: d.plan, origin: Origin::Milp }, ran_out))
+}
+
+/// Quotas for `cores` (the problem's variant order) that serve `served` req/s,
+/// filled most accurate first up to each variant's capacity — for fixed cores the
+/// accuracy term's optimum (a fractional knapsack), the rest of the objective being
+/// fixed by the cores. None when the cores cannot carry it.
+fn route(problem: &Problem, cores: &[u32], served: f64) -> Option<Vec<f64>> {
+    let mut order: Vec<usize> = (0..problem.variants.len()).collect();
+    order.sort_by(|&a, &b| problem.variants[b].accuracy.total_cmp(&problem.variants[a].accuracy).then(a.cmp(&b)));
+    let mut quotas = vec![0.0; cores.len()];
+    let mut left = served.max(0.0);
+    for v in order {
+        let q = problem.variants[v].throughput(cores[v], problem.capacity_coef).min(left);
+        quotas[v] = q;
+        left -= q;
     }
-    Ok(Outcome { report: d.report, attempts: d.tried, plan: d.plan })
+    // Served exactly: the last quota takes what rounding left.
+    (left <= RPS_TOLERANCE * served.max(1.0)).then_some(quotas)
+}
+
+/// The plan with `cores` at the highest step of the ladder they carry (β capped at 1,
+/// as the ILP's steps are), routed by [`route`]; None below the ladder's floor.
+fn at_highest_step(problem: &Problem, cores: &[u32]) -> Option<Plan> {
+    let capacity: f64 = problem.variants.iter().zip(cores).map(|(v, &n)| v.throughput(n, problem.capacity_coef)).sum();
+    let beta = problem.ladder.steps().into_iter().map(|b| b.min(1.0)).find(|b| {
+        let served = problem.demand_rps * b;
+        served <= capacity + RPS_TOLERANCE * served.max(1.0)
+    })?;
+    let quotas = route(problem, cores, problem.demand_rps * beta)?;
+    Some(build_plan(problem, beta, cores, &quotas))
+}
+
+/// Per variant and core count n (0 to `most`), the fewest cores whose capacity is at
+/// least th(n) — th is a line through the measured points, but floored and cut at
+/// 0, so the running maximum is what a search for "enough cores" needs.
+struct Capacities {
+    /// `best[v][n]`: the largest th(m) for an allowed m ≤ n.
+    best: Vec<Vec<f64>>,
+    /// `at[v][n]`: the fewest allowed cores reaching `best[v][n]`.
+    at: Vec<Vec<u32>>,
+}
+
+impl Capacities {
+    fn new(problem: &Problem, most: u32) -> Capacities {
+        let (mut best, mut at) = (Vec::new(), Vec::new());
+        for v in &problem.variants {
+            let (mut b, mut a) = (vec![0.0; most as usize + 1], vec![0u32; most as usize + 1]);
+            for n in 1..=most {
+                let i = n as usize;
+                (b[i], a[i]) = (b[i - 1], a[i - 1]);
+                let th = v.throughput(n, problem.capacity_coef);
+                if n >= problem.min_cores.max(1) && th > b[i] {
+                    (b[i], a[i]) = (th, n);
+                }
+            }
+            best.push(b);
+            at.push(a);
+        }
+        Capacities { best, at }
+    }
+
+    /// The fewest cores, at most `most`, with which variant `v` serves `rps`.
+    fn fewest(&self, v: usize, rps: f64, most: u32) -> Option<u32> {
+        if rps <= 0.0 {
+            return Some(0);
+        }
+        let b = &self.best[v][..=most as usize];
+        let i = b.partition_point(|&x| x + RPS_TOLERANCE * rps.max(1.0) < rps);
+        (i < b.len()).then(|| self.at[v][i])
+    }
+}
+
+/// InfAdapter's greedy plan, in closed form: the highest step of the ladder that one
+/// variant or two can carry on the usable cores, then, at that step, the fewest cores
+/// that carry it — each variant alone (Model-Switching+'s rule), and for a set, every
+/// split of the cores between two variants with the second given the fewest cores
+/// that carry the rest — quotas filled most accurate first, the best objective kept.
+/// O(V²·B·log B): a few milliseconds at B = 4,096. None when even the ladder's
+/// lowest step is more than any of these carries.
+pub fn greedy(problem: &Problem) -> Option<Plan> {
+    let usable = usable_cores(problem);
+    let k = problem.variants.len();
+    let caps = Capacities::new(problem, usable);
+    let pairs = |f: &mut dyn FnMut(usize, usize, u32)| {
+        if problem.single {
+            return;
+        }
+        for a in 0..k {
+            for b in (0..k).filter(|&b| b != a) {
+                for na in problem.min_cores.max(1)..usable {
+                    f(a, b, na);
+                }
+            }
+        }
+    };
+    // The most any candidate carries: one variant on every usable core, or two.
+    let mut most = (0..k).map(|v| caps.best[v][usable as usize]).fold(0.0, f64::max);
+    pairs(&mut |a, b, na| {
+        let th = problem.variants[a].throughput(na, problem.capacity_coef) + caps.best[b][(usable - na) as usize];
+        most = most.max(th);
+    });
+    let beta = problem.ladder.steps().into_iter().map(|b| b.min(1.0)).find(|b| {
+        let served = problem.demand_rps * b;
+        served <= most + RPS_TOLERANCE * served.max(1.0)
+    })?;
+    let served = problem.demand_rps * beta;
+    let mut best: Option<Plan> = None;
+    let mut consider = |cores: Vec<u32>| {
+        let Some(quotas) = route(problem, &cores, served) else { return };
+        let plan = build_plan(problem, beta, &cores, &quotas);
+        if best.as_ref().is_none_or(|b| plan.objective > b.objective + 1e-12) {
+            best = Some(plan);
+        }
+    };
+    consider(vec![0; k]);
+    for v in 0..k {
+        if let Some(n) = caps.fewest(v, served, usable) {
+            let mut cores = vec![0; k];
+            cores[v] = n;
+            consider(cores);
+        }
+    }
+    pairs(&mut |a, b, na| {
+        let th = problem.variants[a].throughput(na, problem.capacity_coef);
+        if th <= 0.0 || th >= served {
+            return;
+        }
+        if let Some(nb) = caps.fewest(b, served - th, usable - na) {
+            let mut cores = vec![0; k];
+            (cores[a], cores[b]) = (na, nb);
+            consider(cores);
+        }
+    });
+    best
+}
+
+/// The previous plan repaired for this problem: its cores per variant (by name) kept
+/// and its quotas re-routed at the highest step they carry; where that is below the
+/// ladder's first step and cores are spare, one of its variants also gets the fewest
+/// spare cores that carry the first step (or all of them), the best kept. None when
+/// its cores are not a valid choice here (more than the usable cores, fewer than
+/// `min_cores`).
+pub fn repaired(problem: &Problem, previous: &Plan) -> Option<Plan> {
+    let usable = usable_cores(problem);
+    let cores: Vec<u32> = problem
+        .variants
+        .iter()
+        .map(|v| previous.variants.iter().find(|p| p.name == v.name).map_or(0, |p| p.cores))
+        .collect();
+    let used: u32 = cores.iter().sum();
+    if used > usable || cores.iter().any(|&n| n > 0 && n < problem.min_cores) {
+        return None;
+    }
+    let mut best = at_highest_step(problem, &cores);
+    let top = problem.ladder.steps().first().map_or(1.0, |b| b.min(1.0));
+    if best.as_ref().is_none_or(|b| b.beta < top - 1e-9) && used < usable {
+        let spare = usable - used;
+        for v in (0..cores.len()).filter(|&v| cores[v] > 0) {
+            let others: f64 = (0..cores.len())
+                .filter(|&o| o != v)
+                .map(|o| problem.variants[o].throughput(cores[o], problem.capacity_coef))
+                .sum();
+            let need = problem.demand_rps * top - others;
+            let variant = &problem.variants[v];
+            let extra = (1..=spare)
+                .find(|&e| {
+                    variant.throughput(cores[v] + e, problem.capacity_coef) + RPS_TOLERANCE * need.max(1.0) >= need
+                })
+                .unwrap_or(spare);
+            let mut grown = cores.clone();
+            grown[v] += extra;
+            if let Some(plan) = at_highest_step(problem, &grown) {
+                if best.as_ref().is_none_or(|b| better(&plan, b)) {
+                    best = Some(plan);
+                }
+            }
+        }
+    }
+    best
 }
 
 fn solve_at(problem: &Problem, beta: f64) -> Result<(SolveReport, Option<Plan>), SolveError> {
@@ -256,41 +622,9 @@ fn solve_at(problem: &Problem, beta: f64) -> Result<(SolveReport, Option<Plan>),
         w.accuracy * accuracy - (w.cores / problem.budget_cores.max(1) as f64) * cores - (w.loading / max_rt) * lc;
     let (report, values) = m.solve(Sense::Maximise, objective, &problem.solver)?;
     let Some(values) = values else { return Ok((report, None)) };
-    let mut variants = Vec::new();
-    let mut used_cores = 0;
-    let mut loading: f64 = 0.0;
-    let mut acc_mass = 0.0;
-    for (v, variant) in problem.variants.iter().enumerate() {
-        let k = y[v].iter().position(|&yv| values.is_set(yv)).unwrap_or(0);
-        let n = options[k];
-        let q = values.value(quota[v]).max(0.0);
-        let current = problem.current.get(&variant.name).copied().unwrap_or(0);
-        let loads = n > 0 && n != current;
-        if loads {
-            loading = loading.max(variant.load_time_s);
-        }
-        used_cores += n;
-        acc_mass += q * variant.accuracy;
-        variants.push(VariantPlan {
-            name: variant.name.clone(),
-            cores: n,
-            quota_rps: q,
-            capacity_rps: variant.throughput(n, problem.capacity_coef),
-            loads,
-        });
-    }
-    let plan = Plan {
-        beta,
-        cores: used_cores,
-        served_rps: served,
-        shed_rps: lambda - served,
-        accuracy: if served > 0.0 { acc_mass / served } else { 0.0 },
-        loading_s: loading,
-        objective: w.accuracy * acc_mass / lambda.max(1e-12)
-            - w.cores * used_cores as f64 / problem.budget_cores.max(1) as f64
-            - w.loading * loading / max_rt,
-        variants,
-    };
+    let cores: Vec<u32> = y.iter().map(|yv| options[yv.iter().position(|&x| values.is_set(x)).unwrap_or(0)]).collect();
+    let quotas: Vec<f64> = quota.iter().map(|&q| values.value(q).max(0.0)).collect();
+    let plan = build_plan(problem, beta, &cores, &quotas);
     Ok((report, Some(plan)))
 }
 

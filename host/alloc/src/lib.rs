@@ -26,7 +26,9 @@
 //! - [`cores`]: InfAdapter's world — variants on CPU cores from a capacity table,
 //!   planned by its ILP, by Model-Switching+ or by a VPA-like rule (§5's systems).
 //! - [`Allocator`]: repeated solves that never leave the caller without a plan: a
-//!   solve that fails or finds none falls back to the last feasible plan.
+//!   solve that fails or finds none falls back to the last feasible plan, and one
+//!   that runs out of time with none answers with the last plan repaired or a greedy
+//!   plan, marked with its [`Origin`] (every formulation).
 //!
 //! Design notes and how each formulation differs from its paper and reference code:
 //! `docs/allocator.md`.
@@ -38,6 +40,7 @@ pub mod infadapter;
 pub mod ladder;
 pub mod limits;
 pub mod loki;
+pub mod origin;
 pub mod planner;
 pub mod problem;
 pub mod proteus;
@@ -45,6 +48,7 @@ pub mod solver;
 
 use serde::Serialize;
 
+pub use origin::Origin;
 pub use problem::AnyProblem;
 pub use solver::{SolveReport, SolverSettings, Status};
 
@@ -68,10 +72,10 @@ pub struct Allocation {
     /// when no MILP found a plan within the allocation's time limit, `greedy` or
     /// `repaired`: a plan made without a solver (`origin` says why).
     pub status: String,
-    /// Where the plan came from when no solver made it (Proteus): `greedy` or
-    /// `repaired`, and why (None: a solver's plan, a heuristic's, or the last kept).
+    /// Where the plan came from when no solver made it (every formulation): `greedy`
+    /// or `repaired`, and why (None: a solver's plan, a heuristic's, or the last kept).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub origin: Option<proteus::Origin>,
+    pub origin: Option<Origin>,
     /// The plan's objective (of the solve that produced it).
     pub objective: Option<f64>,
     /// The achieved relative MIP gap.
@@ -191,44 +195,64 @@ impl Allocator {
         }
     }
 
-    /// Solves `problem`; on success the new plan is in force, otherwise the last one stays.
+    /// Solves `problem`; on success the new plan is in force, otherwise the last one
+    /// stays. When no MILP finds a plan within the problem's time limit, the plan in
+    /// force (of the same kind) repaired for the new demand, or a greedy plan, is put in
+    /// force with status `greedy` / `repaired` and its [`Origin`] — for Proteus, Loki
+    /// and InfAdapter alike.
     pub fn allocate(&mut self, problem: &AnyProblem) -> Allocation {
-        let solved = match problem {
-            AnyProblem::Proteus(p) => {
-                let previous = match &self.last {
+        // (report, solves, seconds, plan, origin) of whichever formulation ran.
+        type Solved = (SolveReport, usize, f64, Option<AnyPlan>, Origin);
+        let solved: Result<Solved, String> = match (problem, &self.last) {
+            (AnyProblem::Proteus(p), last) => {
+                let previous = match last {
                     Some(AnyPlan::Proteus(plan)) => Some(plan),
                     _ => None,
                 };
-                match proteus::solve_from(p, previous) {
-                    Ok(o) if o.origin != proteus::Origin::Milp => {
-                        // No MILP found a plan in time: the greedy or the repaired plan,
-                        // in force and reported as such, never nothing.
-                        let plan = o.plan.map(AnyPlan::Proteus);
-                        let secs = o.report.solve_seconds;
-                        let mut a = self.solved(o.report, 0, secs, plan);
-                        if a.error.is_none() && a.plan.is_some() {
-                            a.status = o.origin.name().into();
-                            a.origin = Some(o.origin);
-                        }
-                        return a;
-                    }
-                    other => other.map_err(|e| e.to_string()).map(|o| {
-                        let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
-                        (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Proteus))
-                    }),
-                }
+                proteus::solve_from(p, previous).map_err(|e| e.to_string()).map(|o| {
+                    let secs = match o.origin {
+                        // Made without a solver: the report's seconds are its own.
+                        Origin::Milp => o.attempts.iter().map(|a| a.solve_seconds).sum(),
+                        _ => o.report.solve_seconds,
+                    };
+                    let solves = if o.origin == Origin::Milp { o.attempts.len() } else { 0 };
+                    (o.report, solves, secs, o.plan.map(AnyPlan::Proteus), o.origin)
+                })
             }
-            AnyProblem::InfAdapter(p) => infadapter::solve(p).map_err(|e| e.to_string()).map(|o| {
-                let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
-                (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Infadapter))
-            }),
-            AnyProblem::Loki(p) => loki::solve(p).map_err(|e| e.to_string()).map(|o| {
-                let secs = o.attempts.iter().map(|a| a.solve_seconds).sum();
-                (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Loki))
-            }),
+            (AnyProblem::InfAdapter(p), last) => {
+                let previous = match last {
+                    Some(AnyPlan::Infadapter(plan)) => Some(plan),
+                    _ => None,
+                };
+                infadapter::solve_from(p, previous).map_err(|e| e.to_string()).map(|o| {
+                    let secs = o.attempts.iter().map(|a| a.solve_seconds).sum::<f64>()
+                        + if o.origin == Origin::Milp { 0.0 } else { o.report.solve_seconds };
+                    (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Infadapter), o.origin)
+                })
+            }
+            (AnyProblem::Loki(p), last) => {
+                let previous = match last {
+                    Some(AnyPlan::Loki(plan)) => Some(plan),
+                    _ => None,
+                };
+                loki::solve_from(p, previous).map_err(|e| e.to_string()).map(|o| {
+                    let secs = o.attempts.iter().map(|a| a.solve_seconds).sum::<f64>()
+                        + if o.origin == Origin::Milp { 0.0 } else { o.report.solve_seconds };
+                    (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Loki), o.origin)
+                })
+            }
         };
         match solved {
-            Ok((report, solves, solve_seconds, plan)) => self.solved(report, solves, solve_seconds, plan),
+            Ok((report, solves, solve_seconds, plan, origin)) => {
+                let mut a = self.solved(report, solves, solve_seconds, plan);
+                if origin != Origin::Milp && a.error.is_none() && a.plan.is_some() {
+                    // No MILP found a plan in time: the greedy or the repaired plan,
+                    // in force and reported as such, never nothing.
+                    a.status = origin.name().into();
+                    a.origin = Some(origin);
+                }
+                a
+            }
             Err(e) => self.fail(e),
         }
     }

@@ -8,7 +8,7 @@ use good_lp::{constraint, variable, Expression};
 use sluice_alloc::ladder::Ladder;
 use sluice_alloc::loki::{self, Plan, Problem, Scaling, Variant};
 use sluice_alloc::solver::{Milp, Sense, SolverSettings};
-use sluice_alloc::{Allocator, AnyPlan, AnyProblem};
+use sluice_alloc::{Allocator, AnyPlan, AnyProblem, Origin};
 use sluice_core::pipeline::{Pipeline, PipelineSpec};
 
 fn root() -> PathBuf {
@@ -351,8 +351,9 @@ fn loki_numbers_are_checked_against_their_ranges() {
 #[test]
 fn the_time_limit_bounds_the_whole_allocation() {
     // `time_limit_s` is the whole allocation's (issue 34), not each solve's: a limit
-    // that has passed before the first step is reached is the typed error, with no
-    // solve made, however many steps the ladder has.
+    // that has passed before the first step is reached makes no solve, however many
+    // steps the ladder has, and the answer is still a plan: the greedy one, marked
+    // with the reason, valid as a MILP's must be.
     let p = Problem {
         scaling: Scaling::AccuracyOnly,
         ladder: Ladder { beta: 1.0, step: 0.05, min_beta: 0.0, ..Ladder::default() },
@@ -360,13 +361,194 @@ fn the_time_limit_bounds_the_whole_allocation() {
         ..two_tasks(500.0, 3, 200.0)
     };
     let started = std::time::Instant::now();
-    let err = loki::solve(&p).unwrap_err();
-    assert!(err.to_string().contains("time limit of 0.000001 s"), "{err}");
+    let out = loki::solve(&p).unwrap();
     assert!(started.elapsed().as_secs_f64() < 1.0);
-    // With time, the best plan down the same ladder (the step that has one).
+    assert_eq!(out.origin.name(), "greedy", "{:?}", out.origin);
+    assert!(out.origin.reason().is_some_and(|r| r.contains("time limit of 0.000001 s")), "{:?}", out.origin);
+    let greedy = out.plan.expect("a plan, never nothing");
+    greedy.check(&p).unwrap();
+    check_plan(&p, &greedy);
+    assert!(greedy.beta < 1.0 && greedy.shed_qps > 0.0, "{greedy:?}");
+    // With time, the best plan down the same ladder (the step that has one), at least
+    // the greedy one's step.
     let p = Problem { solver: SolverSettings::default(), ..p };
     let out = loki::solve(&p).unwrap();
+    assert_eq!(out.origin, Origin::Milp);
     let plan = out.plan.expect("a plan after shedding");
     assert!(plan.beta < 1.0 && plan.shed_qps > 0.0, "{plan:?}");
+    assert!(plan.beta >= greedy.beta - 1e-9, "{plan:?} vs {greedy:?}");
     assert!(out.attempts.len() > 1, "{:?}", out.attempts);
+}
+
+/// A random pipeline problem: two tasks (or a root with two children) with two or
+/// three variants each, random latencies at batch 1 and 2, fan-outs, workers and
+/// demand, under one of the three scalings.
+fn random_problem(rng: &mut Lcg, case: usize) -> Problem {
+    let mut variants = |task: &str, n: usize| -> Vec<Variant> {
+        (0..n)
+            .map(|k| {
+                let one = rng.range(3.0, 40.0);
+                let two = one * rng.range(1.1, 1.9);
+                variant(&format!("{task}{k}"), rng.range(0.5, 1.0), &[(1, one), (2, two)])
+            })
+            .collect()
+    };
+    let tree = case % 3 == 2;
+    let (a, b, f) = (variants("a", 2 + case % 2), variants("b", 2), variants("f", 2));
+    let fanout: String = a
+        .iter()
+        .map(|v| {
+            let branch = if tree { ", branch = { classify = 0.7, face = 0.3 }" } else { "" };
+            format!("fanout.{} = {{ factor = {:.2}{branch} }}\n", v.name, 1.0 + 2.0 * (v.accuracy - 0.5))
+        })
+        .collect();
+    let names = |vs: &[Variant]| vs.iter().map(|v| format!("\"{}\"", v.name)).collect::<Vec<_>>().join(", ");
+    let mut text = format!(
+        "[[task]]\nname = \"detect\"\nmodels = [{}]\n{fanout}[[task]]\nname = \"classify\"\nmodels = [{}]\n\
+         [[edge]]\nfrom = \"detect\"\nto = \"classify\"\n",
+        names(&a),
+        names(&b)
+    );
+    let mut all = vec![a, b];
+    if tree {
+        text += &format!(
+            "[[task]]\nname = \"face\"\nmodels = [{}]\n[[edge]]\nfrom = \"detect\"\nto = \"face\"\n",
+            names(&f)
+        );
+        all.push(f);
+    }
+    let spec: PipelineSpec = toml::from_str(&text).unwrap();
+    Problem {
+        pipeline: Pipeline::new(&spec).unwrap(),
+        variants: all,
+        demand_qps: rng.range(5.0, 200.0),
+        workers: 3 + (rng.next() * 6.0) as u32,
+        slo_ms: rng.range(60.0, 200.0),
+        comm_latency_ms: if case % 4 == 1 { 2.0 } else { 0.0 },
+        scaling: [Scaling::Loki, Scaling::AccuracyOnly, Scaling::HardwareOnly]
+            [case % 3 % 2 + usize::from(case % 7 == 6)],
+        ladder: Ladder { beta: 1.0, step: 0.05, min_beta: 0.0, ..Ladder::default() },
+        tie_break: loki::TieBreak::Solver,
+        solver: SolverSettings::default(),
+    }
+}
+
+/// A small deterministic generator (no dependency for a test's dice).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.next()
+    }
+}
+
+#[test]
+fn plans_made_without_a_solver_are_valid_on_random_instances() {
+    // A limit no MILP meets (1 ns), on random pipelines (chains and a tree, every
+    // scaling): the answer is still a plan — the greedy one — that `Plan::check`
+    // accepts (every constraint of §4.1), at a demand factor no higher than the
+    // MILP's; on the two-task pipelines at full demand it is never more accurate than
+    // brute force's best, nor uses fewer workers than its fewest under hardware
+    // scaling. The MILP's own plans pass the same check.
+    let mut rng = Lcg(17);
+    let (mut greedy_seen, mut hardware_seen, mut accuracy_seen) = (0, 0, 0);
+    for case in 0..40 {
+        let mut p = random_problem(&mut rng, case);
+        let milp = loki::solve(&p).unwrap();
+        p.solver.time_limit_s = 1e-9;
+        let Some(milp) = milp.plan else {
+            // No plan at any step of the ladder: with no time, no plan either — as
+            // the MILP's answer where no chain fits its budget, else the typed error.
+            match loki::solve(&p) {
+                Ok(out) => assert!(out.plan.is_none(), "case {case}: {out:?}"),
+                Err(e) => assert!(e.to_string().contains("time limit"), "case {case}: {e}"),
+            }
+            continue;
+        };
+        let out = loki::solve(&p).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        milp.check(&p).unwrap_or_else(|e| panic!("case {case}: the MILP's plan: {e}: {milp:#?}"));
+        let plan = out.plan.unwrap_or_else(|| panic!("case {case}: no plan: {:?}", out.report));
+        assert!(matches!(out.origin, Origin::Greedy { .. }), "case {case}: {:?}", out.origin);
+        plan.check(&p).unwrap_or_else(|e| panic!("case {case}: {e}: {plan:#?}"));
+        assert!(plan.beta <= milp.beta + 1e-9, "case {case}: greedy {} above the MILP's {}", plan.beta, milp.beta);
+        greedy_seen += 1;
+        match plan.step.as_str() {
+            "hardware" => hardware_seen += 1,
+            _ => accuracy_seen += 1,
+        }
+        // At the MILP's factor, never better than the MILP's plan (optimal within
+        // its gap): no more accurate, and no fewer workers in hardware scaling.
+        if (plan.beta - milp.beta).abs() < 1e-9 && plan.step == milp.step {
+            let gap = SolverSettings::default().mip_gap;
+            assert!(plan.accuracy <= milp.accuracy * (1.0 + gap) + 1e-9, "case {case}: {plan:?} vs {milp:?}");
+            if plan.step == "hardware" {
+                assert!(plan.workers >= milp.workers, "case {case}: {plan:?} vs {milp:?}");
+            }
+        }
+    }
+    assert!(
+        greedy_seen >= 30 && hardware_seen > 0 && accuracy_seen > 0,
+        "{greedy_seen} {hardware_seen} {accuracy_seen}"
+    );
+    // Against brute force on the two-task pipeline (its fan-outs), every load from
+    // hardware scaling to shedding.
+    for case in 0..12 {
+        let (demand, workers, slo) = (rng.range(10.0, 120.0), 3 + case as u32 % 4, rng.range(80.0, 200.0));
+        let p = Problem {
+            solver: SolverSettings { time_limit_s: 1e-9, ..SolverSettings::default() },
+            ..two_tasks(demand, workers, slo)
+        };
+        let out = loki::solve(&p).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let plan = out.plan.unwrap_or_else(|| panic!("case {case}: no plan"));
+        plan.check(&p).unwrap_or_else(|e| panic!("case {case}: {e}: {plan:#?}"));
+        check_plan(&p, &plan);
+        if (plan.beta - 1.0).abs() < 1e-9 {
+            let (fewest, best) = brute_force(&p);
+            let best = best.expect("brute force serves what the greedy plan serves");
+            assert!(plan.accuracy <= best + 1e-6, "case {case}: greedy {} above the best {best}", plan.accuracy);
+            if plan.step == "hardware" {
+                let n = fewest.expect("brute force serves it with the most accurate variants");
+                assert!(plan.workers >= n, "case {case}: greedy {} workers below the fewest {n}", plan.workers);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_allocator_repairs_the_pipeline_plan_in_force() {
+    // Out of time with no MILP's plan, the allocator keeps the plan in force — its
+    // variants, batch sizes and path shares — and rescales its workers for the new
+    // demand: status `repaired`, the origin in its JSON, a valid plan.
+    let path = root().join("examples/allocate/loki-traffic.toml");
+    let AnyProblem::Loki(mut p) = AnyProblem::load(&path).unwrap() else { panic!("a loki problem") };
+    p.demand_qps = 300.0;
+    let mut allocator = Allocator::default();
+    let first = allocator.allocate(&AnyProblem::Loki(p.clone()));
+    let Some(AnyPlan::Loki(before)) = first.plan.clone() else { panic!("a plan: {first:?}") };
+    assert!(first.origin.is_none() && before.step == "accuracy", "{first:?}");
+    p.demand_qps = 280.0;
+    p.solver.time_limit_s = 1e-9;
+    let next = allocator.allocate(&AnyProblem::Loki(p.clone()));
+    assert!(next.is_new_plan(), "{next:?}");
+    let Some(AnyPlan::Loki(after)) = &next.plan else { panic!("a plan") };
+    after.check(&p).unwrap();
+    check_plan(&p, after);
+    assert_eq!(next.status, "repaired", "{next:?}");
+    assert_eq!(after.demand_qps, 280.0);
+    let hosted = |plan: &Plan| plan.variants.iter().map(|v| (v.variant.clone(), v.batch)).collect::<Vec<_>>();
+    assert_eq!(hosted(after), hosted(&before), "the same variants and batch sizes");
+    let shares = |plan: &Plan| plan.chains.iter().map(|c| c.paths.len()).collect::<Vec<_>>();
+    assert_eq!(shares(after), shares(&before));
+    let json = serde_json::to_value(&next).unwrap();
+    assert_eq!(json["origin"]["kind"], "repaired", "{json}");
+    assert!(json["origin"]["reason"].as_str().is_some_and(|r| r.contains("time limit")), "{json}");
+    // With no plan in force, the greedy one.
+    let alone = Allocator::default().allocate(&AnyProblem::Loki(p.clone()));
+    assert_eq!(alone.status, "greedy", "{alone:?}");
+    let Some(AnyPlan::Loki(greedy)) = &alone.plan else { panic!("a plan") };
+    greedy.check(&p).unwrap();
 }

@@ -514,8 +514,10 @@ fn infadapter_keeps_a_loaded_variant_when_loading_matters() {
 #[test]
 fn infadapter_time_limit_bounds_the_whole_ladder() {
     // `time_limit_s` is the whole allocation's (issue 34): a limit that has passed
-    // before the first step is the typed error with no solve made; with time, the
-    // ladder goes down to the step that has a plan.
+    // before the first step makes no solve; the answer is the greedy plan where one
+    // carries a step of the ladder (`infadapter_plans_made_without_a_solver_…`), and
+    // the typed error where not even the lowest step fits the cores (1e5 req/s on 8
+    // cores); with time, the ladder goes down to the step that has a plan.
     let mut rng = Lcg(3);
     let mut p = infadapter_problem(&mut rng, 8);
     p.demand_rps = 1e5;
@@ -563,4 +565,86 @@ fn plans_made_without_a_solver_are_valid_on_random_instances() {
         }
     }
     assert!(seen > 0);
+}
+
+/// A random InfAdapter problem for the solver-free plans: `infadapter_problem`'s,
+/// sometimes Model-Switching+ (one variant) or with fewer usable cores than the
+/// budget, at a demand from a tenth to twice what the budget carries.
+fn solver_free_problem(rng: &mut Lcg, case: usize) -> infadapter::Problem {
+    let mut p = infadapter_problem(rng, 6 + (case % 4) as u32 * 2);
+    p.single = case % 5 == 3;
+    if case % 4 == 1 {
+        p.usable_cores = Some(p.budget_cores - 2);
+    }
+    let most = p.variants.iter().map(|v| v.throughput(p.budget_cores, p.capacity_coef)).fold(0.0, f64::max);
+    p.demand_rps = (most * rng.range(0.1, 2.0)).max(1.0);
+    p.ladder = Ladder { beta: 1.0, step: 0.05, min_beta: 0.0, ..Ladder::default() };
+    p
+}
+
+#[test]
+fn infadapter_plans_made_without_a_solver_are_valid_on_random_instances() {
+    // A limit no ILP meets (1 ns): the answer is still a plan — the greedy one —
+    // valid under the ILP's constraints (`Plan::check`), at a demand factor no higher
+    // than the ILP's, and never better than the brute-force optimum at its factor.
+    // The ILP's own plans pass the same check.
+    let mut rng = Lcg(21);
+    for case in 0..24 {
+        let mut p = solver_free_problem(&mut rng, case);
+        let milp = infadapter::solve(&p).unwrap();
+        assert_eq!(milp.origin, sluice_alloc::Origin::Milp);
+        let milp = milp.plan.unwrap_or_else(|| panic!("case {case}: the ILP finds a plan down the ladder"));
+        milp.check(&p).unwrap_or_else(|e| panic!("case {case}: the ILP's plan: {e}"));
+        p.solver.time_limit_s = 1e-9;
+        let started = std::time::Instant::now();
+        let out = infadapter::solve(&p).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        assert!(started.elapsed().as_secs_f64() < 0.5, "case {case}: {:?}", started.elapsed());
+        assert!(matches!(out.origin, sluice_alloc::Origin::Greedy { .. }), "case {case}: {:?}", out.origin);
+        assert!(out.origin.reason().is_some_and(|r| r.contains("time limit of 0.000000001 s")), "{:?}", out.origin);
+        let plan = out.plan.expect("a plan, never nothing");
+        plan.check(&p).unwrap_or_else(|e| panic!("case {case}: {e}: {plan:?}"));
+        assert!(plan.beta <= milp.beta + 1e-9, "case {case}: greedy at {} above the ILP's {}", plan.beta, milp.beta);
+        if !p.single && p.usable_cores.is_none() {
+            let best = brute_infadapter(&p, plan.beta).expect("the greedy plan's factor is feasible");
+            assert!(plan.objective <= best + 1e-6, "case {case}: greedy {} above the optimum {best}", plan.objective);
+        }
+        if p.single {
+            assert!(plan.variants.iter().filter(|v| v.cores > 0).count() <= 1, "case {case}: {plan:?}");
+        }
+    }
+}
+
+#[test]
+fn infadapter_repairs_the_plan_in_force() {
+    // The allocator, out of time with no plan, keeps the cores in force and re-routes
+    // them for the new demand (adding spare cores where they fall short) rather than
+    // loading a new set: status `repaired`, its origin in the JSON, a valid plan.
+    use sluice_alloc::{Allocator, AnyPlan, AnyProblem};
+    let mut rng = Lcg(8);
+    let mut p = infadapter_problem(&mut rng, 16);
+    p.ladder = Ladder { beta: 1.0, step: 0.05, min_beta: 0.0, ..Ladder::default() };
+    p.demand_rps = 40.0;
+    // Loading weighs as much as accuracy here (the reference's 0.001 makes it a
+    // tie-break): a plan that reloads nothing is worth keeping, as in production.
+    p.weights.loading = 1.0;
+    let mut allocator = Allocator::default();
+    let first = allocator.allocate(&AnyProblem::InfAdapter(p.clone()));
+    let Some(AnyPlan::Infadapter(before)) = first.plan.clone() else { panic!("a plan: {first:?}") };
+    assert!(first.origin.is_none(), "{first:?}");
+    // The cores in force are now current, as the live host's problem says.
+    p.current = before.variants.iter().filter(|v| v.cores > 0).map(|v| (v.name.clone(), v.cores)).collect();
+    p.demand_rps *= 1.3;
+    p.solver.time_limit_s = 1e-9;
+    let next = allocator.allocate(&AnyProblem::InfAdapter(p.clone()));
+    assert_eq!(next.status, "repaired", "{next:?}");
+    assert!(next.is_new_plan(), "{next:?}");
+    let Some(AnyPlan::Infadapter(after)) = &next.plan else { panic!("a plan") };
+    after.check(&p).unwrap();
+    for (a, b) in after.variants.iter().zip(&before.variants) {
+        assert!(a.cores >= b.cores, "a repaired plan keeps the cores in force: {before:?} -> {after:?}");
+    }
+    assert!((after.served_rps + after.shed_rps - p.demand_rps).abs() < 1e-6);
+    let json = serde_json::to_value(&next).unwrap();
+    assert_eq!(json["origin"]["kind"], "repaired", "{json}");
+    assert!(json["origin"]["reason"].as_str().is_some_and(|r| r.contains("time limit")), "{json}");
 }

@@ -44,8 +44,18 @@
 //! When even accuracy scaling cannot serve the demand, the demand is lowered down
 //! the same ladder as Proteus's and the rest reported as shed (the reference raises
 //! an exception). Details and differences: `docs/allocator.md`, "Loki".
+//!
+//! When no MILP finds a plan within the allocation's time limit, [`solve_from`]
+//! still answers with one made without a solver ([`crate::origin::Origin`]): the
+//! previous plan with its workers rescaled for the new demand, or the greedy plan —
+//! one variant and batch size per task, every chain within its budget (7), the most
+//! accurate the workers (3) carry at the highest step of the ladder (2) — each checked
+//! with [`Plan::check`] against the constraints above.
 
+mod greedy;
 pub mod routing;
+
+pub use greedy::{greedy, repaired};
 
 use std::time::{Duration, Instant};
 
@@ -55,6 +65,7 @@ use sluice_core::pipeline::Pipeline;
 use sluice_core::profile::{Percentile, Profile};
 
 use crate::ladder::{Ladder, Search, Tried};
+use crate::origin::{self, Origin};
 use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
 
 /// One variant of a task, as the MILP sees it.
@@ -295,6 +306,9 @@ pub struct Outcome {
     pub attempts: Vec<Tried>,
     /// The plan (None: infeasible down to the ladder's minimum).
     pub plan: Option<Plan>,
+    /// Where the plan came from: the MILP's, or, when none found one within the time
+    /// limit, the greedy plan or the previous one repaired ([`solve_from`]).
+    pub origin: Origin,
 }
 
 /// The problem is not one the MILP can take.
@@ -392,6 +406,29 @@ impl Problem {
             .product()
     }
 
+    /// Each root-to-sink chain's latency budget, ms: (L − n_p·comm)/2 with n_p the
+    /// chain's tasks that run a model (§4.1's halved SLO, §4.2's communication).
+    fn budgets(&self, chains: &[Vec<usize>]) -> Vec<f64> {
+        chains
+            .iter()
+            .map(|chain| {
+                let hops = chain.iter().filter(|&&t| !self.variants[t].is_empty()).count() as f64;
+                (self.slo_ms - hops * self.comm_latency_ms) / 2.0
+            })
+            .collect()
+    }
+
+    /// Per task, the first chain through it and its position there: a task's load is
+    /// counted over that chain (the chains agree on shared tasks).
+    fn first_chains(&self, chains: &[Vec<usize>]) -> Vec<(usize, usize)> {
+        (0..self.pipeline.tasks.len())
+            .map(|t| {
+                let ci = chains.iter().position(|c| c.contains(&t)).expect("every task is on a chain");
+                (ci, chains[ci].iter().position(|&x| x == t).expect("task on its chain"))
+            })
+            .collect()
+    }
+
     /// Each task's most accurate variants (ties kept).
     fn most_accurate(&self) -> Vec<Vec<bool>> {
         self.variants
@@ -406,16 +443,89 @@ impl Problem {
 
 /// Solves the problem: step 1 (hardware scaling) and, when it is infeasible, step 2
 /// (accuracy scaling) down the demand ladder — or only one of them (`scaling`).
+/// When no MILP finds a plan within the time limit, the greedy plan ([`solve_from`]
+/// with no previous plan).
 pub fn solve(problem: &Problem) -> Result<Outcome, LokiError> {
-    solve_with(problem, Formulation::Reduced)
+    solve_from(problem, None)
+}
+
+/// [`solve`], with the plan in force. `time_limit_s` bounds the whole allocation
+/// (issue 34), and when it passes with no MILP's plan the answer is still a plan:
+/// `previous` repaired ([`repaired`]: its variants, batch sizes and path shares kept,
+/// its workers rescaled for the new demand) or the greedy plan ([`greedy`]),
+/// whichever serves the higher demand factor (then accuracy, then fewer workers; the
+/// repaired one on a tie: it moves nothing), checked with [`Plan::check`] and marked
+/// in [`Outcome::origin`]. A chain that no variants fit within its latency budget
+/// has no plan at any demand: that stays the MILP's answer (no plan, status
+/// infeasible). `NoPlanInTime` remains only when the workers cannot carry even the
+/// ladder's lowest step with one variant per task.
+pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome, LokiError> {
+    let (outcome, ran_out) = solve_with(problem, Formulation::Reduced)?;
+    if outcome.plan.is_some() || !ran_out {
+        return Ok(outcome);
+    }
+    let started = Instant::now();
+    let reason = origin::no_plan_in_time(problem.solver.time_limit_s, outcome.attempts.len());
+    if !greedy::has_paths(problem) {
+        // No path within its budget on some chain: infeasible at every factor, as the
+        // MILP would have found.
+        return Ok(Outcome { report: SolveReport::none(), ..outcome });
+    }
+    let repaired = previous.and_then(|p| repaired(problem, p)).map(|p| (p, true));
+    let greedy = greedy(problem).map(|p| (p, false));
+    let mut best: Option<(Plan, bool)> = None;
+    for (plan, is_repair) in [repaired, greedy].into_iter().flatten() {
+        if plan.check(problem).is_err() {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(b, _)| better(&plan, b)) {
+            best = Some((plan, is_repair));
+        }
+    }
+    let Some((plan, is_repair)) = best else {
+        return Err(SolveError::NoPlanInTime(problem.solver.time_limit_s).into());
+    };
+    let report = SolveReport {
+        status: Status::TimeLimit,
+        objective: Some(match plan.step.as_str() {
+            "hardware" => plan.workers as f64,
+            _ => plan.accuracy,
+        }),
+        gap: None,
+        solve_seconds: started.elapsed().as_secs_f64(),
+        variables: 0,
+        constraints: 0,
+    };
+    Ok(Outcome {
+        report,
+        attempts: outcome.attempts,
+        plan: Some(plan),
+        origin: Origin::without_solver(is_repair, reason),
+    })
+}
+
+/// Whether `a` is a better plan than `b`: a higher demand factor, then accuracy, then
+/// fewer workers.
+fn better(a: &Plan, b: &Plan) -> bool {
+    if (a.beta - b.beta).abs() > 1e-9 {
+        return a.beta > b.beta;
+    }
+    if (a.accuracy - b.accuracy).abs() > 1e-12 {
+        return a.accuracy > b.accuracy;
+    }
+    a.workers < b.workers
 }
 
 /// [`solve`] on the model as written before its reductions (every batch size of
 /// every variant, integer workers per batch size, HiGHS's default search): the
-/// same optimum, slower. For benches and tests that compare the two.
+/// same optimum, slower. For benches and tests that compare the two. No plan in
+/// time is the `NoPlanInTime` error here (no greedy plan).
 #[doc(hidden)]
 pub fn solve_unreduced(problem: &Problem) -> Result<Outcome, LokiError> {
-    solve_with(problem, Formulation::Reference)
+    match solve_with(problem, Formulation::Reference)? {
+        (_, true) => Err(SolveError::NoPlanInTime(problem.solver.time_limit_s).into()),
+        (outcome, false) => Ok(outcome),
+    }
 }
 
 /// Which model [`solve_at`] writes. Both have the same optimum; the reference one
@@ -430,7 +540,8 @@ enum Formulation {
     Reduced,
 }
 
-fn solve_with(problem: &Problem, formulation: Formulation) -> Result<Outcome, LokiError> {
+/// The MILPs; `true` when the time limit passed with no plan.
+fn solve_with(problem: &Problem, formulation: Formulation) -> Result<(Outcome, bool), LokiError> {
     problem.validate()?;
     let all: Vec<Vec<bool>> = problem.variants.iter().map(|vs| vec![true; vs.len()]).collect();
     let best = problem.most_accurate();
@@ -459,26 +570,23 @@ fn solve_with(problem: &Problem, formulation: Formulation) -> Result<Outcome, Lo
             let (r, plan) = within(&best, Step::Hardware, first, limit_s)?;
             attempts.push(Tried { beta: first, status: r.status, solve_seconds: r.solve_seconds });
             if plan.is_some() {
-                return Ok(Outcome { report: r, attempts, plan });
+                return Ok((Outcome { report: r, attempts, plan, origin: Origin::Milp }, false));
             }
             report = r;
         }
         Scaling::HardwareOnly => {
             let d = ladder.search(deadline, |beta, left| within(&best, Step::Hardware, beta, left))?;
-            if d.plan.is_none() && (d.timed_out || ran_out) {
-                return Err(SolveError::NoPlanInTime(limit_s).into());
-            }
-            return Ok(Outcome { report: d.report, attempts: d.tried, plan: d.plan });
+            let out_of_time = d.plan.is_none() && (d.timed_out || ran_out);
+            let outcome = Outcome { report: d.report, attempts: d.tried, plan: d.plan, origin: Origin::Milp };
+            return Ok((outcome, out_of_time));
         }
         Scaling::AccuracyOnly => {}
     }
     let d = ladder.search(deadline, |beta, left| within(&all, Step::Accuracy, beta, left))?;
-    if d.plan.is_none() && (d.timed_out || ran_out) {
-        return Err(SolveError::NoPlanInTime(limit_s).into());
-    }
+    let out_of_time = d.plan.is_none() && (d.timed_out || ran_out);
     let report = if d.tried.is_empty() { report } else { d.report };
     attempts.extend(d.tried);
-    Ok(Outcome { report, attempts, plan: d.plan })
+    Ok((Outcome { report, attempts, plan: d.plan, origin: Origin::Milp }, out_of_time))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -631,21 +739,10 @@ fn solve_at(
 ) -> Result<(SolveReport, Option<Plan>), SolveError> {
     let s = p.workers as f64;
     let task_paths = p.pipeline.task_paths();
-    let budgets: Vec<f64> = task_paths
-        .iter()
-        .map(|chain| {
-            let hops = chain.iter().filter(|&&t| !p.variants[t].is_empty()).count() as f64;
-            (p.slo_ms - hops * p.comm_latency_ms) / 2.0
-        })
-        .collect();
+    let budgets = p.budgets(&task_paths);
     // Each task's load is counted over the first chain through it, at its position
     // there.
-    let first_chain: Vec<(usize, usize)> = (0..p.pipeline.tasks.len())
-        .map(|t| {
-            let ci = task_paths.iter().position(|c| c.contains(&t)).expect("every task is on a chain");
-            (ci, task_paths[ci].iter().position(|&x| x == t).expect("task on its chain"))
-        })
-        .collect();
+    let first_chain = p.first_chains(&task_paths);
     // The most a variant could ever need, to bound its worker counts (a tighter
     // relaxation than the paper's bound S; the optimum is unchanged).
     let peak_multiplier = |t: usize| -> f64 {
@@ -1008,8 +1105,8 @@ mod tests {
         let gap = 2.0 * SolverSettings::default().mip_gap;
         for demand in [50.0, 250.0, 400.0, 1000.0] {
             let p = Problem { demand_qps: demand, ..traffic() };
-            let reference = solve_with(&p, Formulation::Reference).unwrap();
-            let reduced = solve_with(&p, Formulation::Reduced).unwrap();
+            let reference = solve_with(&p, Formulation::Reference).unwrap().0;
+            let reduced = solve_with(&p, Formulation::Reduced).unwrap().0;
             let (a, b) = (reference.plan.unwrap(), reduced.plan.unwrap());
             assert_eq!((a.step.as_str(), a.beta), (b.step.as_str(), b.beta), "{demand} req/s");
             if a.step == "hardware" {

@@ -47,6 +47,8 @@ use sluice_core::profile::{ModelProfile, Percentile, Profile};
 use thiserror::Error;
 
 pub use crate::ladder::{Ladder, Search};
+/// Where a plan came from (shared by every formulation: [`crate::origin`]).
+pub use crate::origin::Origin;
 use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
 use placement::Scorer;
 
@@ -651,47 +653,6 @@ pub struct Outcome {
     pub origin: Origin,
 }
 
-/// Where a plan came from.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum Origin {
-    /// A MILP's plan (the lexicographic search's local search may have improved it).
-    #[default]
-    Milp,
-    /// No MILP found a plan within the allocation's time limit: each app's fastest
-    /// variants on devices given in order of need, then the local search.
-    Greedy {
-        /// Why no MILP's plan (the error it would have been).
-        reason: String,
-    },
-    /// No MILP found a plan within the allocation's time limit: the previous plan's
-    /// placement, re-routed for the new demand (each app shed to its capacity), then
-    /// the local search.
-    Repaired {
-        /// Why no MILP's plan (the error it would have been).
-        reason: String,
-    },
-}
-
-impl Origin {
-    /// `milp`, `greedy` or `repaired`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Origin::Milp => "milp",
-            Origin::Greedy { .. } => "greedy",
-            Origin::Repaired { .. } => "repaired",
-        }
-    }
-
-    /// Why the plan is not a MILP's (None for a MILP's).
-    pub fn reason(&self) -> Option<&str> {
-        match self {
-            Origin::Milp => None,
-            Origin::Greedy { reason } | Origin::Repaired { reason } => Some(reason),
-        }
-    }
-}
-
 /// An app planned as absent because no device can serve it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ShedApp {
@@ -838,9 +799,7 @@ fn without_solver(problem: &Problem, previous: Option<&Plan>, error: ProteusErro
     let absent: Vec<bool> = problem.apps.iter().map(|a| shed.iter().any(|s| s.app == a.name)).collect();
     let allowed = allowed_variants(problem, &cands);
     let reason = match &error {
-        ProteusError::NoPlanInTime { limit_s, solves } => {
-            format!("no MILP found a plan within the allocation's time limit of {limit_s} s ({solves} solves)")
-        }
+        ProteusError::NoPlanInTime { limit_s, solves } => crate::origin::no_plan_in_time(*limit_s, *solves),
         other => other.to_string(),
     };
     // A few milliseconds: the allocation's time is already spent.
