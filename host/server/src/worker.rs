@@ -17,24 +17,22 @@ use std::time::Instant;
 
 use crate::app::{App, WorkerControl, WorkerStart};
 use sluice_core::clock::Clock as _;
-use sluice_core::decision::Bound;
-use sluice_core::decision::{self, Context, Next};
+use sluice_core::decision::{Bound, Context};
 use sluice_core::executor::ModelSet;
-use sluice_core::pipeline::late_at_batch;
 use sluice_core::queue::{DropReason, Reply, Request, Served};
 use sluice_core::runtime::PolicyFault;
+use sluice_core::worker::{self, Action, Finished, Machine, Report};
 
-/// What the worker does after a decision.
-enum Step {
-    /// Execute a batch; `left` requests stayed queued when the policy formed it, at
-    /// the arrival rate `load_qps` its view gave it.
-    Run { model: u32, batch: Vec<Request>, left: usize, load_qps: f64, policy: String, generation: u64 },
-    /// Wait for an arrival or until this instant (µs).
-    Wait(u64),
-    /// Decide again at once (the policy only dropped).
-    Again,
-    /// Wait for an arrival (or until `expire_at`, when the queue is not empty).
-    Idle { expire_at: Option<u64> },
+/// How a turn formed its batch, for the batch's record and its answers.
+struct Formed {
+    /// Requests that stayed queued when the policy formed it.
+    left: usize,
+    /// The arrival rate the policy's view gave it.
+    load_qps: f64,
+    /// The policy whose decision formed it (`safe` for the fallback).
+    policy: String,
+    /// The generation of the slot's policy then (its feedback goes to it only).
+    generation: u64,
 }
 
 /// Starts one worker on a thread of its own, driving [`run`] with the runtime's
@@ -57,6 +55,7 @@ pub fn spawn(app: Arc<App>, start: WorkerStart) -> std::io::Result<tokio::sync::
 pub async fn run(app: Arc<App>, start: WorkerStart) {
     let WorkerStart { handle, mut models, mut control } = start;
     let queue = handle.queue.clone();
+    let mut machine = Machine::new();
     loop {
         if app.aborted.load(Ordering::Acquire) {
             return;
@@ -74,25 +73,10 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
         }
 
         let draining = app.draining.load(Ordering::Acquire);
-        if app.config.drop_late_at_batch {
-            for r in take_late_at_batch(&app, &handle, &models) {
-                answer_dropped(&app, r, DropReason::EarlyAtBatch, "it would finish past its task deadline", "host");
-            }
-        }
-        let (step, expired, dropped) = decide(&app, &handle, &models, draining);
-        for r in expired {
-            answer_dropped(&app, r, DropReason::Expired, "waited past its deadline beyond expire_after_ms", "host");
-        }
-        let (dropped, drop_policy) = dropped;
-        for r in dropped {
-            answer_dropped(&app, r, DropReason::Policy, "dropped by the policy", &drop_policy);
-        }
-        match step {
-            Step::Run { model, batch, left, load_qps, policy, generation } => {
-                execute(&app, &handle, &models, (model, left, load_qps), batch, &policy, generation).await;
-            }
-            Step::Again => {}
-            Step::Wait(until) => {
+        let (action, formed) = decide(&app, &handle, &models, draining, &mut machine);
+        match action {
+            Action::Run { model, batch } => execute(&app, &handle, &models, model, batch, formed).await,
+            Action::Wait(until) => {
                 let at = tokio::time::Instant::from_std(app.clock.instant(until));
                 tokio::select! {
                     _ = &mut notified => {}
@@ -102,7 +86,7 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
                     },
                 }
             }
-            Step::Idle { expire_at } => {
+            Action::Idle { expire_at } => {
                 if draining && queue.is_empty() {
                     return;
                 }
@@ -137,44 +121,42 @@ fn install(
     let _ = done.send(());
 }
 
-/// A pipeline's early dropping at batch formation (`early_drop_at = "batch"`, the
-/// reference's `pop_while_first_expires`): while the head of the worker's queue would
-/// finish past its deadline even if it ran now, in the batch the queue makes (its
-/// length, at most the loaded variant's largest batch), it is taken out before the
-/// policy forms a batch, so it costs the worker no time. Task apps' requests carry
-/// their task budget as deadline and arrive in deadline order.
-fn take_late_at_batch(app: &App, handle: &crate::app::WorkerHandle, models: &ModelSet) -> Vec<Request> {
-    let Some(&loaded) = models.ids().first() else { return Vec::new() };
-    let Some(latency) = app.models_of(handle.index).get(loaded as usize).map(|m| &m.latency) else {
-        return Vec::new();
-    };
-    let now = app.clock.now();
-    let mut late = Vec::new();
-    {
-        let mut items = handle.queue.items.lock();
-        // The table the worker's policy has (`flow::batch_formation_table`; the task
-        // app's table is not cut at the plan's batch live, see docs/simulator.md).
-        let latency = sluice_core::pipeline::flow::batch_formation_table(latency, u32::MAX);
-        while items.first().is_some_and(|head| late_at_batch(now, head.deadline, items.len(), latency)) {
-            late.push(items.remove(0));
-        }
-        handle.queue.sync_len(&items);
-    }
-    app.queued.fetch_sub(late.len(), Ordering::AcqRel);
-    late
+/// What a turn hands the live worker ([`worker::Driver`]): the requests that leave
+/// unserved, answered once the slot's lock is released; each decision's time (a
+/// metric) and fault (recorded after the lock, too: recording may unbind).
+struct Answers<'a> {
+    app: &'a App,
+    dropped: Vec<(Request, DropReason, bool)>,
+    faults: Vec<PolicyFault>,
 }
 
-type Dropped = (Vec<Request>, String);
+impl worker::Driver<Request> for Answers<'_> {
+    fn dropped(&mut self, r: Request, reason: DropReason, by_safe: bool) {
+        self.dropped.push((r, reason, by_safe));
+    }
 
-/// One decision (see [`sluice_core::decision`]), made under the worker's slot lock
-/// (see [`crate::app::Slot`]), so it is made entirely by one policy; the queue's
-/// lock is taken to look and to remove, not while the policy runs.
+    fn decided(&mut self, _policy: &mut Bound, report: Report) {
+        if let Some(t) = report.decide_time {
+            self.app.metrics.observe("sluice_policy_decide_seconds", &[("app", self.app.name())], t.as_secs_f64());
+        }
+        self.faults.extend(report.fault);
+    }
+}
+
+/// One turn of the worker's state machine ([`sluice_core::worker`]), made under the
+/// worker's slot lock (see [`crate::app::Slot`]), so it is made entirely by one
+/// policy; the queue's lock is taken to look and to remove, not while the policy
+/// runs. Pipelines' task apps drop late at batch formation (`drop_late_at_batch`):
+/// the head is judged by the loaded variant's table (`flow::batch_formation_table`;
+/// the task app's table is not cut at the plan's batch live, see docs/simulator.md).
+/// Answers what left unserved, and says what to do next.
 fn decide(
     app: &App,
     handle: &crate::app::WorkerHandle,
     models: &ModelSet,
     draining: bool,
-) -> (Step, Vec<Request>, Dropped) {
+    machine: &mut Machine,
+) -> (Action<Request>, Formed) {
     let mut retired = None;
     let wait_started = Instant::now();
     let mut slot = handle.slot.lock();
@@ -204,50 +186,44 @@ fn decide(
         draining,
         timed: true,
     };
-    let (expired, view) = {
-        let mut items = handle.queue.items.lock();
-        let prepared = decision::prepare(&mut items, &cx);
-        handle.queue.sync_len(&items);
-        prepared
-    };
-    let asked = view.as_ref().map(|v| decision::ask(&mut slot.current, v, &cx));
-    let (d, left) = {
-        let mut items = handle.queue.items.lock();
-        let d = decision::apply(&mut items, expired, view.as_ref().zip(asked), &mut slot.current, &cx);
-        handle.queue.sync_len(&items);
-        (d, items.len())
-    };
+    let at_batch = loaded
+        .first()
+        .filter(|_| app.config.drop_late_at_batch)
+        .and_then(|&m| app.models_of(handle.index).get(m as usize))
+        .map(|m| sluice_core::pipeline::flow::batch_formation_table(&m.latency, u32::MAX));
+    let mut answers = Answers { app, dropped: Vec::new(), faults: Vec::new() };
+    let mut queue: &sluice_core::queue::WorkQueue = &handle.queue;
+    let turn = machine.decide(&mut queue, &mut slot.current, &cx, at_batch, &mut answers);
     drop(slot);
     if let Some(old) = retired {
         // Dropping a store takes tens of microseconds: not on the worker's path.
         tokio::task::spawn_blocking(move || drop(old));
     }
-    let removed =
-        d.expired.len() + d.dropped.len() + if let Next::Run { batch, .. } = &d.next { batch.len() } else { 0 };
-    app.queued.fetch_sub(removed, Ordering::AcqRel);
-    if let Some(t) = d.decide_time {
-        app.metrics.observe("sluice_policy_decide_seconds", &[("app", app.name())], t.as_secs_f64());
+    let taken = if let Action::Run { batch, .. } = &turn.action { batch.len() } else { 0 };
+    app.queued.fetch_sub(answers.dropped.len() + taken, Ordering::AcqRel);
+    for fault in answers.faults {
+        match fault {
+            // The fault that made the instance re-instantiate was counted when it happened.
+            PolicyFault::Reviving => {
+                app.counters.reviving_decisions.fetch_add(1, Ordering::Relaxed);
+            }
+            fault => {
+                app.record_fault(&policy_name, fault.kind(), generation, &fault.to_string());
+            }
+        }
     }
-    match &d.fault {
-        // The fault that made the instance re-instantiate was counted when it happened.
-        Some(PolicyFault::Reviving) => {
-            app.counters.reviving_decisions.fetch_add(1, Ordering::Relaxed);
-        }
-        Some(fault) => {
-            app.record_fault(&policy_name, fault.kind(), generation, &fault.to_string());
-        }
-        None => {}
+    let decided_by = |by_safe: bool| if by_safe { "safe" } else { policy_name.as_str() };
+    for (r, reason, by_safe) in answers.dropped {
+        let (detail, by) = match reason {
+            DropReason::Expired => ("waited past its deadline beyond expire_after_ms", "host"),
+            DropReason::EarlyAtBatch => ("it would finish past its task deadline", "host"),
+            DropReason::Policy | DropReason::ExecutorError => ("dropped by the policy", decided_by(by_safe)),
+        };
+        answer_dropped(app, r, reason, detail, by);
     }
-    let decided_by = if d.by_safe { "safe".to_string() } else { policy_name };
-    let step = match d.next {
-        Next::Run { model, batch } => {
-            Step::Run { model, batch, left, load_qps: cx.load_qps, policy: decided_by.clone(), generation }
-        }
-        Next::Wait(t) => Step::Wait(t),
-        Next::Again => Step::Again,
-        Next::Idle { expire_at } => Step::Idle { expire_at },
-    };
-    (step, d.expired, (d.dropped, decided_by))
+    let formed =
+        Formed { left: turn.left, load_qps: cx.load_qps, policy: decided_by(turn.by_safe).to_string(), generation };
+    (turn.action, formed)
 }
 
 fn answer_dropped(app: &App, r: Request, reason: DropReason, detail: &str, policy: &str) {
@@ -260,11 +236,11 @@ async fn execute(
     app: &App,
     handle: &crate::app::WorkerHandle,
     models: &ModelSet,
-    (model, left, load_qps): (u32, usize, f64),
+    model: u32,
     batch: Vec<Request>,
-    policy: &str,
-    generation: u64,
+    Formed { left, load_qps, policy, generation }: Formed,
 ) {
+    let policy = policy.as_str();
     let size = batch.len();
     let variant = app.models[model as usize].name.clone();
     let started = app.clock.now();
@@ -307,13 +283,16 @@ async fn execute(
     let profiled = app.models_of(handle.index).get(model as usize).and_then(|m| m.latency(size as u32)).unwrap_or(0);
     handle.observe_batch(model, profiled, finished.saturating_sub(started));
     app.record_answers(finished, &requests);
-    let outcome = decision::outcome(model, &requests, started, finished, result.is_err());
+    // The batch judged by the one rule ([`Finished`]); the policy's feedback worked
+    // out before the requests are answered and moved.
+    let done = Finished::of(model, &requests, started, finished, result.is_err());
+    let feedback = done.feedback(&requests);
     match result {
         Ok(outputs) => {
             // Counted per batch, under one lock per family (not per answer), and
             // before any answer leaves, so a client that reads the metrics after its
             // answer finds itself counted.
-            let on_time = requests.iter().filter(|r| decision::met(finished, r.deadline)).count() as u64;
+            let on_time = requests.iter().filter(|r| done.on_time(r.deadline)).count() as u64;
             app.metrics.requests_n(app.name(), &variant, "served", on_time);
             app.metrics.requests_n(app.name(), &variant, "late", size as u64 - on_time);
             let queue_s = requests.iter().map(|r| (started - r.arrival.min(started)) as f64 / 1e6);
@@ -321,7 +300,7 @@ async fn execute(
             let latency_s = requests.iter().map(|r| finished.saturating_sub(r.arrival) as f64 / 1e6);
             app.metrics.observe_all("sluice_latency_seconds", &[("app", app.name())], latency_s);
             for (r, outputs) in requests.into_iter().zip(outputs) {
-                let met = decision::met(finished, r.deadline);
+                let met = done.on_time(r.deadline);
                 if !met {
                     app.counters.late.fetch_add(1, Ordering::Relaxed);
                 }
@@ -352,16 +331,13 @@ async fn execute(
             }
         }
     }
-    // Feedback goes to the policy that decided, unless a swap replaced it meanwhile.
+    // Feedback goes to the policy that decided, unless a swap replaced it meanwhile
+    // (then the slot's policy is not the one that formed the batch: none is told).
     let mut slot = handle.slot.lock();
-    if slot.generation == generation && slot.pending.is_none() {
-        let slot_generation = slot.generation;
-        if let Bound::Wasm(instance) = &mut slot.current {
-            if let Err(fault) = instance.observe(&outcome) {
-                let name = instance.compiled().name.clone();
-                drop(slot);
-                app.record_fault(&name, fault.kind(), slot_generation, &fault.to_string());
-            }
-        }
+    let formed_it = slot.generation == generation && slot.pending.is_none();
+    if let Err(fault) = worker::observe(formed_it.then_some(&mut slot.current), &feedback) {
+        let (name, slot_generation) = (slot.current.name().to_string(), slot.generation);
+        drop(slot);
+        app.record_fault(&name, fault.kind(), slot_generation, &fault.to_string());
     }
 }

@@ -1,7 +1,8 @@
 //! The event loop: arrivals, batch completions and policy timers in virtual time
-//! (a [`VirtualClock`]), over the host's [`Router`], decision core
-//! ([`decision::decide`]) and policy runtime (the same `.wasm` instances), all
-//! from `sluice_core`.
+//! (a [`VirtualClock`]), over the host's [`Router`], worker state machine
+//! ([`worker::Machine`], around the decision core) and policy runtime (the same
+//! `.wasm` instances), all from `sluice_core`. The loop owns the clock, the
+//! latency sampler and the stats; the machine says what each worker does.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -21,7 +22,7 @@ use sluice_alloc::SolverSettings;
 use sluice_core::app_config::AppConfig as SimApp;
 use sluice_core::clock::{Clock as _, VirtualClock};
 use sluice_core::decision::Bound;
-use sluice_core::decision::{self, Context, Next, Queued};
+use sluice_core::decision::{Context, Queued};
 use sluice_core::demand::DemandMonitor;
 use sluice_core::outcome::Outcome;
 use sluice_core::profile::{Percentile, Profile};
@@ -29,6 +30,7 @@ use sluice_core::queue::{insert_by_deadline, DropReason};
 use sluice_core::router::{Router, RouterMode};
 use sluice_core::runtime::{Binding, PolicyInstance};
 use sluice_core::whatif::ReplayControl;
+use sluice_core::worker::{self, Action, Finished, Report};
 use sluice_core::workload::ArrivalSpec;
 
 /// A simulated request.
@@ -295,8 +297,9 @@ pub struct Simulation {
     /// Whether a component's `decide` is timed (the results' decide seconds; the native
     /// policy's never is); see [`Simulation::untimed`].
     timed: bool,
-    /// The view every decision is built in (one allocation per run, not per decision).
-    scratch: sdk::View,
+    /// The workers' decision state: the view every decision is built in (one
+    /// allocation per run, not per decision).
+    machine: worker::Machine,
     /// Which workers this simulation runs ([`Given::shard`]); all when `None`.
     shard: Option<(usize, usize)>,
 }
@@ -496,7 +499,7 @@ impl Simulation {
             policy_label: run.policy_label.clone(),
             seed: run.seed,
             timed: true,
-            scratch: decision::empty_view(),
+            machine: worker::Machine::new(),
             shard: given.shard,
         };
         if let Some(alloc) = sim.alloc.take() {
@@ -771,26 +774,25 @@ impl Simulation {
         }
     }
 
+    /// A turn of worker `w` of app `a` ([`worker::Machine::decide`]): what leaves its
+    /// queue is finished in the stats, and its next event is set (a batch's
+    /// completion, a timer, or none).
     fn decide(&mut self, a: usize, w: usize) {
-        // Each drop-only decision removes a request, so this loop ends.
-        while self.decide_once(a, w) {}
-    }
-
-    /// One decision; true when the policy only dropped and must decide again now.
-    fn decide_once(&mut self, a: usize, w: usize) -> bool {
         let now = self.clock.now();
         let app = &mut self.apps[a];
         let q = if app.spec.router == RouterMode::Shared { 0 } else { w };
+        // Every turn re-arms the token: a timer armed by an earlier one is stale.
+        app.workers[w].timer_token += 1;
+        let token = app.workers[w].timer_token;
         if app.queues[q].is_empty() {
-            // What the decision core answers on an empty queue (nothing expires, the
-            // policy is not asked, its stall count does not move), without building
-            // a context: half of a lightly loaded run's decisions come after a batch
-            // that emptied the queue. The load estimate is brought up to date at the
-            // next one that reads it, with the same result.
-            let worker = &mut app.workers[w];
-            worker.timer_token += 1;
+            // What the machine answers on an empty queue (`Action::Idle` with no
+            // expiry: nothing expires, the policy is not asked, its stall count does
+            // not move), without building a context: half of a lightly loaded run's
+            // decisions come after a batch that emptied the queue. The load estimate
+            // is brought up to date at the next one that reads it, with the same
+            // result.
             self.schedule_worker(a, w, 0, Pending::None);
-            return false;
+            return;
         }
         app.count_refused(now);
         let load_qps = app.load.rate(now);
@@ -810,28 +812,10 @@ impl Simulation {
             draining: false,
             timed,
         };
-        let d = decision::decide_with(&mut worker.policy, &mut app.queues[q], &cx, &mut self.scratch);
-        if let Some(t) = d.decide_time {
-            app.stats.decide_calls += 1;
-            app.stats.decide_seconds += t.as_secs_f64();
-        }
-        if d.fault.is_some() {
-            app.stats.faults += 1;
-        }
-        for r in d.expired {
-            app.stats.finish(r.id, Fate::Expired, 0.0);
-            app.stats.taken(r.id, now);
-            note(&mut app.outcomes, r.id, || Outcome::Dropped(DropReason::Expired));
-        }
-        for r in d.dropped {
-            app.stats.finish(r.id, Fate::Dropped, 0.0);
-            app.stats.taken(r.id, now);
-            note(&mut app.outcomes, r.id, || Outcome::Dropped(DropReason::Policy));
-        }
-        worker.timer_token += 1;
-        let token = worker.timer_token;
-        match d.next {
-            Next::Run { model, batch } => {
+        let mut tally = Tally { stats: &mut app.stats, outcomes: &mut app.outcomes, now };
+        let turn = self.machine.decide(&mut app.queues[q], &mut worker.policy, &cx, None, &mut tally);
+        match turn.action {
+            Action::Run { model, batch } => {
                 worker.busy = batch.len();
                 for r in &batch {
                     app.stats.taken(r.id, now);
@@ -841,42 +825,61 @@ impl Simulation {
                 app.stats.batch(&app.models[model as usize].name, batch.len());
                 self.schedule_worker(a, w, now + latency, Pending::Done { model, batch, started: now });
             }
-            Next::Wait(t) | Next::Idle { expire_at: Some(t) } => {
+            Action::Wait(t) | Action::Idle { expire_at: Some(t) } => {
                 self.schedule_worker(a, w, t, Pending::Timer { token })
             }
-            Next::Again => {
-                // The timer armed before is stale now (the token moved on).
-                self.schedule_worker(a, w, 0, Pending::None);
-                return true;
-            }
-            Next::Idle { expire_at: None } => self.schedule_worker(a, w, 0, Pending::None),
+            Action::Idle { expire_at: None } => self.schedule_worker(a, w, 0, Pending::None),
         }
-        false
     }
 
+    /// Worker `w` of app `a` finished its batch: each request's outcome, and the
+    /// policy's feedback ([`Finished`]).
     fn finish(&mut self, a: usize, w: usize, model: u32, batch: Vec<SimRequest>, started: u64) {
         let now = self.clock.now();
         let app = &mut self.apps[a];
+        let done = Finished::of(model, &batch, started, now, false);
         let accuracy = app.models[model as usize].accuracy;
         for r in &batch {
-            let on_time = decision::met(now, r.deadline);
+            let on_time = done.on_time(r.deadline);
             let fate = if on_time { Fate::OnTime } else { Fate::Late };
             app.stats.finish(r.id, fate, accuracy);
             app.stats.latency(r.id, now - r.arrival);
             app.stats.served_by(r.id, model);
-            note(&mut app.outcomes, r.id, || Outcome::Served {
-                variant: app.models[model as usize].name.clone(),
-                batch: batch.len() as u32,
-                on_time,
-            });
+            note(&mut app.outcomes, r.id, || done.outcome(r, &app.models[model as usize].name));
         }
         let worker = &mut app.workers[w];
         worker.busy = 0;
-        if let Bound::Wasm(instance) = &mut worker.policy {
-            let outcome = decision::outcome(model, &batch, started, now, false);
-            if instance.observe(&outcome).is_err() {
-                app.stats.faults += 1;
-            }
+        // The simulated policy is never swapped while its batch runs.
+        if done.observe(&batch, Some(&mut worker.policy)).is_err() {
+            app.stats.faults += 1;
+        }
+    }
+}
+
+/// What a turn of a worker hands the engine ([`worker::Driver`]): each request that
+/// leaves unserved is finished in the stats (and its outcome noted), each decision
+/// counted.
+struct Tally<'s> {
+    stats: &'s mut Stats,
+    outcomes: &'s mut Option<Vec<Option<Outcome>>>,
+    now: u64,
+}
+
+impl worker::Driver<SimRequest> for Tally<'_> {
+    fn dropped(&mut self, r: SimRequest, reason: DropReason, _by_safe: bool) {
+        let fate = if reason == DropReason::Expired { Fate::Expired } else { Fate::Dropped };
+        self.stats.finish(r.id, fate, 0.0);
+        self.stats.taken(r.id, self.now);
+        note(self.outcomes, r.id, || Outcome::Dropped(reason));
+    }
+
+    fn decided(&mut self, _policy: &mut Bound, report: Report) {
+        if let Some(t) = report.decide_time {
+            self.stats.decide_calls += 1;
+            self.stats.decide_seconds += t.as_secs_f64();
+        }
+        if report.fault.is_some() {
+            self.stats.faults += 1;
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The event loop of a simulated pipeline: arrivals, batch completions, timers,
-//! re-plans and windows, and each worker's decisions through the shared decision
-//! core.
+//! re-plans and windows, and each worker's turns through the shared worker state
+//! machine (`sluice_core::worker`).
 
+use super::routing::SlotTurn;
 use super::*;
 
 impl<'a> PipelineSim<'a> {
@@ -235,80 +236,91 @@ impl<'a> PipelineSim<'a> {
         self.deliver(req, node);
     }
 
+    /// A turn of worker `i` ([`worker::Machine::decide`]): early dropping at batch
+    /// formation where the run's mode asks for it (`early_drop_at = "batch"`, judged
+    /// by [`flow::batch_formation_table`]: the worker's variant's table cut at the
+    /// plan's batch), expiry, the policy; what leaves unserved is dropped
+    /// ([`SlotTurn`]), and the worker's next event is scheduled.
     pub(super) fn decide(&mut self, i: usize) {
-        // Each drop-only decision removes a request, so this loop ends.
-        while self.decide_once(i) {}
-    }
-
-    pub(super) fn decide_once(&mut self, i: usize) -> bool {
-        self.drop_at_batch_formation(i);
         let now = self.now;
         let (workers, expire_us) = (self.run.workers, self.expire_us);
+        let task = self.slots[i].task;
+        let at_batch = !self.pipeline.tasks[task].is_passthrough()
+            && self
+                .run
+                .system
+                .early_drop_at
+                .at_batch(self.run.system.early_drop, self.pipeline.is_last_model_task(task));
+        // The task's measured arrival rate, as a live task app's (`flow::LOAD_WINDOW_US`).
+        let load_qps = self.loads[task].rate(now);
+        // The queue, policy and loaded models leave the slot for the turn, so that
+        // the turn's driver may reach the rest of the simulation (routing tables,
+        // the other workers of the task); they are moved, not copied.
         let s = &mut self.slots[i];
+        let mut queue = std::mem::take(&mut s.queue);
+        let mut policy = std::mem::replace(&mut s.policy, Bound::Safe);
+        let loaded = std::mem::take(&mut s.loaded);
+        let models = s.models.clone();
+        let (variant, batch, latency_us) = (s.variant, s.batch, s.latency_us);
+        let draining = s.state == SlotState::Retiring && flow::RETIRING_DRAINS;
+        let table = models.get(variant).map_or(std::slice::from_ref(&latency_us), |m| &m.latency[..]);
+        let table = flow::batch_formation_table(table, batch);
         let cx = Context {
             now,
             worker: i as u32,
             workers,
-            // The task's measured arrival rate, as a live task app's (`flow::LOAD_WINDOW_US`).
-            load_qps: self.loads[s.task].rate(now),
-            loaded: &s.loaded,
-            models: &s.models[..],
+            load_qps,
+            loaded: &loaded,
+            models: &models[..],
             expire_us,
-            draining: s.state == SlotState::Retiring && flow::RETIRING_DRAINS,
+            draining,
             timed: true,
         };
-        let d = decision::decide(&mut s.policy, &mut s.queue, &cx);
-        if d.fault.is_some() {
-            self.fault(i);
-        }
+        let artifact = self.run.system.reroute_rule == RerouteRule::Artifact;
+        let mut driver = SlotTurn { sim: self, slot: i, artifact };
+        let turn = worker::Machine::new().decide(&mut queue, &mut policy, &cx, at_batch.then_some(table), &mut driver);
         let s = &mut self.slots[i];
+        (s.queue, s.policy, s.loaded) = (queue, policy, loaded);
         s.token += 1;
         let token = s.token;
-        let mut again = false;
-        let mut next = None;
-        match d.next {
-            Next::Run { model, batch } => {
+        match turn.action {
+            worker::Action::Run { model, batch } => {
                 s.busy = true;
                 let latency = s.models[model as usize].latency[batch.len() - 1];
-                next = Some((now + latency, Event::Done { slot: i, model, batch, started: now }));
+                self.schedule(now + latency, Event::Done { slot: i, model, batch, started: now });
             }
-            Next::Wait(t) | Next::Idle { expire_at: Some(t) } => next = Some((t, Event::Timer { slot: i, token })),
-            Next::Again => again = true,
-            Next::Idle { expire_at: None } => {}
+            worker::Action::Wait(t) | worker::Action::Idle { expire_at: Some(t) } => {
+                self.schedule(t, Event::Timer { slot: i, token })
+            }
+            worker::Action::Idle { expire_at: None } => {}
         }
-        if let Some((t, e)) = next {
-            self.schedule(t, e);
-        }
-        for r in d.expired {
-            self.drop_req(r, flow::Drop::Worker(DropReason::Expired));
-        }
-        for r in d.dropped {
-            self.drop_req(r, flow::Drop::Worker(DropReason::Policy));
-        }
-        again
     }
 
     /// A fault of worker `i`'s policy: counted for its task (as the host counts a
     /// task app's), and with `fail_mode = "unbind"` the task's policies are unbound
     /// at `unbind_after` faults (`flow::unbind_after_fault`; a pipeline's task apps
-    /// take the app defaults).
-    pub(super) fn fault(&mut self, i: usize) {
+    /// take the app defaults). True when it unbound them.
+    pub(super) fn fault(&mut self, i: usize) -> bool {
         let task = self.slots[i].task;
         self.counters[task].policy_faults += 1;
-        if flow::unbind_after_fault(FailMode::default(), self.counters[task].policy_faults, TASK_UNBIND_AFTER) {
-            for s in self.slots.iter_mut().filter(|s| s.task == task) {
-                s.policy = Bound::Safe;
-            }
+        if !flow::unbind_after_fault(FailMode::default(), self.counters[task].policy_faults, TASK_UNBIND_AFTER) {
+            return false;
         }
+        for s in self.slots.iter_mut().filter(|s| s.task == task) {
+            s.policy = Bound::Safe;
+        }
+        true
     }
 
+    /// Worker `i` finished its batch: the policy's feedback ([`worker::Finished`]),
+    /// then each request served at its task and routed on.
     pub(super) fn finish(&mut self, i: usize, model: u32, batch: Vec<Req>, started: u64) {
         let now = self.now;
         let (accuracy, node) = (self.slots[i].models[model as usize].accuracy, self.slots[i].node);
-        if let Bound::Wasm(instance) = &mut self.slots[i].policy {
-            if instance.observe(&decision::outcome(model, &batch, started, now, false)).is_err() {
-                self.fault(i);
-            }
+        let done = worker::Finished::of(model, &batch, started, now, false);
+        // A retiring worker keeps its policy until it frees: the one that formed the batch.
+        if done.observe(&batch, Some(&mut self.slots[i].policy)).is_err() {
+            self.fault(i);
         }
         // A retired worker routes as the first current node of its task would.
         let node = node.or_else(|| {

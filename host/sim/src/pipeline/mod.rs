@@ -52,17 +52,18 @@ use sluice_alloc::loki::{self, Scaling};
 use sluice_alloc::proteus;
 use sluice_alloc::solver::SolverSettings;
 use sluice_core::app_config::FailMode;
-use sluice_core::decision::{self, Bound, Context, Next, Queued};
+use sluice_core::decision::{self, Bound, Context, Queued};
 use sluice_core::demand::{Ewma, Forecaster as _};
 use sluice_core::pipeline::flow;
 use sluice_core::pipeline::{
-    fanout_count, finish_at_batch, slo_per_stage_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, RootBudget,
-    RootDispatch, TaskSpec,
+    fanout_count, slo_per_stage_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, RootBudget, RootDispatch,
+    TaskSpec,
 };
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::queue::{insert_by_deadline, DropReason};
 use sluice_core::router::LoadMonitor;
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
+use sluice_core::worker;
 use sluice_core::workload::{ArrivalSpec, Spacing};
 use sluice_sdk as sdk;
 

@@ -106,56 +106,11 @@ impl<'a> PipelineSim<'a> {
         }
     }
 
-    /// Early dropping at batch formation (`early_drop_at = "batch"`, [`DropAt`]):
-    /// while the request at the head of an idle worker's queue (the earliest task
-    /// deadline) would finish after its task deadline even if it ran now, in the
-    /// batch the queue makes (its length, at most the plan's batch size), it is
-    /// dropped before it costs the worker any time. The reference advances its
-    /// pointer past a dropped request and so skips the next one; this checks every
-    /// head.
-    pub(super) fn drop_at_batch_formation(&mut self, i: usize) {
-        let task = self.slots[i].task;
-        if self.slots[i].busy
-            || self.pipeline.tasks[task].is_passthrough()
-            || !self
-                .run
-                .system
-                .early_drop_at
-                .at_batch(self.run.system.early_drop, self.pipeline.is_last_model_task(task))
-        {
-            return;
-        }
-        let now = self.now;
-        let artifact = self.run.system.reroute_rule == RerouteRule::Artifact;
-        // The artifact's rule walks past the requests it reroutes; §5.2's looks only at
-        // the head.
-        let mut at = 0;
-        loop {
-            let s = &self.slots[i];
-            let table = s.models.get(s.variant).map_or(std::slice::from_ref(&s.latency_us), |m| &m.latency[..]);
-            let table = flow::batch_formation_table(table, s.batch);
-            let Some(&r) = s.queue.get(at) else { return };
-            let Some(finish) = finish_at_batch(now, s.queue.len(), table) else { return };
-            let late = finish > r.deadline;
-            // A request rerouted at an earlier batch formation is judged again only for
-            // lateness (the artifact would plan it again, taking capacity twice).
-            let rerouted = self.reroutes.contains_key(&r.id);
-            if artifact && ((rerouted && !late) || (!rerouted && self.plan_reroute(i, &r, finish))) {
-                at += 1;
-            } else if late {
-                let r = self.slots[i].queue.remove(at);
-                self.drop_req(r, flow::Drop::Worker(DropReason::EarlyAtBatch));
-            } else {
-                return;
-            }
-        }
-    }
-
     /// The artifact's reroute decision for `r`, queued at worker `i` and finishing at
     /// `finish` in the batch being formed (see [`RerouteRule::Artifact`]). Records the
     /// targets and lowers their leftover capacity by the children `r` is expected to
     /// send them; true when any child was rerouted.
-    pub(super) fn plan_reroute(&mut self, i: usize, r: &Req, finish: u64) -> bool {
+    pub(super) fn plan_reroute(&mut self, i: usize, r: &sdk::Pending, finish: u64) -> bool {
         let (task, variant) = (self.slots[i].task, self.slots[i].variant);
         let Some(node) = self.slots[i].node else { return false };
         let mut targets = Vec::new();
@@ -316,5 +271,39 @@ pub(super) fn early_cause(cause: DropCause) -> flow::EarlyCause {
         DropCause::OverBudget => flow::EarlyCause::OverBudget,
         DropCause::NoTimeLeft => flow::EarlyCause::NoTimeLeft,
         DropCause::NoFasterWorker => flow::EarlyCause::NoFasterWorker,
+    }
+}
+
+/// What a turn of one worker hands the pipeline ([`worker::Driver`]): a request
+/// that leaves unserved is dropped with its worker's reason, a policy fault counted
+/// (and the task's policies unbound at `unbind_after`), and at batch formation the
+/// artifact's reroute rule ([`RerouteRule::Artifact`]) walks past the requests it
+/// reroutes (§5.2's rule looks only at the head).
+pub(super) struct SlotTurn<'s, 'a> {
+    pub(super) sim: &'s mut PipelineSim<'a>,
+    pub(super) slot: usize,
+    pub(super) artifact: bool,
+}
+
+impl worker::Driver<Req> for SlotTurn<'_, '_> {
+    fn dropped(&mut self, r: Req, reason: DropReason, _by_safe: bool) {
+        self.sim.drop_req(r, flow::Drop::Worker(reason));
+    }
+
+    fn decided(&mut self, policy: &mut Bound, report: worker::Report) {
+        // The turn holds the worker's policy: an unbind reaches it here.
+        if report.fault.is_some() && self.sim.fault(self.slot) {
+            *policy = Bound::Safe;
+        }
+    }
+
+    fn walk_past(&mut self, head: &sdk::Pending, finish: u64, late: bool) -> bool {
+        if !self.artifact {
+            return false;
+        }
+        // A request rerouted at an earlier batch formation is judged again only for
+        // lateness (the artifact would plan it again, taking capacity twice).
+        let rerouted = self.sim.reroutes.contains_key(&head.id);
+        (rerouted && !late) || (!rerouted && self.sim.plan_reroute(self.slot, head, finish))
     }
 }
