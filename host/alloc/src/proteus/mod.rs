@@ -1008,8 +1008,9 @@ fn lexicographic(
         };
         if scorer.objective(&n).is_some() {
             let by = Instant::now() + Duration::from_secs_f64(MAX_SEARCH_S.min((soft_left() - reserve).max(0.0)));
-            scorer
-                .improve(&mut n, if soft > 0.0 { by } else { Instant::now() + Duration::from_secs_f64(MAX_SEARCH_S) });
+            // Without a soft limit (the simulator) the search runs to its local
+            // optimum: a wall-clock stop would make results depend on the load.
+            scorer.improve(&mut n, (soft > 0.0).then_some(by));
             if let Some(plan) = scorer.plan(&n) {
                 let report = first.as_ref().map_or_else(SolveReport::none, |(r, _)| r.clone());
                 fallback = Some((SolveReport { status: Status::TimeLimit, ..report }, plan));
@@ -1050,8 +1051,8 @@ fn lexicographic(
             // from its plan, then the better of it and the start's.
             let mut n = scorer.counts(p);
             if scorer.objective(&n).is_some() {
-                let by = if soft > 0.0 { soft_left().max(0.005).min(reserve.max(0.005)) } else { MAX_SEARCH_S };
-                scorer.improve(&mut n, Instant::now() + Duration::from_secs_f64(by));
+                let by = soft_left().max(0.005).min(reserve.max(0.005));
+                scorer.improve(&mut n, (soft > 0.0).then(|| Instant::now() + Duration::from_secs_f64(by)));
                 if let Some(q) = scorer.plan(&n) {
                     if accuracy_objective(&q) > accuracy_objective(p) {
                         *p = q;

@@ -143,9 +143,11 @@ impl<'a> Scorer<'a> {
     /// taking the best such move each round; when none improves, the best pair of
     /// moves (e.g. an app gives up a device of one type for a more accurate variant
     /// and takes one of another type from a second app: neither helps alone). Stops
-    /// when no pair improves or at `deadline`. `n` must be feasible (`objective` is
-    /// Some); returns the moves made.
-    pub(crate) fn improve(&self, n: &mut [u32], deadline: Instant) -> usize {
+    /// when no pair improves or at `deadline`; with none, only at a local optimum
+    /// (each round gains more than a rounding error, so it ends), which makes the
+    /// result independent of the machine's speed, as the simulator needs. `n` must
+    /// be feasible (`objective` is Some); returns the moves made.
+    pub(crate) fn improve(&self, n: &mut [u32], deadline: Option<Instant>) -> usize {
         let apps = self.by_app.len();
         let mut value: Vec<f64> = match (0..apps).map(|q| self.app(q, n)).collect::<Option<Vec<f64>>>() {
             Some(v) => v,
@@ -161,7 +163,7 @@ impl<'a> Scorer<'a> {
         // Gains below this are rounding, not improvement.
         let eps = 1e-9 * self.total;
         loop {
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
             let moves = self.moves(n, &free);
@@ -189,7 +191,7 @@ impl<'a> Scorer<'a> {
                             }
                         }
                     }
-                    if Instant::now() >= deadline {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
                         break 'pairs;
                     }
                 }
@@ -433,7 +435,7 @@ pub(crate) fn finish(
     let scorer = Scorer::new(problem, cands, allowed, absent, beta);
     scorer.objective(&n)?;
     if problem.pinned.is_none() {
-        scorer.improve(&mut n, by);
+        scorer.improve(&mut n, Some(by));
     }
     scorer.plan(&n)
 }
