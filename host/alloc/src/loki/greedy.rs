@@ -534,7 +534,10 @@ fn key(p: &Problem, shape: &Shape, steps: &[f64], sel: &Selection, step: Step) -
 }
 
 /// Hill climb from `start`: the best single task's change to one of `moves(t)`
-/// that keeps every chain within budget and raises `key`, until none does.
+/// that keeps every chain within budget and raises `key`; when none does, the best
+/// change of two tasks at once (a more accurate detector fans out more requests, so
+/// it often pays only with a faster variant downstream: neither move helps alone);
+/// until neither raises it.
 fn climb(
     p: &Problem,
     shape: &Shape,
@@ -542,24 +545,36 @@ fn climb(
     moves: impl Fn(usize) -> Vec<(usize, u32)>,
     key: impl Fn(&Selection) -> Key,
 ) -> (Selection, Key) {
+    let tasks = p.variants.len();
+    let moves: Vec<Vec<(usize, u32)>> = (0..tasks).map(moves).collect();
     let mut sel = start;
     let mut current = key(&sel);
     for _ in 0..MAX_ROUNDS {
         let mut best: Option<(Selection, Key)> = None;
-        for t in 0..p.variants.len() {
-            for option in moves(t) {
-                if sel[t] == Some(option) {
-                    continue;
-                }
+        let mut consider = |next: Selection, changed: &[usize], best: &mut Option<(Selection, Key)>| {
+            let Some(next) = refit(p, shape, next, changed) else { return };
+            let k = key(&next);
+            if improves(k, best.as_ref().map_or(current, |b| b.1)) {
+                *best = Some((next, k));
+            }
+        };
+        for t in 0..tasks {
+            for &option in moves[t].iter().filter(|&&o| sel[t] != Some(o)) {
                 let mut next = sel.clone();
                 next[t] = Some(option);
-                if !fits(p, shape, &next) {
-                    continue;
-                }
-                let k = key(&next);
-                let bar = best.as_ref().map_or(current, |b| b.1);
-                if improves(k, bar) {
-                    best = Some((next, k));
+                consider(next, &[t], &mut best);
+            }
+        }
+        if best.is_none() {
+            for t in 0..tasks {
+                for u in t + 1..tasks {
+                    for &a in moves[t].iter().filter(|&&o| sel[t] != Some(o)) {
+                        for &b in moves[u].iter().filter(|&&o| sel[u] != Some(o)) {
+                            let mut next = sel.clone();
+                            (next[t], next[u]) = (Some(a), Some(b));
+                            consider(next, &[t, u], &mut best);
+                        }
+                    }
                 }
             }
         }
@@ -569,6 +584,43 @@ fn climb(
         }
     }
     (sel, current)
+}
+
+/// `sel` with every chain within its budget: where the tasks in `changed` took
+/// time from a chain, the other tasks on it keep their variant and take the batch
+/// size of most throughput that fits (a slower detector leaves less time to the
+/// classifier after it); None when some chain cannot fit.
+fn refit(p: &Problem, shape: &Shape, mut sel: Selection, changed: &[usize]) -> Option<Selection> {
+    if fits(p, shape, &sel) {
+        return Some(sel);
+    }
+    let over = |sel: &Selection, t: usize| {
+        shape.chains.iter().zip(&shape.budgets).filter(|(chain, _)| chain.contains(&t)).any(|(chain, &budget)| {
+            let ms: f64 = chain
+                .iter()
+                .filter_map(|&u| sel[u].and_then(|(k, b)| p.variants[u][k].latency(b)))
+                .map(|us| us as f64 / 1000.0)
+                .sum();
+            ms > budget + LATENCY_TOLERANCE_MS
+        })
+    };
+    for u in (0..sel.len()).filter(|u| !changed.contains(u)) {
+        let Some((k, _)) = sel[u] else { continue };
+        if !over(&sel, u) {
+            continue;
+        }
+        let variant = &p.variants[u][k];
+        let mut best: Option<(u32, f64)> = None;
+        for &(b, _) in &variant.latency_us {
+            let mut trial = sel.clone();
+            trial[u] = Some((k, b));
+            if !over(&trial, u) && best.is_none_or(|(_, q)| variant.throughput(b) > q) {
+                best = Some((b, variant.throughput(b)));
+            }
+        }
+        sel[u] = Some((k, best?.0));
+    }
+    fits(p, shape, &sel).then_some(sel)
 }
 
 /// Whether `a` is above `b` by more than rounding, first component first.
