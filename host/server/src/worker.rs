@@ -1,5 +1,10 @@
 //! The worker loop: at every decision point (an arrival, a finished batch, a timer
-//! the policy asked for) ask the policy, validate its answer, and execute it.
+//! the policy asked for) a turn of the worker's state machine
+//! ([`sluice_core::worker::Machine`]: what leaves the queue and why, the policy's
+//! decision, when to decide again), then the batch it forms executed and judged
+//! ([`Finished`]). The rules are the machine's, the same in the simulator; this
+//! file holds what is live: the slot lock and swaps, the wall clock and the
+//! executor, counters, metrics and answers.
 //!
 //! Every request that enters a worker's queue leaves it exactly once: taken into a
 //! batch (and answered when the batch finishes), dropped by the policy, expired by
