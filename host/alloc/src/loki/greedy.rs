@@ -551,7 +551,7 @@ fn climb(
     let mut current = key(&sel);
     for _ in 0..MAX_ROUNDS {
         let mut best: Option<(Selection, Key)> = None;
-        let mut consider = |next: Selection, changed: &[usize], best: &mut Option<(Selection, Key)>| {
+        let consider = |next: Selection, changed: &[usize], best: &mut Option<(Selection, Key)>| {
             let Some(next) = refit(p, shape, next, changed) else { return };
             let k = key(&next);
             if improves(k, best.as_ref().map_or(current, |b| b.1)) {
