@@ -19,6 +19,10 @@
 //! and false.
 //!
 //! Run: `cargo bench -p sluice --bench admission` (needs `cargo xtask policies`).
+//! `ADMISSION_BENCH_ONLY=<policy>` runs one policy's phases only, and
+//! `ADMISSION_BENCH_AUDIT=<share>` audits another share of would-be refusals
+//! (larger samples for a diagnosis; the load then differs more from the one
+//! admission alone would leave).
 //! Prints a table, then one JSON line, then the summary line
 //! `admission: false refusals X % at 90 % utilisation (refusals Y %)`.
 
@@ -60,6 +64,12 @@ struct Phase {
     ok: u64,
     /// Answers other than 200.
     other: u64,
+    /// Answers 200 after the SLO by the client's clock, audited ones included.
+    late: u64,
+    /// Served after their deadline by the server's clock among the requests
+    /// admission admitted itself (the server's late count less the audited ones
+    /// that missed): what admitting more may cost.
+    late_admitted: u64,
     /// Refused as overloaded (429).
     refused: u64,
     /// Would-be refusals admitted to check them.
@@ -100,15 +110,19 @@ async fn phase(server: &Server, body: &Arc<Vec<u8>>, capacity: f64, utilisation:
     let after = counters(server).await?;
     let delta = |path: &[&str]| count(&after, path).saturating_sub(count(&before, path));
     let ok = records.iter().filter(|r| r.status == 200).count() as u64;
+    let late = records.iter().filter(|r| r.status == 200 && r.latency_ms > SLO_MS).count() as u64;
     let (refused, audited) = (delta(&["counters", "rejected_overload"]), delta(&["admission_audit", "audited"]));
     let met = delta(&["admission_audit", "met"]);
     let would_refuse = refused + audited;
+    let late_admitted = delta(&["counters", "late"]).saturating_sub(audited.saturating_sub(met));
     Ok(Phase {
         utilisation,
         rate,
         sent: records.len() as u64,
         ok,
         other: records.len() as u64 - ok,
+        late,
+        late_admitted,
         refused,
         audited,
         met,
@@ -121,26 +135,33 @@ fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let scenarios = scenarios();
     let body = Arc::new(serde_json::to_vec(&infer_body("data_0", &[1, 3, 224, 224], &vec![0.0; 3 * 224 * 224]))?);
+    let only = std::env::var("ADMISSION_BENCH_ONLY").ok();
+    let audit: f64 = match std::env::var("ADMISSION_BENCH_AUDIT") {
+        Ok(v) => v.parse().context("ADMISSION_BENCH_AUDIT")?,
+        Err(_) => AUDIT,
+    };
     let mut rows = Vec::new();
-    for s in &scenarios {
+    for s in scenarios.iter().filter(|s| only.as_deref().is_none_or(|p| p == s.policy)) {
         let server =
-            Server::spawn(s, &format!("admin_token = \"{TOKEN}\"\n"), &format!("admission_audit = {AUDIT}\n"))?;
+            Server::spawn(s, &format!("admin_token = \"{TOKEN}\"\n"), &format!("admission_audit = {audit}\n"))?;
         for (k, u) in UTILISATIONS.iter().enumerate() {
             let p = runtime.block_on(phase(&server, &body, s.capacity, *u, 7 + k as u64)).context(s.policy)?;
             rows.push((s.policy, p));
         }
     }
     println!(
-        "| policy | utilisation | rate req/s | sent | 200 | other | would refuse | audited | met | false refusals (est.) | false / sent (goal ≤ 1 %) |"
+        "| policy | utilisation | rate req/s | sent | 200 | late 200s (client) | late admitted (server) | other | would refuse | audited | met | false refusals (est.) | false / sent (goal ≤ 1 %) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (policy, p) in &rows {
         println!(
-            "| {policy} | {:.0} % | {:.1} | {} | {} | {} | {} ({:.2} %) | {} | {} | {:.1} | {:.2} % |",
+            "| {policy} | {:.0} % | {:.1} | {} | {} | {} | {} | {} | {} ({:.2} %) | {} | {} | {:.1} | {:.2} % |",
             p.utilisation * 100.0,
             p.rate,
             p.sent,
             p.ok,
+            p.late,
+            p.late_admitted,
             p.other,
             p.would_refuse,
             p.share(p.would_refuse as f64) * 100.0,
@@ -153,7 +174,7 @@ fn main() -> Result<()> {
     let phases: Vec<Value> = rows.iter().map(|(policy, p)| json!({ "policy": policy, "phase": p })).collect();
     println!(
         "{}",
-        json!({ "bench": "admission", "slo_ms": SLO_MS, "seconds": SECONDS, "audit": AUDIT, "phases": phases })
+        json!({ "bench": "admission", "slo_ms": SLO_MS, "seconds": SECONDS, "audit": audit, "phases": phases })
     );
     // The worst policy at the highest utilisation below capacity.
     let at90: Vec<&Phase> = rows.iter().map(|(_, p)| p).filter(|p| p.utilisation == 0.9).collect();

@@ -15,7 +15,10 @@
 //! - the share of answers 200 that came after the SLO at 5× (goal ≤ 1 %), and the
 //!   p99 latency of the answers 200 (goal ≤ the SLO);
 //! - the server's RSS after start and after each phase (goal: flat);
-//! - every status the clients got.
+//! - every status the clients got;
+//! - how late the client's own timer woke (p99 and max of a 5 ms timer on the
+//!   client's runtime): latency runs from the scheduled send, so the client's
+//!   scheduling delay is counted in it and never seen by the server.
 //!
 //! Run: `cargo bench -p sluice --bench overload` (needs `cargo xtask policies`).
 //! Prints a table, then one JSON line, then the summary line
@@ -119,6 +122,25 @@ struct Phase {
     p50_ms: f64,
     p99_ms: f64,
     rss_mib: f64,
+    /// How late the client's own 5 ms timer woke during the phase, p99 and max
+    /// (ms): time the client's latency counts that the server never sees (its
+    /// arrivals are sent on the same runtime's timer, and latency runs from the
+    /// scheduled send).
+    client_lag_p99_ms: f64,
+    client_lag_max_ms: f64,
+}
+
+/// Wakes every 5 ms on the client's runtime until `stop`, and returns how late
+/// each wake-up was (ms): the client's own scheduling delay beside the server and
+/// any background load.
+async fn timer_lag(stop: Arc<std::sync::atomic::AtomicBool>) -> Vec<f64> {
+    let mut lags = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let due = tokio::time::Instant::now() + Duration::from_millis(5);
+        tokio::time::sleep_until(due).await;
+        lags.push(due.elapsed().as_secs_f64() * 1e3);
+    }
+    lags
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -131,6 +153,8 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 async fn phase(server: &Server, body: Body, rate: f64, seed: u64) -> Result<Phase> {
     let late_before = loadgen::server_count(server.addr, "late").await;
     let (bytes, headers) = body.request();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = tokio::spawn(timer_lag(stop.clone()));
     let records = run_poisson(PoissonArgs {
         addr: server.addr,
         path: "/v2/models/img/infer".into(),
@@ -143,6 +167,9 @@ async fn phase(server: &Server, body: Body, rate: f64, seed: u64) -> Result<Phas
         max_connections: POOL,
     })
     .await?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut lags = probe.await?;
+    lags.sort_by(f64::total_cmp);
     let late_after = loadgen::server_count(server.addr, "late").await;
     let mut by_status = BTreeMap::new();
     for r in &records {
@@ -162,6 +189,8 @@ async fn phase(server: &Server, body: Body, rate: f64, seed: u64) -> Result<Phas
         p99_ms: quantile(&ok, 0.99),
         by_status,
         rss_mib: server.rss_mib(),
+        client_lag_p99_ms: quantile(&lags, 0.99),
+        client_lag_max_ms: lags.last().copied().unwrap_or(f64::NAN),
     })
 }
 
@@ -188,9 +217,9 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "| policy | body | background | capacity req/s | goodput 1× | goodput 5× | 5× / 1× (goal ≥ 0.9) | late 200s at 5× (goal ≤ 1 %) | p99 200s at 5× ms (SLO {SLO_MS}) | statuses at 5× | RSS start / 1× / 5× MiB |"
+        "| policy | body | background | capacity req/s | goodput 1× | goodput 5× | 5× / 1× (goal ≥ 0.9) | late 200s at 5× (goal ≤ 1 %) | p99 200s at 5× ms (SLO {SLO_MS}) | statuses at 5× | RSS start / 1× / 5× MiB | client timer lag at 5×, p99 / max ms |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|");
     let mut out = Vec::new();
     let (mut worst_ratio, mut worst_late) = (f64::INFINITY, 0.0f64);
     for (s, body, background, start_rss, at, over) in &rows {
@@ -198,7 +227,7 @@ fn main() -> Result<()> {
         worst_ratio = worst_ratio.min(ratio);
         worst_late = worst_late.max(over.late_share);
         println!(
-            "| {} | {:?} | {} busy | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} % ({} of {}; server {}) | {:.0} | {:?} | {:.0} / {:.0} / {:.0} |",
+            "| {} | {:?} | {} busy | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} % ({} of {}; server {}) | {:.0} | {:?} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} |",
             s.policy,
             body,
             background,
@@ -214,7 +243,9 @@ fn main() -> Result<()> {
             over.by_status,
             start_rss,
             at.rss_mib,
-            over.rss_mib
+            over.rss_mib,
+            over.client_lag_p99_ms,
+            over.client_lag_max_ms
         );
         out.push(json!({ "policy": s.policy, "body": body, "background_busy": background, "capacity": s.capacity,
             "start_rss_mib": start_rss, "at_capacity": at, "at_5x": over }));

@@ -32,11 +32,17 @@ pub fn learned_batch(previous: u32, size: usize, left: usize) -> u32 {
 /// the profile.
 ///
 /// The request's own batch holds the requests known to be in it (itself included)
-/// and those expected to arrive before it starts, `arrivals_per_us` times the
-/// wait, up to `batch`: a policy that takes what is queued at once fills its
-/// batch with later arrivals (under overload, a full batch: in pairs, the first of
-/// a pair finishes with its partner), while under light load the request is
-/// served nearly alone. Alone at an idle worker it runs at once, alone.
+/// and those that may arrive before it starts, up to `batch`: as many as a Poisson
+/// stream of `arrivals_per_us` brings in the wait at its [`ARRIVAL_QUANTILE`]
+/// ([`arrivals_at_quantile`]). A policy that takes what is queued at once fills
+/// its batch with later arrivals (under overload, a full batch: in pairs, the
+/// first of a pair finishes with its partner). Counting only the expected number
+/// (the mean, rounded) predicted a request 40 ms behind a running pair of
+/// jellyfish's Inception at 12 req/s per worker alone (0.48 arrivals, rounded to
+/// none), and it finished 83 ms later with the partner that came one time in
+/// three; that error made the margin of every shallow request, which refused the
+/// requests whose batch was already full and then made their deadline
+/// (BENCHMARKS §12). Alone at an idle worker it runs at once, alone.
 pub fn predict_us(
     running_model: &sdk::Model,
     model: &sdk::Model,
@@ -64,8 +70,103 @@ pub fn predict_us(
     let before = (n - 1) / b; // whole batches ahead of its own
     let start = left + before as f64 * latency(b);
     let known = n - before * b;
-    let expected = (arrivals_per_us.max(0.0) * start).round() as u64;
-    start + latency(known.saturating_add(expected).min(b))
+    let more = arrivals_at_quantile(arrivals_per_us * start, b.saturating_sub(known));
+    start + latency(known.saturating_add(more).min(b))
+}
+
+/// The deepest queue [`predict_worst_us`] follows batch by batch (a stack array
+/// of this many start times); past it, each choice is predicted on its own and the
+/// latest counts. Admission refuses long before: a queue this deep is 64 batches.
+pub const MAX_DEPTH: usize = 64;
+
+/// As [`predict_us`], for a policy that may form each batch with any of `choices`
+/// (model, batch size): the latest finish over every sequence of choices, one per
+/// batch, the request's own batch filled as in [`predict_us`].
+///
+/// A policy that picks its model by load decides each batch from the rate it sees
+/// then, and the rate moves while a request waits: jellyfish at 70 % of its
+/// capacity served the request ahead with ResNet-50 alone and then this one in an
+/// Inception pair (104 + 164 ms), later than either model throughout predicted
+/// (208 or 164 ms); that 60 ms, one answer in twenty two deep, was the margin
+/// that refused every request four deep (BENCHMARKS §12).
+///
+/// The latest start of each decision is found once per depth (a decision that
+/// starts later never finishes the request sooner), so this costs the depth times
+/// the choices.
+pub fn predict_worst_us(
+    running_model: &sdk::Model,
+    choices: &[(&sdk::Model, u32)],
+    slowdown: f64,
+    (running, elapsed): (usize, u64),
+    queued: usize,
+    arrivals_per_us: f64,
+) -> f64 {
+    let each = || {
+        choices
+            .iter()
+            .map(|&(m, b)| predict_us(running_model, m, slowdown, (running, elapsed), queued, b, arrivals_per_us))
+    };
+    if choices.len() <= 1 || queued >= MAX_DEPTH {
+        return each().fold(0.0, f64::max);
+    }
+    let latency_of =
+        |m: &sdk::Model, b: u64| m.latency(u32::try_from(b).unwrap_or(u32::MAX)).unwrap_or(0) as f64 * slowdown;
+    let left = match running {
+        0 => 0.0,
+        size => {
+            let size = (size as u64).min(u64::from(running_model.max_batch().max(1)));
+            (latency_of(running_model, size) - elapsed as f64).max(0.0)
+        }
+    };
+    // starts[k]: the latest time a decision finds `k` of those ahead still queued.
+    let mut starts = [f64::NEG_INFINITY; MAX_DEPTH];
+    starts[queued] = left;
+    let mut worst: f64 = 0.0;
+    for k in (0..=queued).rev() {
+        let start = starts[k];
+        if start == f64::NEG_INFINITY {
+            continue;
+        }
+        for &(m, batch) in choices {
+            let b = m.max_batch().min(batch).max(1) as usize;
+            if b > k {
+                // Its own batch: the k ahead, itself, and what may arrive meanwhile.
+                let known = k as u64 + 1;
+                let more = arrivals_at_quantile(arrivals_per_us * start, (b as u64).saturating_sub(known));
+                worst = worst.max(start + latency_of(m, (known + more).min(b as u64)));
+            } else {
+                starts[k - b] = starts[k - b].max(start + latency_of(m, b as u64));
+            }
+        }
+    }
+    worst
+}
+
+/// The quantile of a Poisson count of arrivals that [`predict_us`] fills a
+/// request's batch with: the batch holds fewer than that count in at least 99 of
+/// 100 waits, the share of admitted requests admission lets finish later than
+/// predicted by more than its margin ([`ERROR_QUANTILE`]).
+pub const ARRIVAL_QUANTILE: f64 = 0.99;
+
+/// The smallest `k` (at most `cap`) with at least [`ARRIVAL_QUANTILE`] of a
+/// Poisson count of mean `mean` at or below `k`: how many arrivals a waiting
+/// request's batch may gain. 0 for a mean of 0 (or not a number).
+pub fn arrivals_at_quantile(mean: f64, cap: u64) -> u64 {
+    if mean.is_nan() || mean <= 0.0 {
+        return 0;
+    }
+    // P(N = 0) underflows past a mean of ~745; long before that the batch is full.
+    if mean > 700.0 {
+        return cap;
+    }
+    let (mut k, mut p) = (0, (-mean).exp());
+    let mut below = p;
+    while below < ARRIVAL_QUANTILE && k < cap {
+        k += 1;
+        p *= mean / k as f64;
+        below += p;
+    }
+    k
 }
 
 /// How many predictors admission runs, each with its own margin: [`LAST`],
@@ -82,13 +183,27 @@ pub const FASTEST: usize = 1;
 
 /// The predictor that serves the queue with the model and batch size the policy
 /// chose the last time the app's arrival rate was about what it is now
-/// ([`load_bucket`]): right for a policy that picks its model and batch by load,
+/// ([`load_bucket`], [`nearby_buckets`]): right for a policy that picks its model and batch by load,
 /// as jellyfish does from the `load_qps` the host gives it. Under a burst it
 /// changes from ResNet-50 one by one to Inception in pairs (164 ms a pair, 60 ms
 /// more than the single ResNet-50 the last batch predicted), so the last model's
 /// prediction for a request admitted in the burst was off by 60 ms one answer in
 /// five, and its margin refused deep requests that then made their deadline.
 pub const BY_LOAD: usize = 2;
+
+/// The buckets whose choices [`BY_LOAD`] predicts with for an arrival rate in
+/// `bucket`: that one and the two beside it (about ±19 % each), the latest finish
+/// counting. The rate a policy sees when it forms the request's batch is a later
+/// estimate than admission's (jellyfish's, over the host's 500 ms window, counts 9
+/// ± 3 arrivals at 18 req/s), so near a rate where the policy changes its choice
+/// either may serve the request: at 70 % of jellyfish's capacity the rate sits on
+/// its switch from ResNet-50 one by one to Inception in pairs, and requests
+/// predicted with one bucket's ResNet-50 finished 60 ms later in an Inception pair
+/// one time in twelve, a margin that then refused every request three deep
+/// (BENCHMARKS §12).
+pub fn nearby_buckets(bucket: usize) -> std::ops::RangeInclusive<usize> {
+    bucket.saturating_sub(1)..=(bucket + 1).min(LOAD_BUCKETS - 1)
+}
 
 /// How many buckets of arrival rate [`BY_LOAD`] remembers a choice for.
 pub const LOAD_BUCKETS: usize = 64;
@@ -159,25 +274,43 @@ pub fn judge(predicted: [f64; PREDICTORS], margins: [u64; PREDICTORS], cap: u64)
 
 /// How many bands of depth admission keeps errors and margins for
 /// ([`band`]).
-pub const BANDS: usize = 6;
+pub const BANDS: usize = 7;
 
-/// The band of a request with `ahead` requests before it on its worker: the bit
-/// length of `ahead` (0; 1; 2–3; 4–7; 8–15; 16 and more).
+/// The band of a request with `ahead` requests before it on its worker: the
+/// depth itself up to 3, then its bit length (0; 1; 2; 3; 4–7; 8–15; 16 and more).
 ///
 /// Errors depend on the depth: a request predicted alone at an idle worker is
 /// late when the policy pairs it with a later arrival (jellyfish under load: 60–83
 /// ms, one answer in five), while one three deep is predicted in the full batches
 /// it will be served in and is rarely off by more than the executor's jitter. One
 /// margin for all took the shallow requests' 99th percentile (61 ms) and refused
-/// deep ones that then made their deadline (BENCHMARKS §12).
+/// deep ones that then made their deadline (BENCHMARKS §12). Two and three deep
+/// apart for the same reason: behind jellyfish's pairs, two deep were 60 ms late
+/// one answer in twenty-five (the policy chose its model for the next batch after
+/// admission), three deep one in a hundred, and the band they shared refused the
+/// three-deep ones near their deadline.
 pub fn band(ahead: usize) -> usize {
-    ((usize::BITS - ahead.leading_zeros()) as usize).min(BANDS - 1)
+    if ahead < 4 {
+        return ahead;
+    }
+    ((usize::BITS - ahead.leading_zeros()) as usize + 1).min(BANDS - 1)
 }
 
 /// The fewest errors a band's margin is taken from: a band with fewer borrows
 /// its deeper neighbours' errors, then its shallower ones'
 /// ([`BandedErrors::margins`]).
 pub const MIN_SAMPLES: usize = 100;
+
+/// The errors of its own and deeper bands with which a band stops borrowing
+/// shallower ones' ([`BandedErrors::margins`]): their largest error then covers
+/// about 97 in 100 of its answers, while a shallower band's errors are another
+/// kind. Requests four deep behind jellyfish's full Inception pairs were predicted
+/// to the millisecond (55 answers, none more than 2 ms late), and the 60 ms they
+/// borrowed from the band of two and three deep, where the policy's choice of
+/// model for the next batch is still open, refused every one of them near its
+/// deadline: three in four of the false refusals at 70 and 90 % of capacity
+/// (BENCHMARKS §12).
+pub const OWN_SAMPLES: usize = 32;
 
 /// Prediction errors kept per band of depth ([`band`]), and the margin each band
 /// gets.
@@ -193,10 +326,11 @@ impl BandedErrors {
     }
 
     /// Each band's margin: the [`ERROR_QUANTILE`] of its errors, pooled with the
-    /// deeper bands' and then the shallower ones' until [`MIN_SAMPLES`] are in
-    /// (or every band is). Deeper first: a sparse band sits where the queue is
-    /// rarely that deep, and the requests that matter there are those near their
-    /// deadline, whose errors the deeper bands hold; with fewer than
+    /// deeper bands' until [`MIN_SAMPLES`] are in, then with the shallower ones'
+    /// while fewer than [`OWN_SAMPLES`] are (or every band is). Deeper first: a
+    /// sparse band sits where the queue is rarely that deep, and the requests that
+    /// matter there are those near their deadline, whose errors the deeper bands
+    /// hold; shallower ones' only to have a few errors at all; with fewer than
     /// [`MIN_SAMPLES`] in all, it is their largest error, as in
     /// [`PredictionErrors`].
     pub fn margins(&self) -> [u64; BANDS] {
@@ -205,7 +339,7 @@ impl BandedErrors {
             let mut pooled: [&[i64]; BANDS] = [&[]; BANDS];
             let mut n = 0;
             for (slot, k) in pooled.iter_mut().zip((b..BANDS).chain((0..b).rev())) {
-                if n >= MIN_SAMPLES {
+                if n >= MIN_SAMPLES || (k < b && n >= OWN_SAMPLES) {
                     break;
                 }
                 *slot = &self.bands[k].sorted;
@@ -341,8 +475,78 @@ mod tests {
         // Up to 4 on the GPU-like one: 9 in three batches; capped by the profile.
         assert_eq!(predict_us(&gpu, &gpu, 1.0, (1, 10), 8, 4, FLOOD), 45.0);
         assert_eq!(predict_us(&gpu, &gpu, 1.0, (1, 10), 8, 32, FLOOD), 45.0);
-        // Arrivals expected while it waits: 2 known, 10 µs of wait at 0.1/µs → 1.
-        assert_eq!(predict_us(&gpu, &gpu, 1.0, (1, 0), 1, 4, 0.1), 10.0 + 13.0);
+        // Arrivals while it waits: 2 known, 10 µs of wait at 0.1/µs is a mean of 1,
+        // whose 99th percentile (4) fills the batch.
+        assert_eq!(predict_us(&gpu, &gpu, 1.0, (1, 0), 1, 4, 0.1), 10.0 + 15.0);
+        // At 0.005/µs a mean of 0.05: one more arrives in 4.9 % of waits.
+        assert_eq!(predict_us(&gpu, &gpu, 1.0, (1, 0), 1, 4, 0.005), 10.0 + 13.0);
+        // At 0.0005/µs one more comes in 0.5 % of waits: the two known alone.
+        assert_eq!(predict_us(&gpu, &gpu, 1.0, (1, 0), 1, 4, 0.0005), 10.0 + 11.0);
+    }
+
+    /// Inception on one CPU thread (the same profile): pairs pay a little.
+    fn inception() -> sdk::Model {
+        sdk::Model { id: 1, name: "inception_v1".into(), accuracy: 0.67, latency: vec![81, 164, 231, 299] }
+    }
+
+    #[test]
+    fn one_choice_is_predicted_as_by_itself() {
+        let (cpu, inc, gpu) = (cpu(), inception(), gpu());
+        for (m, b) in [(&cpu, 1), (&inc, 2), (&gpu, 4), (&gpu, 3)] {
+            for running in [(0, 0), (1, 30), (2, 100), (4, 5)] {
+                for queued in [0, 1, 2, 3, 5, 8, 70] {
+                    for rate in [0.0, 0.0005, 0.005, FLOOD] {
+                        let one = predict_us(&cpu, m, 1.5, running, queued, b, rate);
+                        let worst = predict_worst_us(&cpu, &[(m, b)], 1.5, running, queued, rate);
+                        assert_eq!(worst, one, "{} b {b} {running:?} {queued} {rate}", m.name);
+                        // The same choice twice changes nothing.
+                        let twice = predict_worst_us(&cpu, &[(m, b), (m, b)], 1.5, running, queued, rate);
+                        assert_eq!(twice, one, "{} b {b} {running:?} {queued} {rate}", m.name);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_policy_that_changes_its_choice_is_predicted_at_its_latest() {
+        let (cpu, inc) = (cpu(), inception());
+        let choices = [(&cpu, 1), (&inc, 2)];
+        // Behind a ResNet-50 batch just finishing, one queued, this one: ResNet-50
+        // for the one ahead, then this one in an Inception pair (104 + 164), later
+        // than ResNet-50 throughout (208) or Inception throughout (164).
+        assert_eq!(predict_us(&cpu, &cpu, 1.0, (1, 104), 1, 1, FLOOD), 208.0);
+        assert_eq!(predict_us(&cpu, &inc, 1.0, (1, 104), 1, 2, FLOOD), 164.0);
+        assert_eq!(predict_worst_us(&cpu, &choices, 1.0, (1, 104), 1, FLOOD), 104.0 + 164.0);
+        // Alone at an idle worker: the slower model at batch 1.
+        assert_eq!(predict_worst_us(&cpu, &choices, 1.0, (0, 0), 0, FLOOD), 104.0);
+        // Three ahead: two ResNet-50 singles, then this one paired (2 · 104 + 164),
+        // behind what is left of the running batch (24).
+        assert_eq!(predict_worst_us(&cpu, &choices, 1.0, (1, 80), 2, FLOOD), 24.0 + 208.0 + 164.0);
+        // Without arrivals its own batch holds only what is known.
+        assert_eq!(predict_worst_us(&cpu, &choices, 1.0, (1, 80), 2, 0.0), 24.0 + 208.0 + 104.0);
+        // Past the depth followed batch by batch: each choice alone, the latest.
+        let deep = predict_worst_us(&cpu, &choices, 1.0, (0, 0), MAX_DEPTH, FLOOD);
+        assert_eq!(deep, predict_us(&cpu, &cpu, 1.0, (0, 0), MAX_DEPTH, 1, FLOOD));
+        assert_eq!(predict_worst_us(&cpu, &[], 1.0, (0, 0), 3, FLOOD), 0.0);
+    }
+
+    #[test]
+    fn a_waiting_batch_is_filled_to_the_99th_percentile_of_arrivals() {
+        assert_eq!(arrivals_at_quantile(0.0, 4), 0);
+        assert_eq!(arrivals_at_quantile(f64::NAN, 4), 0);
+        assert_eq!(arrivals_at_quantile(-1.0, 4), 0);
+        // P(N = 0) = 0.995 at a mean of 0.005; 0.98 at 0.02.
+        assert_eq!(arrivals_at_quantile(0.005, 4), 0);
+        assert_eq!(arrivals_at_quantile(0.02, 4), 1);
+        // jellyfish's partner: 40 ms behind a pair at 12 req/s per worker (mean
+        // 0.48) may well come: the pair is predicted, where the rounded mean said
+        // alone.
+        assert_eq!(arrivals_at_quantile(0.48, 1), 1);
+        // A mean of 1: P(N ≤ 3) = 0.981, P(N ≤ 4) = 0.996.
+        assert_eq!(arrivals_at_quantile(1.0, 10), 4);
+        assert_eq!(arrivals_at_quantile(1.0, 2), 2, "capped");
+        assert_eq!(arrivals_at_quantile(1e9, 31), 31);
     }
 
     #[test]
@@ -416,12 +620,15 @@ mod tests {
         assert_eq!(unpack_choice(pack_choice(3, 4)), Some((3, 4)));
         assert_eq!(unpack_choice(pack_choice(0, 1)), Some((0, 1)));
         assert_eq!(unpack_choice(0), None);
+        assert_eq!(nearby_buckets(17), 16..=18);
+        assert_eq!(nearby_buckets(0), 0..=1);
+        assert_eq!(nearby_buckets(LOAD_BUCKETS - 1), LOAD_BUCKETS - 2..=LOAD_BUCKETS - 1);
     }
 
     #[test]
-    fn the_band_is_the_bit_length_of_the_depth() {
+    fn the_band_is_the_depth_then_its_bit_length() {
         let bands: Vec<usize> = [0, 1, 2, 3, 4, 7, 8, 15, 16, 1000, usize::MAX].into_iter().map(band).collect();
-        assert_eq!(bands, [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 5]);
+        assert_eq!(bands, [0, 1, 2, 3, 4, 4, 5, 5, 6, 6, 6]);
     }
 
     #[test]
@@ -437,7 +644,7 @@ mod tests {
         // Band 1 has none: it borrows the deeper bands' (2, then the rest: 200).
         assert_eq!(m[1], 1_000);
         // The deepest has none either, nor any deeper: it borrows band 4, 3 and 2.
-        assert_eq!(m[5], 1_000);
+        assert_eq!(m[BANDS - 1], 1_000);
         // A sparse band is pooled until 100: 10 of its own at 5 ms, 200 deeper at 1 ms.
         let mut e = BandedErrors::default();
         for _ in 0..10 {
@@ -450,6 +657,25 @@ mod tests {
         assert_eq!(e.margins()[1], 5_000);
         // With no errors anywhere, no margin.
         assert_eq!(BandedErrors::default().margins(), [0; BANDS]);
+        // A deep band with errors of its own keeps to them: 40 answers on time four
+        // deep, the shallower band often 60 ms late.
+        let mut e = BandedErrors::default();
+        for i in 0..200 {
+            e.record(2, if i % 5 == 0 { 60_000 } else { 0 });
+        }
+        for _ in 0..40 {
+            e.record(3, 2_000);
+        }
+        assert_eq!(e.margins()[3], 2_000);
+        // With fewer than OWN_SAMPLES it borrows them.
+        let mut e = BandedErrors::default();
+        for i in 0..200 {
+            e.record(2, if i % 5 == 0 { 60_000 } else { 0 });
+        }
+        for _ in 0..10 {
+            e.record(3, 2_000);
+        }
+        assert_eq!(e.margins()[3], 60_000);
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl WorkerHandle {
     /// more with `model`, at the measured slowdown: what is left of the running
     /// batch (its profiled time less what has elapsed; `running` requests in it),
     /// then the `queued + 1` in batches of the size this worker's policy forms,
-    /// its own batch filled by the arrivals expected meanwhile (`arrivals_per_us`,
+    /// its own batch filled by the arrivals that may come meanwhile (`arrivals_per_us`,
     /// per worker; see [`admission::predict_us`] and [`WorkerHandle::batch_sizes`]).
     /// That size, not the largest nor the cheapest:
     /// on a CPU a batch of four can cost more than four single requests (ResNet-50
@@ -158,9 +158,11 @@ impl WorkerHandle {
     ///
     /// The queue is predicted three ways ([`admission::LAST`], [`admission::FASTEST`],
     /// [`admission::BY_LOAD`]): with the last model, with the fastest loaded one,
-    /// and with the model and batch the policy chose when the app's arrival rate
-    /// (`app_rate`, req/s) was about what it is now; each is
-    /// judged with its own margin ([`admission::judge`]). A policy that picks its
+    /// and with the models and batches the policy chose when the app's arrival rate
+    /// (`app_rate`, req/s) was about what it is now (its bucket and the two beside
+    /// it, [`admission::nearby_buckets`]), any of them for each batch, the latest
+    /// finish counting ([`admission::predict_worst_us`]);
+    /// each is judged with its own margin ([`admission::judge`]). A policy that picks its
     /// model by load (jellyfish serves its most accurate model while that keeps
     /// up, a faster one when the load grows) serves a longer queue faster than its
     /// last batch's model would. Predicting with the last model alone refused 14 %
@@ -185,17 +187,29 @@ impl WorkerHandle {
         let with = |m: &sdk::Model, batch: u32| {
             admission::predict_us(last, m, slowdown, (running, elapsed), queued, batch, arrivals_per_us)
         };
-        let (by_load, by_load_batch) = self
-            .by_load
-            .get(admission::load_bucket(app_rate))
-            .and_then(|c| admission::unpack_choice(c.load(Ordering::Relaxed)))
-            .and_then(|(index, batch)| Some((models.get(index as usize)?, batch)))
-            .unwrap_or((last, self.batch_of(last_index)));
-        Some([
-            with(last, self.batch_of(last_index)),
-            with(fastest, self.batch_of(fastest_index)),
-            with(by_load, by_load_batch),
-        ])
+        let last_prediction = with(last, self.batch_of(last_index));
+        // The choices made at about this rate: the rate at each of the batches
+        // ahead may be a bucket off the one at its admission.
+        let mut choices: [(&sdk::Model, u32); 3] = [(last, 1); 3];
+        let mut n = 0;
+        for k in admission::nearby_buckets(admission::load_bucket(app_rate)) {
+            let Some((index, batch)) =
+                self.by_load.get(k).and_then(|c| admission::unpack_choice(c.load(Ordering::Relaxed)))
+            else {
+                continue;
+            };
+            let Some(model) = models.get(index as usize) else { continue };
+            if n < choices.len() && !choices[..n].iter().any(|&(m, b)| m.id == model.id && b == batch) {
+                choices[n] = (model, batch);
+                n += 1;
+            }
+        }
+        let by_load = if n == 0 {
+            last_prediction
+        } else {
+            admission::predict_worst_us(last, &choices[..n], slowdown, (running, elapsed), queued, arrivals_per_us)
+        };
+        Some([last_prediction, with(fastest, self.batch_of(fastest_index)), by_load])
     }
 
     /// The batch size admission assumes the policy forms with the model at `index`.
@@ -746,12 +760,15 @@ impl App {
     /// Folds the answers of a batch finished at `finished` into each predictor's
     /// errors behind [`App::margin_us`].
     pub fn record_answers(&self, finished: u64, requests: &[Request]) {
-        for p in requests.iter().map(|r| r.predicted).filter(|p| p.finish[0] > 0) {
+        for r in requests.iter().filter(|r| r.predicted.finish[0] > 0) {
+            let p = r.predicted;
             tracing::trace!(
                 app = self.name(),
                 batch = requests.len(),
                 ahead = p.ahead,
                 late_ms = ?p.finish.map(|f| (finished as i64 - f as i64) / 1000),
+                audit = r.audit,
+                met = finished <= r.deadline,
                 "answered against its prediction"
             );
         }
@@ -918,6 +935,8 @@ impl App {
                         fastest_ms = predicted[admission::FASTEST] / 1e3,
                         by_load_ms = predicted[admission::BY_LOAD] / 1e3,
                         margin_ms = judged.margin_us / 1e3,
+                        wait_ms = judged.wait_us / 1e3,
+                        slack_ms = (deadline as f64 - now as f64) / 1e3,
                         rate = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed)),
                         admitted = others,
                         "admission"
