@@ -233,6 +233,10 @@ async fn the_etcd_auth_job_as_written_secures_a_real_etcd_and_can_run_again() {
     }
     check_access(&endpoints, "s1uice-pass", "after the second run").await;
     role.put("/sluice/v1/role", b"2".to_vec(), None).await.expect("a role connected before the second run");
+    assert!(
+        role.reauthenticated() >= 1,
+        "the password set again (and the restart) dropped its token: it authenticated again"
+    );
 
     // 3. From a half-done state (authentication off, the sluice user gone: a pod lost
     //    half-way through an earlier attempt, or an operator's repair), with the
