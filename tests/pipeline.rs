@@ -216,6 +216,8 @@ async fn under_load_across_replans_every_intermediate_request_is_accounted_for()
     assert!(checked >= 2, "no fan-out measured on enough requests: {s}");
     let history = s["allocation"]["history"].as_array().unwrap();
     assert_eq!(history.len(), 4, "{s}");
+    // Each plan names how it was made (a MILP's here: nothing ran out of time).
+    assert!(history.iter().all(|h| h["origin"] == "milp" && h["origin_reason"].is_null()), "{s}");
     server.stop().await.unwrap();
 }
 

@@ -244,17 +244,29 @@ impl Allocator {
         };
         match solved {
             Ok((report, solves, solve_seconds, plan, origin)) => {
-                let mut a = self.solved(report, solves, solve_seconds, plan);
-                if origin != Origin::Milp && a.error.is_none() && a.plan.is_some() {
-                    // No MILP found a plan in time: the greedy or the repaired plan,
-                    // in force and reported as such, never nothing.
-                    a.status = origin.name().into();
-                    a.origin = Some(origin);
-                }
-                a
+                self.solved_by(report, solves, solve_seconds, plan, origin)
             }
             Err(e) => self.fail(e),
         }
+    }
+
+    /// [`Self::solved`] for a plan of `origin`: a greedy or repaired plan (no MILP
+    /// found one in time) is in force and reported as such, status `greedy` /
+    /// `repaired` with its [`Origin`], never nothing.
+    pub(crate) fn solved_by(
+        &mut self,
+        report: SolveReport,
+        solves: usize,
+        solve_seconds: f64,
+        plan: Option<AnyPlan>,
+        origin: Origin,
+    ) -> Allocation {
+        let mut a = self.solved(report, solves, solve_seconds, plan);
+        if origin != Origin::Milp && a.error.is_none() && a.plan.is_some() {
+            a.status = origin.name().into();
+            a.origin = Some(origin);
+        }
+        a
     }
 }
 

@@ -450,7 +450,7 @@ fn uniform(counter: u64) -> f64 {
 
 impl PipelineApp {
     /// Builds the pipeline over its task apps (already built, workers loaded per
-    /// `devices`, the first plan's placement).
+    /// `devices`, the first plan's placement; `origin`, how that plan was made).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: PipelineConfig,
@@ -458,7 +458,7 @@ impl PipelineApp {
         input: InputSpec,
         tasks: Vec<Option<Arc<App>>>,
         sources: Vec<Option<AppSources>>,
-        plan: Plan,
+        (plan, origin): (Plan, sluice_alloc::Origin),
         devices: Vec<Option<Slot>>,
         clock: WallClock,
     ) -> Arc<PipelineApp> {
@@ -502,7 +502,7 @@ impl PipelineApp {
         });
         {
             let mut st = p.plan.try_lock().expect("not shared yet");
-            st.history.push_back(summary(&plan, "startup", 0.0));
+            st.history.push_back(summary(&plan, "startup", &origin, 0.0));
             st.plan = Some(plan);
             *p.view.lock() = p.view_of(&st);
         }
@@ -793,9 +793,11 @@ fn early_cause(cause: DropCause) -> flow::EarlyCause {
 }
 
 /// A plan's line in the history.
-fn summary(plan: &Plan, reason: &str, solve_seconds: f64) -> Value {
+fn summary(plan: &Plan, reason: &str, origin: &sluice_alloc::Origin, solve_seconds: f64) -> Value {
     json!({
         "reason": reason,
+        "origin": origin.name(),
+        "origin_reason": origin.reason(),
         "step": plan.step,
         "demand_qps": plan.demand_qps,
         "served_qps": plan.served_qps,
@@ -831,7 +833,10 @@ impl PipelineApp {
         let demand = demand.unwrap_or_else(|| self.demand()).max(self.config.min_demand_qps);
         let mut problem = self.problem.clone();
         problem.demand_qps = demand;
-        let outcome = tokio::task::spawn_blocking(move || loki::solve(&problem))
+        // The plan in force, so one that no MILP improves on in time is repaired
+        // for the new demand rather than replaced by a greedy one.
+        let previous = st.plan.clone();
+        let outcome = tokio::task::spawn_blocking(move || loki::solve_from(&problem, previous.as_ref()))
             .await
             .map_err(|e| format!("allocator task: {e}"))?
             .map_err(|e| e.to_string())?;
@@ -879,9 +884,11 @@ impl PipelineApp {
             demand,
             accuracy = plan.accuracy,
             step = plan.step,
+            origin = outcome.origin.name(),
+            why = outcome.origin.reason().unwrap_or(""),
             "pipeline: plan applied"
         );
-        st.history.push_back(summary(&plan, reason, outcome.report.solve_seconds));
+        st.history.push_back(summary(&plan, reason, &outcome.origin, outcome.report.solve_seconds));
         while st.history.len() > HISTORY {
             st.history.pop_front();
         }

@@ -340,6 +340,10 @@ async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow
     }
     let p = problem.clone();
     let outcome = tokio::task::spawn_blocking(move || sluice_alloc::loki::solve(&p)).await??;
+    if let Some(why) = outcome.origin.reason() {
+        tracing::warn!(pipeline = %pc.name, origin = outcome.origin.name(), "first plan made without a solver: {why}");
+    }
+    let origin = outcome.origin.clone();
     let plan = outcome.plan.ok_or_else(|| {
         anyhow::anyhow!(
             "no feasible plan for the problem's demand_qps = {} ({:?})",
@@ -382,7 +386,7 @@ async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow
         tasks.push((app, src, ws));
     }
     let input = input.ok_or_else(|| anyhow::anyhow!("every task is a pass-through: no task has models"))?;
-    let p = PipelineApp::new(pc.clone(), problem, input, apps, task_sources, plan, devices, builder.clock);
+    let p = PipelineApp::new(pc.clone(), problem, input, apps, task_sources, (plan, origin), devices, builder.clock);
     Ok((p, tasks))
 }
 
