@@ -48,6 +48,28 @@ struct Smooth {
     credit: Vec<f64>,
 }
 
+/// One pick of a smooth weighted round-robin (nginx's): adds each entry's weight to
+/// its credit, takes the entry with the most credit and charges it the total. The
+/// live router's weighted mode and the simulator's smooth pipeline routing
+/// (`routing = "smooth"`) both pick with it. Ties go to the lowest index, and an
+/// entry with weight 0 only ties when every credit is equal (never picked while
+/// another has weight, since its credit only falls). `credit` starts at zeros, one
+/// per weight.
+pub fn smooth_pick(weights: &[f64], credit: &mut [f64]) -> usize {
+    let total: f64 = weights.iter().sum();
+    for (c, w) in credit.iter_mut().zip(weights) {
+        *c += w;
+    }
+    let mut best = 0;
+    for w in 1..credit.len() {
+        if credit[w] > credit[best] || (weights[best] == 0.0 && weights[w] > 0.0 && credit[w] == credit[best]) {
+            best = w;
+        }
+    }
+    credit[best] -= total;
+    best
+}
+
 /// Weights that cannot be used.
 #[derive(Debug, Error, PartialEq)]
 pub enum WeightsError {
@@ -100,24 +122,8 @@ impl Router {
             RouterMode::ShortestQueue => (0..self.workers).min_by_key(|&w| load_of(w)).unwrap_or(0),
             RouterMode::Weighted => {
                 let mut s = self.weighted.lock();
-                let total: f64 = s.weights.iter().sum();
                 let Smooth { weights, credit } = &mut *s;
-                for (c, w) in credit.iter_mut().zip(weights.iter()) {
-                    *c += w;
-                }
-                // The most credit wins; ties go to the lowest index, and a worker
-                // with weight 0 only ties when every credit is equal (never picked
-                // while another has weight, since its credit only falls).
-                let mut best = 0;
-                for w in 1..credit.len() {
-                    if credit[w] > credit[best]
-                        || (weights[best] == 0.0 && weights[w] > 0.0 && credit[w] == credit[best])
-                    {
-                        best = w;
-                    }
-                }
-                credit[best] -= total;
-                best
+                smooth_pick(weights, credit)
             }
         }
     }
@@ -193,6 +199,14 @@ mod tests {
             c[r.pick(|_| 0)] += 1;
         }
         c
+    }
+
+    #[test]
+    fn smooth_pick_spreads_shares_exactly_and_never_picks_a_zero_weight() {
+        let weights = [0.5, 0.0, 0.25, 0.25];
+        let mut credit = [0.0; 4];
+        let picks: Vec<usize> = (0..8).map(|_| smooth_pick(&weights, &mut credit)).collect();
+        assert_eq!(picks, [0, 2, 3, 0, 0, 2, 3, 0]);
     }
 
     #[test]

@@ -95,7 +95,7 @@ pub struct Routing {
     pickers: Vec<Vec<Option<Picker>>>,
 }
 
-/// A routing table as a smooth weighted round-robin over its entries: each entry
+/// A routing table as a smooth weighted round-robin (`router::smooth_pick`) over its entries: each entry
 /// gets its probability's share of the requests, evenly spread.
 struct Picker {
     nodes: Vec<usize>,

@@ -61,16 +61,11 @@ impl<'a> PipelineSim<'a> {
                 routes.iter().rev().find(|r| r.probability > 0.0).map(|r| r.node)
             }
             RoutingDraw::Smooth => {
-                let current = self.smooth.entry((from, child)).or_insert_with(|| vec![0.0; routes.len()]);
-                let mut best = 0;
-                for (i, r) in routes.iter().enumerate() {
-                    current[i] += r.probability;
-                    if current[i] > current[best] {
-                        best = i;
-                    }
-                }
-                current[best] -= 1.0;
-                Some(routes[best].node)
+                let credit = self.smooth.entry((from, child)).or_default();
+                // A table rebuilt with another length starts its credits afresh.
+                credit.resize(routes.len(), 0.0);
+                let weights: Vec<f64> = routes.iter().map(|r| r.probability).collect();
+                Some(routes[sluice_core::router::smooth_pick(&weights, credit)].node)
             }
         }
     }
