@@ -9,6 +9,11 @@ use sluice_sdk as sdk;
 
 use crate::runtime::{PolicyFault, PolicyInstance};
 
+/// The name of the built-in safe policy ([`Bound::Safe`]): what answers report as
+/// `policy` for its decisions, what `policy = "safe"` selects in an experiment or a
+/// what-if, and a name no component may take ([`crate::registry::RESERVED`]).
+pub const SAFE_POLICY: &str = "safe";
+
 /// The policy a worker runs.
 pub enum Bound {
     /// A Wasm component instance.
@@ -22,7 +27,7 @@ impl Bound {
     pub fn name(&self) -> &str {
         match self {
             Bound::Wasm(i) => &i.compiled().name,
-            Bound::Safe => "safe",
+            Bound::Safe => SAFE_POLICY,
         }
     }
 }

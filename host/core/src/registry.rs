@@ -24,7 +24,7 @@ use crate::runtime::{CompiledPolicy, PolicyEngine, PolicyError};
 /// stored under it would mean one thing live and another in a replay. Test
 /// fixtures (`misbehave`) are not reserved: they are never built-ins
 /// (`target/fixtures/`), and uploading one is an ordinary upload.
-pub const RESERVED: &[&str] = &["safe"];
+pub const RESERVED: &[&str] = &[crate::decision::SAFE_POLICY];
 
 /// Largest accepted component: far above any real policy (the built-ins are ~20-100 KB),
 /// small enough that an upload cannot exhaust memory.

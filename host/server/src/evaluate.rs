@@ -314,7 +314,7 @@ fn against_of(v: Option<Value>) -> Result<Against, EvaluateError> {
 
 /// Resolves a policy name to what a replay runs (`safe` is the native fallback).
 async fn policy(registry: &Arc<Registry>, name: &str, params: String) -> Result<PolicyUnderTest, EvaluateError> {
-    if name == "safe" {
+    if name == sluice_core::decision::SAFE_POLICY {
         return Ok(PolicyUnderTest { name: name.into(), compiled: None, params });
     }
     let registry = registry.clone();

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use crate::app::{App, WorkerControl, WorkerStart};
 use sluice_core::clock::Clock as _;
-use sluice_core::decision::{Bound, Context};
+use sluice_core::decision::{Bound, Context, SAFE_POLICY};
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{DropReason, Reply, Request, Served};
 use sluice_core::runtime::PolicyFault;
@@ -217,7 +217,7 @@ fn decide(
             }
         }
     }
-    let decided_by = |by_safe: bool| if by_safe { "safe" } else { policy_name.as_str() };
+    let decided_by = |by_safe: bool| if by_safe { SAFE_POLICY } else { policy_name.as_str() };
     for (r, reason, by_safe) in answers.dropped {
         let (detail, by) = match reason {
             DropReason::Expired => ("waited past its deadline beyond expire_after_ms", "host"),

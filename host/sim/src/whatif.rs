@@ -179,7 +179,7 @@ fn run_of(job: &ReplayJob, cache: &mut PolicyCache) -> (Experiment, RunSpec) {
             cache.insert(&key, c.clone());
             key
         }
-        None => "safe".into(),
+        None => sluice_core::decision::SAFE_POLICY.into(),
     };
     app.params = None;
     app.params_file = None;
@@ -246,7 +246,7 @@ pub fn offline(o: &Offline) -> Result<(String, Comparison)> {
     }
     let mut cache = PolicyCache::new(o.builtin_dir.to_path_buf(), PathBuf::new())?;
     let mut policy = |name: &str, params: String| -> Result<PolicyUnderTest> {
-        let compiled = if name == "safe" { None } else { Some(cache.get(name)?) };
+        let compiled = if name == sluice_core::decision::SAFE_POLICY { None } else { Some(cache.get(name)?) };
         Ok(PolicyUnderTest { name: name.to_string(), compiled, params })
     };
     let candidate = policy(o.candidate, o.params.clone().unwrap_or_else(|| "{}".into()))?;
