@@ -19,7 +19,7 @@ use crate::admission;
 use crate::metrics::Metrics;
 use sluice_core::app_config::{AppConfig, FailMode, InputSpec};
 use sluice_core::clock::{Clock as _, WallClock};
-use sluice_core::decision::Bound;
+use sluice_core::decision::{Bound, SAFE_POLICY};
 use sluice_core::demand::DemandMonitor;
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{Head, Prediction, Reply, Request, WorkQueue};
@@ -584,7 +584,7 @@ impl App {
             starts.push(WorkerStart { handle, models: set, control: rx });
         }
         let binding = BindingInfo {
-            policy: compiled.as_ref().map(|c| c.name.clone()).unwrap_or_else(|| "safe".into()),
+            policy: compiled.as_ref().map(|c| c.name.clone()).unwrap_or_else(|| SAFE_POLICY.into()),
             digest: compiled.as_ref().map(|c| c.digest.clone()),
             params,
             generation: 1,
@@ -1142,7 +1142,7 @@ impl App {
             let mut b = self.binding.lock();
             if b.generation == generation && b.unbound_reason.is_none() {
                 b.unbound_reason = Some(format!("{n} faults (last: {kind}: {detail})"));
-                b.policy = "safe".into();
+                b.policy = SAFE_POLICY.into();
                 b.digest = None;
                 self.unbind_generation.store(generation, Ordering::Release);
                 tracing::error!(
