@@ -4,14 +4,14 @@
 //! `.wasm` instances), all from `sluice_core`. The loop owns the clock, the
 //! latency sampler and the stats; the machine says what each worker does.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use sluice_sdk as sdk;
 
 use super::arrivals::{generate, recorded, Arrival};
+use super::events::{key, Events, EMPTY};
 use super::rng::Rng;
 use super::stats::{Fate, RunResult, Stats, WindowRow};
 use super::{Accounting, Experiment, LatencyModel, PolicyCache, RunSpec};
@@ -175,62 +175,6 @@ impl AppState {
             self.next_refused += 1;
         }
     }
-}
-
-/// The event queue: one slot per event source — each worker's [`Pending`] event,
-/// the allocator's tick — ordered by (time, sequence number). Each source has at
-/// most one event that matters at a time, so the heap holds small (key, slot)
-/// entries rather than the events (a finished batch's requests travelled in the
-/// heap before), and an entry whose slot has since been given another event (a
-/// re-armed or cleared timer) is skipped when it comes up. The sequence number is
-/// taken when an event is scheduled, so ties break by insertion order as before and
-/// the order of events is the same. (The apps' next arrivals are kept beside it:
-/// [`Simulation::next_event`].)
-struct Events {
-    /// (key, slot), earliest key on top; a key is `time << 64 | sequence number`
-    /// ([`key`]).
-    heap: BinaryHeap<Reverse<(u128, u32)>>,
-    /// Per slot, the key of its event (`EMPTY`: none): an entry of `heap` with
-    /// another key is stale.
-    keys: Vec<u128>,
-}
-
-const EMPTY: u128 = u128::MAX;
-
-impl Events {
-    fn new(slots: usize) -> Events {
-        Events { heap: BinaryHeap::with_capacity(slots), keys: vec![EMPTY; slots] }
-    }
-
-    /// Sets slot `k`'s event to `key` (`EMPTY` for none), replacing what it held.
-    fn set(&mut self, k: usize, key: u128) {
-        self.keys[k] = key;
-        if key != EMPTY {
-            self.heap.push(Reverse((key, k as u32)));
-        }
-    }
-
-    /// The earliest event's key and slot (its key `EMPTY` when there is none).
-    fn peek(&mut self) -> (u128, usize) {
-        while let Some(&Reverse((key, k))) = self.heap.peek() {
-            if self.keys[k as usize] == key {
-                return (key, k as usize);
-            }
-            self.heap.pop();
-        }
-        (EMPTY, 0)
-    }
-
-    /// Takes slot `k`'s event (the one [`Events::peek`] just gave) out of the queue.
-    fn pop(&mut self, k: usize) {
-        self.heap.pop();
-        self.keys[k] = EMPTY;
-    }
-}
-
-/// An event's key: earlier times first, then lower sequence numbers.
-fn key(at: u64, seq: u64) -> u128 {
-    (u128::from(at) << 64) | u128::from(seq)
 }
 
 /// What a caller gives a run instead of drawing it from the experiment (what-if

@@ -17,6 +17,7 @@
 
 pub mod arrivals;
 pub mod engine;
+mod events;
 pub mod experiment;
 pub mod limit;
 pub mod model_switching;

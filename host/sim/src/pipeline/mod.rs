@@ -36,8 +36,7 @@
 //! a map keyed by that demand — so a run's results are a function of its file and
 //! seed (the MILP is deterministic with one thread).
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -68,6 +67,7 @@ use sluice_core::workload::{ArrivalSpec, Spacing};
 use sluice_sdk as sdk;
 
 use crate::arrivals::generate;
+use crate::events::{key, time as event_time, Events, EMPTY};
 use crate::rng::Rng;
 use crate::PolicyCache;
 
@@ -156,7 +156,9 @@ struct Slot {
     loaded: Vec<u32>,
     queue: Vec<Req>,
     busy: bool,
-    token: u64,
+    /// What the worker's slot of the event queue holds: the batch it runs, or the
+    /// timer its last decision armed.
+    pending: Pending,
     /// Its node in the current routing tables.
     node: Option<usize>,
     /// Per child task, the requests it sent there per request served, the last
@@ -165,13 +167,26 @@ struct Slot {
     branching: Vec<std::collections::VecDeque<u32>>,
 }
 
-enum Event {
-    Arrival,
-    Done { slot: usize, model: u32, batch: Vec<Req>, started: u64 },
-    Timer { slot: usize, token: u64 },
-    Replan,
-    Window,
+/// A worker's one scheduled event ([`Slot::pending`]). A worker has at most one
+/// event that can still do something: its batch's completion while it is busy
+/// (nothing decides for a busy worker: an arrival only queues, a timer is not
+/// armed), else the timer of its last decision (every decision re-arms or clears
+/// it). So each worker has one slot of the event queue ([`Events`]), and the
+/// batch's requests stay here instead of travelling through the queue.
+enum Pending {
+    None,
+    Done { model: u32, batch: Vec<Req>, started: u64 },
+    Timer,
 }
+
+/// The event queue's slot of the next client arrival (one is due at a time).
+const ARRIVAL_SLOT: usize = 0;
+/// The slot of the next re-plan (every `solve_interval_s`).
+const REPLAN_SLOT: usize = 1;
+/// The slot of the next window's close (every `window_s`).
+const WINDOW_SLOT: usize = 2;
+/// The slot of worker 0; worker `i`'s ([`PipelineSim::slots`]) is this + `i`.
+const FIRST_WORKER_SLOT: usize = 3;
 
 /// A placement: per (task, variant) hosted, its replicas, batch and latency.
 #[derive(Clone, Debug, PartialEq)]
@@ -217,8 +232,9 @@ struct PipelineSim<'a> {
     params: String,
     bindings: HashMap<BindingKey, BoundModels>,
     rng: Rng,
-    events: BinaryHeap<Reverse<(u64, u64)>>,
-    payloads: BTreeMap<u64, Event>,
+    /// The event queue: the singleton slots, then one per worker.
+    events: Events,
+    /// The last sequence number an event took ([`key`]).
     seq: u64,
     now: u64,
     arrivals: Vec<u64>,

@@ -289,7 +289,7 @@ impl<'a> PipelineSim<'a> {
                             loaded: Vec::new(),
                             queue: Vec::new(),
                             busy: false,
-                            token: 0,
+                            pending: Pending::None,
                             node: None,
                             branching: Vec::new(),
                         });
