@@ -342,7 +342,7 @@ impl Simulation {
             };
             // `safe` is the host's built-in fallback, run natively (no component).
             let compiled = match spec.policy.as_str() {
-                "safe" => None,
+                sluice_core::decision::SAFE_POLICY => None,
                 name => Some(cache.get(name).with_context(|| format!("app {}", spec.name))?),
             };
             let slo_us = spec.slo_us();

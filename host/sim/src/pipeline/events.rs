@@ -32,7 +32,7 @@ impl<'a> PipelineSim<'a> {
             })
             .collect::<Result<Vec<Vec<sdk::Model>>>>()?;
         let compiled = match run.system.policy.as_str() {
-            "safe" => None,
+            sluice_core::decision::SAFE_POLICY => None,
             p => Some(cache.get(p)?),
         };
         let params = match &run.system.params {
