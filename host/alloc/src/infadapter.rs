@@ -339,14 +339,7 @@ pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome,
         }
     }
     let Some((plan, is_repair)) = best else { return Err(SolveError::NoPlanInTime(problem.solver.time_limit_s)) };
-    let report = SolveReport {
-        status: Status::TimeLimit,
-        objective: Some(plan.objective),
-        gap: None,
-        solve_seconds: started.elapsed().as_secs_f64(),
-        variables: 0,
-        constraints: 0,
-    };
+    let report = SolveReport::without_solver(plan.objective, started.elapsed().as_secs_f64());
     Ok(Outcome {
         report,
         attempts: outcome.attempts,

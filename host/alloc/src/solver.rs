@@ -131,6 +131,18 @@ pub struct SolveReport {
 }
 
 impl SolveReport {
+    /// The report of a plan made without a solver (greedy or repaired: see
+    /// [`crate::Origin`]) of `objective`, in `seconds`: status `time-limit`, as no
+    /// MILP found one in time.
+    pub fn without_solver(objective: f64, seconds: f64) -> SolveReport {
+        SolveReport {
+            status: Status::TimeLimit,
+            objective: Some(objective),
+            solve_seconds: seconds,
+            ..SolveReport::none()
+        }
+    }
+
     /// The report of no solve at all (a ladder with no step).
     pub fn none() -> SolveReport {
         SolveReport {

@@ -144,10 +144,7 @@ fn build(p: &Problem, shape: &Shape, step: Step, beta: f64, hosted: &[Hosted], p
         })
         .collect();
     Plan {
-        step: match step {
-            Step::Hardware => "hardware".into(),
-            Step::Accuracy => "accuracy".into(),
-        },
+        step: step.name(),
         beta,
         demand_qps: p.demand_qps,
         served_qps: served,

@@ -485,17 +485,11 @@ pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome,
     let Some((plan, is_repair)) = best else {
         return Err(SolveError::NoPlanInTime(problem.solver.time_limit_s).into());
     };
-    let report = SolveReport {
-        status: Status::TimeLimit,
-        objective: Some(match plan.step.as_str() {
-            "hardware" => plan.workers as f64,
-            _ => plan.accuracy,
-        }),
-        gap: None,
-        solve_seconds: started.elapsed().as_secs_f64(),
-        variables: 0,
-        constraints: 0,
+    let objective = match plan.step.as_str() {
+        "hardware" => plan.workers as f64,
+        _ => plan.accuracy,
     };
+    let report = SolveReport::without_solver(objective, started.elapsed().as_secs_f64());
     Ok(Outcome {
         report,
         attempts: outcome.attempts,
@@ -593,6 +587,16 @@ fn solve_with(problem: &Problem, formulation: Formulation) -> Result<(Outcome, b
 enum Step {
     Hardware,
     Accuracy,
+}
+
+impl Step {
+    /// The step's name in a plan (`Plan::step`).
+    fn name(self) -> String {
+        match self {
+            Step::Hardware => "hardware".into(),
+            Step::Accuracy => "accuracy".into(),
+        }
+    }
 }
 
 /// A (task, variant, batch size) vertex of the batch-augmented graph.
@@ -1032,10 +1036,7 @@ fn solve_at(
         }
     }
     let plan = Plan {
-        step: match step {
-            Step::Hardware => "hardware".into(),
-            Step::Accuracy => "accuracy".into(),
-        },
+        step: step.name(),
         beta,
         demand_qps: p.demand_qps,
         served_qps: served,
