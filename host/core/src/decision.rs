@@ -9,25 +9,25 @@ use sluice_sdk as sdk;
 
 use crate::runtime::{PolicyFault, PolicyInstance};
 
-/// The name of the built-in safe policy ([`Bound::Safe`]): what answers report as
+/// The name of the built-in safe policy ([`WorkerPolicy::Safe`]): what answers report as
 /// `policy` for its decisions, what `policy = "safe"` selects in an experiment or a
 /// what-if, and a name no component may take ([`crate::registry::RESERVED`]).
 pub const SAFE_POLICY: &str = "safe";
 
 /// The policy a worker runs.
-pub enum Bound {
+pub enum WorkerPolicy {
     /// A Wasm component instance.
     Wasm(Box<PolicyInstance>),
     /// The built-in safe policy (after an unbind, or when none could be bound).
     Safe,
 }
 
-impl Bound {
+impl WorkerPolicy {
     /// Name for responses and metrics.
     pub fn name(&self) -> &str {
         match self {
-            Bound::Wasm(i) => &i.compiled().name,
-            Bound::Safe => SAFE_POLICY,
+            WorkerPolicy::Wasm(i) => &i.compiled().name,
+            WorkerPolicy::Safe => SAFE_POLICY,
         }
     }
 }
@@ -104,7 +104,7 @@ pub struct Decided<Q> {
     pub dropped: Vec<Q>,
     /// The fault, when the policy's answer was replaced by the safe decision.
     pub fault: Option<PolicyFault>,
-    /// Whether the safe policy decided (a fault, the draining rule, or `Bound::Safe`).
+    /// Whether the safe policy decided (a fault, the draining rule, or `WorkerPolicy::Safe`).
     pub by_safe: bool,
     /// Time spent in the policy's `decide` (None when the queue was empty and no
     /// decision was asked for; zero when the context is not [`Context::timed`]).
@@ -117,14 +117,14 @@ pub struct Decided<Q> {
 /// earliest-deadline order: [`prepare`], [`ask`] and [`apply`] in one go, for a
 /// caller that owns the queue (the simulator). The live host calls the three
 /// itself, so the queue's lock is not held while the policy runs.
-pub fn decide<Q: Queued>(policy: &mut Bound, items: &mut Vec<Q>, cx: &Context) -> Decided<Q> {
+pub fn decide<Q: Queued>(policy: &mut WorkerPolicy, items: &mut Vec<Q>, cx: &Context) -> Decided<Q> {
     decide_with(policy, items, cx, &mut empty_view())
 }
 
 /// [`decide`] building the view in `scratch` (overwritten): a caller that decides
 /// millions of times (the simulator) keeps one and allocates no view per decision.
 pub fn decide_with<Q: Queued>(
-    policy: &mut Bound,
+    policy: &mut WorkerPolicy,
     items: &mut Vec<Q>,
     cx: &Context,
     scratch: &mut sdk::View,
@@ -183,11 +183,11 @@ pub struct Asked {
 /// The second step, without the queue's lock: asks the policy and validates its
 /// answer; a fault or an invalid answer becomes the safe decision, and so does an
 /// idle answer while draining (so the queue drains).
-pub fn ask(policy: &mut Bound, view: &sdk::View, cx: &Context) -> Asked {
+pub fn ask(policy: &mut WorkerPolicy, view: &sdk::View, cx: &Context) -> Asked {
     let started = cx.timed.then(Instant::now);
     let answer = match policy {
-        Bound::Wasm(instance) => instance.decide(view),
-        Bound::Safe => Ok(sdk::helpers::safe_decision(cx.models, view)),
+        WorkerPolicy::Wasm(instance) => instance.decide(view),
+        WorkerPolicy::Safe => Ok(sdk::helpers::safe_decision(cx.models, view)),
     };
     let decide_time = started.map_or(Duration::ZERO, |t| t.elapsed());
     let checked = answer.and_then(|d| match sdk::helpers::check_decision(cx.models, view, &d) {
@@ -195,7 +195,7 @@ pub fn ask(policy: &mut Bound, view: &sdk::View, cx: &Context) -> Asked {
         Err(e) => Err(PolicyFault::Invalid(e.to_string())),
     });
     let mut asked = match checked {
-        Ok(decision) => Asked { decision, fault: None, by_safe: matches!(policy, Bound::Safe), decide_time },
+        Ok(decision) => Asked { decision, fault: None, by_safe: matches!(policy, WorkerPolicy::Safe), decide_time },
         Err(fault) => Asked {
             decision: sdk::helpers::safe_decision(cx.models, view),
             fault: Some(fault),
@@ -219,7 +219,7 @@ pub fn apply<Q: Queued>(
     items: &mut Vec<Q>,
     expired: Vec<Q>,
     asked: Option<(&sdk::View, Asked)>,
-    policy: &mut Bound,
+    policy: &mut WorkerPolicy,
     cx: &Context,
 ) -> Decided<Q> {
     let mut out = Decided {
@@ -227,7 +227,7 @@ pub fn apply<Q: Queued>(
         expired,
         dropped: Vec::new(),
         fault: None,
-        by_safe: matches!(policy, Bound::Safe),
+        by_safe: matches!(policy, WorkerPolicy::Safe),
         decide_time: None,
     };
     let Some((view, asked)) = asked else {
@@ -267,8 +267,8 @@ pub fn apply<Q: Queued>(
 /// Counts the requests that expired while the component policy neither dispatched nor
 /// dropped; at [`STALL_LIMIT`] the decision carries a [`PolicyFault::Stalled`] (and
 /// the count starts again). The safe policy and a decision that acted reset it.
-fn watch_stall<Q>(policy: &mut Bound, d: &Decided<Q>) -> Option<PolicyFault> {
-    let Bound::Wasm(instance) = policy else { return None };
+fn watch_stall<Q>(policy: &mut WorkerPolicy, d: &Decided<Q>) -> Option<PolicyFault> {
+    let WorkerPolicy::Wasm(instance) = policy else { return None };
     if d.by_safe || !d.dropped.is_empty() || matches!(d.next, Next::Run { .. } | Next::Again) {
         instance.expired_idle = 0;
         return None;
@@ -364,7 +364,7 @@ mod tests {
         let models = models();
         let mut q = vec![R(1, 0), R(2, 100), R(3, 110), R(4, 120), R(5, 130)];
         // At 160 request 1 (deadline 100) is 60 past its deadline > 50: expired.
-        let d = decide(&mut Bound::Safe, &mut q, &cx(160, &models, &[0]));
+        let d = decide(&mut WorkerPolicy::Safe, &mut q, &cx(160, &models, &[0]));
         assert_eq!(d.expired, vec![R(1, 0)]);
         assert!(d.by_safe && d.fault.is_none());
         match d.next {
@@ -388,7 +388,7 @@ mod tests {
     fn an_empty_queue_asks_nothing() {
         let models = models();
         let mut q: Vec<R> = vec![];
-        let d = decide(&mut Bound::Safe, &mut q, &cx(0, &models, &[0]));
+        let d = decide(&mut WorkerPolicy::Safe, &mut q, &cx(0, &models, &[0]));
         assert!(matches!(d.next, Next::Idle { expire_at: None }));
         assert!(d.decide_time.is_none());
     }
@@ -397,7 +397,7 @@ mod tests {
     fn nothing_loaded_idles_until_the_head_expires() {
         let models = models();
         let mut q = vec![R(1, 0)];
-        let d = decide(&mut Bound::Safe, &mut q, &cx(10, &models, &[]));
+        let d = decide(&mut WorkerPolicy::Safe, &mut q, &cx(10, &models, &[]));
         assert!(matches!(d.next, Next::Idle { expire_at: Some(151) }), "{:?}", d.next);
         assert_eq!(q.len(), 1);
     }

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use sluice_sdk as sdk;
 
-use crate::decision::{self, Bound, Context, Decided, Next, Queued};
+use crate::decision::{self, Context, Decided, Next, Queued, WorkerPolicy};
 use crate::outcome::Outcome;
 use crate::pipeline::finish_at_batch;
 use crate::queue::{DropReason, Request, WorkQueue};
@@ -63,7 +63,7 @@ pub struct Turn<Q> {
     /// batch record shows it beside the batch).
     pub left: usize,
     /// Whether the safe policy made the last decision (a fault, the draining rule, or
-    /// [`Bound::Safe`]).
+    /// [`WorkerPolicy::Safe`]).
     pub by_safe: bool,
 }
 
@@ -94,7 +94,7 @@ pub trait Driver<Q> {
     /// [`Driver::dropped`]). A driver counts faults and decide time here, and may
     /// replace `policy` (a pipeline unbinds a task's policies after its
     /// `unbind_after`-th fault), so the next decision of the turn is the new one's.
-    fn decided(&mut self, policy: &mut Bound, report: Report) {
+    fn decided(&mut self, policy: &mut WorkerPolicy, report: Report) {
         let _ = (policy, report);
     }
 
@@ -121,7 +121,7 @@ pub trait Items<Q> {
     /// One decision over the requests ([`decision::prepare_into`] into `view`,
     /// [`decision::ask`] without the lock, [`decision::apply`]), and how many are
     /// left queued after it.
-    fn decide(&mut self, policy: &mut Bound, cx: &Context, view: &mut sdk::View) -> (Decided<Q>, usize)
+    fn decide(&mut self, policy: &mut WorkerPolicy, cx: &Context, view: &mut sdk::View) -> (Decided<Q>, usize)
     where
         Q: Queued,
     {
@@ -147,7 +147,7 @@ impl<Q> Items<Q> for Vec<Q> {
     /// inlines into one function: split, they cost a native simulated decision a
     /// twentieth more instructions.
     #[inline]
-    fn decide(&mut self, policy: &mut Bound, cx: &Context, view: &mut sdk::View) -> (Decided<Q>, usize)
+    fn decide(&mut self, policy: &mut WorkerPolicy, cx: &Context, view: &mut sdk::View) -> (Decided<Q>, usize)
     where
         Q: Queued,
     {
@@ -200,7 +200,7 @@ impl Machine {
     pub fn decide<Q, I, D>(
         &mut self,
         items: &mut I,
-        policy: &mut Bound,
+        policy: &mut WorkerPolicy,
         cx: &Context,
         at_batch: Option<&[u64]>,
         driver: &mut D,
@@ -315,10 +315,10 @@ impl Finished {
     /// driver says that policy is gone (a swap replaced it while the batch ran): the
     /// new one is told nothing about a batch it did not form. True when a component
     /// was told; its fault when `observe` failed.
-    pub fn observe<Q: Queued>(&self, batch: &[Q], policy: Option<&mut Bound>) -> Result<bool, PolicyFault> {
+    pub fn observe<Q: Queued>(&self, batch: &[Q], policy: Option<&mut WorkerPolicy>) -> Result<bool, PolicyFault> {
         match policy {
-            Some(Bound::Wasm(instance)) => instance.observe(&self.feedback(batch)).map(|()| true),
-            Some(Bound::Safe) | None => Ok(false),
+            Some(WorkerPolicy::Wasm(instance)) => instance.observe(&self.feedback(batch)).map(|()| true),
+            Some(WorkerPolicy::Safe) | None => Ok(false),
         }
     }
 }
@@ -326,10 +326,10 @@ impl Finished {
 /// Gives `feedback` ([`Finished::feedback`], worked out before the batch's requests
 /// were answered and moved) to the policy that formed the batch, as
 /// [`Finished::observe`] does.
-pub fn observe(policy: Option<&mut Bound>, feedback: &sdk::Outcome) -> Result<bool, PolicyFault> {
+pub fn observe(policy: Option<&mut WorkerPolicy>, feedback: &sdk::Outcome) -> Result<bool, PolicyFault> {
     match policy {
-        Some(Bound::Wasm(instance)) => instance.observe(feedback).map(|()| true),
-        Some(Bound::Safe) | None => Ok(false),
+        Some(WorkerPolicy::Wasm(instance)) => instance.observe(feedback).map(|()| true),
+        Some(WorkerPolicy::Safe) | None => Ok(false),
     }
 }
 
@@ -360,7 +360,7 @@ mod tests {
         fn dropped(&mut self, request: R, reason: DropReason, _by_safe: bool) {
             self.dropped.push((request.0, reason));
         }
-        fn decided(&mut self, _policy: &mut Bound, report: Report) {
+        fn decided(&mut self, _policy: &mut WorkerPolicy, report: Report) {
             self.reports.push(report);
         }
         fn walk_past(&mut self, head: &sdk::Pending, _finish: u64, _late: bool) -> bool {
@@ -388,7 +388,7 @@ mod tests {
 
     fn turn(q: &mut Vec<R>, now: u64, loaded: &[u32], at_batch: Option<&[u64]>, log: &mut Log) -> Turn<R> {
         let models = models();
-        Machine::new().decide(q, &mut Bound::Safe, &cx(now, &models, loaded), at_batch, log)
+        Machine::new().decide(q, &mut WorkerPolicy::Safe, &cx(now, &models, loaded), at_batch, log)
     }
 
     #[test]
@@ -449,7 +449,7 @@ mod tests {
         let mut log = Log { walk_past: vec![1], ..Log::default() };
         let models = models();
         let cx = cx(95, &models, &[]);
-        Machine::new().decide(&mut q, &mut Bound::Safe, &cx, Some(&[10, 15, 20]), &mut log);
+        Machine::new().decide(&mut q, &mut WorkerPolicy::Safe, &cx, Some(&[10, 15, 20]), &mut log);
         assert_eq!(log.dropped, vec![(2, DropReason::EarlyAtBatch)]);
         assert_eq!(q, vec![R(1, 0), R(3, 20)]);
     }
@@ -478,7 +478,7 @@ mod tests {
         let mut q = Shared { queue: vec![R(1, 50)], looks: 0 };
         let mut log = Log::default();
         let cx = cx(70, &models, &[0]);
-        let t = Machine::new().decide(&mut q, &mut Bound::Safe, &cx, None, &mut log);
+        let t = Machine::new().decide(&mut q, &mut WorkerPolicy::Safe, &cx, None, &mut log);
         // The first decision took request 1, gone by then: nothing to run, a request
         // left, so the machine decided again (two reports) and runs request 9.
         assert_eq!(log.reports.len(), 2);
@@ -509,7 +509,7 @@ mod tests {
         let done = Finished::of(0, &batch, 0, 10, false);
         // The safe policy has no use for it, and a policy the driver says is gone is
         // told nothing (a component's case: tests/worker.rs).
-        assert_eq!(done.observe(&batch, Some(&mut Bound::Safe)), Ok(false));
+        assert_eq!(done.observe(&batch, Some(&mut WorkerPolicy::Safe)), Ok(false));
         assert_eq!(done.observe(&batch, None), Ok(false));
         assert_eq!(observe(None, &done.feedback(&batch)), Ok(false));
     }

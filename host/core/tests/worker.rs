@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice_core::decision::{Bound, Context, Queued};
+use sluice_core::decision::{Context, Queued, WorkerPolicy};
 use sluice_core::queue::DropReason;
 use sluice_core::runtime::{Binding, Limits, PolicyEngine, PolicyInstance};
 use sluice_core::worker::{Action, Driver, Finished, Items, Machine, Report};
@@ -30,13 +30,13 @@ fn models() -> Vec<Model> {
     vec![Model { id: 0, name: "m".into(), accuracy: 0.8, latency: (0..16).map(|b| 20_000 + 5_000 * b).collect() }]
 }
 
-fn policy(engine: &Arc<PolicyEngine>, name: &str, params: &str) -> Bound {
+fn policy(engine: &Arc<PolicyEngine>, name: &str, params: &str) -> WorkerPolicy {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../target/policies/{name}.wasm"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask policies`)", path.display()));
     let compiled = engine.compile(name, &bytes).expect("compile");
     let config = Config { app: "a".into(), slo: SLO, workers: 1, worker: 0, models: models(), params: params.into() };
     let binding = Binding::new(compiled, config, Limits::default());
-    Bound::Wasm(Box::new(PolicyInstance::new(engine, &binding, 0).expect("init")))
+    WorkerPolicy::Wasm(Box::new(PolicyInstance::new(engine, &binding, 0).expect("init")))
 }
 
 fn cx<'a>(now: u64, models: &'a [Model]) -> Context<'a> {
@@ -63,7 +63,7 @@ impl Driver<R> for Log {
     fn dropped(&mut self, request: R, reason: DropReason, _by_safe: bool) {
         self.dropped.push((request.0, reason));
     }
-    fn decided(&mut self, _policy: &mut Bound, report: Report) {
+    fn decided(&mut self, _policy: &mut WorkerPolicy, report: Report) {
         self.reports.push(report);
     }
 }

@@ -19,7 +19,7 @@ use crate::admission;
 use crate::metrics::Metrics;
 use sluice_core::app_config::{AppConfig, FailMode, InputSpec};
 use sluice_core::clock::{Clock as _, WallClock};
-use sluice_core::decision::{Bound, SAFE_POLICY};
+use sluice_core::decision::{WorkerPolicy, SAFE_POLICY};
 use sluice_core::demand::DemandMonitor;
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{Head, Prediction, Reply, Request, WorkQueue};
@@ -86,11 +86,11 @@ fn overload_reason(ahead: usize, wait_ms: f64, margin_ms: f64, slo_ms: f64, push
 /// new policy.
 pub struct Slot {
     /// The policy deciding now.
-    pub current: Bound,
+    pub current: WorkerPolicy,
     /// Swap generation `current` belongs to.
     pub generation: u64,
     /// A policy installed by a swap, taken at the next decision.
-    pub pending: Option<(Bound, u64)>,
+    pub pending: Option<(WorkerPolicy, u64)>,
 }
 
 /// Messages to a worker about its models.
@@ -558,8 +558,8 @@ impl App {
         });
         for (w, loaded) in (0..k).zip(worker_models) {
             let current = match &binding {
-                Some(b) => Bound::Wasm(Box::new(PolicyInstance::new(&engine, b, w)?)),
-                None => Bound::Safe,
+                Some(b) => WorkerPolicy::Wasm(Box::new(PolicyInstance::new(&engine, b, w)?)),
+                None => WorkerPolicy::Safe,
             };
             let (tx, rx) = mpsc::unbounded_channel();
             let queue =
@@ -1087,7 +1087,7 @@ impl App {
             let mut max_hold = Duration::ZERO;
             for (w, instance) in this.workers.iter().zip(instances) {
                 let t = Instant::now();
-                let old = w.slot.lock().pending.replace((Bound::Wasm(Box::new(instance)), generation));
+                let old = w.slot.lock().pending.replace((WorkerPolicy::Wasm(Box::new(instance)), generation));
                 max_hold = max_hold.max(t.elapsed());
                 drop(old);
             }

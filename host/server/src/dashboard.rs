@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use crate::api::{app_of, ApiError, Body};
 use crate::state::State;
 use sluice_core::clock::Clock as _;
-use sluice_core::decision::Bound;
+use sluice_core::decision::WorkerPolicy;
 
 /// Serves `/dashboard` (the page) and `/dashboard/<file>` (what it loads).
 pub fn asset(file: Option<&str>) -> Result<Response<Body>, ApiError> {
@@ -125,7 +125,7 @@ pub(crate) fn app_view(state: &State, name: &str) -> Result<Value, ApiError> {
             let loaded: Vec<&str> = w.loaded.lock().iter().map(|id| a.models[*id as usize].name.as_str()).collect();
             // Asked under the worker's slot lock, between two of its decisions.
             let (status, revivals, reviving) = match &mut w.slot.lock().current {
-                Bound::Wasm(instance) => {
+                WorkerPolicy::Wasm(instance) => {
                     let status = match instance.status() {
                         Ok(Some(s)) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
                         Ok(None) => Value::Null,
@@ -133,7 +133,7 @@ pub(crate) fn app_view(state: &State, name: &str) -> Result<Value, ApiError> {
                     };
                     (status, instance.revivals(), instance.reviving())
                 }
-                Bound::Safe => (Value::Null, 0, false),
+                WorkerPolicy::Safe => (Value::Null, 0, false),
             };
             json!({
                 "index": w.index,

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use crate::app::{App, WorkerControl, WorkerStart};
 use sluice_core::clock::Clock as _;
-use sluice_core::decision::{Bound, Context, SAFE_POLICY};
+use sluice_core::decision::{Context, WorkerPolicy, SAFE_POLICY};
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{DropReason, Reply, Request, Served};
 use sluice_core::runtime::PolicyFault;
@@ -140,7 +140,7 @@ impl worker::Driver<Request> for Answers<'_> {
         self.dropped.push((r, reason, by_safe));
     }
 
-    fn decided(&mut self, _policy: &mut Bound, report: Report) {
+    fn decided(&mut self, _policy: &mut WorkerPolicy, report: Report) {
         if let Some(t) = report.decide_time {
             self.app.metrics.observe("sluice_policy_decide_seconds", &[("app", self.app.name())], t.as_secs_f64());
         }
@@ -172,8 +172,8 @@ fn decide(
         app.counters.swap_max_wait_ns.fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
     }
     let unbind = app.unbind_generation.load(Ordering::Acquire);
-    if unbind != 0 && unbind == slot.generation && !matches!(slot.current, Bound::Safe) {
-        slot.current = Bound::Safe;
+    if unbind != 0 && unbind == slot.generation && !matches!(slot.current, WorkerPolicy::Safe) {
+        slot.current = WorkerPolicy::Safe;
     }
     let generation = slot.generation;
     let policy_name = slot.current.name().to_string();

@@ -21,7 +21,7 @@ use sluice_alloc::proteus;
 use sluice_alloc::SolverSettings;
 use sluice_core::app_config::AppConfig as SimApp;
 use sluice_core::clock::{Clock as _, VirtualClock};
-use sluice_core::decision::Bound;
+use sluice_core::decision::WorkerPolicy;
 use sluice_core::decision::{Context, Queued};
 use sluice_core::demand::DemandMonitor;
 use sluice_core::outcome::Outcome;
@@ -82,7 +82,7 @@ impl LatencySampler {
 }
 
 struct Worker {
-    policy: Bound,
+    policy: WorkerPolicy,
     loaded: Vec<u32>,
     busy: usize,
     /// Invalidates timers armed by earlier decisions.
@@ -371,12 +371,12 @@ impl Simulation {
             for w in 0..spec.workers {
                 let policy = match &binding {
                     // Another shard's worker is never asked: no instance for it.
-                    Some(_) if !owns(given.shard, w as usize) => Bound::Safe,
-                    Some(b) => Bound::Wasm(Box::new(
+                    Some(_) if !owns(given.shard, w as usize) => WorkerPolicy::Safe,
+                    Some(b) => WorkerPolicy::Wasm(Box::new(
                         PolicyInstance::new(cache.engine(), b, w)
                             .with_context(|| format!("app {}: worker {w}", spec.name))?,
                     )),
-                    None => Bound::Safe,
+                    None => WorkerPolicy::Safe,
                 };
                 // On devices a worker loads what the allocator's plan puts on it.
                 let loaded = match given_loaded.and_then(|l| l.get(w as usize)) {
@@ -544,8 +544,8 @@ impl Simulation {
     /// [`sluice_core::runtime::SharedStore::used_after_init`]).
     pub fn shared_store_used_after_init(&self) -> bool {
         self.apps.iter().flat_map(|a| &a.workers).any(|w| match &w.policy {
-            Bound::Wasm(instance) => instance.binding().shared.used_after_init(),
-            Bound::Safe => false,
+            WorkerPolicy::Wasm(instance) => instance.binding().shared.used_after_init(),
+            WorkerPolicy::Safe => false,
         })
     }
 
@@ -744,7 +744,7 @@ impl Simulation {
         // The native policy's decisions are not timed: two clock reads cost more
         // than its decision (a tenth of a native run), and its decide seconds
         // are a wall-clock figure, not part of the results.
-        let timed = self.timed && matches!(worker.policy, Bound::Wasm(_));
+        let timed = self.timed && matches!(worker.policy, WorkerPolicy::Wasm(_));
         let cx = Context {
             now,
             worker: w as u32,
@@ -817,7 +817,7 @@ impl worker::Driver<SimRequest> for Tally<'_> {
         note(self.outcomes, r.id, || Outcome::Dropped(reason));
     }
 
-    fn decided(&mut self, _policy: &mut Bound, report: Report) {
+    fn decided(&mut self, _policy: &mut WorkerPolicy, report: Report) {
         if let Some(t) = report.decide_time {
             self.stats.decide_calls += 1;
             self.stats.decide_seconds += t.as_secs_f64();

@@ -282,7 +282,7 @@ impl<'a> PipelineSim<'a> {
         // the other workers of the task); they are moved, not copied.
         let s = &mut self.slots[i];
         let mut queue = std::mem::take(&mut s.queue);
-        let mut policy = std::mem::replace(&mut s.policy, Bound::Safe);
+        let mut policy = std::mem::replace(&mut s.policy, WorkerPolicy::Safe);
         let loaded = std::mem::take(&mut s.loaded);
         let models = s.models.clone();
         let (variant, batch, latency_us) = (s.variant, s.batch, s.latency_us);
@@ -331,7 +331,7 @@ impl<'a> PipelineSim<'a> {
             return false;
         }
         for s in self.slots.iter_mut().filter(|s| s.task == task) {
-            s.policy = Bound::Safe;
+            s.policy = WorkerPolicy::Safe;
         }
         true
     }

@@ -51,7 +51,7 @@ use sluice_alloc::loki::{self, Scaling};
 use sluice_alloc::proteus;
 use sluice_alloc::solver::SolverSettings;
 use sluice_core::app_config::FailMode;
-use sluice_core::decision::{self, Bound, Context, Queued};
+use sluice_core::decision::{self, Context, Queued, WorkerPolicy};
 use sluice_core::demand::{Ewma, Forecaster as _};
 use sluice_core::pipeline::flow;
 use sluice_core::pipeline::{
@@ -150,7 +150,7 @@ struct Slot {
     latency_us: u64,
     budget_us: u64,
     state: SlotState,
-    policy: Bound,
+    policy: WorkerPolicy,
     /// The task's models as this worker's policy sees them.
     models: Arc<Vec<sdk::Model>>,
     loaded: Vec<u32>,

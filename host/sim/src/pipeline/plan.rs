@@ -206,18 +206,18 @@ impl<'a> PipelineSim<'a> {
             let s = &self.slots[i];
             s.task == task && s.variant == variant && s.batch == batch && s.budget_us == budget
         };
-        if same && !matches!(self.slots[i].policy, Bound::Safe) {
+        if same && !matches!(self.slots[i].policy, WorkerPolicy::Safe) {
             self.slots[i].state = SlotState::Active;
             return;
         }
         let policy = if self.compiled.is_some() {
             let (binding, _) = self.binding(task, variant, batch, budget);
             match PolicyInstance::new(&self.engine, &binding, i as u32) {
-                Ok(p) => Bound::Wasm(Box::new(p)),
-                Err(_) => Bound::Safe,
+                Ok(p) => WorkerPolicy::Wasm(Box::new(p)),
+                Err(_) => WorkerPolicy::Safe,
             }
         } else {
-            Bound::Safe
+            WorkerPolicy::Safe
         };
         let models = if self.compiled.is_some() {
             self.binding(task, variant, batch, budget).1
@@ -284,7 +284,7 @@ impl<'a> PipelineSim<'a> {
                             latency_us: 0,
                             budget_us: 0,
                             state: SlotState::Free,
-                            policy: Bound::Safe,
+                            policy: WorkerPolicy::Safe,
                             models: Arc::new(Vec::new()),
                             loaded: Vec::new(),
                             queue: Vec::new(),
@@ -433,7 +433,7 @@ impl<'a> PipelineSim<'a> {
         for s in &mut self.slots {
             if s.state == SlotState::Retiring && !s.busy && s.queue.is_empty() {
                 s.state = SlotState::Free;
-                s.policy = Bound::Safe;
+                s.policy = WorkerPolicy::Safe;
                 changed = true;
             }
         }

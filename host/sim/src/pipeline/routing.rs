@@ -285,10 +285,10 @@ impl worker::Driver<Req> for SlotTurn<'_, '_> {
         self.sim.drop_req(r, flow::Drop::Worker(reason));
     }
 
-    fn decided(&mut self, policy: &mut Bound, report: worker::Report) {
+    fn decided(&mut self, policy: &mut WorkerPolicy, report: worker::Report) {
         // The turn holds the worker's policy: an unbind reaches it here.
         if report.fault.is_some() && self.sim.fault(self.slot) {
-            *policy = Bound::Safe;
+            *policy = WorkerPolicy::Safe;
         }
     }
 
