@@ -674,11 +674,11 @@ pub fn write_outputs(dir: &Path, out: &super::ExperimentOutput) -> Result<()> {
             csv,
             "{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.3},{},{},{},{}",
             r.run,
-            r.app,
-            r.policy,
+            csv_field(&r.app),
+            csv_field(&r.policy),
             r.workers,
             r.load_qps.map(|l| l.to_string()).unwrap_or_default(),
-            r.trace.clone().unwrap_or_default(),
+            csv_field(r.trace.as_deref().unwrap_or_default()),
             r.seed,
             r.requests,
             r.served,
@@ -700,7 +700,15 @@ pub fn write_outputs(dir: &Path, out: &super::ExperimentOutput) -> Result<()> {
         let _ = writeln!(
             ts,
             "{},{},{},{:.3},{},{},{},{},{:.6}",
-            w.run, w.app, w.policy, w.window_start_s, w.arrivals, w.on_time, w.late, w.dropped, w.accuracy
+            w.run,
+            csv_field(&w.app),
+            csv_field(&w.policy),
+            w.window_start_s,
+            w.arrivals,
+            w.on_time,
+            w.late,
+            w.dropped,
+            w.accuracy
         );
     }
     write("timeseries.csv", ts)?;
@@ -759,9 +767,27 @@ fn windows_json(rows: &[WindowRow]) -> Result<String> {
     Ok(serde_json::to_string(&groups)?)
 }
 
+/// A text field of a CSV line as RFC 4180 writes it: as is, or in double quotes (each
+/// quote doubled) when it holds a comma, a quote or a line break, so a label such as
+/// `Loki (artifact), headroom` stays one column for any CSV reader.
+pub(crate) fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\"")).into()
+    } else {
+        s.into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_csv_field_with_a_comma_or_quote_is_quoted() {
+        assert_eq!(csv_field("Loki"), "Loki");
+        assert_eq!(csv_field("Loki (artifact), headroom"), "\"Loki (artifact), headroom\"");
+        assert_eq!(csv_field("a \"b\""), "\"a \"\"b\"\"\"");
+    }
 
     #[test]
     fn selected_percentiles_are_the_sorted_nearest_ranks() {

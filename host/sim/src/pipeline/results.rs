@@ -171,7 +171,7 @@ pub fn write_outputs(dir: &Path, out: &PipelineOutput) -> Result<()> {
         csv.push_str(&format!(
             "{},{},{:.1},{},{:.2},{},{},{}\n",
             w.run,
-            w.system,
+            crate::stats::csv_field(&w.system),
             w.t_s,
             w.arrivals,
             w.demand_qps,
