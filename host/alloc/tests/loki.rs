@@ -2,6 +2,8 @@
 //! checked against the constraints they must meet, trees with several sinks, the
 //! demand ladder, and the problem file (`examples/allocate/loki-traffic.toml`).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use good_lp::{constraint, variable, Expression};
@@ -10,6 +12,8 @@ use sluice_alloc::loki::{self, Plan, Problem, Scaling, Variant};
 use sluice_alloc::solver::{Milp, Sense, SolverSettings};
 use sluice_alloc::{Allocator, AnyPlan, AnyProblem, Origin};
 use sluice_core::pipeline::{Pipeline, PipelineSpec};
+
+use common::Lcg;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -430,19 +434,6 @@ fn random_problem(rng: &mut Lcg, case: usize) -> Problem {
         ladder: Ladder { beta: 1.0, step: 0.05, min_beta: 0.0, ..Ladder::default() },
         tie_break: loki::TieBreak::Solver,
         solver: SolverSettings::default(),
-    }
-}
-
-/// A small deterministic generator (no dependency for a test's dice).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.next()
     }
 }
 

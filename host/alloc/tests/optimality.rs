@@ -12,18 +12,7 @@ use sluice_alloc::proteus::{self, DeviceType, Formulation, Ladder, Objective, St
 use sluice_alloc::SolverSettings;
 use sluice_core::profile::{ModelProfile, Profile};
 
-/// A small deterministic generator (no dependency for a test's dice).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.next()
-    }
-}
+use common::Lcg;
 
 fn exact() -> SolverSettings {
     SolverSettings { time_limit_s: 30.0, mip_gap: 0.0, soft_limit_s: 0.0, threads: 1 }
