@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result};
 use sluice_sdk as sdk;
 
 use super::arrivals::{generate, recorded, Arrival};
-use super::events::{key, Events, EMPTY};
+use super::events::{key, Events, Pending, EMPTY};
 use super::rng::Rng;
 use super::stats::{Fate, RunResult, Stats, WindowRow};
 use super::{Accounting, Experiment, LatencyModel, PolicyCache, RunSpec};
@@ -85,22 +85,9 @@ struct Worker {
     policy: WorkerPolicy,
     loaded: Vec<u32>,
     busy: usize,
-    /// Invalidates timers armed by earlier decisions.
-    timer_token: u64,
     /// What the worker's one event slot ([`Events`]) holds: the batch it runs, or
     /// the timer its last decision armed.
-    pending: Pending,
-}
-
-/// A worker's one scheduled event. A worker has at most one event that can still
-/// do something: its batch's completion while it is busy, else the timer of its
-/// last decision (every decision re-arms the token, so an earlier timer would be
-/// ignored when it fired, and a busy worker ignores timers). So one slot per worker
-/// replaces the heap of events, stale timers and all.
-enum Pending {
-    None,
-    Done { model: u32, batch: Vec<SimRequest>, started: u64 },
-    Timer { token: u64 },
+    pending: Pending<SimRequest>,
 }
 
 /// The app's arrival-rate estimate: the same count over the same sliding window as
@@ -384,7 +371,7 @@ impl Simulation {
                     None if pool.is_some() => Vec::new(),
                     None => all.clone(),
                 };
-                workers.push(Worker { policy, loaded, busy: 0, timer_token: 0, pending: Pending::None });
+                workers.push(Worker { policy, loaded, busy: 0, pending: Pending::None });
             }
             let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
             apps.push(AppState {
@@ -480,7 +467,7 @@ impl Simulation {
     }
 
     /// Sets worker `w` of app `a`'s event: `pending` at `at`, or none.
-    fn schedule_worker(&mut self, a: usize, w: usize, at: u64, pending: Pending) {
+    fn schedule_worker(&mut self, a: usize, w: usize, at: u64, pending: Pending<SimRequest>) {
         let slot = self.first_worker_slot[a] + w;
         match pending {
             Pending::None => self.events.set(slot, EMPTY),
@@ -594,11 +581,11 @@ impl Simulation {
                             self.finish(app, worker, model, batch, started);
                             self.decide(app, worker);
                         }
-                        Pending::Timer { token } => {
-                            let w = &self.apps[app].workers[worker];
-                            if w.timer_token == token && w.busy == 0 {
-                                self.decide(app, worker);
-                            }
+                        Pending::Timer => {
+                            // Every turn sets the worker's slot again, so this is
+                            // its last decision's timer, on an idle worker.
+                            debug_assert_eq!(self.apps[app].workers[worker].busy, 0);
+                            self.decide(app, worker);
                         }
                         Pending::None => {}
                     }
@@ -725,9 +712,6 @@ impl Simulation {
         let now = self.clock.now();
         let app = &mut self.apps[a];
         let q = if app.spec.router == RouterMode::Shared { 0 } else { w };
-        // Every turn re-arms the token: a timer armed by an earlier one is stale.
-        app.workers[w].timer_token += 1;
-        let token = app.workers[w].timer_token;
         if app.queues[q].is_empty() {
             // What the machine answers on an empty queue (`Action::Idle` with no
             // expiry: nothing expires, the policy is not asked, its stall count does
@@ -769,9 +753,7 @@ impl Simulation {
                 app.stats.batch(&app.models[model as usize].name, batch.len());
                 self.schedule_worker(a, w, now + latency, Pending::Done { model, batch, started: now });
             }
-            Action::Wait(t) | Action::Idle { expire_at: Some(t) } => {
-                self.schedule_worker(a, w, t, Pending::Timer { token })
-            }
+            Action::Wait(t) | Action::Idle { expire_at: Some(t) } => self.schedule_worker(a, w, t, Pending::Timer),
             Action::Idle { expire_at: None } => self.schedule_worker(a, w, 0, Pending::None),
         }
     }

@@ -27,6 +27,23 @@ use std::collections::BinaryHeap;
 /// [`Events::peek`] returning it means the queue is empty.
 pub(crate) const EMPTY: u128 = u128::MAX;
 
+/// What a worker's one slot holds, kept by the driver beside the slot's key. A
+/// worker has at most one event that can still do something: its batch's
+/// completion while it is busy (nothing decides for a busy worker: an arrival only
+/// queues, a timer is not armed), else the timer of its last decision (every
+/// decision sets the slot again: re-armed, replaced by a batch's completion, or
+/// cleared). So a timer that comes up is always the worker's current one, and the
+/// batch's requests (`R`) stay with the worker instead of travelling through the
+/// queue.
+pub(crate) enum Pending<R> {
+    /// Nothing scheduled.
+    None,
+    /// The batch that runs, and when it started.
+    Done { model: u32, batch: Vec<R>, started: u64 },
+    /// The timer the last decision armed.
+    Timer,
+}
+
 /// An event's key: earlier times first, then lower sequence numbers (scheduling
 /// order, so ties are deterministic).
 pub(crate) fn key(at: u64, seq: u64) -> u128 {

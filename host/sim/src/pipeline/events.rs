@@ -143,7 +143,7 @@ impl<'a> PipelineSim<'a> {
 
     /// Sets worker `i`'s event: `pending` at `at`, or none (`Pending::None`, which
     /// takes no sequence number, as a decision that arms nothing never did).
-    fn schedule_worker(&mut self, i: usize, at: u64, pending: Pending) {
+    fn schedule_worker(&mut self, i: usize, at: u64, pending: Pending<Req>) {
         let slot = FIRST_WORKER_SLOT + i;
         // Plans add workers as they go; a worker's slot is made when it first needs one.
         self.events.grow(slot + 1);

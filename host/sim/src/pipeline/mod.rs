@@ -67,7 +67,7 @@ use sluice_core::workload::{ArrivalSpec, Spacing};
 use sluice_sdk as sdk;
 
 use crate::arrivals::generate;
-use crate::events::{key, time as event_time, Events, EMPTY};
+use crate::events::{key, time as event_time, Events, Pending, EMPTY};
 use crate::rng::Rng;
 use crate::PolicyCache;
 
@@ -158,25 +158,13 @@ struct Slot {
     busy: bool,
     /// What the worker's slot of the event queue holds: the batch it runs, or the
     /// timer its last decision armed.
-    pending: Pending,
+    pending: Pending<Req>,
     /// Its node in the current routing tables.
     node: Option<usize>,
     /// Per child task, the requests it sent there per request served, the last
     /// [`BRANCHING_HISTORY`] ([`Branching::Measured`] only; emptied when the slot
     /// takes another (task, variant)).
     branching: Vec<std::collections::VecDeque<u32>>,
-}
-
-/// A worker's one scheduled event ([`Slot::pending`]). A worker has at most one
-/// event that can still do something: its batch's completion while it is busy
-/// (nothing decides for a busy worker: an arrival only queues, a timer is not
-/// armed), else the timer of its last decision (every decision re-arms or clears
-/// it). So each worker has one slot of the event queue ([`Events`]), and the
-/// batch's requests stay here instead of travelling through the queue.
-enum Pending {
-    None,
-    Done { model: u32, batch: Vec<Req>, started: u64 },
-    Timer,
 }
 
 /// The event queue's slot of the next client arrival (one is due at a time).
