@@ -317,7 +317,7 @@ impl Finished {
     /// was told; its fault when `observe` failed.
     pub fn observe<Q: Queued>(&self, batch: &[Q], policy: Option<&mut WorkerPolicy>) -> Result<bool, PolicyFault> {
         match policy {
-            Some(WorkerPolicy::Wasm(instance)) => instance.observe(&self.feedback(batch)).map(|()| true),
+            Some(p @ WorkerPolicy::Wasm(_)) => observe(Some(p), &self.feedback(batch)),
             Some(WorkerPolicy::Safe) | None => Ok(false),
         }
     }
