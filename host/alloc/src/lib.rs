@@ -210,13 +210,11 @@ impl Allocator {
                     _ => None,
                 };
                 proteus::solve_from(p, previous).map_err(|e| e.to_string()).map(|o| {
-                    let secs = match o.origin {
-                        // Made without a solver: the report's seconds are its own.
-                        Origin::Milp => o.attempts.iter().map(|a| a.solve_seconds).sum(),
-                        _ => o.report.solve_seconds,
-                    };
-                    let solves = if o.origin == Origin::Milp { o.attempts.len() } else { 0 };
-                    (o.report, solves, secs, o.plan.map(AnyPlan::Proteus), o.origin)
+                    // Made without a solver, a Proteus plan has no attempts: the
+                    // report's seconds are its own.
+                    let secs =
+                        o.origin.seconds(o.attempts.iter().map(|a| a.solve_seconds).sum(), o.report.solve_seconds);
+                    (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Proteus), o.origin)
                 })
             }
             (AnyProblem::InfAdapter(p), last) => {
@@ -225,8 +223,8 @@ impl Allocator {
                     _ => None,
                 };
                 infadapter::solve_from(p, previous).map_err(|e| e.to_string()).map(|o| {
-                    let secs = o.attempts.iter().map(|a| a.solve_seconds).sum::<f64>()
-                        + if o.origin == Origin::Milp { 0.0 } else { o.report.solve_seconds };
+                    let secs =
+                        o.origin.seconds(o.attempts.iter().map(|a| a.solve_seconds).sum(), o.report.solve_seconds);
                     (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Infadapter), o.origin)
                 })
             }
@@ -236,8 +234,8 @@ impl Allocator {
                     _ => None,
                 };
                 loki::solve_from(p, previous).map_err(|e| e.to_string()).map(|o| {
-                    let secs = o.attempts.iter().map(|a| a.solve_seconds).sum::<f64>()
-                        + if o.origin == Origin::Milp { 0.0 } else { o.report.solve_seconds };
+                    let secs =
+                        o.origin.seconds(o.attempts.iter().map(|a| a.solve_seconds).sum(), o.report.solve_seconds);
                     (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Loki), o.origin)
                 })
             }

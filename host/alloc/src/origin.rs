@@ -54,6 +54,13 @@ impl Origin {
         }
     }
 
+    /// The seconds an allocation of this origin took: its MILP solves' (`solves_s`),
+    /// and for a plan made without a solver also the report's own (`report_s`: the
+    /// greedy search or the repair, after the solves that found nothing in time).
+    pub fn seconds(&self, solves_s: f64, report_s: f64) -> f64 {
+        solves_s + if *self == Origin::Milp { 0.0 } else { report_s }
+    }
+
     /// The greedy plan's origin (`repaired == false`) or the repaired plan's, with
     /// `reason`.
     pub fn without_solver(repaired: bool, reason: String) -> Origin {

@@ -19,7 +19,6 @@ use std::time::Instant;
 
 use crate::config::{AllocatorConfig, Method, Placement, Replan, Routing, Spare};
 use crate::cores::{self, CoreMethod, CoreModel};
-use crate::origin::Origin;
 use crate::proteus::{self, Plan};
 use crate::{infaas, Allocation, Allocator, AnyPlan, AnyProblem};
 
@@ -140,8 +139,8 @@ impl Planner {
         let started = Instant::now();
         match cores::plan(method, problem, settings, model, current.as_ref()) {
             Ok((Some(outcome), plan)) => {
-                let secs = outcome.attempts.iter().map(|a| a.solve_seconds).sum::<f64>()
-                    + if outcome.origin == Origin::Milp { 0.0 } else { outcome.report.solve_seconds };
+                let solves_s = outcome.attempts.iter().map(|a| a.solve_seconds).sum();
+                let secs = outcome.origin.seconds(solves_s, outcome.report.solve_seconds);
                 let solves = outcome.attempts.len();
                 self.allocator.solved_by(outcome.report, solves, secs, plan.map(AnyPlan::Proteus), outcome.origin)
             }

@@ -829,7 +829,7 @@ fn without_solver(problem: &Problem, previous: Option<&Plan>, error: ProteusErro
         }
     }
     let Some((plan, is_repair)) = best else { return Err(error) };
-    let origin = if is_repair { Origin::Repaired { reason } } else { Origin::Greedy { reason } };
+    let origin = Origin::without_solver(is_repair, reason);
     let report = SolveReport {
         status: Status::TimeLimit,
         objective: Some(accuracy_objective(&plan)),
