@@ -52,26 +52,40 @@ pub fn predict_us(
     batch: u32,
     arrivals_per_us: f64,
 ) -> f64 {
-    let latency_of =
-        |m: &sdk::Model, b: u64| m.latency(u32::try_from(b).unwrap_or(u32::MAX)).unwrap_or(0) as f64 * slowdown;
-    let latency = |b: u64| latency_of(model, b);
-    let left = match running {
-        0 => 0.0,
-        size => {
-            let size = (size as u64).min(u64::from(running_model.max_batch().max(1)));
-            (latency_of(running_model, size) - elapsed as f64).max(0.0)
-        }
-    };
+    let left = running_left_us(running_model, slowdown, (running, elapsed));
     if running == 0 && queued == 0 {
-        return latency(1);
+        return scaled_latency(model, 1, slowdown);
     }
     let b = u64::from(model.max_batch().min(batch).max(1));
     let n = queued as u64 + 1;
     let before = (n - 1) / b; // whole batches ahead of its own
-    let start = left + before as f64 * latency(b);
-    let known = n - before * b;
+    let start = left + before as f64 * scaled_latency(model, b, slowdown);
+    own_batch_end_us(model, b, n - before * b, start, arrivals_per_us, slowdown)
+}
+
+/// `m`'s profiled latency for a batch of `b`, times the worker's `slowdown` (µs).
+fn scaled_latency(m: &sdk::Model, b: u64, slowdown: f64) -> f64 {
+    m.latency(u32::try_from(b).unwrap_or(u32::MAX)).unwrap_or(0) as f64 * slowdown
+}
+
+/// What is left of the running batch of `running` requests on `running_model`,
+/// `elapsed` µs after it started (0 when none runs).
+fn running_left_us(running_model: &sdk::Model, slowdown: f64, (running, elapsed): (usize, u64)) -> f64 {
+    match running {
+        0 => 0.0,
+        size => {
+            let size = (size as u64).min(u64::from(running_model.max_batch().max(1)));
+            (scaled_latency(running_model, size, slowdown) - elapsed as f64).max(0.0)
+        }
+    }
+}
+
+/// When a request's own batch on `m` (of at most `b`) ends: it starts at `start`
+/// with `known` requests queued for it (those ahead in it and itself), filled with
+/// the arrivals until then at the [`ARRIVAL_QUANTILE`].
+fn own_batch_end_us(m: &sdk::Model, b: u64, known: u64, start: f64, arrivals_per_us: f64, slowdown: f64) -> f64 {
     let more = arrivals_at_quantile(arrivals_per_us * start, b.saturating_sub(known));
-    start + latency(known.saturating_add(more).min(b))
+    start + scaled_latency(m, known.saturating_add(more).min(b), slowdown)
 }
 
 /// The deepest queue [`predict_worst_us`] follows batch by batch (a stack array
@@ -109,15 +123,7 @@ pub fn predict_worst_us(
     if choices.len() <= 1 || queued >= MAX_DEPTH {
         return each().fold(0.0, f64::max);
     }
-    let latency_of =
-        |m: &sdk::Model, b: u64| m.latency(u32::try_from(b).unwrap_or(u32::MAX)).unwrap_or(0) as f64 * slowdown;
-    let left = match running {
-        0 => 0.0,
-        size => {
-            let size = (size as u64).min(u64::from(running_model.max_batch().max(1)));
-            (latency_of(running_model, size) - elapsed as f64).max(0.0)
-        }
-    };
+    let left = running_left_us(running_model, slowdown, (running, elapsed));
     // starts[k]: the latest time a decision finds `k` of those ahead still queued.
     let mut starts = [f64::NEG_INFINITY; MAX_DEPTH];
     starts[queued] = left;
@@ -131,11 +137,9 @@ pub fn predict_worst_us(
             let b = m.max_batch().min(batch).max(1) as usize;
             if b > k {
                 // Its own batch: the k ahead, itself, and what may arrive meanwhile.
-                let known = k as u64 + 1;
-                let more = arrivals_at_quantile(arrivals_per_us * start, (b as u64).saturating_sub(known));
-                worst = worst.max(start + latency_of(m, (known + more).min(b as u64)));
+                worst = worst.max(own_batch_end_us(m, b as u64, k as u64 + 1, start, arrivals_per_us, slowdown));
             } else {
-                starts[k - b] = starts[k - b].max(start + latency_of(m, b as u64));
+                starts[k - b] = starts[k - b].max(start + scaled_latency(m, b as u64, slowdown));
             }
         }
     }
