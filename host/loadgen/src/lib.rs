@@ -41,6 +41,16 @@ pub struct HttpResponse {
     pub headers: Vec<(String, String)>,
 }
 
+/// When a request went out on its connection ([`Client::request_timed`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    /// Just before its first byte was written.
+    pub started: Instant,
+    /// When its last body byte was handed to the kernel: a large body waits here
+    /// for the server to read it (the socket's buffer holds only part of it).
+    pub written: Instant,
+}
+
 impl HttpResponse {
     /// The first header named `name` (lower-case).
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -74,6 +84,20 @@ impl Client {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<HttpResponse> {
+        Ok(self.request_timed(method, path, headers, body).await?.0)
+    }
+
+    /// [`Client::request`], also returning when the request went out ([`Sent`]):
+    /// an open-loop client's latency from its *scheduled* send counts its own
+    /// scheduling delay, which the server never sees; from [`Sent::started`] it
+    /// counts only the server and the network stack.
+    pub async fn request_timed(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(HttpResponse, Sent)> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\n", self.addr, body.len());
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
@@ -91,7 +115,11 @@ impl Client {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             _ => *self = Client::connect(self.addr).await?,
         }
+        // Taken after any reconnect: a connection's setup is the client's, the
+        // bytes in flight from here on are the server's and the network's.
+        let started = Instant::now();
         self.stream.get_mut().write_all(&buf).await?;
+        let sent = Sent { started, written: Instant::now() };
         let mut line = String::new();
         if self.stream.read_line(&mut line).await? == 0 {
             bail!("connection closed by the server");
@@ -149,7 +177,7 @@ impl Client {
             self.stream.read_exact(&mut body).await?;
             body
         };
-        Ok(HttpResponse { status, body, headers })
+        Ok((HttpResponse { status, body, headers }, sent))
     }
 
     /// `GET path`.

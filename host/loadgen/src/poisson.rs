@@ -10,9 +10,12 @@
 //! pool and *skips* an arrival when every connection is busy, this one never skips:
 //! a request finds an idle keep-alive connection or opens a new one, up to
 //! `max_connections` (a server that stalls would otherwise make the client, not
-//! the server, decide what is dropped). It reads nothing from the answers but the
-//! status, so it needs no sluice-specific fields, and it measures latency at the
-//! client from the scheduled send to the last body byte.
+//! the server, decide what is dropped). It needs no sluice-specific fields: it
+//! reads the status, and from a sluice answer also the server's own time for the
+//! request (`parameters.latency_us`, [`Record::server_ms`]) where there is one. It
+//! measures latency at the client from the scheduled send to the last body byte,
+//! and records when each request actually went out ([`Record::send_ms`]), so that
+//! the client's own delay can be told apart from the server's.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,6 +71,49 @@ pub struct Record {
     pub status: u16,
     /// From the scheduled send to the last byte of the answer (or the failure), ms.
     pub latency_ms: f64,
+    /// From the scheduled send to just before the request's first byte was
+    /// written, ms: the client's own delay (its timer waking late, its runtime
+    /// busy, a connection to open), which the server never sees. `None` when the
+    /// request was not answered (no connection, a transport error, a timeout).
+    pub send_ms: Option<f64>,
+    /// From the scheduled send to its last body byte handed to the kernel, ms
+    /// (a large body waits for the server to read it); `None` as for `send_ms`.
+    pub written_ms: Option<f64>,
+    /// The server's own time for it, ms, where its answer gives one: a sluice
+    /// answer's `parameters.latency_us`, from the request's head arriving to its
+    /// batch's end (the server's clock, what it judges its deadline by).
+    pub server_ms: Option<f64>,
+}
+
+impl Record {
+    /// From just before the request was written to the last byte of its answer,
+    /// ms: the server's part and the network stack's, without the client's delay
+    /// in sending it.
+    pub fn latency_from_send_ms(&self) -> Option<f64> {
+        self.send_ms.map(|s| self.latency_ms - s)
+    }
+
+    /// A record with no send timing or server time (filled in once answered).
+    fn without_timing(at_s: f64, status: u16, latency_ms: f64) -> Record {
+        Record { at_s, status, latency_ms, send_ms: None, written_ms: None, server_ms: None }
+    }
+}
+
+/// The server's own time for a request, µs, from a sluice answer's parameters.
+#[derive(serde::Deserialize)]
+struct AnswerTiming {
+    parameters: Option<AnswerParameters>,
+}
+
+#[derive(serde::Deserialize)]
+struct AnswerParameters {
+    latency_us: Option<f64>,
+}
+
+/// `parameters.latency_us` of an answer, ms; `None` for another server's answer.
+fn server_ms(body: &[u8]) -> Option<f64> {
+    let t: AnswerTiming = serde_json::from_slice(body).ok()?;
+    Some(t.parameters?.latency_us? / 1e3)
 }
 
 /// splitmix64: a small, seedable generator (the schedule must be reproducible, and
@@ -129,7 +175,7 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
                 None
             }
             None => {
-                tasks.spawn(async move { (i, Record { at_s: at, status: STATUS_NO_CONNECTION, latency_ms: 0.0 }) });
+                tasks.spawn(async move { (i, Record::without_timing(at, STATUS_NO_CONNECTION, 0.0)) });
                 continue;
             }
         };
@@ -146,8 +192,9 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
                         if !lines.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
                             lines.push(("content-type", "application/json"));
                         }
-                        let r = c.request("POST", &path, &lines, &body).await?;
-                        Ok::<_, anyhow::Error>((c, r.status))
+                        let (r, sent) = c.request_timed("POST", &path, &lines, &body).await?;
+                        let server = if r.status == 200 { server_ms(&r.body) } else { None };
+                        Ok::<_, anyhow::Error>((c, r.status, sent, server))
                     }
                 };
                 // A kept-alive connection the server closed while it sat idle
@@ -159,19 +206,26 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
                     None => post(Client::connect(addr).await?).await,
                 }
             };
-            let (status, keep) = match tokio::time::timeout(timeout, work).await {
-                Ok(Ok((c, status))) => (status, Some(c)),
-                Ok(Err(_)) => (STATUS_TRANSPORT_ERROR, None),
-                Err(_) => (STATUS_TIMEOUT, None),
+            let (status, keep, timing) = match tokio::time::timeout(timeout, work).await {
+                Ok(Ok((c, status, sent, server))) => (status, Some(c), Some((sent, server))),
+                Ok(Err(_)) => (STATUS_TRANSPORT_ERROR, None, None),
+                Err(_) => (STATUS_TIMEOUT, None, None),
             };
             let latency_ms = when.elapsed().as_secs_f64() * 1e3;
+            let since = |t: Instant| t.saturating_duration_since(when).as_secs_f64() * 1e3;
+            let mut record = Record::without_timing(at, status, latency_ms);
+            if let Some((sent, server)) = timing {
+                record.send_ms = Some(since(sent.started));
+                record.written_ms = Some(since(sent.written));
+                record.server_ms = server;
+            }
             match keep {
                 Some(c) => idle.lock().push(c),
                 None => {
                     open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
-            (i, Record { at_s: at, status, latency_ms })
+            (i, record)
         });
         // Reap finished tasks as we go, so the set holds only those in flight.
         while let Some(joined) = tasks.try_join_next() {
@@ -211,6 +265,69 @@ mod tests {
         // Exponential: sd equals the mean (a uniform schedule has sd 0).
         assert!((mean - 0.01).abs() < 0.0005, "mean gap {mean}");
         assert!((var.sqrt() / mean - 1.0).abs() < 0.05, "cv {}", var.sqrt() / mean);
+    }
+
+    /// Every answered request records when it went out and the server's own time
+    /// from a sluice answer; from the actual send, latency still counts the
+    /// server's delay.
+    #[tokio::test]
+    async fn records_the_send_and_the_servers_time() {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            loop {
+                let Ok((s, _)) = listener.accept().await else { return };
+                tokio::spawn(async move {
+                    let mut s = BufReader::new(s);
+                    loop {
+                        let (mut line, mut len) = (String::new(), 0usize);
+                        loop {
+                            line.clear();
+                            if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                                len = v.trim().parse().expect("length");
+                            }
+                            if line.trim_end().is_empty() {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0; len];
+                        s.read_exact(&mut body).await.expect("body");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        let answer = r#"{"outputs":[],"parameters":{"variant":"a","latency_us":1500}}"#;
+                        let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", answer.len());
+                        s.get_mut().write_all(format!("{head}{answer}").as_bytes()).await.expect("write");
+                    }
+                });
+            }
+        });
+        let records = run_poisson(PoissonArgs {
+            addr,
+            path: "/v2/models/a/infer".into(),
+            body: Arc::new(vec![b'x'; 100_000]),
+            headers: Arc::default(),
+            rate: 100.0,
+            duration: Duration::from_millis(300),
+            seed: 3,
+            timeout: Duration::from_secs(10),
+            max_connections: 16,
+        })
+        .await
+        .expect("run");
+        assert!(!records.is_empty());
+        for r in &records {
+            assert_eq!(r.status, 200, "{r:?}");
+            assert_eq!(r.server_ms, Some(1.5), "{r:?}");
+            let (send, written) = (r.send_ms.expect("sent"), r.written_ms.expect("written"));
+            assert!(0.0 <= send && send <= written && written <= r.latency_ms, "{r:?}");
+            let from_send = r.latency_from_send_ms().expect("sent");
+            assert!((20.0..=r.latency_ms).contains(&from_send), "{r:?}");
+        }
+        assert_eq!(server_ms(br#"{"outputs":[]}"#), None);
+        assert_eq!(server_ms(b"not json"), None);
     }
 
     #[test]
