@@ -93,8 +93,8 @@ macro_rules! export_policy {
             ::std::thread_local! {
                 // A component instance is single-threaded, so this is a plain
                 // global; `thread_local!` only spares us an `unsafe impl Sync`.
-                static __SLUICE_SLOT: $crate::wit::Slot<$policy> =
-                    const { $crate::wit::Slot::new() };
+                static __SLUICE_SLOT: $crate::wit::PolicyCell<$policy> =
+                    const { $crate::wit::PolicyCell::new() };
             }
 
             impl $crate::wit::Guest for __SluicePolicyComponent {

@@ -50,18 +50,18 @@ pub use wit_bindgen::rt as __rt;
 /// The per-instance home of a policy: empty until `init` succeeds.
 ///
 /// One component instance serves one worker and is single-threaded, so the
-/// export macro keeps one `Slot` in a `thread_local!` (on wasm32 without
+/// export macro keeps one `PolicyCell` in a `thread_local!` (on wasm32 without
 /// threads that is a plain global).
-pub struct Slot<P>(RefCell<Option<P>>);
+pub struct PolicyCell<P>(RefCell<Option<P>>);
 
-impl<P: Policy> Slot<P> {
-    /// An empty slot.
+impl<P: Policy> PolicyCell<P> {
+    /// An empty cell.
     #[allow(clippy::new_without_default)] // `const` for `thread_local!`'s const init.
     pub const fn new() -> Self {
-        Slot(RefCell::new(None))
+        PolicyCell(RefCell::new(None))
     }
 
-    /// Builds the policy; on failure the slot stays as it was (a second `init`
+    /// Builds the policy; on failure the cell stays as it was (a second `init`
     /// of the same instance replaces the policy only when it succeeds).
     pub fn init(&self, config: sdk::Config) -> Result<(), String> {
         #[cfg(target_arch = "wasm32")]
@@ -219,7 +219,7 @@ mod tests {
 
     #[test]
     fn slot_is_idle_until_init_succeeds() {
-        let slot: Slot<Counter> = Slot::new();
+        let slot: PolicyCell<Counter> = PolicyCell::new();
         slot.observe(&OUTCOME);
         assert_eq!(slot.decide(&view()), Decision::Idle);
         assert_eq!(slot.init(config("fail")), Err("counter: asked to fail".into()));
