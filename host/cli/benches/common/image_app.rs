@@ -89,6 +89,13 @@ impl Server {
         Ok(Server { addr: process.addr, process, _dir: dir })
     }
 
+    /// User + system CPU seconds the server process has used so far
+    /// (`ticks_per_second`: [`super::common::clock_ticks`]).
+    #[allow(dead_code)] // The admission bench does not read it.
+    pub fn cpu_seconds(&self, ticks_per_second: f64) -> f64 {
+        self.process.cpu_seconds(ticks_per_second)
+    }
+
     /// Resident memory of the server process, MiB.
     #[allow(dead_code)] // The admission bench does not read it.
     pub fn rss_mib(&self) -> f64 {
