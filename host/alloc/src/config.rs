@@ -305,8 +305,8 @@ impl Default for AllocatorConfig {
 pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &AllocatorConfig) -> Result<(), InvalidField> {
     let invalid = |field: String, message: &str| InvalidField { field, message: message.to_string() };
     let a = allocator;
-    a.solver.validate().map_err(|m| invalid("allocator.solver".into(), &m))?;
-    a.infaas.validate().map_err(|m| invalid("allocator.infaas".into(), &m))?;
+    a.solver.validate().map_err(|m| invalid("allocator.solver".into(), &m.to_string()))?;
+    a.infaas.validate().map_err(|m| invalid("allocator.infaas".into(), &m.to_string()))?;
     let heuristic = a.method != Method::Milp;
     if heuristic && a.placement == Placement::Fixed {
         return Err(invalid(
@@ -327,7 +327,7 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
         if !apps.iter().any(|x| &x.name == name) {
             return Err(invalid(format!("allocator.demand_qps.{name}"), "no app of that name"));
         }
-        check_demand(qps).map_err(|m| invalid(format!("allocator.demand_qps.{name}"), &m))?;
+        check_demand(qps).map_err(|m| invalid(format!("allocator.demand_qps.{name}"), &m.to_string()))?;
     }
     if !(a.period_s.is_finite() && limits::PERIOD_S.contains(&a.period_s)) {
         return Err(invalid(
@@ -352,8 +352,8 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
             &format!("expected a positive number of requests/s, at most {:e}", limits::MAX_DEMAND_QPS),
         ));
     }
-    check_batches(&a.batch_sizes).map_err(|m| invalid("allocator.batch_sizes".into(), &m))?;
-    check_ladder(&a.ladder).map_err(|m| invalid("allocator.ladder".into(), &m))?;
+    check_batches(&a.batch_sizes).map_err(|m| invalid("allocator.batch_sizes".into(), &m.to_string()))?;
+    check_ladder(&a.ladder).map_err(|m| invalid("allocator.ladder".into(), &m.to_string()))?;
     if devices.is_empty() {
         return Ok(());
     }
@@ -362,14 +362,14 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
         if types.insert(d.kind.clone(), ()).is_some() {
             return Err(invalid(format!("device.{}.type", d.kind), "duplicate device type"));
         }
-        check_count(d.count).map_err(|m| invalid(format!("device.{}.count", d.kind), &m))?;
+        check_count(d.count).map_err(|m| invalid(format!("device.{}.count", d.kind), &m.to_string()))?;
         if let Some(mb) = d.memory_mb {
-            check_memory(mb).map_err(|m| invalid(format!("device.{}.memory_mb", d.kind), &m))?;
+            check_memory(mb).map_err(|m| invalid(format!("device.{}.memory_mb", d.kind), &m.to_string()))?;
         }
     }
     // Summed wide: thousands of types of 10,000 devices must not wrap around.
     let total = u32::try_from(devices.iter().map(|d| u64::from(d.count)).sum::<u64>()).unwrap_or(u32::MAX);
-    check_total(total, a.formulation).map_err(|m| invalid("device".into(), &m))?;
+    check_total(total, a.formulation).map_err(|m| invalid("device".into(), &m.to_string()))?;
     for app in apps {
         if app.workers != total {
             return Err(invalid(
@@ -391,7 +391,7 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
 /// that has the app's variants (and the VPA's one variant).
 fn validate_cores(apps: &[AppConfig], devices: &[DeviceConfig], a: &AllocatorConfig) -> Result<(), InvalidField> {
     let invalid = |field: &str, message: String| InvalidField { field: field.to_string(), message };
-    a.cores.validate().map_err(|m| invalid("allocator.cores", m))?;
+    a.cores.validate().map_err(|m| invalid("allocator.cores", m.to_string()))?;
     if devices.len() != 1 || apps.len() != 1 {
         return Err(invalid(
             "allocator.method",
@@ -405,7 +405,8 @@ fn validate_cores(apps: &[AppConfig], devices: &[DeviceConfig], a: &AllocatorCon
             format!("the core methods plan a budget of {} cores", limits::span(&limits::CORES)),
         ));
     }
-    let model = crate::cores::CoreModel::load(&a.cores).map_err(|m| invalid("allocator.cores.capacity", m))?;
+    let model =
+        crate::cores::CoreModel::load(&a.cores).map_err(|m| invalid("allocator.cores.capacity", m.to_string()))?;
     if let Some(models) = &apps[0].models {
         if !models.iter().any(|m| model.has(m)) {
             return Err(invalid(
@@ -426,6 +427,16 @@ fn validate_cores(apps: &[AppConfig], devices: &[DeviceConfig], a: &AllocatorCon
     Ok(())
 }
 
+/// A `[[device]]` whose profile cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("device {kind}: {source}")]
+pub struct DeviceLoadError {
+    /// The device type (`type`).
+    pub kind: String,
+    /// Why its profile cannot be used (the error names the file).
+    pub source: sluice_core::profile::ProfileError,
+}
+
 /// The devices of a config, with their profiles: worker w of every app runs on
 /// device w.
 pub struct DevicePool {
@@ -436,14 +447,15 @@ pub struct DevicePool {
 
 impl DevicePool {
     /// Loads the device profiles (None without devices).
-    pub fn load(devices: &[DeviceConfig]) -> Result<Option<DevicePool>, String> {
+    pub fn load(devices: &[DeviceConfig]) -> Result<Option<DevicePool>, DeviceLoadError> {
         if devices.is_empty() {
             return Ok(None);
         }
         let mut types = Vec::new();
         let mut of_worker = Vec::new();
         for (t, d) in devices.iter().enumerate() {
-            let profile = Profile::load(&d.profile).map_err(|e| format!("device {}: {e}", d.kind))?;
+            let profile =
+                Profile::load(&d.profile).map_err(|source| DeviceLoadError { kind: d.kind.clone(), source })?;
             types.push((d.clone(), profile));
             of_worker.extend(std::iter::repeat_n(t, d.count as usize));
         }

@@ -23,9 +23,134 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use crate::infadapter::{self, Weights};
+use crate::limits::RangeError;
 use crate::proteus::{self, AppPlan, DevicePlan, Route, Step};
+use crate::solver::SolveError;
+
+/// A capacity table that cannot be used; the message starts with its path.
+#[derive(Debug, Error)]
+pub enum CapacityError {
+    /// The file cannot be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        /// The table's path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a capacity table.
+    #[error("{}: {source}", path.display())]
+    Parse {
+        /// The table's path.
+        path: PathBuf,
+        /// Where and why (TOML's line and column).
+        source: toml::de::Error,
+    },
+}
+
+/// The capacity table lacks what the planner asks of it ([`CapacityTable::variants`]);
+/// [`VariantsError::field`] is the setting to correct.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum VariantsError {
+    /// `models = []`.
+    #[error("expected at least one model")]
+    NoModels,
+    /// A model the table does not have.
+    #[error("`{0}` is not in the capacity table")]
+    UnknownModel(String),
+    /// A model with fewer than two points at the SLA among `fit_cpus`: no line to fit.
+    #[error("{model}: fewer than two capacity points at sla_ms = {sla_ms}")]
+    TooFewPoints {
+        /// The model.
+        model: String,
+        /// The SLA asked for, ms.
+        sla_ms: f64,
+    },
+}
+
+impl VariantsError {
+    /// The field to correct: `models` or `fit_cpus`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            VariantsError::NoModels | VariantsError::UnknownModel(_) => "models",
+            VariantsError::TooFewPoints { .. } => "fit_cpus",
+        }
+    }
+}
+
+/// `[allocator.cores]` with a value out of its range; the message starts with the
+/// field.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum CoreSettingsError {
+    /// `sla_ms`, `fit_cpus`, `min_cores`, `capacity_coef` or `weights` out of its
+    /// range ([`crate::limits`]).
+    #[error("{field}: {range}")]
+    Range {
+        /// The field.
+        field: &'static str,
+        /// Its range.
+        range: RangeError,
+    },
+    /// `stabilization` above [`crate::limits::MAX_STABILIZATION`].
+    #[error("stabilization: expected 0 to {} decisions", crate::limits::MAX_STABILIZATION)]
+    Stabilization(u32),
+    /// `vpa_margin` negative, not finite or above [`crate::limits::MAX_FACTOR`].
+    #[error("vpa_margin: expected a non-negative fraction, at most {:e}", crate::limits::MAX_FACTOR)]
+    VpaMargin(f64),
+}
+
+/// The core planners' model cannot be loaded ([`CoreModel::load`]); the message
+/// starts with the `allocator.cores` field to correct.
+#[derive(Debug, Error)]
+pub enum CoreModelError {
+    /// `capacity` is not set.
+    #[error("allocator.cores.capacity: required by this method")]
+    NoCapacity,
+    /// The table cannot be read.
+    #[error("allocator.cores.capacity: {0}")]
+    Table(#[from] CapacityError),
+    /// The table lacks what the settings ask of it.
+    #[error("allocator.cores.{}: {}: {source}", source.field(), path.display())]
+    Variants {
+        /// The table's path.
+        path: PathBuf,
+        /// What it lacks.
+        source: VariantsError,
+    },
+}
+
+/// Why a core planner made no plan ([`plan`]).
+#[derive(Debug, Error)]
+pub enum CorePlanError {
+    /// The problem has other than one app and one device type.
+    #[error("the core methods plan one app on one device type (its cores): got {apps} apps on {device_types} types")]
+    Shape {
+        /// Apps in the problem.
+        apps: usize,
+        /// Device types in the problem.
+        device_types: usize,
+    },
+    /// None of the app's variants is in the table.
+    #[error("app {0}: none of its variants is in the capacity table")]
+    NoVariant(String),
+    /// `method = "vpa"` without `allocator.cores.variant`.
+    #[error("allocator.cores.variant: required by method = \"vpa\"")]
+    NoVpaVariant,
+    /// `allocator.cores.variant` names no variant of the app in the table.
+    #[error("allocator.cores.variant: `{variant}` is not a variant of app {app} in the capacity table")]
+    UnknownVpaVariant {
+        /// The variant named.
+        variant: String,
+        /// The app.
+        app: String,
+    },
+    /// The ILP could not be solved.
+    #[error(transparent)]
+    Solve(#[from] SolveError),
+}
 
 /// The capacity table (`profiles/*-capacity.toml`, kind = "capacity"; schema in
 /// profiles/README.md): requests/s each variant sustains per core count and SLA.
@@ -69,10 +194,10 @@ pub struct CapacityModel {
 
 impl CapacityTable {
     /// Reads a table; errors name the file.
-    pub fn load(path: &Path) -> Result<CapacityTable, String> {
-        let shown = path.display();
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
-        toml::from_str(&text).map_err(|e| format!("{shown}: {e}"))
+    pub fn load(path: &Path) -> Result<CapacityTable, CapacityError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| CapacityError::Read { path: path.to_owned(), source })?;
+        toml::from_str(&text).map_err(|source| CapacityError::Parse { path: path.to_owned(), source })
     }
 
     /// The planner's view of `names` (every variant of the table when None): a
@@ -83,17 +208,17 @@ impl CapacityTable {
         names: Option<&[String]>,
         sla_ms: f64,
         fit_cpus: &[u32],
-    ) -> Result<Vec<infadapter::Variant>, (&'static str, String)> {
+    ) -> Result<Vec<infadapter::Variant>, VariantsError> {
         let sla_us = (sla_ms * 1000.0).round() as u64;
         let names: Vec<String> = match names {
-            Some([]) => return Err(("models", "expected at least one model".into())),
+            Some([]) => return Err(VariantsError::NoModels),
             Some(m) => m.to_vec(),
             None => self.model.iter().map(|m| m.name.clone()).collect(),
         };
         let mut variants = Vec::new();
         for name in &names {
             let Some(model) = self.model.iter().find(|m| &m.name == name) else {
-                return Err(("models", format!("`{name}` is not in the capacity table")));
+                return Err(VariantsError::UnknownModel(name.clone()));
             };
             let points: Vec<(f64, f64)> = self
                 .point
@@ -102,7 +227,7 @@ impl CapacityTable {
                 .map(|p| (p.cpus as f64, p.capacity_rps))
                 .collect();
             let Some((slope, intercept)) = infadapter::fit(&points) else {
-                return Err(("fit_cpus", format!("{name}: fewer than two capacity points at sla_ms = {sla_ms}")));
+                return Err(VariantsError::TooFewPoints { model: name.clone(), sla_ms });
             };
             variants.push(infadapter::Variant {
                 name: name.clone(),
@@ -198,24 +323,22 @@ impl Default for CoreSettings {
 
 impl CoreSettings {
     /// Checks the values (not the table: [`CoreModel::load`] reads it).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), CoreSettingsError> {
         use crate::infadapter::check_weights;
         use crate::limits::{check_cores, check_factor, check_fit_cpus, check_slo};
-        check_slo(self.sla_ms).map_err(|m| format!("sla_ms: {m}"))?;
-        check_fit_cpus(&self.fit_cpus).map_err(|m| format!("fit_cpus: {m}"))?;
-        check_cores(self.min_cores, true).map_err(|m| format!("min_cores: {m}"))?;
+        let at = |field: &'static str| move |range| CoreSettingsError::Range { field, range };
+        check_slo(self.sla_ms).map_err(at("sla_ms"))?;
+        check_fit_cpus(&self.fit_cpus).map_err(at("fit_cpus"))?;
+        check_cores(self.min_cores, true).map_err(at("min_cores"))?;
         if let Some(c) = self.capacity_coef {
-            check_factor(c).map_err(|m| format!("capacity_coef: {m}"))?;
+            check_factor(c).map_err(at("capacity_coef"))?;
         }
-        check_weights(&self.weights).map_err(|m| format!("weights: {m}"))?;
+        check_weights(&self.weights).map_err(at("weights"))?;
         if self.stabilization > crate::limits::MAX_STABILIZATION {
-            return Err(format!("stabilization: expected 0 to {} decisions", crate::limits::MAX_STABILIZATION));
+            return Err(CoreSettingsError::Stabilization(self.stabilization));
         }
         if !crate::limits::within(self.vpa_margin, crate::limits::MAX_FACTOR) {
-            return Err(format!(
-                "vpa_margin: expected a non-negative fraction, at most {:e}",
-                crate::limits::MAX_FACTOR
-            ));
+            return Err(CoreSettingsError::VpaMargin(self.vpa_margin));
         }
         Ok(())
     }
@@ -242,12 +365,12 @@ pub struct CoreModel {
 
 impl CoreModel {
     /// Loads `settings.capacity` (resolved by the caller) and fits every variant.
-    pub fn load(settings: &CoreSettings) -> Result<CoreModel, String> {
-        let path = settings.capacity.as_ref().ok_or("allocator.cores.capacity: required by this method")?;
-        let table = CapacityTable::load(path).map_err(|e| format!("allocator.cores.capacity: {e}"))?;
+    pub fn load(settings: &CoreSettings) -> Result<CoreModel, CoreModelError> {
+        let path = settings.capacity.as_ref().ok_or(CoreModelError::NoCapacity)?;
+        let table = CapacityTable::load(path)?;
         let variants = table
             .variants(None, settings.sla_ms, &settings.fit_cpus)
-            .map_err(|(field, e)| format!("allocator.cores.{field}: {}: {e}", path.display()))?;
+            .map_err(|source| CoreModelError::Variants { path: path.clone(), source })?;
         let capacity_coef = settings.capacity_coef.or(table.capacity_coef).unwrap_or(1.0);
         Ok(CoreModel { table, variants, capacity_coef })
     }
@@ -268,14 +391,14 @@ pub fn plan(
     settings: &CoreSettings,
     model: &CoreModel,
     current: Option<&proteus::Plan>,
-) -> Result<(Option<infadapter::Outcome>, Option<proteus::Plan>), String> {
+) -> Result<(Option<infadapter::Outcome>, Option<proteus::Plan>), CorePlanError> {
     let ([dev], [app]) = (&problem.devices[..], &problem.apps[..]) else {
-        return Err("the core methods plan one app on one device type (its cores)".into());
+        return Err(CorePlanError::Shape { apps: problem.apps.len(), device_types: problem.devices.len() });
     };
     let variants: Vec<infadapter::Variant> =
         model.variants.iter().filter(|v| app.models.contains(&v.name)).cloned().collect();
     if variants.is_empty() {
-        return Err(format!("app {}: none of its variants is in the capacity table", app.name));
+        return Err(CorePlanError::NoVariant(app.name.clone()));
     }
     let loaded: BTreeMap<String, u32> = current
         .map(|p| p.routes.iter().filter(|r| r.devices > 0).map(|r| (r.model.clone(), r.devices)).collect())
@@ -283,10 +406,11 @@ pub fn plan(
     let budget = dev.count;
     let ia = match method {
         CoreMethod::Vpa => {
-            let name = settings.variant.as_deref().ok_or("allocator.cores.variant: required by method = \"vpa\"")?;
-            let v = variants.iter().find(|v| v.name == name).ok_or_else(|| {
-                format!("allocator.cores.variant: `{name}` is not a variant of app {} in the capacity table", app.name)
-            })?;
+            let name = settings.variant.as_deref().ok_or(CorePlanError::NoVpaVariant)?;
+            let v = variants
+                .iter()
+                .find(|v| v.name == name)
+                .ok_or_else(|| CorePlanError::UnknownVpaVariant { variant: name.to_string(), app: app.name.clone() })?;
             return Ok((None, Some(vpa(v, app, dev, budget, settings, model))));
         }
         CoreMethod::InfAdapter | CoreMethod::ModelSwitchingPlus => {
@@ -312,7 +436,7 @@ pub fn plan(
             }
         }
     };
-    let outcome = infadapter::solve(&ia).map_err(|e| e.to_string())?;
+    let outcome = infadapter::solve(&ia)?;
     let plan = outcome.plan.as_ref().map(|p| {
         let cores: Vec<(String, u32, f64, f64)> = p
             .variants

@@ -53,13 +53,23 @@ impl Default for Settings {
 
 impl Settings {
     /// Both thresholds in (0, 1].
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ThresholdError> {
         let ok = |x: f64| x.is_finite() && x > 0.0 && x <= 1.0;
         if !ok(self.slack) || !ok(self.downscale) {
-            return Err("slack and downscale must be in (0, 1]".into());
+            return Err(ThresholdError { slack: self.slack, downscale: self.downscale });
         }
         Ok(())
     }
+}
+
+/// `[allocator.infaas]` with `slack` or `downscale` outside (0, 1].
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("slack and downscale must be in (0, 1] (slack = {slack}, downscale = {downscale})")]
+pub struct ThresholdError {
+    /// `slack` as given.
+    pub slack: f64,
+    /// `downscale` as given.
+    pub downscale: f64,
 }
 
 /// One autoscaling step for `problem`'s demand from the plan in force (None: from

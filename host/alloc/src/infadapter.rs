@@ -28,6 +28,7 @@
 //! variant or two, quotas filled most accurate first (λ_m ≤ th_m(n_m), Σ λ_m = λ, RC ≤
 //! B: the constraints of Eq. 1) — each checked with [`Plan::check`].
 
+use crate::violation::Violation;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -198,16 +199,16 @@ impl Plan {
     /// λ·min(β, 1), with β a step of the ladder; the loading, accuracy and objective
     /// as the ILP computes them. Every plan [`solve_from`] returns meets it, a
     /// solver's or not. The error names the variant or the row.
-    pub fn check(&self, problem: &Problem) -> Result<(), String> {
+    pub fn check(&self, problem: &Problem) -> Result<(), Violation> {
         if self.variants.len() != problem.variants.len()
             || self.variants.iter().zip(&problem.variants).any(|(a, b)| a.name != b.name)
         {
-            return Err("expected one entry per variant, in the problem's order".into());
+            return Err(Violation::Shape("expected one entry per variant, in the problem's order".into()));
         }
         let lambda = problem.demand_rps;
         let steps = problem.ladder.steps();
         if !steps.iter().any(|&b| (b.min(1.0) - self.beta).abs() < 1e-9) {
-            return Err(format!("beta {}: not a step of the ladder", self.beta));
+            return Err(Violation::Constraint(format!("beta {}: not a step of the ladder", self.beta)));
         }
         let served = lambda * self.beta;
         let tol = |x: f64| RPS_TOLERANCE * x.abs().max(1.0);
@@ -215,37 +216,53 @@ impl Plan {
         for (v, (vp, variant)) in self.variants.iter().zip(&problem.variants).enumerate() {
             let n = vp.cores;
             if n > problem.budget_cores || (n > 0 && n < problem.min_cores) {
-                return Err(format!(
+                return Err(Violation::Constraint(format!(
                     "variant {}: {n} cores, expected 0 or {} to {}",
                     vp.name, problem.min_cores, problem.budget_cores
-                ));
+                )));
             }
             let th = variant.throughput(n, problem.capacity_coef);
             if (vp.capacity_rps - th).abs() > tol(th) {
-                return Err(format!("variant {}: capacity {} is not th({n}) = {th}", vp.name, vp.capacity_rps));
+                return Err(Violation::Reported(format!(
+                    "variant {}: capacity {} is not th({n}) = {th}",
+                    vp.name, vp.capacity_rps
+                )));
             }
             if !(vp.quota_rps >= -tol(0.0) && vp.quota_rps <= th + tol(th)) {
-                return Err(format!("variant {}: quota {} outside [0, th({n}) = {th}]", vp.name, vp.quota_rps));
+                return Err(Violation::Constraint(format!(
+                    "variant {}: quota {} outside [0, th({n}) = {th}]",
+                    vp.name, vp.quota_rps
+                )));
             }
             let current = problem.current.get(&vp.name).copied().unwrap_or(0);
             if vp.loads != (n > 0 && n != current) {
-                return Err(format!("variant {}: loads {} with {n} cores and {current} now", vp.name, vp.loads));
+                return Err(Violation::Reported(format!(
+                    "variant {}: loads {} with {n} cores and {current} now",
+                    vp.name, vp.loads
+                )));
             }
             expected[v] = n;
         }
         let cores: u32 = expected.iter().sum();
         if cores != self.cores || cores > usable_cores(problem) {
-            return Err(format!("{} cores used (entries: {cores}), at most {}", self.cores, usable_cores(problem)));
+            return Err(Violation::Constraint(format!(
+                "{} cores used (entries: {cores}), at most {}",
+                self.cores,
+                usable_cores(problem)
+            )));
         }
         if problem.single && expected.iter().filter(|&&n| n > 0).count() > 1 {
-            return Err("Model-Switching+: more than one variant used".into());
+            return Err(Violation::Constraint("Model-Switching+: more than one variant used".into()));
         }
         let total: f64 = self.variants.iter().map(|v| v.quota_rps).sum();
         if (total - served).abs() > tol(served) || (self.served_rps - served).abs() > tol(served) {
-            return Err(format!("quotas sum to {total} req/s, served {}, expected {served}", self.served_rps));
+            return Err(Violation::Constraint(format!(
+                "quotas sum to {total} req/s, served {}, expected {served}",
+                self.served_rps
+            )));
         }
         if (self.shed_rps - (lambda - served)).abs() > tol(lambda) {
-            return Err(format!("shed {} req/s, expected {}", self.shed_rps, lambda - served));
+            return Err(Violation::Reported(format!("shed {} req/s, expected {}", self.shed_rps, lambda - served)));
         }
         let quotas: Vec<f64> = self.variants.iter().map(|v| v.quota_rps).collect();
         let again = build_plan(problem, self.beta, &expected, &quotas);
@@ -253,10 +270,10 @@ impl Plan {
             || (again.accuracy - self.accuracy).abs() > 1e-6
             || (again.loading_s - self.loading_s).abs() > 1e-9
         {
-            return Err(format!(
+            return Err(Violation::Reported(format!(
                 "objective {} / accuracy {} / loading {} s, expected {} / {} / {}",
                 self.objective, self.accuracy, self.loading_s, again.objective, again.accuracy, again.loading_s
-            ));
+            )));
         }
         Ok(())
     }
@@ -356,21 +373,14 @@ fn better(a: &Plan, b: &Plan) -> bool {
 
 /// The ILP down the ladder; `true` when the time limit passed with no plan.
 fn solve_milp(problem: &Problem) -> Result<(Outcome, bool), SolveError> {
-    use crate::limits::{self, span, within, CORES};
+    use crate::limits::{check_demand, RangeError, CORES};
     if !CORES.contains(&problem.budget_cores) || problem.min_cores > *CORES.end() {
-        return Err(SolveError::OutOfRange(format!(
-            "cores {} (min_cores {}): expected a budget of {} cores",
-            problem.budget_cores,
-            problem.min_cores,
-            span(&CORES)
-        )));
+        return Err(SolveError::OutOfRange {
+            field: format!("cores {} (min_cores {})", problem.budget_cores, problem.min_cores),
+            range: RangeError::CoreBudget(problem.budget_cores),
+        });
     }
-    if !within(problem.demand_rps, limits::MAX_DEMAND_QPS) {
-        return Err(SolveError::OutOfRange(format!(
-            "demand_rps: expected 0 to {:e} requests/s",
-            limits::MAX_DEMAND_QPS
-        )));
-    }
+    check_demand(problem.demand_rps).map_err(|range| SolveError::OutOfRange { field: "demand_rps".into(), range })?;
     // `time_limit_s` bounds the whole allocation, every step of the ladder together
     // (issue 34; as `proteus::solve`): each solve gets the time left, and one that
     // runs out of it without a plan counts as a step without one.
@@ -643,9 +653,9 @@ pub fn fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
 }
 
 /// `[weights]`: finite, 0 to 1e6 each.
-pub(crate) fn check_weights(w: &Weights) -> Result<(), String> {
+pub(crate) fn check_weights(w: &Weights) -> Result<(), crate::limits::RangeError> {
     if ![w.accuracy, w.cores, w.loading].iter().all(|&x| crate::limits::within(x, crate::limits::MAX_FACTOR)) {
-        return Err(format!("expected weights from 0 to {:e}", crate::limits::MAX_FACTOR));
+        return Err(crate::limits::RangeError::Weights);
     }
     Ok(())
 }

@@ -45,12 +45,14 @@ pub mod planner;
 pub mod problem;
 pub mod proteus;
 pub mod solver;
+pub mod violation;
 
 use serde::Serialize;
 
 pub use origin::Origin;
 pub use problem::AnyProblem;
-pub use solver::{SolveReport, SolverSettings, Status};
+pub use solver::{SolveError, SolveReport, SolverSettings, Status};
+pub use violation::Violation;
 
 /// A plan of either kind.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -139,7 +141,7 @@ impl Allocator {
     /// Keeps the last plan without solving, reporting `status` (a planner that chose
     /// not to re-plan now).
     pub fn keep(&self, status: &str) -> Allocation {
-        Allocation { status: status.into(), error: None, ..self.fail(String::new()) }
+        Allocation { status: status.into(), error: None, ..self.fail("") }
     }
 
     /// Records a solve's result: its plan in force when there is one, otherwise the
@@ -180,8 +182,9 @@ impl Allocator {
         }
     }
 
-    /// Keeps the last plan and reports `error` (a solver or heuristic that failed).
-    pub fn fail(&self, error: String) -> Allocation {
+    /// Keeps the last plan and reports `error` (a solver or heuristic that failed):
+    /// its message is what the allocation's view shows.
+    pub fn fail(&self, error: impl std::fmt::Display) -> Allocation {
         Allocation {
             status: "fallback".into(),
             objective: None,
@@ -189,7 +192,7 @@ impl Allocator {
             solve_seconds: 0.0,
             solves: 0,
             report: None,
-            error: Some(error),
+            error: Some(error.to_string()),
             plan: self.last.clone(),
             origin: None,
         }
@@ -203,13 +206,13 @@ impl Allocator {
     pub fn allocate(&mut self, problem: &AnyProblem) -> Allocation {
         // (report, solves, seconds, plan, origin) of whichever formulation ran.
         type Solved = (SolveReport, usize, f64, Option<AnyPlan>, Origin);
-        let solved: Result<Solved, String> = match (problem, &self.last) {
+        let solved: Result<Solved, AllocateError> = match (problem, &self.last) {
             (AnyProblem::Proteus(p), last) => {
                 let previous = match last {
                     Some(AnyPlan::Proteus(plan)) => Some(plan),
                     _ => None,
                 };
-                proteus::solve_from(p, previous).map_err(|e| e.to_string()).map(|o| {
+                proteus::solve_from(p, previous).map_err(AllocateError::from).map(|o| {
                     // Made without a solver, a Proteus plan has no attempts: the
                     // report's seconds are its own.
                     let secs =
@@ -222,7 +225,7 @@ impl Allocator {
                     Some(AnyPlan::Infadapter(plan)) => Some(plan),
                     _ => None,
                 };
-                infadapter::solve_from(p, previous).map_err(|e| e.to_string()).map(|o| {
+                infadapter::solve_from(p, previous).map_err(AllocateError::from).map(|o| {
                     let secs =
                         o.origin.seconds(o.attempts.iter().map(|a| a.solve_seconds).sum(), o.report.solve_seconds);
                     (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Infadapter), o.origin)
@@ -233,7 +236,7 @@ impl Allocator {
                     Some(AnyPlan::Loki(plan)) => Some(plan),
                     _ => None,
                 };
-                loki::solve_from(p, previous).map_err(|e| e.to_string()).map(|o| {
+                loki::solve_from(p, previous).map_err(AllocateError::from).map(|o| {
                     let secs =
                         o.origin.seconds(o.attempts.iter().map(|a| a.solve_seconds).sum(), o.report.solve_seconds);
                     (o.report, o.attempts.len(), secs, o.plan.map(AnyPlan::Loki), o.origin)
@@ -266,6 +269,21 @@ impl Allocator {
         }
         a
     }
+}
+
+/// Why a formulation made no plan ([`Allocator::allocate`]): its own error, whose
+/// message the allocation reports.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocateError {
+    /// Proteus's.
+    #[error(transparent)]
+    Proteus(#[from] proteus::ProteusError),
+    /// InfAdapter's.
+    #[error(transparent)]
+    InfAdapter(#[from] SolveError),
+    /// Loki's.
+    #[error(transparent)]
+    Loki(#[from] loki::LokiError),
 }
 
 fn status_name(s: Status) -> &'static str {

@@ -147,7 +147,7 @@ impl Planner {
             Ok((None, Some(plan))) => {
                 self.allocator.adopt(AnyPlan::Proteus(plan), "heuristic", started.elapsed().as_secs_f64())
             }
-            Ok((None, None)) => self.allocator.fail("no plan".into()),
+            Ok((None, None)) => self.allocator.fail("no plan"),
             Err(e) => self.allocator.fail(e),
         }
     }

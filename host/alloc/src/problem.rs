@@ -284,9 +284,9 @@ pub fn load_loki(path: &Path) -> Result<(loki::Problem, LokiSource), ProblemErro
 
 fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::Problem, ProblemError> {
     let invalid = |field: String, message: &str| ProblemError::invalid(file, field, message);
-    f.solver.validate().map_err(|m| invalid("solver".into(), &m))?;
-    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes".into(), &m))?;
-    check_ladder(&f.ladder).map_err(|m| invalid("ladder".into(), &m))?;
+    f.solver.validate().map_err(|m| invalid("solver".into(), &m.to_string()))?;
+    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes".into(), &m.to_string()))?;
+    check_ladder(&f.ladder).map_err(|m| invalid("ladder".into(), &m.to_string()))?;
     if f.devices.is_empty() {
         return Err(invalid("device".into(), "at least one [[device]] is required"));
     }
@@ -300,9 +300,9 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
         if devices.iter().any(|x: &proteus::DeviceType| x.name == d.kind) {
             return Err(invalid(at("type"), "duplicate device type"));
         }
-        check_count(d.count).map_err(|m| invalid(at("count"), &m))?;
+        check_count(d.count).map_err(|m| invalid(at("count"), &m.to_string()))?;
         if let Some(m) = d.memory_mb {
-            check_memory(m).map_err(|m| invalid(at("memory_mb"), &m))?;
+            check_memory(m).map_err(|m| invalid(at("memory_mb"), &m.to_string()))?;
         }
         let path = base.join(&d.profile);
         let profile = match profiles.get(&path) {
@@ -317,15 +317,15 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
     }
     // Summed wide: thousands of types of 10,000 devices must not wrap around.
     let total = u32::try_from(devices.iter().map(|d| u64::from(d.count)).sum::<u64>()).unwrap_or(u32::MAX);
-    check_total(total, f.formulation).map_err(|m| invalid("device".into(), &m))?;
+    check_total(total, f.formulation).map_err(|m| invalid("device".into(), &m.to_string()))?;
     let mut apps: Vec<proteus::App> = Vec::new();
     for a in f.apps {
         let at = |k: &str| format!("app.{}.{k}", a.name);
         if apps.iter().any(|x| x.name == a.name) {
             return Err(invalid(at("name"), "duplicate app name"));
         }
-        check_slo(a.slo_ms).map_err(|m| invalid(at("slo_ms"), &m))?;
-        check_demand(a.demand_qps).map_err(|m| invalid(at("demand_qps"), &m))?;
+        check_slo(a.slo_ms).map_err(|m| invalid(at("slo_ms"), &m.to_string()))?;
+        check_demand(a.demand_qps).map_err(|m| invalid(at("demand_qps"), &m.to_string()))?;
         if a.models.is_empty() {
             return Err(invalid(at("models"), "expected at least one variant"));
         }
@@ -363,28 +363,28 @@ fn proteus_problem(f: ProteusFile, file: &str, base: &Path) -> Result<proteus::P
 
 fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infadapter::Problem, ProblemError> {
     let invalid = |field: &str, message: &str| ProblemError::invalid(file, field, message);
-    f.solver.validate().map_err(|m| invalid("solver", &m))?;
-    check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m))?;
-    check_demand(f.demand_rps).map_err(|m| invalid("demand_rps", &m))?;
+    f.solver.validate().map_err(|m| invalid("solver", &m.to_string()))?;
+    check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m.to_string()))?;
+    check_demand(f.demand_rps).map_err(|m| invalid("demand_rps", &m.to_string()))?;
     if !limits::CORES.contains(&f.cores) {
-        return Err(invalid("cores", &format!("expected a budget of {} cores", span(&limits::CORES))));
+        return Err(invalid("cores", &limits::RangeError::CoreBudget(f.cores).to_string()));
     }
     if f.min_cores > f.cores {
         return Err(invalid("min_cores", "exceeds the core budget"));
     }
-    check_slo(f.sla_ms).map_err(|m| invalid("sla_ms", &m))?;
-    check_fit_cpus(&f.fit_cpus).map_err(|m| invalid("fit_cpus", &m))?;
-    check_weights(&f.weights).map_err(|m| invalid("weights", &m))?;
+    check_slo(f.sla_ms).map_err(|m| invalid("sla_ms", &m.to_string()))?;
+    check_fit_cpus(&f.fit_cpus).map_err(|m| invalid("fit_cpus", &m.to_string()))?;
+    check_weights(&f.weights).map_err(|m| invalid("weights", &m.to_string()))?;
     for (name, &n) in &f.current {
         check_cores(n, true).map_err(|m| invalid("current", &format!("{name}: {m}")))?;
     }
     let path = base.join(&f.capacity);
-    let table = CapacityTable::load(&path).map_err(|e| invalid("capacity", &e))?;
+    let table = CapacityTable::load(&path).map_err(|e| invalid("capacity", &e.to_string()))?;
     let coef = f.capacity_coef.or(table.capacity_coef).unwrap_or(1.0);
-    check_factor(coef).map_err(|m| invalid("capacity_coef", &m))?;
+    check_factor(coef).map_err(|m| invalid("capacity_coef", &m.to_string()))?;
     let variants = table
         .variants(f.models.as_deref(), f.sla_ms, &f.fit_cpus)
-        .map_err(|(field, m)| invalid(field, &format!("{m} ({})", path.display())))?;
+        .map_err(|e| invalid(e.field(), &format!("{e} ({})", path.display())))?;
     let names: Vec<String> = variants.iter().map(|v| v.name.clone()).collect();
     for name in f.current.keys() {
         if !names.contains(name) {
@@ -408,17 +408,17 @@ fn infadapter_problem(f: InfAdapterFile, file: &str, base: &Path) -> Result<infa
 
 fn loki_problem(f: LokiFile, file: &str, base: &Path) -> Result<loki::Problem, ProblemError> {
     let invalid = |field: &str, message: &str| ProblemError::invalid(file, field, message);
-    f.solver.validate().map_err(|m| invalid("solver", &m))?;
-    check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m))?;
-    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes", &m))?;
-    check_slo(f.slo_ms).map_err(|m| invalid("slo_ms", &m))?;
+    f.solver.validate().map_err(|m| invalid("solver", &m.to_string()))?;
+    check_ladder(&f.ladder).map_err(|m| invalid("ladder", &m.to_string()))?;
+    check_batches(&f.batch_sizes).map_err(|m| invalid("batch_sizes", &m.to_string()))?;
+    check_slo(f.slo_ms).map_err(|m| invalid("slo_ms", &m.to_string()))?;
     if !within(f.comm_latency_ms, limits::MAX_LATENCY_MS) {
         return Err(invalid(
             "comm_latency_ms",
             &format!("expected a number of milliseconds from 0 to {}", limits::MAX_LATENCY_MS),
         ));
     }
-    check_demand(f.demand_qps).map_err(|m| invalid("demand_qps", &m))?;
+    check_demand(f.demand_qps).map_err(|m| invalid("demand_qps", &m.to_string()))?;
     if !limits::WORKERS.contains(&f.workers) {
         return Err(invalid("workers", &format!("expected {} workers", span(&limits::WORKERS))));
     }

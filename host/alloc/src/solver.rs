@@ -80,24 +80,39 @@ impl Default for SolverSettings {
 impl SolverSettings {
     /// Checks the values against their ranges ([`crate::limits`]): `time_limit_s` in
     /// (0, 86400], `mip_gap` in [0, 1], `threads` 1 to 256. The error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SettingsError> {
         if !limits::positive_within(self.time_limit_s, limits::MAX_TIME_LIMIT_S) {
-            return Err(format!(
-                "time_limit_s: expected a positive number of seconds, at most {}",
-                limits::MAX_TIME_LIMIT_S
-            ));
+            return Err(SettingsError::TimeLimit(self.time_limit_s));
         }
         if !limits::within(self.soft_limit_s, limits::MAX_TIME_LIMIT_S) {
-            return Err(format!("soft_limit_s: expected a number of seconds from 0 to {}", limits::MAX_TIME_LIMIT_S));
+            return Err(SettingsError::SoftLimit(self.soft_limit_s));
         }
         if !(self.mip_gap.is_finite() && limits::MIP_GAP.contains(&self.mip_gap)) {
-            return Err("mip_gap: expected a fraction from 0 to 1".into());
+            return Err(SettingsError::MipGap(self.mip_gap));
         }
         if !limits::THREADS.contains(&self.threads) {
-            return Err(format!("threads: expected {} threads", limits::span(&limits::THREADS)));
+            return Err(SettingsError::Threads(self.threads));
         }
         Ok(())
     }
+}
+
+/// A `[solver]` setting out of its range ([`crate::limits`]); the message starts
+/// with the field.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum SettingsError {
+    /// `time_limit_s` not positive or above a day.
+    #[error("time_limit_s: expected a positive number of seconds, at most {}", limits::MAX_TIME_LIMIT_S)]
+    TimeLimit(f64),
+    /// `soft_limit_s` negative or above a day.
+    #[error("soft_limit_s: expected a number of seconds from 0 to {}", limits::MAX_TIME_LIMIT_S)]
+    SoftLimit(f64),
+    /// `mip_gap` outside [0, 1].
+    #[error("mip_gap: expected a fraction from 0 to 1")]
+    MipGap(f64),
+    /// `threads` outside [`limits::THREADS`].
+    #[error("threads: expected {} threads", limits::span(&limits::THREADS))]
+    Threads(u32),
 }
 
 /// How a solve ended.
@@ -167,8 +182,13 @@ pub enum SolveError {
     NoPlanInTime(f64),
     /// A number of a problem built in code is out of its range ([`crate::limits`]):
     /// refused before a model of that size is built.
-    #[error("{0}")]
-    OutOfRange(String),
+    #[error("{field}: {range}")]
+    OutOfRange {
+        /// Which number: the field, with the app or the values it goes with.
+        field: String,
+        /// What its range is.
+        range: crate::limits::RangeError,
+    },
 }
 
 /// A MILP under construction: variables (whose creation order is kept, to read
@@ -477,22 +497,24 @@ mod tests {
     #[test]
     fn settings_are_checked() {
         let bad = SolverSettings { time_limit_s: 0.0, ..SolverSettings::default() };
-        assert!(bad.validate().unwrap_err().contains("time_limit_s"));
+        assert!(bad.validate().unwrap_err().to_string().contains("time_limit_s"));
         let bad = SolverSettings { time_limit_s: 1e12, ..SolverSettings::default() };
-        assert!(bad.validate().unwrap_err().contains("time_limit_s"));
+        assert!(bad.validate().unwrap_err().to_string().contains("time_limit_s"));
         let bad = SolverSettings { mip_gap: -1.0, ..SolverSettings::default() };
-        assert!(bad.validate().unwrap_err().contains("mip_gap"));
+        assert!(bad.validate().unwrap_err().to_string().contains("mip_gap"));
         let bad = SolverSettings { mip_gap: 2.0, ..SolverSettings::default() };
-        assert!(bad.validate().unwrap_err().contains("mip_gap"));
+        assert!(bad.validate().unwrap_err().to_string().contains("mip_gap"));
         for soft in [-1.0, f64::NAN, 1e12] {
             let bad = SolverSettings { soft_limit_s: soft, ..SolverSettings::default() };
-            assert!(bad.validate().unwrap_err().contains("soft_limit_s"));
+            assert!(bad.validate().unwrap_err().to_string().contains("soft_limit_s"));
         }
         assert!(SolverSettings { soft_limit_s: 0.0, ..SolverSettings::default() }.validate().is_ok());
         // 100,000 HiGHS threads abort the process with std::bad_alloc.
         for threads in [0, 257, 100_000] {
             let bad = SolverSettings { threads, ..SolverSettings::default() };
-            assert_eq!(bad.validate().unwrap_err(), "threads: expected 1 to 256 threads");
+            let e = bad.validate().unwrap_err();
+            assert_eq!(e, SettingsError::Threads(threads));
+            assert_eq!(e.to_string(), "threads: expected 1 to 256 threads");
         }
         assert!(SolverSettings { threads: 256, ..SolverSettings::default() }.validate().is_ok());
     }

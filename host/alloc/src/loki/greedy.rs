@@ -18,6 +18,7 @@
 //! [`Plan::check`] states the constraints as the MILP's plans meet them, and both
 //! kinds of plan are checked with it before they are returned.
 
+use crate::violation::Violation;
 use std::collections::BTreeMap;
 
 use super::{ChainPlan, PathShare};
@@ -158,7 +159,7 @@ fn build(p: &Problem, shape: &Shape, step: Step, beta: f64, hosted: &[Hosted], p
 
 /// The plan's hosted variants and paths in indices; an error naming what does not
 /// match the problem.
-fn parse(p: &Problem, shape: &Shape, plan: &Plan) -> Result<(Vec<Hosted>, Paths), String> {
+fn parse(p: &Problem, shape: &Shape, plan: &Plan) -> Result<(Vec<Hosted>, Paths), Violation> {
     let mut hosted: Vec<Hosted> = Vec::new();
     for v in &plan.variants {
         let t = p
@@ -166,32 +167,35 @@ fn parse(p: &Problem, shape: &Shape, plan: &Plan) -> Result<(Vec<Hosted>, Paths)
             .tasks
             .iter()
             .position(|t| t.name == v.task)
-            .ok_or_else(|| format!("task `{}` is not in the pipeline", v.task))?;
+            .ok_or_else(|| Violation::Shape(format!("task `{}` is not in the pipeline", v.task)))?;
         let k = p.variants[t]
             .iter()
             .position(|x| x.name == v.variant)
-            .ok_or_else(|| format!("variant `{}` is not a model of task `{}`", v.variant, v.task))?;
+            .ok_or_else(|| Violation::Shape(format!("variant `{}` is not a model of task `{}`", v.variant, v.task)))?;
         if hosted.iter().any(|h| h.task == t && h.variant == k) {
-            return Err(format!(
+            return Err(Violation::Constraint(format!(
                 "variant `{}` of `{}` hosted twice (one batch size per variant, (4))",
                 v.variant, v.task
-            ));
+            )));
         }
         hosted.push(Hosted { task: t, variant: k, batch: v.batch, replicas: v.replicas });
     }
     if plan.chains.len() != shape.chains.len() {
-        return Err(format!("{} chains, the pipeline has {}", plan.chains.len(), shape.chains.len()));
+        return Err(Violation::Shape(format!("{} chains, the pipeline has {}", plan.chains.len(), shape.chains.len())));
     }
     let mut paths: Paths = Vec::new();
     for (cp, chain) in plan.chains.iter().zip(&shape.chains) {
         let names: Vec<&str> = chain.iter().map(|&t| p.pipeline.tasks[t].name.as_str()).collect();
         if cp.tasks.iter().map(String::as_str).ne(names.iter().copied()) {
-            return Err(format!("chain {:?}: expected the tasks {names:?}", cp.tasks));
+            return Err(Violation::Shape(format!("chain {:?}: expected the tasks {names:?}", cp.tasks)));
         }
         let mut ps = Vec::new();
         for path in &cp.paths {
             if path.variants.len() != chain.len() {
-                return Err(format!("path {:?}: one entry per task of its chain expected", path.variants));
+                return Err(Violation::Shape(format!(
+                    "path {:?}: one entry per task of its chain expected",
+                    path.variants
+                )));
             }
             let ks = chain
                 .iter()
@@ -204,7 +208,9 @@ fn parse(p: &Problem, shape: &Shape, plan: &Plan) -> Result<(Vec<Hosted>, Paths)
                     }
                 })
                 .collect::<Option<Vec<usize>>>()
-                .ok_or_else(|| format!("path {:?}: not variants of its chain's tasks", path.variants))?;
+                .ok_or_else(|| {
+                    Violation::Shape(format!("path {:?}: not variants of its chain's tasks", path.variants))
+                })?;
             ps.push((ks, path.share));
         }
         paths.push(ps);
@@ -225,7 +231,7 @@ impl Plan {
     /// `accuracy-only` ones `accuracy`; the reported loads, accuracy and path latencies
     /// as computed from the shares. Every plan [`super::solve_from`] returns meets it, a
     /// solver's or not. The error names the task, variant, chain or row.
-    pub fn check(&self, problem: &Problem) -> Result<(), String> {
+    pub fn check(&self, problem: &Problem) -> Result<(), Violation> {
         let p = problem;
         let shape = Shape::new(p);
         let (hosted, paths) = parse(p, &shape, self)?;
@@ -234,45 +240,63 @@ impl Plan {
         for (h, v) in hosted.iter().zip(&self.variants) {
             let variant = &p.variants[h.task][h.variant];
             let Some(latency) = variant.latency(h.batch) else {
-                return Err(format!("variant `{}`: batch {} is not an allowed, measured size", v.variant, h.batch));
+                return Err(Violation::Constraint(format!(
+                    "variant `{}`: batch {} is not an allowed, measured size",
+                    v.variant, h.batch
+                )));
             };
             if v.latency_us != latency || (v.capacity_qps - variant.throughput(h.batch)).abs() > 1e-9 {
-                return Err(format!("variant `{}`: latency or capacity is not its batch {}'s", v.variant, h.batch));
+                return Err(Violation::Reported(format!(
+                    "variant `{}`: latency or capacity is not its batch {}'s",
+                    v.variant, h.batch
+                )));
             }
             if h.replicas == 0 {
-                return Err(format!("variant `{}`: hosted with no workers", v.variant));
+                return Err(Violation::Constraint(format!("variant `{}`: hosted with no workers", v.variant)));
             }
             if self.step == "hardware" && !best[h.task][h.variant] {
-                return Err(format!("variant `{}`: a hardware-scaling plan hosts only the most accurate", v.variant));
+                return Err(Violation::Constraint(format!(
+                    "variant `{}`: a hardware-scaling plan hosts only the most accurate",
+                    v.variant
+                )));
             }
         }
         match (self.step.as_str(), p.scaling) {
             ("hardware", Scaling::AccuracyOnly) | ("accuracy", Scaling::HardwareOnly) => {
-                return Err(format!("step `{}` under scaling {:?}", self.step, p.scaling));
+                return Err(Violation::Constraint(format!("step `{}` under scaling {:?}", self.step, p.scaling)));
             }
             ("hardware" | "accuracy", _) => {}
-            (other, _) => return Err(format!("step `{other}`: expected `hardware` or `accuracy`")),
+            (other, _) => return Err(Violation::Shape(format!("step `{other}`: expected `hardware` or `accuracy`"))),
         }
         // (3).
         let workers: u32 = hosted.iter().map(|h| h.replicas).sum();
         if workers != self.workers || workers > p.workers {
-            return Err(format!("{} workers (hosted: {workers}), at most {}", self.workers, p.workers));
+            return Err(Violation::Constraint(format!(
+                "{} workers (hosted: {workers}), at most {}",
+                self.workers, p.workers
+            )));
         }
         // β, served and shed.
         let steps = p.ladder.steps();
         if !steps.iter().any(|&b| (b - self.beta).abs() < 1e-9) {
-            return Err(format!("beta {}: not a step of the ladder", self.beta));
+            return Err(Violation::Constraint(format!("beta {}: not a step of the ladder", self.beta)));
         }
         if p.scaling == Scaling::Loki
             && self.step == "hardware"
             && steps.first().is_some_and(|&b| (b - self.beta).abs() > 1e-9)
         {
-            return Err(format!("a hardware-scaling plan at beta {}, not the ladder's first step", self.beta));
+            return Err(Violation::Constraint(format!(
+                "a hardware-scaling plan at beta {}, not the ladder's first step",
+                self.beta
+            )));
         }
         let served = p.demand_qps * self.beta.min(1.0);
         let near = |a: f64, b: f64| (a - b).abs() <= TOLERANCE * a.abs().max(b.abs()).max(1.0);
         if !near(self.served_qps, served) || !near(self.shed_qps, p.demand_qps - served) {
-            return Err(format!("served {} and shed {} req/s, expected {served}", self.served_qps, self.shed_qps));
+            return Err(Violation::Reported(format!(
+                "served {} and shed {} req/s, expected {served}",
+                self.served_qps, self.shed_qps
+            )));
         }
         // (6)–(7) and the shares.
         let batch = |t: usize, k: usize| hosted.iter().find(|h| h.task == t && h.variant == k).map(|h| h.batch);
@@ -280,7 +304,7 @@ impl Plan {
         {
             let total: f64 = ps.iter().map(|(_, c)| c).sum();
             if !near(total, 1.0) || ps.iter().any(|(_, c)| *c < -TOLERANCE) {
-                return Err(format!("chain {:?}: shares sum to {total}, expected 1", cp.tasks));
+                return Err(Violation::Constraint(format!("chain {:?}: shares sum to {total}, expected 1", cp.tasks)));
             }
             for ((ks, _), path) in ps.iter().zip(&cp.paths) {
                 let mut latency_us = 0;
@@ -289,23 +313,26 @@ impl Plan {
                         continue;
                     }
                     let Some(b) = batch(t, k) else {
-                        return Err(format!(
+                        return Err(Violation::Constraint(format!(
                             "path {:?}: `{}` carries traffic but is not hosted",
                             path.variants, p.variants[t][k].name
-                        ));
+                        )));
                     };
                     latency_us += p.variants[t][k].latency(b).unwrap_or(u64::MAX / 64);
                 }
                 if latency_us as f64 / 1000.0 > budget + LATENCY_TOLERANCE_MS || path.latency_us != latency_us {
-                    return Err(format!(
+                    return Err(Violation::Constraint(format!(
                         "path {:?}: {} ms (reported {} ms), over the chain's budget of {budget} ms",
                         path.variants,
                         latency_us as f64 / 1000.0,
                         path.latency_us as f64 / 1000.0
-                    ));
+                    )));
                 }
                 if (path.accuracy - p.path_accuracy(chain, ks)).abs() > 1e-9 {
-                    return Err(format!("path {:?}: accuracy is not the product of its variants'", path.variants));
+                    return Err(Violation::Reported(format!(
+                        "path {:?}: accuracy is not the product of its variants'",
+                        path.variants
+                    )));
                 }
             }
         }
@@ -325,10 +352,10 @@ impl Plan {
                     paths[ci].iter().filter(|(ks, _)| &ks[..depth] == prefix).map(|(_, c)| c).sum()
                 };
                 if through.iter().any(|&ci| !near(sum(ci), sum(through[0]))) {
-                    return Err(format!(
+                    return Err(Violation::Constraint(format!(
                         "task `{}`: its children's chains disagree on the share through it",
                         task.name
-                    ));
+                    )));
                 }
             }
         }
@@ -339,18 +366,18 @@ impl Plan {
             let need = self.beta.max(0.0) * p.demand_qps * unit;
             let capacity = h.replicas as f64 * p.variants[h.task][h.variant].throughput(h.batch);
             if need > capacity * (1.0 + TOLERANCE) + TOLERANCE {
-                return Err(format!(
+                return Err(Violation::Constraint(format!(
                     "variant `{}`: {need} req/s at beta {} over its capacity {capacity}",
                     v.variant, self.beta
-                ));
+                )));
             }
             if !near(v.load_qps, served * unit) {
-                return Err(format!(
+                return Err(Violation::Reported(format!(
                     "variant `{}`: load {} req/s, the shares give {}",
                     v.variant,
                     v.load_qps,
                     served * unit
-                ));
+                )));
             }
         }
         let weight = 1.0 / shape.chains.len().max(1) as f64;
@@ -360,7 +387,7 @@ impl Plan {
             .flat_map(|(ps, chain)| ps.iter().map(move |(ks, c)| weight * c * p.path_accuracy(chain, ks)))
             .sum();
         if (accuracy - self.accuracy).abs() > TOLERANCE {
-            return Err(format!("accuracy {}, the shares give {accuracy}", self.accuracy));
+            return Err(Violation::Reported(format!("accuracy {}, the shares give {accuracy}", self.accuracy)));
         }
         Ok(())
     }

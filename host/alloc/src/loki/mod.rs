@@ -333,9 +333,39 @@ pub enum LokiError {
         /// The task.
         task: String,
     },
-    /// A number that cannot be used.
-    #[error("{0}")]
-    Invalid(String),
+    /// Not one variant list per task.
+    #[error("one variant list per task expected ({lists} lists for {tasks} tasks)")]
+    VariantLists {
+        /// Tasks of the pipeline.
+        tasks: usize,
+        /// Variant lists given.
+        lists: usize,
+    },
+    /// A number out of its range ([`crate::limits`]).
+    #[error("{field}: {range}")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// Its range.
+        range: crate::limits::RangeError,
+    },
+    /// `slo_ms` or `comm_latency_ms` out of range.
+    #[error(
+        "expected slo_ms in (0, {max}] and comm_latency_ms from 0 to {max} (slo_ms = {slo_ms}, comm_latency_ms = {comm_latency_ms})",
+        max = crate::limits::MAX_LATENCY_MS
+    )]
+    Latencies {
+        /// `slo_ms` as given.
+        slo_ms: f64,
+        /// `comm_latency_ms` as given.
+        comm_latency_ms: f64,
+    },
+    /// `workers` outside [`crate::limits::WORKERS`].
+    #[error("workers {0}: expected {span}", span = crate::limits::span(&crate::limits::WORKERS))]
+    Workers(u32),
+    /// `[solver]` out of range.
+    #[error(transparent)]
+    Settings(#[from] crate::solver::SettingsError),
     /// The solver failed.
     #[error(transparent)]
     Solve(#[from] SolveError),
@@ -345,7 +375,7 @@ impl Problem {
     /// Checks the problem's shape and numbers.
     pub fn validate(&self) -> Result<(), LokiError> {
         if self.variants.len() != self.pipeline.tasks.len() {
-            return Err(LokiError::Invalid("one variant list per task expected".into()));
+            return Err(LokiError::VariantLists { tasks: self.pipeline.tasks.len(), lists: self.variants.len() });
         }
         for (t, vs) in self.pipeline.tasks.iter().zip(&self.variants) {
             if vs.len() != t.models.len() || vs.iter().zip(&t.models).any(|(v, m)| &v.name != m) {
@@ -361,28 +391,16 @@ impl Problem {
             return Err(LokiError::PassThroughSink { task: task.to_string() });
         }
         use crate::limits::{self, positive_within, within};
-        if !within(self.demand_qps, limits::MAX_DEMAND_QPS) {
-            return Err(LokiError::Invalid(format!(
-                "demand_qps: expected a number of requests/s from 0 to {:e}",
-                limits::MAX_DEMAND_QPS
-            )));
-        }
+        limits::check_demand(self.demand_qps).map_err(|range| LokiError::OutOfRange { field: "demand_qps", range })?;
         if !(positive_within(self.slo_ms, limits::MAX_LATENCY_MS)
             && within(self.comm_latency_ms, limits::MAX_LATENCY_MS))
         {
-            return Err(LokiError::Invalid(format!(
-                "expected slo_ms in (0, {0}] and comm_latency_ms from 0 to {0}",
-                limits::MAX_LATENCY_MS
-            )));
+            return Err(LokiError::Latencies { slo_ms: self.slo_ms, comm_latency_ms: self.comm_latency_ms });
         }
         if !limits::WORKERS.contains(&self.workers) {
-            return Err(LokiError::Invalid(format!(
-                "workers {}: expected {}",
-                self.workers,
-                limits::span(&limits::WORKERS)
-            )));
+            return Err(LokiError::Workers(self.workers));
         }
-        self.solver.validate().map_err(LokiError::Invalid)
+        Ok(self.solver.validate()?)
     }
 
     /// Â(p): the product of the variants' accuracies.

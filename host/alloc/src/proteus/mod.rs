@@ -38,6 +38,7 @@
 /// The local search over placements and the plans made without a solver.
 mod placement;
 
+use crate::violation::Violation;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,7 @@ use sluice_core::profile::{ModelProfile, Percentile, Profile};
 use thiserror::Error;
 
 pub use crate::ladder::{Ladder, Search};
+use crate::limits::RangeError;
 /// Where a plan came from (shared by every formulation: [`crate::origin`]).
 pub use crate::origin::Origin;
 use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
@@ -420,40 +422,53 @@ impl Plan {
     /// can serve — and its demand, its shed the rest, its shares summing to 1 and its
     /// routes' requests/s to what it is served. The plans the allocator returns
     /// without a solver are checked with it before they are returned.
-    pub fn check(&self, problem: &Problem) -> Result<(), String> {
+    pub fn check(&self, problem: &Problem) -> Result<(), Violation> {
         const TOL: f64 = 1e-6;
         let close = |a: f64, b: f64| (a - b).abs() <= TOL * (1.0 + a.abs().max(b.abs()));
         let headroom = self.beta.max(1.0);
         let expected: usize = problem.devices.iter().map(|d| d.count as usize).sum();
         if self.devices.len() != expected {
-            return Err(format!("{} device entries for {expected} devices", self.devices.len()));
+            return Err(Violation::Shape(format!("{} device entries for {expected} devices", self.devices.len())));
         }
         for dev in &problem.devices {
             let used: u32 = self.routes.iter().filter(|r| r.device_type == dev.name).map(|r| r.devices).sum();
             if used > dev.count {
-                return Err(format!("{used} devices of type {} placed, it has {}", dev.name, dev.count));
+                return Err(Violation::Constraint(format!(
+                    "{used} devices of type {} placed, it has {}",
+                    dev.name, dev.count
+                )));
             }
         }
         for r in &self.routes {
             let at = format!("route {} / {} on {}", r.app, r.model, r.device_type);
-            let app = problem.apps.iter().find(|a| a.name == r.app).ok_or(format!("{at}: no such app"))?;
+            let app =
+                problem.apps.iter().find(|a| a.name == r.app).ok_or(Violation::Shape(format!("{at}: no such app")))?;
             if !app.models.contains(&r.model) {
-                return Err(format!("{at}: not a variant of the app"));
+                return Err(Violation::Shape(format!("{at}: not a variant of the app")));
             }
-            let dev =
-                problem.devices.iter().find(|d| d.name == r.device_type).ok_or(format!("{at}: no such device type"))?;
-            let mp = dev.profile.model(&r.model).ok_or(format!("{at}: not in the device's profile"))?;
+            let dev = problem
+                .devices
+                .iter()
+                .find(|d| d.name == r.device_type)
+                .ok_or(Violation::Shape(format!("{at}: no such device type")))?;
+            let mp =
+                dev.profile.model(&r.model).ok_or(Violation::Shape(format!("{at}: not in the device's profile")))?;
             let cap =
                 capacity(mp, app.slo_ms, &problem.batch_sizes, dev.memory_mb, app.memory_mb.get(&r.model).copied())
-                    .ok_or(format!("{at}: runs no batch within half the SLO, or does not fit"))?;
+                    .ok_or(Violation::Constraint(format!(
+                        "{at}: runs no batch within half the SLO, or does not fit"
+                    )))?;
             if !close(r.capacity_qps, cap.qps * r.devices as f64) {
-                return Err(format!(
+                return Err(Violation::Reported(format!(
                     "{at}: capacity {} for {} devices of {} req/s",
                     r.capacity_qps, r.devices, cap.qps
-                ));
+                )));
             }
             if r.qps * headroom > r.capacity_qps * (1.0 + TOL) + TOL {
-                return Err(format!("{at}: {} req/s over capacity {} (headroom {headroom})", r.qps, r.capacity_qps));
+                return Err(Violation::Constraint(format!(
+                    "{at}: {} req/s over capacity {} (headroom {headroom})",
+                    r.qps, r.capacity_qps
+                )));
             }
             let hosting = self
                 .devices
@@ -465,35 +480,47 @@ impl Plan {
                 })
                 .count();
             if hosting != r.devices as usize {
-                return Err(format!("{at}: {} devices in the route, {hosting} device entries host it", r.devices));
+                return Err(Violation::Reported(format!(
+                    "{at}: {} devices in the route, {hosting} device entries host it",
+                    r.devices
+                )));
             }
         }
         let placed = self.devices.iter().filter(|d| d.app.is_some()).count();
         let routed: u32 = self.routes.iter().map(|r| r.devices).sum();
         if placed != routed as usize {
-            return Err(format!("{placed} devices host a variant, the routes count {routed}"));
+            return Err(Violation::Reported(format!("{placed} devices host a variant, the routes count {routed}")));
         }
         for a in &self.apps {
-            let app =
-                problem.apps.iter().find(|x| x.name == a.name).ok_or(format!("app {}: not in the problem", a.name))?;
+            let app = problem
+                .apps
+                .iter()
+                .find(|x| x.name == a.name)
+                .ok_or(Violation::Shape(format!("app {}: not in the problem", a.name)))?;
             let s = app.demand_qps;
             let least = if a.unservable.is_some() { 0.0 } else { s * self.beta.min(1.0) };
             if a.served_qps < least * (1.0 - TOL) - TOL || a.served_qps > s * (1.0 + TOL) + TOL {
-                return Err(format!(
+                return Err(Violation::Constraint(format!(
                     "app {}: served {} req/s, not between {least} and its demand {s}",
                     a.name, a.served_qps
-                ));
+                )));
             }
             if !close(a.shed_qps, s - a.served_qps) {
-                return Err(format!("app {}: shed {} of {s}, served {}", a.name, a.shed_qps, a.served_qps));
+                return Err(Violation::Reported(format!(
+                    "app {}: shed {} of {s}, served {}",
+                    a.name, a.shed_qps, a.served_qps
+                )));
             }
             let shares: f64 = self.routes.iter().filter(|r| r.app == a.name).map(|r| r.share).sum();
             let qps: f64 = self.routes.iter().filter(|r| r.app == a.name).map(|r| r.qps).sum();
             if a.served_qps > TOL && !close(shares, 1.0) {
-                return Err(format!("app {}: shares sum to {shares}", a.name));
+                return Err(Violation::Constraint(format!("app {}: shares sum to {shares}", a.name)));
             }
             if !close(qps, a.served_qps) {
-                return Err(format!("app {}: routes carry {qps} req/s, it is served {}", a.name, a.served_qps));
+                return Err(Violation::Constraint(format!(
+                    "app {}: routes carry {qps} req/s, it is served {}",
+                    a.name, a.served_qps
+                )));
             }
         }
         Ok(())
@@ -726,10 +753,11 @@ fn servable(problem: &Problem, cands: &[Cand]) -> Result<Vec<ShedApp>, ProteusEr
     // code: the plan lists every device, and 1e300 requests/s is not a coefficient.
     let total: u64 = problem.devices.iter().map(|d| u64::from(d.count)).sum();
     let total = u32::try_from(total).unwrap_or(u32::MAX);
-    check_total(total, problem.formulation).map_err(|m| SolveError::OutOfRange(format!("device: {m}")))?;
+    check_total(total, problem.formulation)
+        .map_err(|range| SolveError::OutOfRange { field: "device".into(), range })?;
     for app in &problem.apps {
         crate::limits::check_demand(app.demand_qps)
-            .map_err(|m| SolveError::OutOfRange(format!("app {}: demand_qps: {m}", app.name)))?;
+            .map_err(|range| SolveError::OutOfRange { field: format!("app {}: demand_qps", app.name), range })?;
     }
     let mut unservable = Vec::new();
     for (q, app) in problem.apps.iter().enumerate() {
@@ -1669,30 +1697,27 @@ pub fn accuracy_objective(plan: &Plan) -> f64 {
 }
 
 /// The devices of all types together: at most 10,000, or 1,000 per-device.
-pub(crate) fn check_total(total: u32, formulation: Formulation) -> Result<(), String> {
-    let (max, why) = match formulation {
-        Formulation::Aggregated => (crate::limits::MAX_DEVICES, ""),
-        Formulation::PerDevice => (crate::limits::MAX_PER_DEVICE_DEVICES, " with formulation = \"per-device\""),
+pub(crate) fn check_total(total: u32, formulation: Formulation) -> Result<(), RangeError> {
+    let (max, per_device) = match formulation {
+        Formulation::Aggregated => (crate::limits::MAX_DEVICES, false),
+        Formulation::PerDevice => (crate::limits::MAX_PER_DEVICE_DEVICES, true),
     };
     if total > max {
-        return Err(format!("{total} devices in all: expected at most {max}{why}"));
+        return Err(RangeError::TotalDevices { total, max, per_device });
     }
     Ok(())
 }
 
 /// `[ladder]`: 0 ≤ min_beta < beta ≤ 10, 0 < step ≤ 1.
-pub(crate) fn check_ladder(l: &Ladder) -> Result<(), String> {
+pub(crate) fn check_ladder(l: &Ladder) -> Result<(), RangeError> {
     if !(crate::limits::positive_within(l.beta, crate::limits::MAX_BETA)
         && crate::limits::positive_within(l.step, 1.0)
         && crate::limits::within(l.min_beta, l.beta))
     {
-        return Err(format!(
-            "expected beta in (0, {}], step in (0, 1] and min_beta from 0 to below beta",
-            crate::limits::MAX_BETA
-        ));
+        return Err(RangeError::Ladder);
     }
     if l.beta <= l.min_beta {
-        return Err("beta must be above min_beta".into());
+        return Err(RangeError::LadderOrder);
     }
     Ok(())
 }
