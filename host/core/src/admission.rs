@@ -1,5 +1,13 @@
-//! Admission's deadline prediction as pure functions (the state they read lives on
-//! [`crate::app::WorkerHandle`] and [`crate::app::App`]).
+//! Admission: whether a request can be served by its deadline, for the live host
+//! and the simulator alike. The pure functions predict and judge; [`Admission`]
+//! (one per app, with a [`WorkerAdmission`] per worker) is the state they read and
+//! what learns it. Every method takes the time (µs on the app's clock: the wall
+//! clock live, the virtual one in the simulator) and the worker's state (requests
+//! queued and running) as arguments, so both drive the same code: the live app
+//! (`sluice_server::app::App`) from its router and worker threads, the simulator's
+//! engine (`sluice_sim::engine`) from its event loop. The state is atomics (and
+//! two short locks for the error windows), so the live request path stays
+//! lock-light; on the simulator's one thread they cost next to nothing.
 //!
 //! A request is admitted when the worker it is routed to is predicted to finish it
 //! by its deadline: what is left of the running batch, then the requests ahead of
@@ -10,7 +18,12 @@
 //! the prediction cannot know: a policy that switches model or batch size with the
 //! load (jellyfish), executor noise, scheduling.
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 use sluice_sdk as sdk;
+
+use crate::queue::Prediction;
 
 /// The batch size admission assumes after a policy formed a batch of `size` with
 /// `left` requests staying queued, having assumed `previous` before: `size` when
@@ -175,7 +188,7 @@ pub fn arrivals_at_quantile(mean: f64, cap: u64) -> u64 {
 
 /// How many predictors admission runs, each with its own margin: [`LAST`],
 /// [`FASTEST`] and [`BY_LOAD`].
-pub const PREDICTORS: usize = sluice_core::queue::PREDICTORS;
+pub const PREDICTORS: usize = crate::queue::PREDICTORS;
 
 /// The predictor that serves the queue with the worker's last model: right for a
 /// policy that keeps its model (`fixed`; jellyfish at a steady load).
@@ -436,6 +449,408 @@ impl PredictionErrors {
             return 0;
         }
         u64::try_from(self.sorted[quantile_index(self.sorted.len())]).unwrap_or(0)
+    }
+}
+
+/// The loaded model with the shortest batch-1 latency (admission's first guess of
+/// the model a worker serves its queue with).
+pub fn fastest(models: &[sdk::Model], loaded: &[u32]) -> u32 {
+    loaded
+        .iter()
+        .copied()
+        .min_by_key(|&id| models.get(id as usize).and_then(|m| m.latency(1)).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// One worker's part of admission's state: what its policy showed it does (the
+/// batch size per model, the choice per arrival rate), its last and fastest
+/// model, its slowdown over the profile, and when its running batch started.
+/// How many requests it runs is the worker's own state, passed in
+/// ([`Place::in_flight`]).
+#[derive(Debug)]
+pub struct WorkerAdmission {
+    /// When its running batch started (the app clock's µs); meaningful while it
+    /// runs one.
+    batch_started: AtomicU64,
+    /// The batch size admission assumes the policy forms with each model (by the
+    /// model's index): the size of the last batch it formed with that model while
+    /// leaving requests queued (it chose that size), or, when it took the whole
+    /// queue, the larger of that batch and the previous value (it might have taken
+    /// more; [`learned_batch`]). Starts at 1: a policy that batches shows it with
+    /// its first batch, while one assumed to batch more than it does would be
+    /// refused the queue that would show it does not.
+    ///
+    /// Per model, because a policy that changes model changes batch with it:
+    /// jellyfish serves ResNet-50 one by one at half of its capacity on a CPU, and
+    /// Inception in pairs under overload; one size for both predicted ResNet-50 in
+    /// pairs (279 ms instead of 104) after a burst, and refused requests one
+    /// behind a running batch that then made their deadline (BENCHMARKS §12).
+    batch_sizes: Box<[AtomicU32]>,
+    /// Per bucket of the app's arrival rate ([`load_bucket`]), the model and batch
+    /// size of the last batch the policy formed at that rate ([`pack_choice`]; 0:
+    /// none yet), for [`BY_LOAD`].
+    by_load: Box<[AtomicU64]>,
+    /// The model of its running or last batch.
+    last_model: AtomicU32,
+    /// Its loaded model with the shortest batch-1 latency ([`fastest`]); set when
+    /// its models change.
+    fastest_model: AtomicU32,
+    /// Measured over profiled batch time, an EWMA (f64 bits; 1.0 to start).
+    slowdown: AtomicU64,
+}
+
+impl WorkerAdmission {
+    /// A worker with `loaded` of the app's `models` that has formed no batch yet:
+    /// predicted with its fastest loaded model until its first batch, batch size 1.
+    pub fn new(models: &[sdk::Model], loaded: &[u32]) -> WorkerAdmission {
+        let first = fastest(models, loaded);
+        WorkerAdmission {
+            batch_started: AtomicU64::new(0),
+            batch_sizes: (0..models.len().max(1)).map(|_| AtomicU32::new(1)).collect(),
+            by_load: (0..LOAD_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            last_model: AtomicU32::new(first),
+            fastest_model: AtomicU32::new(first),
+            slowdown: AtomicU64::new(1f64.to_bits()),
+        }
+    }
+
+    /// Its models changed: `fastest` ([`fastest`] of the new set) is the one
+    /// [`FASTEST`] predicts with from now on.
+    pub fn set_fastest(&self, fastest: u32) {
+        self.fastest_model.store(fastest, Ordering::Relaxed);
+    }
+
+    /// The measured slowdown over the profile (1.0 until a batch finished).
+    pub fn slowdown(&self) -> f64 {
+        f64::from_bits(self.slowdown.load(Ordering::Relaxed))
+    }
+
+    /// How long from `now` until this worker has served `queued` requests and one
+    /// more, each predictor's way ([`LAST`], [`FASTEST`], [`BY_LOAD`]), at the
+    /// measured slowdown: what is left of the running batch (its profiled time
+    /// less what has elapsed; `running` requests in it), then the `queued + 1` in
+    /// batches of the size this worker's policy forms, its own batch filled by the
+    /// arrivals that may come meanwhile (`arrivals_per_us`, per worker; see
+    /// [`predict_us`] and [`WorkerAdmission::batch_sizes`]). That size, not the
+    /// largest nor the cheapest: on a CPU a batch of four can cost more than four
+    /// single requests (ResNet-50 here), so `fixed` serves them one by one, while
+    /// jellyfish forms pairs there (its SLO/2 rule) and a request in a pair
+    /// finishes with its partner. Predicting either policy's batching for the
+    /// other refused requests at half of capacity, or admitted them to finish late
+    /// (BENCHMARKS §7, §8).
+    ///
+    /// The queue is predicted three ways: with the last model, with the fastest
+    /// loaded one, and with the models and batches the policy chose when the app's
+    /// arrival rate (`app_rate`, req/s) was about what it is now (its bucket and
+    /// the two beside it, [`nearby_buckets`]), any of them for each batch, the
+    /// latest finish counting ([`predict_worst_us`]); each is judged with its own
+    /// margin ([`judge`]). A policy that picks its model by load (jellyfish serves
+    /// its most accurate model while that keeps up, a faster one when the load
+    /// grows) serves a longer queue faster than its last batch's model would.
+    /// Predicting with the last model alone refused 14 % of requests at half of
+    /// jellyfish's capacity, every one of which then made its deadline when
+    /// admitted (`cargo bench -p sluice --bench admission`).
+    ///
+    /// None when the last model is not among `models`.
+    pub fn predicted_us(
+        &self,
+        models: &[sdk::Model],
+        (running, queued): (usize, usize),
+        now: u64,
+        arrivals_per_us: f64,
+        app_rate: f64,
+    ) -> Option<[f64; PREDICTORS]> {
+        let last_index = self.last_model.load(Ordering::Relaxed);
+        let last = models.get(last_index as usize)?;
+        let fastest_index = self.fastest_model.load(Ordering::Relaxed);
+        let (fastest_index, fastest) =
+            models.get(fastest_index as usize).map_or((last_index, last), |m| (fastest_index, m));
+        let elapsed = now.saturating_sub(self.batch_started.load(Ordering::Relaxed));
+        let slowdown = self.slowdown();
+        let with = |m: &sdk::Model, batch: u32| {
+            predict_us(last, m, slowdown, (running, elapsed), queued, batch, arrivals_per_us)
+        };
+        let last_prediction = with(last, self.batch_of(last_index));
+        // The choices made at about this rate: the rate at each of the batches
+        // ahead may be a bucket off the one at its admission.
+        let mut choices: [(&sdk::Model, u32); 3] = [(last, 1); 3];
+        let mut n = 0;
+        for k in nearby_buckets(load_bucket(app_rate)) {
+            let Some((index, batch)) = self.by_load.get(k).and_then(|c| unpack_choice(c.load(Ordering::Relaxed)))
+            else {
+                continue;
+            };
+            let Some(model) = models.get(index as usize) else { continue };
+            if n < choices.len() && !choices[..n].iter().any(|&(m, b)| m.id == model.id && b == batch) {
+                choices[n] = (model, batch);
+                n += 1;
+            }
+        }
+        let by_load = if n == 0 {
+            last_prediction
+        } else {
+            predict_worst_us(last, &choices[..n], slowdown, (running, elapsed), queued, arrivals_per_us)
+        };
+        Some([last_prediction, with(fastest, self.batch_of(fastest_index)), by_load])
+    }
+
+    /// The batch size admission assumes the policy forms with the model at `index`.
+    fn batch_of(&self, index: u32) -> u32 {
+        self.batch_sizes.get(index as usize).map_or(1, |b| b.load(Ordering::Relaxed))
+    }
+
+    /// Learns from a batch the policy formed at `now`: `size` requests with
+    /// `model`, `left` staying queued, while the app's arrival rate was
+    /// `load_qps` (the batch size per model and the choice per rate bucket, both
+    /// by [`learned_batch`]). The caller marks the worker busy after this.
+    pub fn start_batch(&self, model: u32, size: usize, left: usize, now: u64, load_qps: f64) {
+        self.last_model.store(model, Ordering::Relaxed);
+        self.batch_started.store(now, Ordering::Relaxed);
+        if let Some(batch) = self.batch_sizes.get(model as usize) {
+            batch.store(learned_batch(batch.load(Ordering::Relaxed), size, left), Ordering::Relaxed);
+        }
+        if let Some(choice) = self.by_load.get(load_bucket(load_qps)) {
+            let previous =
+                unpack_choice(choice.load(Ordering::Relaxed)).filter(|&(m, _)| m == model).map_or(1, |(_, b)| b);
+            choice.store(pack_choice(model, learned_batch(previous, size, left)), Ordering::Relaxed);
+        }
+    }
+
+    /// Folds one finished batch into the slowdown estimate: `measured_us` against
+    /// the `profiled_us` of its model and size (an EWMA, 0.3 to the new sample).
+    pub fn observe_batch(&self, model: u32, profiled_us: u64, measured_us: u64) {
+        self.last_model.store(model, Ordering::Relaxed);
+        if profiled_us == 0 {
+            return;
+        }
+        // Clamped: one stalled batch (a page fault, a noisy neighbour) must not make
+        // admission refuse everything, nor a lucky one admit everything.
+        let sample = (measured_us as f64 / profiled_us as f64).clamp(0.25, 8.0);
+        self.slowdown.store((0.7 * self.slowdown() + 0.3 * sample).to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// Where a request would join, as admission predicts it: the worker, the models
+/// as that worker sees them, whether the app's workers share one queue, how many
+/// requests each worker is running (`in_flight(w)`), and the time.
+pub struct Place<'a, F: Fn(usize) -> usize> {
+    /// The worker the router picked.
+    pub worker: usize,
+    /// The app's variants with that worker's latencies.
+    pub models: &'a [sdk::Model],
+    /// `router = "shared"`: one queue for all workers.
+    pub shared: bool,
+    /// Requests in the batch worker `w` is running (0 when idle).
+    pub in_flight: F,
+    /// µs on the app's clock.
+    pub now: u64,
+}
+
+/// What admission says of one request ([`Admission::verdict`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verdict {
+    /// Requests queued or running ahead of it on its worker.
+    pub ahead: usize,
+    /// Each predictor's µs from now until it is served, without margins.
+    pub predicted: [f64; PREDICTORS],
+    /// The wait admission counts, and the margin in it.
+    pub judged: Judged,
+    /// Whether it would itself be served by its deadline.
+    pub on_time: bool,
+    /// Whether it is admitted: on time, and so is every request queued behind
+    /// its place that it would push back by one.
+    pub admitted: bool,
+}
+
+impl Verdict {
+    /// The prediction a request admitted by this verdict at `now` carries, for
+    /// [`Admission::learn`] to compare its answer with.
+    pub fn prediction(&self, now: u64) -> Prediction {
+        Prediction {
+            finish: self.predicted.map(|p| now + p as u64),
+            ahead: u32::try_from(self.ahead).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// One app's admission: the state the predictors and margins read, one
+/// [`WorkerAdmission`] per worker, and what learns it. The live app and the
+/// simulator's engine each hold one per (single) app and call the same methods.
+#[derive(Debug)]
+pub struct Admission {
+    /// The app's SLO, µs: a request's deadline from its arrival.
+    slo_us: u64,
+    /// `admission_audit`: the share of refusals admitted anyway ([`Admission::audits`]).
+    audit_share: f64,
+    /// Refusals judged so far, for the audit's sampling.
+    refusals_seen: AtomicU64,
+    /// How late answers came against each of admission's predictions, recently.
+    errors: Mutex<[BandedErrors; PREDICTORS]>,
+    /// The margins those errors give, per predictor and band of depth.
+    margins_us: [[AtomicU64; BANDS]; PREDICTORS],
+    /// How long answers took, recently, from their batch's end to the front that
+    /// sends them ([`Admission::record_edge`]).
+    edges: Mutex<PredictionErrors>,
+    /// The [`ERROR_QUANTILE`] of `edges` (µs), kept back by admission.
+    edge_us: AtomicU64,
+    /// The app's arrival rate at the last admission, req/s (f64 bits): how fast
+    /// a waiting request's batch fills.
+    arrival_rate: AtomicU64,
+    /// Per worker.
+    workers: Box<[WorkerAdmission]>,
+}
+
+impl Admission {
+    /// An app's admission with an SLO of `slo_us`, auditing `audit_share` of its
+    /// refusals (`admission_audit`), over `workers`.
+    pub fn new(slo_us: u64, audit_share: f64, workers: Vec<WorkerAdmission>) -> Admission {
+        Admission {
+            slo_us,
+            audit_share,
+            refusals_seen: AtomicU64::new(0),
+            errors: Mutex::new(Default::default()),
+            margins_us: Default::default(),
+            edges: Mutex::new(Default::default()),
+            edge_us: AtomicU64::new(0),
+            arrival_rate: AtomicU64::new(0),
+            workers: workers.into_boxed_slice(),
+        }
+    }
+
+    /// Worker `w`'s part.
+    pub fn worker(&self, w: usize) -> &WorkerAdmission {
+        &self.workers[w]
+    }
+
+    /// The app's arrival rate (req/s, the load estimate with this arrival counted)
+    /// at an admission: later predictions fill a waiting batch at this rate.
+    pub fn set_rate(&self, rate_qps: f64) {
+        self.arrival_rate.store(rate_qps.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The rate of the last [`Admission::set_rate`], req/s.
+    pub fn rate(&self) -> f64 {
+        f64::from_bits(self.arrival_rate.load(Ordering::Relaxed))
+    }
+
+    /// Requests ahead on `place`'s worker with `queued` in its queue, and each
+    /// predictor's µs to serve them and one more (without margins).
+    pub fn prediction<F: Fn(usize) -> usize>(&self, place: &Place<'_, F>, queued: usize) -> (usize, [f64; PREDICTORS]) {
+        let k = self.workers.len().max(1);
+        let (running, queued) = if place.shared {
+            // One queue for all: each worker takes its share of it, running batches
+            // counted as queued (which worker frees first is not known here).
+            let running: usize = (0..k).map(&place.in_flight).sum();
+            (0, (queued + running) / k)
+        } else {
+            ((place.in_flight)(place.worker), queued)
+        };
+        let app_rate = self.rate();
+        let per_worker = app_rate / 1e6 / k as f64;
+        let predicted =
+            self.workers[place.worker].predicted_us(place.models, (running, queued), place.now, per_worker, app_rate);
+        (running + queued, predicted.unwrap_or_default())
+    }
+
+    /// Each predictor's prediction (µs from now) with its own margin, as admission
+    /// counts it ([`judge`], then [`keep_back_edge`]). A margin is capped at a
+    /// quarter of the SLO: a margin near the SLO would refuse every request, so no
+    /// answer would ever come to bring it down (one batch held 1 s by a frozen
+    /// cluster agent did that before this bound). `ahead`: the requests before it
+    /// on its worker (its band's margins count).
+    pub fn judge(&self, predicted: [f64; PREDICTORS], ahead: usize) -> Judged {
+        let band = band(ahead);
+        let margins = std::array::from_fn(|i| self.margins_us[i][band].load(Ordering::Relaxed));
+        let judged = judge(predicted, margins, self.slo_us / 4);
+        keep_back_edge(judged, self.edge_us.load(Ordering::Relaxed), self.slo_us)
+    }
+
+    /// Whether a request due at `deadline`, joining `place`'s queue at index `at`
+    /// ahead of requests due at `behind` (their deadlines, in queue order), is
+    /// admitted: it must be predicted to make its deadline, and so must every
+    /// request it would push back by one place. The live app judges under its
+    /// queue's lock ([`crate::queue::WorkQueue::push_if`]); the simulator on its
+    /// one thread.
+    pub fn verdict<F: Fn(usize) -> usize>(
+        &self,
+        place: &Place<'_, F>,
+        at: usize,
+        deadline: u64,
+        behind: impl IntoIterator<Item = u64>,
+    ) -> Verdict {
+        let now = place.now as f64;
+        let on_time = |judged: Judged, deadline: u64| now + judged.wait_us <= deadline as f64;
+        let (ahead, predicted) = self.prediction(place, at);
+        let judged = self.judge(predicted, ahead);
+        let itself = on_time(judged, deadline);
+        let admitted = itself
+            && behind.into_iter().enumerate().all(|(k, d)| {
+                let (ahead, predicted) = self.prediction(place, at + 1 + k);
+                on_time(self.judge(predicted, ahead), d)
+            });
+        Verdict { ahead, predicted, judged, on_time: itself, admitted }
+    }
+
+    /// The margin admission adds now to a prediction for a request with nobody
+    /// ahead (µs): that of the predictor it trusts, the smaller of the margins
+    /// below the cap ([`judge`]), each the high quantile of its predictor's recent
+    /// errors ([`BandedErrors`]).
+    pub fn margin_us(&self) -> f64 {
+        self.judge([0.0; PREDICTORS], 0).margin_us
+    }
+
+    /// Records that an answer reached its front `edge_us` after its batch ended (the
+    /// front's task woken and run on a busy runtime): the client waits for that
+    /// too, so admission keeps a high quantile of it back ([`Admission::judge`]).
+    /// Without it, requests admitted to finish just by their deadline were answered
+    /// a few ms late by the client's clock while on time by the server's
+    /// (BENCHMARKS §7). Live only: the simulator answers at the batch's end.
+    pub fn record_edge(&self, edge_us: u64) {
+        let margin = self.edges.lock().record([i64::try_from(edge_us).unwrap_or(i64::MAX)]);
+        self.edge_us.store(margin, Ordering::Relaxed);
+    }
+
+    /// The time kept back for answering, µs ([`Admission::record_edge`]).
+    pub fn edge_us(&self) -> u64 {
+        self.edge_us.load(Ordering::Relaxed)
+    }
+
+    /// Folds the answers of a batch finished at `finished` (each request's
+    /// [`Prediction`], all 0 for one admission did not predict) into each
+    /// predictor's errors, and the margins they give.
+    pub fn learn(&self, finished: u64, predictions: impl Iterator<Item = Prediction> + Clone) {
+        let mut errors = self.errors.lock();
+        for (i, errors) in errors.iter_mut().enumerate() {
+            for p in predictions.clone().filter(|p| p.finish[i] > 0) {
+                errors.record(band(p.ahead as usize), finished as i64 - p.finish[i] as i64);
+            }
+            for (atomic, margin) in self.margins_us[i].iter().zip(errors.margins()) {
+                atomic.store(margin, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Empties the prediction errors and the margins they gave (a policy swap: how
+    /// the old policy's answers strayed from the prediction says nothing about the
+    /// new one's).
+    pub fn forget_errors(&self) {
+        *self.errors.lock() = Default::default();
+        for m in self.margins_us.iter().flatten() {
+            m.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the refusal being judged is one `admission_audit` samples: admitted
+    /// anyway, to see whether it would have made its deadline. Every k-th refusal
+    /// for a share of 1/k (deterministic: a benchmark's figure, and a simulated
+    /// run, does not depend on a random draw).
+    pub fn audits(&self) -> bool {
+        let share = self.audit_share;
+        if share <= 0.0 {
+            return false;
+        }
+        let n = self.refusals_seen.fetch_add(1, Ordering::Relaxed) as f64;
+        (n * share).floor() != ((n + 1.0) * share).floor()
     }
 }
 
@@ -748,5 +1163,109 @@ mod tests {
             let k = ((last.len() as f64 * ERROR_QUANTILE).ceil() as usize).clamp(1, last.len()) - 1;
             assert_eq!(margin, u64::try_from(last[k]).unwrap_or(0), "after batch {batch}");
         }
+    }
+
+    /// The state machine on a virtual clock: what a worker's batches teach it.
+    #[test]
+    fn a_worker_learns_its_model_batch_and_slowdown_from_its_batches() {
+        use crate::clock::{Clock as _, VirtualClock};
+        let models = [cpu(), inception()];
+        let clock = VirtualClock::default();
+        let w = WorkerAdmission::new(&models, &[0, 1]);
+        // Before any batch: the fastest loaded model (Inception, 81) alone.
+        assert_eq!(w.predicted_us(&models, (0, 0), clock.now(), 0.0, 0.0), Some([81.0, 81.0, 81.0]));
+        // The policy forms a ResNet-50 batch of 1 with two left queued at 10 req/s:
+        // it predicts with ResNet-50 one by one now, what is left of the batch first.
+        clock.set(1_000);
+        w.start_batch(0, 1, 2, clock.now(), 10.0);
+        clock.set(1_060);
+        let p = w.predicted_us(&models, (1, 2), clock.now(), 0.0, 10.0).unwrap();
+        assert_eq!(p[LAST], 44.0 + 3.0 * 104.0);
+        // The fastest predicts Inception (one by one: it has not batched it).
+        assert_eq!(p[FASTEST], 44.0 + 3.0 * 81.0);
+        // By load: the choice at 10 req/s, ResNet-50 one by one.
+        assert_eq!(p[BY_LOAD], p[LAST]);
+        // The batch took twice its profile: the slowdown moves 30 % of the way.
+        clock.set(1_208);
+        w.observe_batch(0, 104, clock.now() - 1_000);
+        assert!((w.slowdown() - 1.3).abs() < 1e-12, "{}", w.slowdown());
+        // An Inception pair that took the whole queue at 40 req/s: pairs from now
+        // on with Inception, and the by-load choice there.
+        w.start_batch(1, 2, 0, clock.now(), 40.0);
+        let p = w.predicted_us(&models, (2, 1), clock.now(), 0.0, 40.0).unwrap();
+        // The running pair, then the one queued and this one as a pair.
+        assert!((p[LAST] - 2.0 * 1.3 * 164.0).abs() < 1e-9, "{}", p[LAST]);
+        // Models changed: the fastest is the one set.
+        w.set_fastest(0);
+        let p = w.predicted_us(&models, (0, 0), clock.now(), 0.0, 0.0).unwrap();
+        assert!((p[FASTEST] - 1.3 * 104.0).abs() < 1e-9, "{}", p[FASTEST]);
+        // A last model not among the models: no prediction.
+        assert_eq!(w.predicted_us(&models[..1], (0, 0), 0, 0.0, 0.0), None);
+    }
+
+    fn one_worker(slo_us: u64, audit: f64) -> (Admission, Vec<sdk::Model>) {
+        let models = vec![cpu()];
+        let a = Admission::new(slo_us, audit, vec![WorkerAdmission::new(&models, &[0])]);
+        (a, models)
+    }
+
+    #[test]
+    fn a_request_is_admitted_when_it_and_those_behind_make_their_deadlines() {
+        let (a, models) = one_worker(400, 0.0);
+        let place =
+            |now, running| Place { worker: 0, models: &models, shared: false, in_flight: move |_| running, now };
+        // Idle: 104 µs, well within 400.
+        let v = a.verdict(&place(1_000, 0), 0, 1_400, []);
+        assert!(v.admitted && v.on_time);
+        assert_eq!((v.ahead, v.predicted[LAST], v.judged.wait_us), (0, 104.0, 104.0));
+        assert_eq!(v.prediction(1_000), Prediction { finish: [1_104; PREDICTORS], ahead: 0 });
+        // Three queued behind a running one (its batch, started at 0, has overrun
+        // its profile: nothing is left of it): 4 × 104 past 400.
+        let v = a.verdict(&place(1_000, 1), 3, 1_400, []);
+        assert!(!v.admitted && !v.on_time);
+        assert_eq!(v.ahead, 4);
+        // On time itself at the head, but the one behind it, due at 1 200, is
+        // pushed past its deadline (2 × 104 from now).
+        let v = a.verdict(&place(1_000, 1), 0, 1_400, [1_200]);
+        assert!(v.on_time && !v.admitted);
+        assert!(a.verdict(&place(1_000, 1), 0, 1_400, [1_400]).admitted);
+        // Shared queue: two workers' running batches counted as queued, halved.
+        let two =
+            Admission::new(400, 0.0, vec![WorkerAdmission::new(&models, &[0]), WorkerAdmission::new(&models, &[0])]);
+        let shared = Place { worker: 0, models: &models, shared: true, in_flight: |_| 1, now: 0 };
+        assert_eq!(two.prediction(&shared, 2).0, 2);
+    }
+
+    #[test]
+    fn answers_teach_each_predictor_its_margin_and_a_swap_forgets_them() {
+        let (a, models) = one_worker(400_000, 0.0);
+        assert_eq!(a.margin_us(), 0.0);
+        // Answers 3 ms later than every predictor said, alone at the worker.
+        let late = |finish: u64| Prediction { finish: [finish; PREDICTORS], ahead: 0 };
+        a.learn(10_000, [late(7_000), late(7_000)].into_iter());
+        assert_eq!(a.margin_us(), 3_000.0);
+        // The margin counts in the wait of a request with nobody ahead.
+        let place = Place { worker: 0, models: &models, shared: false, in_flight: |_| 0, now: 0 };
+        let v = a.verdict(&place, 0, 400_000, []);
+        assert_eq!(v.judged, Judged { wait_us: 104.0 + 3_000.0, margin_us: 3_000.0 });
+        // Requests admission did not predict teach nothing.
+        a.learn(90_000, [Prediction::default()].into_iter());
+        assert_eq!(a.margin_us(), 3_000.0);
+        // The answering time is kept back too (live only), up to an eighth of the SLO.
+        a.record_edge(2_000);
+        assert_eq!((a.edge_us(), a.margin_us()), (2_000, 5_000.0));
+        a.forget_errors();
+        assert_eq!(a.margin_us(), 2_000.0, "the edge is the front's, not the policy's");
+    }
+
+    #[test]
+    fn the_audit_admits_every_kth_refusal_and_the_rate_fills_batches() {
+        let (a, _) = one_worker(400, 0.25);
+        let sampled: Vec<bool> = (0..8).map(|_| a.audits()).collect();
+        assert_eq!(sampled, [false, false, false, true, false, false, false, true]);
+        let (none, _) = one_worker(400, 0.0);
+        assert!(!(0..100).any(|_| none.audits()));
+        none.set_rate(12.5);
+        assert_eq!(none.rate(), 12.5);
     }
 }

@@ -12,6 +12,9 @@
 //! - [`worker::Machine`]: the worker around it as an I/O-free state machine that
 //!   the live worker thread and the simulator's event loops drive — what leaves
 //!   the queue and why, when to decide again, what a finished batch means.
+//! - [`admission::Admission`]: whether a request can be served by its deadline
+//!   (predict, judge with margins, learn from batches and answers), one
+//!   implementation the live app and the simulator both call with their clock.
 //! - [`runtime`]: the Wasm policy runtime (compile cache, epoch deadlines, memory
 //!   caps, faults, the binding's shared store); [`registry`]: built-in and uploaded
 //!   policies.
@@ -24,6 +27,7 @@
 //!   [`executor::Executor`] (what runs a batch) and [`whatif::Replayer`] (a
 //!   window of recorded arrivals replayed with another policy).
 
+pub mod admission;
 pub mod app_config;
 pub mod clock;
 pub mod decision;

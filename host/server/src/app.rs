@@ -4,7 +4,7 @@
 //! [`App::swap_policy`] (hot swap), and the worker loop in [`crate::worker`].
 
 use std::io::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,8 +15,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use sluice_sdk as sdk;
 
-use crate::admission;
 use crate::metrics::Metrics;
+use sluice_core::admission::{self, Admission, Place, WorkerAdmission};
 use sluice_core::app_config::{AppConfig, FailMode, InputSpec};
 use sluice_core::clock::{Clock as _, WallClock};
 use sluice_core::decision::{WorkerPolicy, SAFE_POLICY};
@@ -61,6 +61,19 @@ pub enum AdmitError {
         /// place past that request's deadline.
         pushes_back: bool,
     },
+}
+
+impl AdmitError {
+    /// Its typed reason, as a request's outcome records it
+    /// ([`sluice_core::outcome::Outcome::Refused`]; the simulator's refusals too).
+    pub fn refusal(&self) -> sluice_core::outcome::Refusal {
+        use sluice_core::outcome::Refusal;
+        match self {
+            AdmitError::QueueFull { .. } => Refusal::QueueFull,
+            AdmitError::ShuttingDown(_) => Refusal::ShuttingDown,
+            AdmitError::WouldMissDeadline { .. } => Refusal::Overload,
+        }
+    }
 }
 
 /// Why a request was refused as overloaded, in words: which deadline would be
@@ -113,141 +126,6 @@ pub struct WorkerHandle {
     pub loaded: Mutex<Vec<u32>>,
     /// Requests in the batch it is executing.
     pub in_flight: AtomicUsize,
-    /// When that batch started (the app clock's µs); meaningful while `in_flight > 0`.
-    pub batch_started: AtomicU64,
-    /// The batch size admission assumes the policy forms with each model (by the
-    /// model's index): the size of the last batch it formed with that model while
-    /// leaving requests queued (it chose that size), or, when it took the whole
-    /// queue, the larger of that batch and the previous value (it might have taken
-    /// more). Starts at 1: a policy that batches shows it with its first batch,
-    /// while one assumed to batch more than it does would be refused the queue
-    /// that would show it does not.
-    ///
-    /// Per model, because a policy that changes model changes batch with it:
-    /// jellyfish serves ResNet-50 one by one at half of its capacity on a CPU, and
-    /// Inception in pairs under overload; one size for both predicted ResNet-50 in
-    /// pairs (279 ms instead of 104) after a burst, and refused requests one
-    /// behind a running batch that then made their deadline (BENCHMARKS §12).
-    pub batch_sizes: Box<[AtomicU32]>,
-    /// Per bucket of the app's arrival rate ([`admission::load_bucket`]), the
-    /// model and batch size of the last batch the policy formed at that rate
-    /// ([`admission::pack_choice`]; 0: none yet), for [`admission::BY_LOAD`].
-    pub by_load: Box<[AtomicU64]>,
-    /// The model of its running or last batch (admission predicts with it).
-    pub last_model: std::sync::atomic::AtomicU32,
-    /// Its loaded model with the shortest batch-1 latency (admission predicts with
-    /// it too: [`WorkerHandle::predicted_us`]); set when its models change.
-    pub fastest_model: std::sync::atomic::AtomicU32,
-    /// Measured over profiled batch time, an EWMA (f64 bits; 1.0 to start).
-    pub slowdown: AtomicU64,
-}
-
-impl WorkerHandle {
-    /// How long from `now` until this worker has served `queued` requests and one
-    /// more with `model`, at the measured slowdown: what is left of the running
-    /// batch (its profiled time less what has elapsed; `running` requests in it),
-    /// then the `queued + 1` in batches of the size this worker's policy forms,
-    /// its own batch filled by the arrivals that may come meanwhile (`arrivals_per_us`,
-    /// per worker; see [`admission::predict_us`] and [`WorkerHandle::batch_sizes`]).
-    /// That size, not the largest nor the cheapest:
-    /// on a CPU a batch of four can cost more than four single requests (ResNet-50
-    /// here), so `fixed` serves them one by one, while jellyfish forms pairs there
-    /// (its SLO/2 rule) and a request in a pair finishes with its partner.
-    /// Predicting either policy's batching for the other refused requests at half
-    /// of capacity, or admitted them to finish late (BENCHMARKS §7, §8).
-    ///
-    /// The queue is predicted three ways ([`admission::LAST`], [`admission::FASTEST`],
-    /// [`admission::BY_LOAD`]): with the last model, with the fastest loaded one,
-    /// and with the models and batches the policy chose when the app's arrival rate
-    /// (`app_rate`, req/s) was about what it is now (its bucket and the two beside
-    /// it, [`admission::nearby_buckets`]), any of them for each batch, the latest
-    /// finish counting ([`admission::predict_worst_us`]);
-    /// each is judged with its own margin ([`admission::judge`]). A policy that picks its
-    /// model by load (jellyfish serves its most accurate model while that keeps
-    /// up, a faster one when the load grows) serves a longer queue faster than its
-    /// last batch's model would. Predicting with the last model alone refused 14 %
-    /// of requests at half of jellyfish's capacity, every one of which then made
-    /// its deadline when admitted (`cargo bench -p sluice --bench admission`).
-    fn predicted_us(
-        &self,
-        models: &[sdk::Model],
-        running: usize,
-        queued: usize,
-        now: u64,
-        arrivals_per_us: f64,
-        app_rate: f64,
-    ) -> Option<[f64; admission::PREDICTORS]> {
-        let last_index = self.last_model.load(Ordering::Relaxed);
-        let last = models.get(last_index as usize)?;
-        let fastest_index = self.fastest_model.load(Ordering::Relaxed);
-        let (fastest_index, fastest) =
-            models.get(fastest_index as usize).map_or((last_index, last), |m| (fastest_index, m));
-        let elapsed = now.saturating_sub(self.batch_started.load(Ordering::Relaxed));
-        let slowdown = f64::from_bits(self.slowdown.load(Ordering::Relaxed));
-        let with = |m: &sdk::Model, batch: u32| {
-            admission::predict_us(last, m, slowdown, (running, elapsed), queued, batch, arrivals_per_us)
-        };
-        let last_prediction = with(last, self.batch_of(last_index));
-        // The choices made at about this rate: the rate at each of the batches
-        // ahead may be a bucket off the one at its admission.
-        let mut choices: [(&sdk::Model, u32); 3] = [(last, 1); 3];
-        let mut n = 0;
-        for k in admission::nearby_buckets(admission::load_bucket(app_rate)) {
-            let Some((index, batch)) =
-                self.by_load.get(k).and_then(|c| admission::unpack_choice(c.load(Ordering::Relaxed)))
-            else {
-                continue;
-            };
-            let Some(model) = models.get(index as usize) else { continue };
-            if n < choices.len() && !choices[..n].iter().any(|&(m, b)| m.id == model.id && b == batch) {
-                choices[n] = (model, batch);
-                n += 1;
-            }
-        }
-        let by_load = if n == 0 {
-            last_prediction
-        } else {
-            admission::predict_worst_us(last, &choices[..n], slowdown, (running, elapsed), queued, arrivals_per_us)
-        };
-        Some([last_prediction, with(fastest, self.batch_of(fastest_index)), by_load])
-    }
-
-    /// The batch size admission assumes the policy forms with the model at `index`.
-    fn batch_of(&self, index: u32) -> u32 {
-        self.batch_sizes.get(index as usize).map_or(1, |b| b.load(Ordering::Relaxed))
-    }
-
-    /// Marks the start of a batch of `size` requests with `model` at `now`, formed
-    /// with `left` requests staying queued while the app's arrival rate was
-    /// `load_qps`.
-    pub fn start_batch(&self, model: u32, size: usize, left: usize, now: u64, load_qps: f64) {
-        self.last_model.store(model, Ordering::Relaxed);
-        self.batch_started.store(now, Ordering::Relaxed);
-        if let Some(batch) = self.batch_sizes.get(model as usize) {
-            batch.store(admission::learned_batch(batch.load(Ordering::Relaxed), size, left), Ordering::Relaxed);
-        }
-        if let Some(choice) = self.by_load.get(admission::load_bucket(load_qps)) {
-            let previous = admission::unpack_choice(choice.load(Ordering::Relaxed))
-                .filter(|&(m, _)| m == model)
-                .map_or(1, |(_, batch)| batch);
-            let batch = admission::learned_batch(previous, size, left);
-            choice.store(admission::pack_choice(model, batch), Ordering::Relaxed);
-        }
-        self.in_flight.store(size, Ordering::Release);
-    }
-
-    /// Folds one finished batch into the slowdown estimate.
-    pub fn observe_batch(&self, model: u32, profiled_us: u64, measured_us: u64) {
-        self.last_model.store(model, Ordering::Relaxed);
-        if profiled_us == 0 {
-            return;
-        }
-        let old = f64::from_bits(self.slowdown.load(Ordering::Relaxed));
-        // Clamped: one stalled batch (a page fault, a noisy neighbour) must not make
-        // admission refuse everything, nor a lucky one admit everything.
-        let sample = (measured_us as f64 / profiled_us as f64).clamp(0.25, 8.0);
-        self.slowdown.store((0.7 * old + 0.3 * sample).to_bits(), Ordering::Relaxed);
-    }
 }
 
 /// The most not-yet-queued requests [`App::precheck`] places on workers before it
@@ -326,14 +204,7 @@ pub struct AppCounters {
     pub audited_met: AtomicU64,
 }
 
-/// The loaded model with the shortest batch-1 latency (admission's first guess).
-pub fn fastest(models: &[sdk::Model], loaded: &[u32]) -> u32 {
-    loaded
-        .iter()
-        .copied()
-        .min_by_key(|&id| models.get(id as usize).and_then(|m| m.latency(1)).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+pub use sluice_core::admission::fastest;
 
 /// One served application.
 pub struct App {
@@ -372,21 +243,9 @@ pub struct App {
     pub queued: AtomicUsize,
     /// Requests past [`App::precheck`] whose bodies are being read and parsed.
     incoming: Arc<AtomicUsize>,
-    /// Refusals judged so far, for `admission_audit`'s sampling ([`App::audits`]).
-    refusals_seen: AtomicU64,
-    /// How late answers came against each of admission's predictions, recently.
-    errors: Mutex<[admission::BandedErrors; admission::PREDICTORS]>,
-    /// The margins those errors give, per predictor and band of depth
-    /// ([`App::margin_us`]).
-    margins_us: [[AtomicU64; admission::BANDS]; admission::PREDICTORS],
-    /// How long answers took, recently, from their batch's end to the front that
-    /// sends them ([`App::record_edge`]).
-    edges: Mutex<admission::PredictionErrors>,
-    /// The [`admission::ERROR_QUANTILE`] of `edges` (µs), kept back by admission.
-    edge_us: AtomicU64,
-    /// The app's arrival rate at the last admission, req/s (f64 bits): how fast
-    /// a waiting request's batch fills.
-    arrival_rate: AtomicU64,
+    /// Admission's state: its predictors, margins and audit, one part per worker
+    /// ([`sluice_core::admission`], the simulator's too).
+    pub admission: Admission,
     /// Whether new requests are accepted.
     pub accepting: AtomicBool,
     /// Set at shutdown: workers serve what is queued, then exit.
@@ -548,6 +407,7 @@ impl App {
         let shared = Arc::new(WorkQueue::default());
         let mut workers = Vec::new();
         let mut starts = Vec::new();
+        let mut admissions = Vec::new();
         let binding = compiled.as_ref().map(|c| {
             Binding::per_worker(
                 c.clone(),
@@ -572,14 +432,9 @@ impl App {
                 control: tx,
                 loaded: Mutex::new(set.ids()),
                 in_flight: AtomicUsize::new(0),
-                batch_started: AtomicU64::new(0),
-                batch_sizes: (0..models.len().max(1)).map(|_| AtomicU32::new(1)).collect(),
-                by_load: (0..admission::LOAD_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
-                // Until the first batch, predict with the fastest loaded model.
-                last_model: std::sync::atomic::AtomicU32::new(fastest(&models, &set.ids())),
-                fastest_model: std::sync::atomic::AtomicU32::new(fastest(&models, &set.ids())),
-                slowdown: AtomicU64::new(1f64.to_bits()),
             });
+            // Until the first batch, predicted with the fastest loaded model.
+            admissions.push(WorkerAdmission::new(&models, &set.ids()));
             workers.push(handle.clone());
             starts.push(WorkerStart { handle, models: set, control: rx });
         }
@@ -598,6 +453,7 @@ impl App {
                 tracing::warn!(app = %config.name, "weights ignored: {e}");
             }
         }
+        let admission = Admission::new(slo_us, config.admission_audit, admissions);
         let app = Arc::new(App {
             load: LoadMonitor::new(config.load_window_ms * 1000),
             // An hour of seconds: enough for any forecaster's window.
@@ -617,12 +473,7 @@ impl App {
             unbind_generation: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             incoming: Arc::new(AtomicUsize::new(0)),
-            refusals_seen: AtomicU64::new(0),
-            errors: Mutex::new(Default::default()),
-            margins_us: Default::default(),
-            edges: Mutex::new(Default::default()),
-            edge_us: AtomicU64::new(0),
-            arrival_rate: AtomicU64::new(0),
+            admission,
             accepting: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
@@ -684,7 +535,7 @@ impl App {
         }
         let audited = match self.best_prediction(incoming) {
             Some((ahead, judged)) if judged.wait_us > self.slo_us as f64 => {
-                if !self.audits() {
+                if !self.admission.audits() {
                     return Err(self.would_miss(ahead, judged, false));
                 }
                 true
@@ -699,9 +550,10 @@ impl App {
     /// not yet queued were placed, each on the worker that would finish it first
     /// (as shortest-queue routing would; at most [`MAX_PLACED`] are placed).
     fn best_prediction(&self, extra: usize) -> Option<(usize, admission::Judged)> {
+        let now = self.clock.now();
         let judged = |w: usize, queued: usize| {
-            let (ahead, predicted) = self.prediction_with(w, queued);
-            (ahead, self.judge(predicted, ahead))
+            let (ahead, predicted) = self.admission.prediction(&self.place(w, now), queued);
+            (ahead, self.admission.judge(predicted, ahead))
         };
         let best = |queued: &[usize]| {
             (0..queued.len())
@@ -721,44 +573,58 @@ impl App {
         best(&queued).map(|(_, p)| p)
     }
 
+    /// Worker `w` as admission predicts it at `now`: its models, the router's
+    /// queue sharing, and each worker's running batch.
+    fn place(&self, w: usize, now: u64) -> Place<'_, impl Fn(usize) -> usize + '_> {
+        Place {
+            worker: w,
+            models: self.models_of(w as u32),
+            shared: self.config.router == RouterMode::Shared,
+            in_flight: move |i: usize| self.workers[i].in_flight.load(Ordering::Acquire),
+            now,
+        }
+    }
+
     /// The margin admission adds now to a prediction for a request with nobody
-    /// ahead (µs): that of the predictor it trusts, the smaller of the margins
-    /// below the cap ([`admission::judge`]), each the high quantile of its
-    /// predictor's recent errors ([`admission::BandedErrors`]).
+    /// ahead (µs; [`Admission::margin_us`]).
     pub fn margin_us(&self) -> f64 {
-        self.judge([0.0; admission::PREDICTORS], 0).margin_us
+        self.admission.margin_us()
     }
 
-    /// Each predictor's prediction (µs from now) with its own margin, as admission
-    /// counts it. A margin is capped at a quarter of the SLO: a margin near the
-    /// SLO would refuse every request, so no answer would ever come to bring it
-    /// down (one batch held 1 s by a frozen cluster agent did that before this
-    /// bound).
-    /// `ahead`: the requests before it on its worker (its band's margins count).
-    fn judge(&self, predicted: [f64; admission::PREDICTORS], ahead: usize) -> admission::Judged {
-        let band = admission::band(ahead);
-        let margins = std::array::from_fn(|i| self.margins_us[i][band].load(Ordering::Relaxed));
-        let judged = admission::judge(predicted, margins, self.slo_us / 4);
-        admission::keep_back_edge(judged, self.edge_us.load(Ordering::Relaxed), self.slo_us)
-    }
-
-    /// Records that an answer reached its front `edge_us` after its batch ended (the
-    /// front's task woken and run on a busy runtime): the client waits for that
-    /// too, so admission keeps a high quantile of it back ([`App::judge`]). Without
-    /// it, requests admitted to finish just by their deadline were answered a few
-    /// ms late by the client's clock while on time by the server's (BENCHMARKS §7).
+    /// Records that an answer reached its front `edge_us` after its batch ended
+    /// ([`Admission::record_edge`]).
     pub fn record_edge(&self, edge_us: u64) {
-        let margin = self.edges.lock().record([i64::try_from(edge_us).unwrap_or(i64::MAX)]);
-        self.edge_us.store(margin, Ordering::Relaxed);
+        self.admission.record_edge(edge_us);
     }
 
     /// The time kept back for answering, µs ([`App::record_edge`]).
     pub fn edge_us(&self) -> u64 {
-        self.edge_us.load(Ordering::Relaxed)
+        self.admission.edge_us()
+    }
+
+    /// Worker `handle` formed a batch of `size` requests with `model` at `now`,
+    /// `left` staying queued, while the app's arrival rate was `load_qps`:
+    /// admission learns from it ([`WorkerAdmission::start_batch`]), then the
+    /// worker counts as running it.
+    pub fn start_batch(&self, handle: &WorkerHandle, model: u32, size: usize, left: usize, now: u64, load_qps: f64) {
+        self.admission.worker(handle.index as usize).start_batch(model, size, left, now, load_qps);
+        handle.in_flight.store(size, Ordering::Release);
+    }
+
+    /// Worker `handle` finished a batch of `model` in `measured_us`, profiled at
+    /// `profiled_us` ([`WorkerAdmission::observe_batch`]).
+    pub fn observe_batch(&self, handle: &WorkerHandle, model: u32, profiled_us: u64, measured_us: u64) {
+        self.admission.worker(handle.index as usize).observe_batch(model, profiled_us, measured_us);
+    }
+
+    /// Worker `handle`'s models changed to `loaded` ([`WorkerAdmission::set_fastest`]).
+    pub fn models_changed(&self, handle: &WorkerHandle, loaded: &[u32]) {
+        let fastest = fastest(self.models_of(handle.index), loaded);
+        self.admission.worker(handle.index as usize).set_fastest(fastest);
     }
 
     /// Folds the answers of a batch finished at `finished` into each predictor's
-    /// errors behind [`App::margin_us`].
+    /// errors behind [`App::margin_us`] ([`Admission::learn`]).
     pub fn record_answers(&self, finished: u64, requests: &[Request]) {
         for r in requests.iter().filter(|r| r.predicted.finish[0] > 0) {
             let p = r.predicted;
@@ -772,55 +638,7 @@ impl App {
                 "answered against its prediction"
             );
         }
-        let mut errors = self.errors.lock();
-        for (i, errors) in errors.iter_mut().enumerate() {
-            for p in requests.iter().map(|r| r.predicted).filter(|p| p.finish[i] > 0) {
-                errors.record(admission::band(p.ahead as usize), finished as i64 - p.finish[i] as i64);
-            }
-            for (atomic, margin) in self.margins_us[i].iter().zip(errors.margins()) {
-                atomic.store(margin, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Empties the prediction errors and the margins they gave (a policy swap).
-    fn forget_prediction_errors(&self) {
-        *self.errors.lock() = Default::default();
-        for m in self.margins_us.iter().flatten() {
-            m.store(0, Ordering::Relaxed);
-        }
-    }
-
-    /// Requests ahead on worker `w` with `queued` in its queue, and each
-    /// predictor's µs to serve them and one more (without margins).
-    fn prediction_with(&self, w: usize, queued: usize) -> (usize, [f64; admission::PREDICTORS]) {
-        let handle = &self.workers[w];
-        let (running, queued) = if self.config.router == RouterMode::Shared {
-            // One queue for all: each worker takes its share of it, running batches
-            // counted as queued (which worker frees first is not known here).
-            let running: usize = self.workers.iter().map(|h| h.in_flight.load(Ordering::Acquire)).sum();
-            (0, (queued + running) / self.workers.len())
-        } else {
-            (handle.in_flight.load(Ordering::Acquire), queued)
-        };
-        let models = self.models_of(w as u32);
-        let app_rate = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed));
-        let per_worker = app_rate / 1e6 / self.workers.len() as f64;
-        let predicted = handle.predicted_us(models, running, queued, self.clock.now(), per_worker, app_rate);
-        (running + queued, predicted.unwrap_or_default())
-    }
-
-    /// Whether the refusal being judged is one `admission_audit` samples: admitted
-    /// anyway, to see whether it would have made its deadline. Every k-th refusal
-    /// for a share of 1/k (deterministic: a benchmark's figure does not depend on a
-    /// random draw).
-    fn audits(&self) -> bool {
-        let share = self.config.admission_audit;
-        if share <= 0.0 {
-            return false;
-        }
-        let n = self.refusals_seen.fetch_add(1, Ordering::Relaxed) as f64;
-        (n * share).floor() != ((n + 1.0) * share).floor()
+        self.admission.learn(finished, requests.iter().map(|r| r.predicted));
     }
 
     fn queue_full(&self) -> AdmitError {
@@ -883,7 +701,7 @@ impl App {
         let arrival = arrived.map_or(now, |t| now.saturating_sub(t.elapsed().as_micros() as u64));
 
         self.load.record(now);
-        self.arrival_rate.store(self.load.rate(now).to_bits(), Ordering::Relaxed);
+        self.admission.set_rate(self.load.rate(now));
         if self.device_models.is_some() {
             self.demand.record(now);
         }
@@ -908,53 +726,49 @@ impl App {
                     let w = &self.workers[i];
                     w.queue.len() + w.in_flight.load(Ordering::Relaxed)
                 });
-                let mut refused = (0, admission::Judged { wait_us: 0.0, margin_us: 0.0 }, false);
+                let mut refused = None;
                 let deadline = arrival + self.slo_us;
                 let pushed = self.workers[w].queue.push_if(request, |at, request, behind| {
-                    let (ahead, predicted) = self.prediction_with(w, at);
-                    request.predicted = Prediction {
-                        finish: predicted.map(|p| now + p as u64),
-                        ahead: u32::try_from(ahead).unwrap_or(u32::MAX),
-                    };
                     // It must make its deadline, and so must every request it would
-                    // push back by one place.
-                    let on_time =
-                        |judged: admission::Judged, deadline: u64| now as f64 + judged.wait_us <= deadline as f64;
-                    let judged = self.judge(predicted, ahead);
-                    let itself = on_time(judged, deadline);
-                    let others = itself
-                        && behind.iter().enumerate().all(|(k, r)| {
-                            let (ahead, predicted) = self.prediction_with(w, at + 1 + k);
-                            on_time(self.judge(predicted, ahead), r.deadline)
-                        });
-                    refused = (ahead, judged, itself);
+                    // push back by one place (`Admission::verdict`).
+                    let v =
+                        self.admission.verdict(&self.place(w, now), at, deadline, behind.iter().map(|r| r.deadline));
+                    request.predicted = v.prediction(now);
                     tracing::trace!(
                         app = self.name(),
-                        ahead,
-                        last_ms = predicted[admission::LAST] / 1e3,
-                        fastest_ms = predicted[admission::FASTEST] / 1e3,
-                        by_load_ms = predicted[admission::BY_LOAD] / 1e3,
-                        margin_ms = judged.margin_us / 1e3,
-                        wait_ms = judged.wait_us / 1e3,
+                        ahead = v.ahead,
+                        last_ms = v.predicted[admission::LAST] / 1e3,
+                        fastest_ms = v.predicted[admission::FASTEST] / 1e3,
+                        by_load_ms = v.predicted[admission::BY_LOAD] / 1e3,
+                        margin_ms = v.judged.margin_us / 1e3,
+                        wait_ms = v.judged.wait_us / 1e3,
                         slack_ms = (deadline as f64 - now as f64) / 1e3,
-                        rate = f64::from_bits(self.arrival_rate.load(Ordering::Relaxed)),
-                        admitted = others,
+                        rate = self.admission.rate(),
+                        admitted = v.admitted,
                         "admission"
                     );
-                    others
+                    refused = Some(v);
+                    v.admitted
                 });
                 let audit = match pushed {
                     Ok(()) => audited,
                     // Audited at its precheck: admitted as that audit, not drawn again.
                     Err(mut request) => {
-                        if !audited && !self.audits() {
+                        if !audited && !self.admission.audits() {
                             self.queued.fetch_sub(1, Ordering::AcqRel);
-                            // Marked, so a replay counts it in the load its policies
-                            // see (it was in the host's) and queues it not.
+                            // Marked, so a replay without admission counts it in the
+                            // load its policies see (it was in the host's) and queues
+                            // it not, and one with admission judges it again.
                             if let Some(log) = self.recorder.get() {
                                 log.record(self.name(), arrival, true);
                             }
-                            return Err(self.would_miss(refused.0, refused.1, refused.2));
+                            // In the what-if window too: a replay judges every
+                            // arrival with its own admission (docs/simulator.md).
+                            if let Some(ring) = self.ring.get() {
+                                ring.record(arrival);
+                            }
+                            let v = refused.expect("push_if judged it");
+                            return Err(self.would_miss(v.ahead, v.judged, v.on_time));
                         }
                         request.audit = true;
                         self.workers[w].queue.push(request);
@@ -966,10 +780,10 @@ impl App {
                 }
             }
         }
-        // Recorded once admitted, at the time its deadline runs from: a replay (the
-        // simulator has no admission) then gets the requests the host queued, with
-        // their deadlines. A refused arrival was recorded here before, and replayed
-        // as if it had been queued.
+        // Recorded once judged, at the time its deadline runs from, and marked
+        // when refused (above): a replay with the simulator's admission judges
+        // every arrival again; one without queues the admitted ones and counts the
+        // refused ones only in the load (docs/simulator.md, "Admission").
         if let Some(log) = self.recorder.get() {
             log.record(self.name(), arrival, false);
         }
@@ -1062,7 +876,8 @@ impl App {
                 this.config.policy_config(&this.models, &p),
                 this.config.limits(),
                 this.device_models.clone(),
-            );
+            )
+            .with_views(views.iter().map(|(w, v)| (*w, &**v)));
             (0..this.workers.len() as u32).map(|w| PolicyInstance::new(&this.engine, &binding, w)).collect()
         })
         .await
@@ -1102,7 +917,7 @@ impl App {
         // batches correct it, and starting over at 1 would refuse a batching
         // policy's first burst (learning from a swapped-out policy is wrong for one
         // batch; from nothing, for a whole burst).
-        self.forget_prediction_errors();
+        self.admission.forget_errors();
         self.counters.faults_since_bind.store(0, Ordering::Relaxed);
         self.counters.swaps.fetch_add(1, Ordering::Relaxed);
         self.metrics.swap(self.name(), &compiled.name);

@@ -15,7 +15,6 @@
 //!   `sluice_core::executor::Executor`; [`profiling`]: `sluice profile`.
 
 pub(crate) mod admin;
-pub mod admission;
 pub mod allocation;
 pub(crate) mod api;
 pub mod app;

@@ -119,8 +119,7 @@ fn install(
     // is a move, and the old ones are dropped here, after the switch.
     let old = std::mem::replace(models, set);
     *handle.loaded.lock() = models.ids();
-    let fastest = crate::app::fastest(app.models_of(handle.index), &models.ids());
-    handle.fastest_model.store(fastest, Ordering::Relaxed);
+    app.models_changed(handle, &models.ids());
     drop(old);
     tracing::info!(app = app.name(), worker = handle.index, models = ?models.ids(), "worker models switched");
     let _ = done.send(());
@@ -249,7 +248,7 @@ async fn execute(
     let size = batch.len();
     let variant = app.models[model as usize].name.clone();
     let started = app.clock.now();
-    handle.start_batch(model, size, left, started, load_qps);
+    app.start_batch(handle, model, size, left, started, load_qps);
     app.metrics.observe("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
     let (requests, samples): (Vec<_>, Vec<_>) = batch
         .into_iter()
@@ -286,7 +285,7 @@ async fn execute(
     let finished = app.clock.now();
     handle.in_flight.store(0, Ordering::Relaxed);
     let profiled = app.models_of(handle.index).get(model as usize).and_then(|m| m.latency(size as u32)).unwrap_or(0);
-    handle.observe_batch(model, profiled, finished.saturating_sub(started));
+    app.observe_batch(handle, model, profiled, finished.saturating_sub(started));
     app.record_answers(finished, &requests);
     // The batch judged by the one rule ([`Finished`]); the policy's feedback worked
     // out before the requests are answered and moved.
