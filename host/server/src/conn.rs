@@ -125,7 +125,7 @@ impl CloseSignal {
 }
 
 /// A connection's place in [`Connections`], given back when dropped.
-pub(crate) struct Slot {
+pub(crate) struct ConnectionPermit {
     connections: Arc<Connections>,
     client: IpAddr,
     id: u64,
@@ -133,7 +133,7 @@ pub(crate) struct Slot {
     pub(crate) close: Arc<CloseSignal>,
 }
 
-impl Drop for Slot {
+impl Drop for ConnectionPermit {
     fn drop(&mut self) {
         let mut t = self.connections.table.lock();
         let Some(held) = t.by_client.get_mut(&self.client) else { return };
@@ -161,7 +161,7 @@ impl Connections {
         peer: IpAddr,
         activity: &Arc<Activity>,
         metrics: &crate::metrics::Metrics,
-    ) -> Option<Slot> {
+    ) -> Option<ConnectionPermit> {
         let client = client_of(peer);
         let mut t = self.table.lock();
         if t.open >= self.cap && !self.make_room(&mut t, client, metrics) {
@@ -172,7 +172,7 @@ impl Connections {
         let id = t.next_id;
         let close = Arc::new(CloseSignal::default());
         t.by_client.entry(client).or_default().push(Held { id, activity: activity.clone(), close: close.clone() });
-        Some(Slot { connections: self.clone(), client, id, close })
+        Some(ConnectionPermit { connections: self.clone(), client, id, close })
     }
 
     /// At the cap: frees a slot for `client` from the client holding the most, if
@@ -340,7 +340,7 @@ impl AsyncWrite for Tracked {
 pub(crate) struct Counted {
     inner: TcpStream,
     /// Its place in the connection table, given back when dropped.
-    _slot: Slot,
+    _slot: ConnectionPermit,
     /// Resolves when the table asks for the slot back (another client needs it).
     asked: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// Set once asked: it ends as soon as no call is in progress.
@@ -451,7 +451,7 @@ impl Counted {
     /// for `idle` (or once its slot is asked back and no call is in progress).
     pub(crate) fn new(
         inner: TcpStream,
-        slot: Slot,
+        slot: ConnectionPermit,
         metrics: Arc<Metrics>,
         activity: Arc<Activity>,
         idle: Duration,
@@ -481,7 +481,7 @@ mod tests {
     }
 
     /// `n` connections from `from`, each idle (no request in progress).
-    fn open(c: &Arc<Connections>, m: &Metrics, from: &str, n: usize) -> Vec<(Slot, Arc<Activity>)> {
+    fn open(c: &Arc<Connections>, m: &Metrics, from: &str, n: usize) -> Vec<(ConnectionPermit, Arc<Activity>)> {
         (0..n)
             .map(|_| {
                 let a = Activity::start();

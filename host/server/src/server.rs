@@ -32,7 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::conn::{share_of, Activity, Connections, Slot, Tracked};
+use crate::conn::{share_of, Activity, ConnectionPermit, Connections, Tracked};
 use crate::state::State;
 
 /// Refusals of connections over the limit in progress at once; beyond them a
@@ -211,7 +211,7 @@ struct Conn {
     /// Whether it came in on the admin listener.
     via_admin: bool,
     /// Its place in [`Connections`].
-    slot: Slot,
+    slot: ConnectionPermit,
     activity: Arc<Activity>,
 }
 
