@@ -345,6 +345,37 @@ struct Phase {
     client_lag_p99_ms: f64,
     client_lag_max_ms: f64,
     cpu: Cpu,
+    /// The answers 200 late from the actual send or by the server's clock (the
+    /// first [`LATE_SHOWN`]), to see where their time went.
+    late_answers: Vec<LateAnswer>,
+}
+
+/// At most this many late answers are listed per phase.
+const LATE_SHOWN: usize = 50;
+
+/// Where a late answer's time went, ms.
+#[derive(Debug, serde::Serialize)]
+struct LateAnswer {
+    /// Scheduled send, s from the phase's start.
+    at_s: f64,
+    /// From the scheduled send.
+    latency_ms: f64,
+    /// Scheduled to actual send (the client's delay).
+    send_ms: Option<f64>,
+    /// From the actual send.
+    from_send_ms: Option<f64>,
+    /// The server's own time (head arrival to batch end).
+    server_ms: Option<f64>,
+    /// Of it, before the batch started (body read and parse, then the queue).
+    queue_ms: Option<f64>,
+    /// Of it, the batch's run (`server_ms - queue_ms`; the emulated executor
+    /// waits the profiled latency of the batch size, so more is the server's
+    /// wake-up lag).
+    batch_ms: Option<f64>,
+    batch_size: Option<u32>,
+    /// From the actual send, outside the server's own time: the network stack,
+    /// the answer's serialisation and write, and the client reading it.
+    outside_server_ms: Option<f64>,
 }
 
 /// Wakes every 5 ms on the client's runtime until `stop`, and returns how late
@@ -417,6 +448,22 @@ async fn phase(
     let late_of = |v: &[f64]| v.iter().filter(|&&ms| ms > SLO_MS).count() as u64;
     let (late, late_from_send, server_late_answers) = (late_of(&latency), late_of(&from_send), late_of(&on_server));
     let share = |n: u64, of: usize| n as f64 / of.max(1) as f64;
+    let late_answers = ok
+        .iter()
+        .filter(|r| r.latency_from_send_ms().is_some_and(|ms| ms > SLO_MS) || r.server_ms.is_some_and(|ms| ms > SLO_MS))
+        .take(LATE_SHOWN)
+        .map(|r| LateAnswer {
+            at_s: r.at_s,
+            latency_ms: r.latency_ms,
+            send_ms: r.send_ms,
+            from_send_ms: r.latency_from_send_ms(),
+            server_ms: r.server_ms,
+            queue_ms: r.server_queue_ms,
+            batch_ms: r.server_ms.zip(r.server_queue_ms).map(|(l, q)| l - q),
+            batch_size: r.server_batch,
+            outside_server_ms: r.latency_from_send_ms().zip(r.server_ms).map(|(a, b)| a - b),
+        })
+        .collect();
     Ok(Phase {
         server_late: late_before.zip(late_after).map(|(b, a)| a.saturating_sub(b)),
         rate,
@@ -441,6 +488,7 @@ async fn phase(
         client_lag_p99_ms: quantile(&lags, 0.99),
         client_lag_max_ms: lags.last().copied().unwrap_or(f64::NAN),
         cpu,
+        late_answers,
     })
 }
 

@@ -83,6 +83,12 @@ pub struct Record {
     /// answer's `parameters.latency_us`, from the request's head arriving to its
     /// batch's end (the server's clock, what it judges its deadline by).
     pub server_ms: Option<f64>,
+    /// The part of `server_ms` before its batch started, ms (a sluice answer's
+    /// `parameters.queue_us`: reading and parsing the body, then queueing).
+    pub server_queue_ms: Option<f64>,
+    /// The size of the batch that served it (a sluice answer's
+    /// `parameters.batch_size`).
+    pub server_batch: Option<u32>,
 }
 
 impl Record {
@@ -95,25 +101,38 @@ impl Record {
 
     /// A record with no send timing or server time (filled in once answered).
     fn without_timing(at_s: f64, status: u16, latency_ms: f64) -> Record {
-        Record { at_s, status, latency_ms, send_ms: None, written_ms: None, server_ms: None }
+        Record {
+            at_s,
+            status,
+            latency_ms,
+            send_ms: None,
+            written_ms: None,
+            server_ms: None,
+            server_queue_ms: None,
+            server_batch: None,
+        }
     }
 }
 
-/// The server's own time for a request, µs, from a sluice answer's parameters.
+/// The server's own account of a request, from a sluice answer's parameters
+/// (every field absent in another server's answer).
+#[derive(Clone, Copy, Default, serde::Deserialize)]
+struct ServerTiming {
+    /// Head arrival to batch end, µs.
+    latency_us: Option<f64>,
+    /// Head arrival to batch start, µs.
+    queue_us: Option<f64>,
+    batch_size: Option<u32>,
+}
+
 #[derive(serde::Deserialize)]
 struct AnswerTiming {
-    parameters: Option<AnswerParameters>,
+    parameters: Option<ServerTiming>,
 }
 
-#[derive(serde::Deserialize)]
-struct AnswerParameters {
-    latency_us: Option<f64>,
-}
-
-/// `parameters.latency_us` of an answer, ms; `None` for another server's answer.
-fn server_ms(body: &[u8]) -> Option<f64> {
-    let t: AnswerTiming = serde_json::from_slice(body).ok()?;
-    Some(t.parameters?.latency_us? / 1e3)
+/// The server's timing in an answer's body; all `None` for another server's.
+fn server_timing(body: &[u8]) -> ServerTiming {
+    serde_json::from_slice::<AnswerTiming>(body).ok().and_then(|t| t.parameters).unwrap_or_default()
 }
 
 /// splitmix64: a small, seedable generator (the schedule must be reproducible, and
@@ -193,7 +212,7 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
                             lines.push(("content-type", "application/json"));
                         }
                         let (r, sent) = c.request_timed("POST", &path, &lines, &body).await?;
-                        let server = if r.status == 200 { server_ms(&r.body) } else { None };
+                        let server = if r.status == 200 { server_timing(&r.body) } else { ServerTiming::default() };
                         Ok::<_, anyhow::Error>((c, r.status, sent, server))
                     }
                 };
@@ -217,7 +236,9 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
             if let Some((sent, server)) = timing {
                 record.send_ms = Some(since(sent.started));
                 record.written_ms = Some(since(sent.written));
-                record.server_ms = server;
+                record.server_ms = server.latency_us.map(|us| us / 1e3);
+                record.server_queue_ms = server.queue_us.map(|us| us / 1e3);
+                record.server_batch = server.batch_size;
             }
             match keep {
                 Some(c) => idle.lock().push(c),
@@ -297,7 +318,7 @@ mod tests {
                         let mut body = vec![0; len];
                         s.read_exact(&mut body).await.expect("body");
                         tokio::time::sleep(Duration::from_millis(20)).await;
-                        let answer = r#"{"outputs":[],"parameters":{"variant":"a","latency_us":1500}}"#;
+                        let answer = r#"{"outputs":[],"parameters":{"variant":"a","queue_us":500,"latency_us":1500,"batch_size":2}}"#;
                         let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", answer.len());
                         s.get_mut().write_all(format!("{head}{answer}").as_bytes()).await.expect("write");
                     }
@@ -320,14 +341,14 @@ mod tests {
         assert!(!records.is_empty());
         for r in &records {
             assert_eq!(r.status, 200, "{r:?}");
-            assert_eq!(r.server_ms, Some(1.5), "{r:?}");
+            assert_eq!((r.server_ms, r.server_queue_ms, r.server_batch), (Some(1.5), Some(0.5), Some(2)), "{r:?}");
             let (send, written) = (r.send_ms.expect("sent"), r.written_ms.expect("written"));
             assert!(0.0 <= send && send <= written && written <= r.latency_ms, "{r:?}");
             let from_send = r.latency_from_send_ms().expect("sent");
             assert!((20.0..=r.latency_ms).contains(&from_send), "{r:?}");
         }
-        assert_eq!(server_ms(br#"{"outputs":[]}"#), None);
-        assert_eq!(server_ms(b"not json"), None);
+        assert_eq!(server_timing(br#"{"outputs":[]}"#).latency_us, None);
+        assert_eq!(server_timing(b"not json").latency_us, None);
     }
 
     #[test]
