@@ -50,9 +50,14 @@ impl Point {
 /// Why there is no plan.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    /// Targets out of range.
-    #[error("{0}")]
-    Invalid(String),
+    /// A target out of [0, 1].
+    #[error("{name} target {value} is not in [0, 1]")]
+    Target {
+        /// Which: `accuracy` or `violation`.
+        name: &'static str,
+        /// The target given.
+        value: f64,
+    },
     /// No worker count up to the bound meets the targets.
     #[error(
         "targets unreachable: no count of workers up to {max_workers} gives accuracy ≥ {} with violation ≤ {}; \
@@ -71,14 +76,27 @@ pub enum PlanError {
         best: Option<Point>,
     },
     /// The evaluator failed.
-    #[error("evaluating {workers} workers: {message}")]
+    #[error("evaluating {workers} workers: {source}")]
     Evaluation {
         /// The worker count.
         workers: u32,
-        /// Why.
-        message: String,
+        /// Why: the evaluator's error.
+        source: EvaluatorError,
     },
+    /// The evaluator panicked (its thread's panic message went to stderr).
+    #[error("evaluating {workers} workers: the evaluation panicked")]
+    Panicked {
+        /// The worker count.
+        workers: u32,
+    },
+    /// The search did not settle within [`SearchOptions::max_evaluations`].
+    #[error("no stable answer after {0} evaluations")]
+    TooManyEvaluations(usize),
 }
+
+/// What an evaluator's error becomes ([`PlanError::Evaluation`]): any error type, or a
+/// `String`, converts into it.
+pub type EvaluatorError = Box<dyn std::error::Error + Send + Sync>;
 
 fn describe_best(best: &Option<Point>, targets: &Targets) -> String {
     match best {
@@ -139,9 +157,10 @@ pub struct Evaluations<F> {
     done: Mutex<BTreeMap<u32, Point>>,
 }
 
-impl<F> Evaluations<F>
+impl<F, E> Evaluations<F>
 where
-    F: Fn(u32) -> Result<Point, String> + Sync,
+    F: Fn(u32) -> Result<Point, E> + Sync,
+    E: Into<EvaluatorError> + Send,
 {
     /// Wraps `eval`, evaluating up to `parallel` counts at once.
     pub fn new(eval: F, parallel: usize) -> Evaluations<F> {
@@ -155,19 +174,24 @@ where
         todo.sort_unstable();
         todo.dedup();
         for chunk in todo.chunks(self.parallel) {
-            let results: Vec<(u32, Result<Point, String>)> = if chunk.len() == 1 {
-                vec![(chunk[0], (self.eval)(chunk[0]))]
+            let evaluated =
+                |k: u32, r: Result<Point, E>| r.map_err(|e| PlanError::Evaluation { workers: k, source: e.into() });
+            let results: Vec<(u32, Result<Point, PlanError>)> = if chunk.len() == 1 {
+                vec![(chunk[0], evaluated(chunk[0], (self.eval)(chunk[0])))]
             } else {
                 std::thread::scope(|s| {
                     let handles: Vec<_> = chunk.iter().map(|&k| (k, s.spawn(move || (self.eval)(k)))).collect();
                     handles
                         .into_iter()
-                        .map(|(k, h)| (k, h.join().unwrap_or_else(|_| Err("the evaluation panicked".into()))))
+                        .map(|(k, h)| match h.join() {
+                            Ok(r) => (k, evaluated(k, r)),
+                            Err(_) => (k, Err(PlanError::Panicked { workers: k })),
+                        })
                         .collect()
                 })
             };
             for (k, r) in results {
-                let p = r.map_err(|message| PlanError::Evaluation { workers: k, message })?;
+                let p = r?;
                 self.lock().insert(k, Point { workers: k, ..p });
             }
         }
@@ -210,25 +234,22 @@ where
 ///    it and the pair is reported in [`Plan::non_monotone`].
 ///
 /// Bounded: at most `max_evaluations` counts are evaluated.
-pub fn search<F>(evals: &Evaluations<F>, targets: Targets, opts: SearchOptions) -> Result<Plan, PlanError>
+pub fn search<F, E>(evals: &Evaluations<F>, targets: Targets, opts: SearchOptions) -> Result<Plan, PlanError>
 where
-    F: Fn(u32) -> Result<Point, String> + Sync,
+    F: Fn(u32) -> Result<Point, E> + Sync,
+    E: Into<EvaluatorError> + Send,
 {
-    if !(targets.accuracy.is_finite() && (0.0..=1.0).contains(&targets.accuracy)) {
-        return Err(PlanError::Invalid(format!("accuracy target {} is not in [0, 1]", targets.accuracy)));
-    }
-    if !(targets.violation.is_finite() && (0.0..=1.0).contains(&targets.violation)) {
-        return Err(PlanError::Invalid(format!("violation target {} is not in [0, 1]", targets.violation)));
+    for (name, value) in [("accuracy", targets.accuracy), ("violation", targets.violation)] {
+        if !(value.is_finite() && (0.0..=1.0).contains(&value)) {
+            return Err(PlanError::Target { name, value });
+        }
     }
     let max = opts.max_workers.max(1);
     let min = opts.min_workers.clamp(1, max);
     let parallel = opts.parallel.max(1) as u32;
     let budget = |evals: &Evaluations<F>| -> Result<(), PlanError> {
         if evals.count() > opts.max_evaluations {
-            return Err(PlanError::Evaluation {
-                workers: 0,
-                message: format!("no stable answer after {} evaluations", opts.max_evaluations),
-            });
+            return Err(PlanError::TooManyEvaluations(opts.max_evaluations));
         }
         Ok(())
     };
@@ -311,9 +332,10 @@ where
     }
 }
 
-fn unreachable<F>(evals: &Evaluations<F>, targets: Targets, max_workers: u32) -> PlanError
+fn unreachable<F, E>(evals: &Evaluations<F>, targets: Targets, max_workers: u32) -> PlanError
 where
-    F: Fn(u32) -> Result<Point, String> + Sync,
+    F: Fn(u32) -> Result<Point, E> + Sync,
+    E: Into<EvaluatorError> + Send,
 {
     let points = evals.points();
     let within =
@@ -497,8 +519,29 @@ mod tests {
         let evals = Evaluations::new(|_| Err("boom".to_string()), 1);
         let e = search(&evals, targets(), SearchOptions::default()).unwrap_err();
         assert_eq!(e.to_string(), "evaluating 1 workers: boom");
+        assert!(matches!(e, PlanError::Evaluation { workers: 1, .. }), "{e:?}");
         let bad = search(&evals, Targets { accuracy: 1.5, violation: 0.0 }, SearchOptions::default()).unwrap_err();
         assert!(bad.to_string().contains("accuracy target 1.5"));
+        let bad = search(&evals, Targets { accuracy: 0.5, violation: -1.0 }, SearchOptions::default()).unwrap_err();
+        assert_eq!(bad.to_string(), "violation target -1 is not in [0, 1]");
+        // A panicking evaluator names the count it was evaluating.
+        let evals = Evaluations::new(
+            |k: u32| -> Result<Point, String> {
+                if k == 2 {
+                    panic!("test")
+                } else {
+                    smooth(k)
+                }
+            },
+            2,
+        );
+        let e = search(&evals, targets(), SearchOptions { parallel: 2, ..SearchOptions::default() }).unwrap_err();
+        assert!(matches!(e, PlanError::Panicked { workers: 2 }), "{e:?}");
+        // A search that does not settle says so, with no worker count.
+        let evals = Evaluations::new(smooth, 1);
+        let opts = SearchOptions { max_evaluations: 1, ..SearchOptions::default() };
+        let e = search(&evals, targets(), opts).unwrap_err();
+        assert_eq!(e.to_string(), "no stable answer after 1 evaluations");
     }
 
     #[test]
