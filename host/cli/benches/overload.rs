@@ -348,6 +348,11 @@ struct Phase {
     /// The answers 200 late from the actual send or by the server's clock (the
     /// first [`LATE_SHOWN`]), to see where their time went.
     late_answers: Vec<LateAnswer>,
+    /// The batch runs of the answers 200 by batch size (the server's clock, ms):
+    /// min, p50, p99, max. The emulated executor waits the profiled latency, so
+    /// the min is the profile's figure (of the faster variant, where a policy
+    /// serves two) and what lies above it the server's wake-up lag.
+    batch_ms_by_size: BTreeMap<u32, [f64; 4]>,
 }
 
 /// At most this many late answers are listed per phase.
@@ -448,6 +453,19 @@ async fn phase(
     let late_of = |v: &[f64]| v.iter().filter(|&&ms| ms > SLO_MS).count() as u64;
     let (late, late_from_send, server_late_answers) = (late_of(&latency), late_of(&from_send), late_of(&on_server));
     let share = |n: u64, of: usize| n as f64 / of.max(1) as f64;
+    let mut runs: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+    for r in &ok {
+        if let (Some(size), Some(total), Some(queue)) = (r.server_batch, r.server_ms, r.server_queue_ms) {
+            runs.entry(size).or_default().push(total - queue);
+        }
+    }
+    let batch_ms_by_size = runs
+        .into_iter()
+        .map(|(size, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (size, [v[0], quantile(&v, 0.5), quantile(&v, 0.99), v[v.len() - 1]])
+        })
+        .collect();
     let late_answers = ok
         .iter()
         .filter(|r| r.latency_from_send_ms().is_some_and(|ms| ms > SLO_MS) || r.server_ms.is_some_and(|ms| ms > SLO_MS))
@@ -489,6 +507,7 @@ async fn phase(
         client_lag_max_ms: lags.last().copied().unwrap_or(f64::NAN),
         cpu,
         late_answers,
+        batch_ms_by_size,
     })
 }
 
