@@ -341,7 +341,9 @@ async fn serving_goes_on_while_an_evaluation_runs() {
 /// round-robin and weighted routing (split), with shortest-queue routing (never
 /// split: the router looks at the queues), and with a policy whose instances share
 /// work through the store while deciding (RAMSIS growing its grid online: the split
-/// run is detected and replayed again on one thread).
+/// run is detected and replayed again on one thread). A replay admits as the host
+/// does, and admission's margins are the app's (learned from every worker), so only
+/// an app whose admission refuses nothing splits: `admission_audit = 1` here.
 #[test]
 fn a_split_replay_gives_the_results_of_one_thread() {
     use sluice_core::whatif::{PolicyUnderTest, ReplayControl, ReplayJob, Replayer};
@@ -365,7 +367,7 @@ fn a_split_replay_gives_the_results_of_one_thread() {
     ];
     for (router, policy, params, splits) in cases {
         let text = format!(
-            "version = 1\nname = \"split\"\nduration_s = 20\n[[app]]\nname = \"emu\"\nslo_ms = 100\nworkers = 6\nmax_queue = 10000\nprofile = \"{}/emulated.toml\"\npolicy = \"{policy}\"\n{router}\narrivals = {{ kind = \"poisson\", rate_qps = 400 }}\n",
+            "version = 1\nname = \"split\"\nduration_s = 20\n[[app]]\nname = \"emu\"\nslo_ms = 100\nworkers = 6\nmax_queue = 10000\nprofile = \"{}/emulated.toml\"\nadmission_audit = 1\npolicy = \"{policy}\"\n{router}\narrivals = {{ kind = \"poisson\", rate_qps = 400 }}\n",
             dir.path().display()
         );
         let e = sluice_sim::Experiment::parse(&text, "split.toml", dir.path()).unwrap();

@@ -175,8 +175,10 @@ pub fn generate(
 /// App `app`'s lines of an arrival log (`sluice serve --record-arrivals`): the
 /// admitted arrivals (`app,arrival_us`) and the refused ones (`app,arrival_us,refused`:
 /// refused at admission), each in time order, µs from the app's first line, those
-/// before `duration_us`. The simulator has no admission: it queues the admitted ones,
-/// and counts the refused ones in the load estimate policies see, as the host did.
+/// before `duration_us`. Without its own admission the simulator queues the
+/// admitted ones and counts the refused ones in the load estimate policies see, as
+/// the host did; with it (`admission = true`, what-if replays, `sluice evaluate`)
+/// every one of them, refused live or not, goes through the simulated admission.
 pub fn recorded(path: &Path, app: &str, duration_us: u64) -> Result<(Vec<u64>, Vec<u64>), ArrivalError> {
     let rows = read_lines(path, |line, n| {
         let mut fields = line.split(',').map(str::trim);

@@ -19,14 +19,15 @@ use sluice_alloc::config::{AllocatorConfig, DevicePool};
 use sluice_alloc::planner::Planner;
 use sluice_alloc::proteus;
 use sluice_alloc::SolverSettings;
+use sluice_core::admission::{Admission, Place, WorkerAdmission};
 use sluice_core::app_config::AppConfig as SimApp;
 use sluice_core::clock::{Clock as _, VirtualClock};
 use sluice_core::decision::WorkerPolicy;
 use sluice_core::decision::{Context, Queued};
 use sluice_core::demand::DemandMonitor;
-use sluice_core::outcome::Outcome;
+use sluice_core::outcome::{Outcome, Refusal};
 use sluice_core::profile::{Percentile, Profile};
-use sluice_core::queue::{insert_by_deadline, DropReason};
+use sluice_core::queue::{deadline_position, DropReason, Prediction};
 use sluice_core::router::{Router, RouterMode};
 use sluice_core::runtime::{Binding, PolicyInstance};
 use sluice_core::whatif::ReplayControl;
@@ -151,9 +152,44 @@ struct AppState {
     /// ([`Simulation::record_outcomes`]).
     outcomes: Option<Vec<Option<Outcome>>>,
     overloaded: Option<String>,
+    /// The host's admission, when the experiment turns it on
+    /// ([`Experiment::admission`]), and what it predicted for each admitted
+    /// request (by id), which its answer teaches it.
+    admission: Option<(Admission, Vec<Prediction>)>,
 }
 
 impl AppState {
+    /// Admission, as the live host's (`sluice_server::app::App::submit`), for
+    /// `request` arriving at `now` to join worker `w`'s queue at index `at`: the
+    /// reason it is refused, or None when it is admitted (always, without
+    /// admission). An admitted request keeps its prediction for its answer.
+    fn admit(&mut self, w: usize, at: usize, request: &SimRequest, now: u64) -> Option<Refusal> {
+        let (admission, predicted) = self.admission.as_mut()?;
+        // The load estimate with this arrival counted, as the host's.
+        admission.set_rate(self.load.rate(now));
+        let workers = &self.workers;
+        let place = Place {
+            worker: w,
+            models: self.device_models.as_ref().map_or(&self.models[..], |d| &d[w][..]),
+            shared: self.spec.router == RouterMode::Shared,
+            in_flight: |i: usize| workers[i].busy,
+            now,
+        };
+        let v = admission.verdict(&place, at, request.deadline, self.queues[w][at..].iter().map(|r| r.deadline));
+        // A refusal `admission_audit` samples is admitted anyway, as live.
+        if !v.admitted && !admission.audits() {
+            return Some(Refusal::Overload);
+        }
+        predicted[request.id as usize] = v.prediction(now);
+        None
+    }
+
+    /// Whether the app's bounded queue (`max_queue`, over all its workers) is
+    /// full, with admission on: an arrival is then refused, as live.
+    fn queue_full(&self) -> bool {
+        self.admission.is_some() && self.queues.iter().map(Vec::len).sum::<usize>() >= self.spec.max_queue
+    }
+
     /// Counts the refused arrivals up to `now` in the load estimate, before it is
     /// read or another arrival is counted (so the monitor sees times in order).
     fn count_refused(&mut self, now: u64) {
@@ -324,7 +360,16 @@ impl Simulation {
                         ArrivalSpec::Recorded { file } => recorded(&base.join(file), &spec.name, duration_us)?.1,
                         _ => Vec::new(),
                     };
-                    (a, refused)
+                    if exp.admission && !refused.is_empty() {
+                        // Every arrival the host judged is judged again here, those
+                        // it refused included.
+                        let mut all = a;
+                        all.extend(refused.into_iter().map(|at| Arrival { at, budget: None }));
+                        all.sort_by_key(|x| x.at);
+                        (all, Vec::new())
+                    } else {
+                        (a, refused)
+                    }
                 }
             };
             // `safe` is the host's built-in fallback, run natively (no component).
@@ -374,9 +419,22 @@ impl Simulation {
                 workers.push(Worker { policy, loaded, busy: 0, pending: Pending::None });
             }
             let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
+            // As live: each worker predicted with its fastest loaded model until its
+            // first batch (`sluice_server::app::App::new`).
+            let admission = exp.admission.then(|| {
+                let parts = workers.iter().map(|w| WorkerAdmission::new(&models, &w.loaded)).collect();
+                (Admission::new(slo_us, spec.admission_audit, parts), vec![Prediction::default(); arrivals.len()])
+            });
             apps.push(AppState {
-                stats: Stats::new(arrivals.iter().map(|a| a.at).collect())
-                    .with_models(models.iter().map(|m| m.name.clone()).collect(), queues),
+                stats: {
+                    let stats = Stats::new(arrivals.iter().map(|a| a.at).collect())
+                        .with_models(models.iter().map(|m| m.name.clone()).collect(), queues);
+                    if exp.admission {
+                        stats.admitting()
+                    } else {
+                        stats
+                    }
+                },
                 // An experiment's default is one SLO (the papers' simulators count
                 // late answers); the conversion is the host's (`AppConfig::expire_us_or`).
                 expire_us: spec.expire_us_or(slo_us),
@@ -398,6 +456,7 @@ impl Simulation {
                 slo_us,
                 outcomes: None,
                 overloaded: None,
+                admission,
             });
         }
         let alloc = match pool {
@@ -509,9 +568,15 @@ impl Simulation {
     /// same load estimate (every shard still records every arrival) and the same
     /// order of its own events as in the whole run. Policy instances share only the
     /// binding's store, whose values depend on their keys alone (the contract).
+    /// Admission ([`Experiment::admission`]) rules it out, as its margins are the
+    /// app's, learned from every worker's answers, unless it refuses nothing
+    /// (`admission_audit = 1` admits every refusal as an audit; its bounded queue,
+    /// `max_queue`, is then counted over the shard's workers, so a replay whose
+    /// queues reach it may refuse fewer split than whole).
     pub fn shardable(exp: &Experiment, run: &RunSpec) -> bool {
         exp.latency == LatencyModel::Deterministic
             && exp.devices.is_empty()
+            && (!exp.admission || run.apps.iter().all(|a| a.admission_audit >= 1.0))
             && run.apps.iter().all(|a| matches!(a.router, RouterMode::RoundRobin | RouterMode::Weighted))
     }
 
@@ -660,6 +725,17 @@ impl Simulation {
         let i = app.next_arrival;
         let arrival = app.arrivals[i];
         app.next_arrival += 1;
+        let next = app.arrivals.get(i + 1).map(|x| x.at);
+        if app.queue_full() {
+            // Refused before the host counts it anywhere, as live (its bounded
+            // queue is checked first).
+            app.stats.finish(i as u64, Fate::Refused, 0.0);
+            note(&mut app.outcomes, i as u64, || Outcome::Refused(Refusal::QueueFull));
+            if let Some(next) = next {
+                self.schedule_arrival(a, next);
+            }
+            return;
+        }
         app.count_refused(now);
         app.load.record(now);
         if self.alloc.is_some() {
@@ -668,7 +744,6 @@ impl Simulation {
         let request = SimRequest { id: i as u64, arrival: now, deadline: now + arrival.budget.unwrap_or(app.slo_us) };
         let k = app.workers.len();
         let target = app.router.pick(|w| app.queues[w].len() + app.workers[w].busy);
-        let next = app.arrivals.get(i + 1).map(|x| x.at);
         if !owns(self.shard, target) {
             // Another shard serves it; this one only counted it for the load estimate.
             if let Some(next) = next {
@@ -677,10 +752,20 @@ impl Simulation {
             return;
         }
         let app = &mut self.apps[a];
-        app.stats.queued(request.id, target);
+        let shared = app.spec.router == RouterMode::Shared;
         // In deadline order, as live: a trace's own budgets make a later arrival due
         // earlier, and the decision core expires a prefix of the queue.
-        insert_by_deadline(&mut app.queues[target], request);
+        let at = deadline_position(&app.queues[target], request.deadline);
+        if let Some(refusal) = app.admit(target, at, &request, now) {
+            app.stats.finish(request.id, Fate::Refused, 0.0);
+            note(&mut app.outcomes, request.id, || Outcome::Refused(refusal));
+            if let Some(next) = next {
+                self.schedule_arrival(a, next);
+            }
+            return;
+        }
+        app.stats.queued(request.id, target);
+        app.queues[target].insert(at, request);
         if app.queues[target].len() > self.max_queue {
             app.overloaded = Some(format!(
                 "at {:.3} s a worker queue exceeded max_queue = {} (the load exceeds what the workers sustain)",
@@ -689,7 +774,6 @@ impl Simulation {
             ));
             return;
         }
-        let shared = app.spec.router == RouterMode::Shared;
         if let Some(next) = next {
             self.schedule_arrival(a, next);
         }
@@ -744,6 +828,9 @@ impl Simulation {
         let turn = self.machine.decide(&mut app.queues[q], &mut worker.policy, &cx, None, &mut tally);
         match turn.action {
             Action::Run { model, batch } => {
+                if let Some((admission, _)) = &app.admission {
+                    admission.worker(w).start_batch(model, batch.len(), turn.left, now, load_qps);
+                }
                 worker.busy = batch.len();
                 for r in &batch {
                     app.stats.taken(r.id, now);
@@ -772,6 +859,14 @@ impl Simulation {
             app.stats.latency(r.id, now - r.arrival);
             app.stats.served_by(r.id, model);
             note(&mut app.outcomes, r.id, || done.outcome(r, &app.models[model as usize].name));
+        }
+        if let Some((admission, predicted)) = &app.admission {
+            // What the batch teaches admission, as live (`sluice_server::worker`):
+            // the worker's slowdown over the profile, and each answer's error.
+            let models = app.device_models.as_ref().map_or(&app.models[..], |d| &d[w][..]);
+            let profiled = models.get(model as usize).and_then(|m| m.latency(batch.len() as u32)).unwrap_or(0);
+            admission.worker(w).observe_batch(model, profiled, now - started);
+            admission.learn(now, batch.iter().map(|r| predicted[r.id as usize]));
         }
         let worker = &mut app.workers[w];
         worker.busy = 0;
@@ -908,6 +1003,10 @@ impl Simulation {
                     weights[w] = d.share;
                     if let Some(id) = d.model.as_ref().and_then(|m| app.models.iter().position(|x| &x.name == m)) {
                         app.workers[w].loaded = vec![id as u32];
+                        if let Some((admission, _)) = &app.admission {
+                            // As live when a worker's models change.
+                            admission.worker(w).set_fastest(id as u32);
+                        }
                         if let Some(us) = d.service_us {
                             // A core of a replica: every batch size at the replica's time.
                             let last = app.latency.len() - 1;

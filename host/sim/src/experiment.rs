@@ -46,6 +46,19 @@ pub struct Experiment {
     /// and not at all in the reference one.
     #[serde(default = "default_drain")]
     pub drain: bool,
+    /// `admission = true`: the simulator admits as the live host does, with the
+    /// host's own code (`sluice_core::admission`): an arrival predicted to miss
+    /// its deadline, or to push a queued request past its own, is refused (so is
+    /// one beyond the app's `max_queue`), counted as `refused` in results.json,
+    /// never queued, and still counted in the load estimate policies see, as live;
+    /// the app's `admission_audit` admits its share of refusals anyway. A recorded
+    /// arrival log's `refused` marks are then ignored: every arrival goes through
+    /// the simulated admission. Default false: the papers' simulators have no
+    /// admission, and the results under docs/results reproduce them. What-if
+    /// replays and `sluice evaluate` of a live app turn it on, as the host admits
+    /// (docs/simulator.md, "Admission").
+    #[serde(default)]
+    pub admission: bool,
     /// `accounting = "reference"`: which accounting gives a result's `accuracy` and
     /// `violation_rate` (both are always in the results; see [`Accounting`]).
     #[serde(default)]

@@ -23,6 +23,8 @@ pub enum Fate {
     Dropped = 3,
     /// Expired by the host.
     Expired = 4,
+    /// Refused at admission ([`crate::Experiment::admission`]): never queued.
+    Refused = 5,
 }
 
 impl Fate {
@@ -63,6 +65,9 @@ pub struct Stats {
     pub decide_calls: u64,
     /// Time inside `decide` (wall clock: not part of the deterministic results).
     pub decide_seconds: f64,
+    /// Whether the run admits ([`Stats::admitting`]): its result then counts the
+    /// refused requests.
+    admitting: bool,
 }
 
 impl Stats {
@@ -85,7 +90,15 @@ impl Stats {
             faults: 0,
             decide_calls: 0,
             decide_seconds: 0.0,
+            admitting: false,
         }
+    }
+
+    /// Marks a run with admission: its result has a `refused` count (a run
+    /// without has none, so its results files stay as they were).
+    pub fn admitting(mut self) -> Stats {
+        self.admitting = true;
+        self
     }
 
     /// Names the app's variants (in the order [`Stats::served_by`] numbers them) and
@@ -264,6 +277,7 @@ impl Stats {
             dropped: dropped + expired,
             dropped_by_reason: BTreeMap::from([("policy".to_string(), dropped), ("expired".to_string(), expired)]),
             unfinished: pending,
+            refused: self.admitting.then(|| count(Fate::Refused)),
             accuracy,
             violation_rate,
             accounting,
@@ -326,7 +340,7 @@ impl Stats {
                 }
                 Fate::Late => row.late += 1,
                 Fate::Dropped | Fate::Expired => row.dropped += 1,
-                Fate::Pending => {}
+                Fate::Pending | Fate::Refused => {}
             }
         }
         let last = windows.iter().rposition(Option::is_some).unwrap_or(0) as u64;
@@ -527,6 +541,10 @@ pub struct RunResult {
     pub dropped_by_reason: BTreeMap<String, u64>,
     /// Still queued or running when the run ended.
     pub unfinished: u64,
+    /// Refused at admission, never queued (runs with `admission = true` only;
+    /// they count as misses in `violation_rate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<u64>,
     /// Mean accuracy per satisfied (on-time) query, 0–1, in the experiment's
     /// `accounting`.
     pub accuracy: f64,

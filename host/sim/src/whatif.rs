@@ -9,7 +9,12 @@
 //! A replay is an experiment of one app, built from the app's configuration: its
 //! profile's latencies at the app's percentile (`latency = "deterministic"`), the
 //! sluice accounting, queued requests finished after the last arrival (`drain`),
-//! seed 1, and each worker starting with the models it has loaded live.
+//! seed 1, each worker starting with the models it has loaded live, and the host's
+//! admission (`admission = true`: the live host judges every client request of a
+//! single app, so a candidate policy is judged on the traffic it would have
+//! admitted, and every recorded arrival, those refused live included, is judged
+//! again). With admission a replay runs on one thread ([`splits`]) unless its
+//! admission refuses nothing (`admission_audit = 1`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,9 +28,8 @@ use sluice_core::whatif::{
 };
 use sluice_core::workload::ArrivalSpec;
 
-use crate::arrivals::{generate, Arrival};
+use crate::arrivals::{recorded, Arrival};
 use crate::engine::{Given, Simulation};
-use crate::rng::Rng;
 use crate::{Accounting, Experiment, LatencyModel, PolicyCache, RunSpec, Sweep};
 
 /// The simulator as the live host's [`Replayer`].
@@ -56,6 +60,9 @@ fn experiment(job: &ReplayJob, app: AppConfig) -> Experiment {
         window_s: job.series_window_us.max(1) as f64 / 1e6,
         weakly_hard: None,
         drain: true,
+        // The live host admits every client request of a single app
+        // (`sluice_server::app::App::submit`): so does its replay.
+        admission: true,
         accounting: Accounting::Sluice,
         config: None,
         arrivals: BTreeMap::new(),
@@ -233,14 +240,10 @@ pub fn offline(o: &Offline) -> Result<(String, Comparison)> {
             _ => bail!("the config has {} apps: say which with --app", o.apps.len()),
         },
     };
-    let all = generate(
-        &ArrivalSpec::Recorded { file: o.recorded.to_path_buf() },
-        &app.name,
-        Path::new(""),
-        u64::MAX,
-        &mut Rng::new(1),
-    )?;
-    let arrivals = window(all.iter().map(|a| a.at), o.window_s.map(|s| (s * 1e6) as u64));
+    // Every arrival the host judged, those it refused included: the replay
+    // judges them again with the host's admission ([`experiment`]).
+    let (admitted, refused) = recorded(o.recorded, &app.name, u64::MAX)?;
+    let arrivals = window(admitted.into_iter().chain(refused), o.window_s.map(|s| (s * 1e6) as u64));
     if arrivals.is_empty() {
         bail!("{}: no arrivals of app {}", o.recorded.display(), app.name);
     }

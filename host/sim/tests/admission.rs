@@ -1,0 +1,71 @@
+//! The host's admission in the simulator (`admission = true`, issue 35): under
+//! overload it refuses what would miss its deadline and serves the rest on time;
+//! off (the default) nothing is refused and the results have no `refused` count.
+
+// Not every fixture is used here.
+#[allow(dead_code)]
+mod common;
+
+use common::experiment;
+use sluice_sim::run_experiment;
+
+/// Two workers of `fixed` on the common profile (batches of 2 in 12 ms: about 330
+/// req/s together), Poisson arrivals at five times that, an SLO of 50 ms, and the
+/// live host's expiry (0).
+fn overload(admission: bool) -> String {
+    format!(
+        r#"duration_s = 5
+admission = {admission}
+[[app]]
+name = "a"
+slo_ms = 50
+workers = 2
+router = "round-robin"
+profile = "p.toml"
+expire_after_ms = 0
+policy = "fixed"
+params = {{ model = "m" }}
+arrivals = {{ kind = "poisson", rate_qps = 1650 }}
+"#
+    )
+}
+
+#[test]
+fn at_five_times_capacity_admission_refuses_and_the_admitted_are_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, base) = experiment(dir.path(), &overload(true));
+    let r = &run_experiment(&e, &base, false).unwrap().results[0];
+    let refused = r.refused.expect("a run with admission counts its refusals");
+    eprintln!(
+        "admission on: {} requests, {refused} refused, {} on time, {} late, {} dropped",
+        r.requests, r.on_time, r.late, r.dropped
+    );
+    // About four in five cannot be served in an SLO.
+    assert!(refused * 10 >= r.requests * 7, "{r:?}");
+    let admitted = r.requests - refused;
+    assert_eq!(r.on_time + r.late + r.dropped + r.unfinished, admitted, "{r:?}");
+    assert!(r.on_time * 100 >= admitted * 99, "{} of {admitted} admitted on time: {r:?}", r.on_time);
+    // Refusals are misses in the violation rate (sluice's accounting: every arrival).
+    assert!(r.violation_rate >= refused as f64 / r.requests as f64);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (e, base) = experiment(dir.path(), &overload(false));
+    let r = &run_experiment(&e, &base, false).unwrap().results[0];
+    assert_eq!(r.refused, None, "{r:?}");
+    assert_eq!(r.on_time + r.late + r.dropped + r.unfinished, r.requests, "everything queued: {r:?}");
+    assert!(r.on_time * 2 < r.requests, "without admission the overload is served late or dropped: {r:?}");
+    let json = serde_json::to_value(r).unwrap();
+    assert!(json.get("refused").is_none(), "results without admission are as they were: {json}");
+}
+
+#[test]
+fn admission_is_a_boolean_off_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, _) = experiment(dir.path(), &overload(false).replace("admission = false\n", ""));
+    assert!(!e.admission);
+    std::fs::write(dir.path().join("bad.toml"), overload(false).replace("admission = false", "admission = \"yes\""))
+        .unwrap();
+    let text = format!("version = 1\nname = \"t\"\n{}", std::fs::read_to_string(dir.path().join("bad.toml")).unwrap());
+    let err = sluice_sim::Experiment::parse(&text, "bad.toml", dir.path()).unwrap_err().to_string();
+    assert!(err.contains("admission"), "{err}");
+}
