@@ -123,7 +123,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             let request = (parse_json(&body)?, serde_json::from_slice(&body).unwrap_or(Value::Null));
             let started =
                 crate::evaluate::start(&state.evaluations, &state.apps, &state.registry, &app, request).await?;
-            Ok(with_status(StatusCode::ACCEPTED, started))
+            Ok(with_status(StatusCode::ACCEPTED, serde_json::to_value(started).map_err(ApiError::internal)?))
         }
         // The dashboard's one poll: every app's view, the counters it draws, the
         // events after `?since=`, the allocator, pipelines and evaluations.
@@ -135,7 +135,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                 .map_err(ApiError::internal)?
         }
         (&Method::GET, ["evaluations"]) => ok(json!({ "evaluations": state.evaluations.list() })),
-        (&Method::GET, ["evaluations", id]) => ok(evaluation_of(state, id)?.view()),
+        (&Method::GET, ["evaluations", id]) => view(&evaluation_of(state, id)?.view()),
         (&Method::DELETE, ["evaluations", id]) => {
             let e = evaluation_of(state, id)?;
             if e.status() == crate::evaluate::Status::Running {
@@ -167,13 +167,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             } else {
                 Some(parse_json::<SolveRequest>(&body)?.demand_qps)
             };
-            state.allocator.replan("admin", demand).await.map(ok).map_err(|e| ApiError {
-                // A bad demand is the client's; no allocator or a failed application is a conflict.
-                status: if e.starts_with("demand_qps.") { StatusCode::BAD_REQUEST } else { StatusCode::CONFLICT },
-                message: e,
-                extra: None,
-                allow: None,
-            })?
+            view(&state.allocator.replan("admin", demand).await?)
         }
         (&Method::GET, ["pipelines"]) => ok(json!({ "pipelines": state.pipelines.keys().collect::<Vec<_>>() })),
         (&Method::GET, ["pipelines", name]) => ok(pipeline_of(state, name)?.status()),
@@ -193,7 +187,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             })?
         }
         (&Method::GET, ["allocation"]) => match &state.allocator.view() {
-            Some(v) => ok(v.clone()),
+            Some(v) => view(v),
             None => Err(ApiError::new(StatusCode::NOT_FOUND, "no allocator: the config has no [[device]]")),
         },
         (&Method::PUT, ["apps", app, "weights"]) => {
@@ -255,6 +249,20 @@ fn evaluation_of(state: &State, id: &str) -> Result<Arc<crate::evaluate::Evaluat
             state.config.evaluations_kept
         ))
     })
+}
+
+/// A re-plan refused: a bad demand is the client's (400); no allocator, or a plan that
+/// could not be applied, is a conflict with the host's state (409).
+impl From<crate::allocation::ReplanError> for ApiError {
+    fn from(e: crate::allocation::ReplanError) -> ApiError {
+        let status = if e.is_bad_request() { StatusCode::BAD_REQUEST } else { StatusCode::CONFLICT };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+/// A typed admin view answered as JSON: the views are serialised here, at the edge.
+fn view<T: serde::Serialize>(v: &T) -> Result<Response<Body>, ApiError> {
+    ok(serde_json::to_value(v).map_err(ApiError::internal)?)
 }
 
 fn with_status(status: StatusCode, body: Value) -> Response<Body> {

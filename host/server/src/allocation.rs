@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context;
-use serde_json::{json, Value};
+use serde::Serialize;
 use sluice_alloc::config::DevicePool;
 use sluice_alloc::planner::Planner;
 use sluice_alloc::{proteus, AnyPlan};
@@ -32,7 +32,7 @@ use sluice_core::demand::planned_demand;
 
 use crate::app::App;
 use crate::config::{AppConfig, Config, ExecutorKind};
-use crate::executor::{load_set, AppSources, ModelSource};
+use crate::executor::{load_set, AppSources, LoadError, ModelSource};
 use crate::metrics::Metrics;
 
 /// The devices of the config (`sluice_alloc::config::DevicePool`).
@@ -40,7 +40,102 @@ pub type Devices = DevicePool;
 
 /// Loads the config's devices (None without `[[device]]`).
 pub fn load_devices(config: &Config) -> anyhow::Result<Option<Devices>> {
-    DevicePool::load(&config.devices).map_err(|e| anyhow::anyhow!(e))
+    Ok(DevicePool::load(&config.devices)?)
+}
+
+/// One plan put in force, as `GET /admin/allocation`'s `history` lists it (the
+/// dashboard draws its re-plan markers from it).
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanSummary {
+    /// Why the allocator planned: `startup`, `period`, `demand shift` or `admin`.
+    pub reason: String,
+    /// The allocation's status (`optimal`, `time-limit`, `greedy`, ...).
+    pub status: String,
+    /// The demand planned for, requests/s per app.
+    pub demand_qps: BTreeMap<String, f64>,
+    /// Seconds the allocation took.
+    pub solve_seconds: f64,
+    /// The plan's demand-weighted accuracy (None: no plan).
+    pub effective_accuracy: Option<f64>,
+    /// The plan's demand factor.
+    pub beta: Option<f64>,
+    /// Per device, `[app, variant]` (`null`s when idle).
+    pub devices: Option<Vec<(Option<String>, Option<String>)>>,
+}
+
+/// `GET /admin/allocation`'s body: the demand of the plan in force, the last
+/// allocation (with its plan) and the plans put in force, oldest first.
+#[derive(Clone, Debug, Serialize)]
+pub struct AllocationView {
+    /// The demand the plan in force was made for, requests/s per app.
+    pub demand_qps: BTreeMap<String, f64>,
+    /// The last allocation: its status, numbers and plan.
+    pub allocation: sluice_alloc::Allocation,
+    /// The last [`HISTORY`] plans put in force.
+    pub history: std::collections::VecDeque<PlanSummary>,
+}
+
+/// Why a re-plan was refused or failed ([`Allocator::replan`]); the last plan stays in
+/// every case.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplanError {
+    /// The config has no `[[device]]`.
+    #[error("no allocator: the config has no [[device]]")]
+    NoAllocator,
+    /// A demand for an app that is not served.
+    #[error("demand_qps.{0}: no app of that name")]
+    UnknownApp(String),
+    /// A demand out of range: 1e300 requests/s must not reach HiGHS.
+    #[error("demand_qps.{app}: expected 0 to {max:e} requests/s", max = sluice_alloc::limits::MAX_DEMAND_QPS)]
+    Demand {
+        /// The app.
+        app: String,
+        /// The demand asked for.
+        qps: f64,
+    },
+    /// The solver's task panicked.
+    #[error("allocator task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// The new plan could not be applied (the old weights are still in force).
+    #[error("the new plan could not be applied, the last one stays: {0}")]
+    Apply(#[from] ApplyError),
+}
+
+impl ReplanError {
+    /// Whether the request asked for something wrong (a demand), rather than the
+    /// host being unable to re-plan now.
+    pub fn is_bad_request(&self) -> bool {
+        matches!(self, ReplanError::UnknownApp(_) | ReplanError::Demand { .. })
+    }
+}
+
+/// Why a plan could not be applied ([`Allocator::replan`], make before break).
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The plan names an app the host does not serve.
+    #[error("plan names unknown app {0}")]
+    UnknownApp(String),
+    /// A worker's new variant did not load.
+    #[error("app {app}, worker {worker}: {source}")]
+    Load {
+        /// The app.
+        app: String,
+        /// The worker (= device).
+        worker: usize,
+        /// Why.
+        source: LoadError,
+    },
+    /// A worker did not take its new models (it has stopped).
+    #[error("{0}")]
+    Install(String),
+    /// The app's router refused the plan's shares.
+    #[error("app {app}: {source}")]
+    Weights {
+        /// The app.
+        app: String,
+        /// Why.
+        source: sluice_core::router::WeightsError,
+    },
 }
 
 /// The allocation problem for `demand` over `config`'s apps.
@@ -70,7 +165,7 @@ pub struct Allocation {
     config: Config,
     resolved: Vec<(Vec<sdk::Model>, AppSources)>,
     /// Summaries of the last plans, newest last.
-    history: std::collections::VecDeque<Value>,
+    history: std::collections::VecDeque<PlanSummary>,
 }
 
 /// How many plan summaries `GET /admin/allocation` keeps.
@@ -187,23 +282,23 @@ impl Allocation {
 
     fn remember(&mut self, reason: &str) {
         let plan = self.plan();
-        self.history.push_back(json!({
-            "reason": reason,
-            "status": self.last.status,
-            "demand_qps": self.demand,
-            "solve_seconds": self.last.solve_seconds,
-            "effective_accuracy": plan.map(|p| p.effective_accuracy),
-            "beta": plan.map(|p| p.beta),
-            "devices": plan.map(|p| p.devices.iter().map(|d| json!([d.app, d.model])).collect::<Vec<_>>()),
-        }));
+        self.history.push_back(PlanSummary {
+            reason: reason.to_string(),
+            status: self.last.status.clone(),
+            demand_qps: self.demand.clone(),
+            solve_seconds: self.last.solve_seconds,
+            effective_accuracy: plan.map(|p| p.effective_accuracy),
+            beta: plan.map(|p| p.beta),
+            devices: plan.map(|p| p.devices.iter().map(|d| (d.app.clone(), d.model.clone())).collect()),
+        });
         while self.history.len() > HISTORY {
             self.history.pop_front();
         }
     }
 
-    /// `GET /admin/allocation`.
-    pub fn to_json(&self) -> Value {
-        json!({ "demand_qps": self.demand, "allocation": self.last, "history": self.history })
+    /// `GET /admin/allocation`'s view.
+    pub fn view(&self) -> AllocationView {
+        AllocationView { demand_qps: self.demand.clone(), allocation: self.last.clone(), history: self.history.clone() }
     }
 }
 
@@ -232,14 +327,14 @@ pub struct Allocator {
     apps: BTreeMap<String, Arc<App>>,
     metrics: Arc<Metrics>,
     current: tokio::sync::Mutex<Option<Allocation>>,
-    view: parking_lot::Mutex<Option<Value>>,
+    view: parking_lot::Mutex<Option<AllocationView>>,
 }
 
 impl Allocator {
     /// The allocator of `apps` with the allocation started (`None`: the config has
     /// no `[[device]]`, and every re-plan is refused).
     pub fn new(apps: BTreeMap<String, Arc<App>>, metrics: Arc<Metrics>, allocation: Option<Allocation>) -> Arc<Self> {
-        let view = allocation.as_ref().map(Allocation::to_json);
+        let view = allocation.as_ref().map(Allocation::view);
         Arc::new(Allocator {
             apps,
             metrics,
@@ -249,27 +344,28 @@ impl Allocator {
     }
 
     /// What `GET /admin/allocation` shows (`None` without `[[device]]`s).
-    pub fn view(&self) -> Option<Value> {
+    pub fn view(&self) -> Option<AllocationView> {
         self.view.lock().clone()
     }
 
     /// Re-plans now — for `demand` when given (per app, requests/s; apps it leaves out
     /// get their forecast), else for the forecast demand — and applies the plan. Returns
     /// `GET /admin/allocation`'s view after it.
-    pub async fn replan(&self, reason: &str, demand: Option<BTreeMap<String, f64>>) -> Result<Value, String> {
+    pub async fn replan(
+        &self,
+        reason: &str,
+        demand: Option<BTreeMap<String, f64>>,
+    ) -> Result<AllocationView, ReplanError> {
         let mut guard = self.current.lock().await;
-        let a = guard.as_mut().ok_or("no allocator: the config has no [[device]]")?;
+        let a = guard.as_mut().ok_or(ReplanError::NoAllocator)?;
         let mut forecast = forecast(&self.apps, &a.config);
         for (app, d) in demand.unwrap_or_default() {
             if !forecast.contains_key(&app) {
-                return Err(format!("demand_qps.{app}: no app of that name"));
+                return Err(ReplanError::UnknownApp(app));
             }
             // The problem files' and configs' range: 1e300 requests/s must not reach HiGHS.
             if !sluice_alloc::limits::within(d, sluice_alloc::limits::MAX_DEMAND_QPS) {
-                return Err(format!(
-                    "demand_qps.{app}: expected 0 to {:e} requests/s",
-                    sluice_alloc::limits::MAX_DEMAND_QPS
-                ));
+                return Err(ReplanError::Demand { app, qps: d });
             }
             forecast.insert(app, d.max(a.config.allocator.min_demand_qps));
         }
@@ -280,8 +376,7 @@ impl Allocator {
             let r = planner.plan(problem);
             (planner, r)
         })
-        .await
-        .map_err(|e| format!("allocator task: {e}"))?;
+        .await?;
         a.planner = planner;
         self.metrics.observe("sluice_allocator_solve_seconds", &[("status", &result.status)], result.solve_seconds);
         if let Some(origin) = &result.origin {
@@ -307,7 +402,7 @@ impl Allocator {
                 // The old weights are still in force: so is the old plan, for the view and
                 // as the allocator's fallback.
                 a.planner.restore(old);
-                return Err(format!("the new plan could not be applied, the last one stays: {e}"));
+                return Err(e.into());
             }
             a.last = result;
             a.demand = demand;
@@ -318,13 +413,13 @@ impl Allocator {
             a.last = result;
             tracing::warn!(status = a.last.status, error = ?a.last.error, "allocator: no new plan; the last one stays");
         }
-        let view = a.to_json();
+        let view = a.view();
         *self.view.lock() = Some(view.clone());
         Ok(view)
     }
 
     /// Applies `new` over `old`, make before break.
-    async fn apply(&self, a: &Allocation, old: &proteus::Plan, new: &proteus::Plan) -> Result<(), String> {
+    async fn apply(&self, a: &Allocation, old: &proteus::Plan, new: &proteus::Plan) -> Result<(), ApplyError> {
         // A core whose replica is resized keeps its variant but changes its time.
         let key = |d: &proteus::DevicePlan| (d.app.clone(), d.model.clone(), d.service_us);
         // 1. Make: every device whose (app, variant) changes loads the new variant on the
@@ -335,8 +430,13 @@ impl Allocator {
             if key(o) == key(n) {
                 continue;
             }
-            let app = self.apps.get(app_name).ok_or_else(|| format!("plan names unknown app {app_name}"))?;
-            app.set_worker_models(w, load_set(a.models_for(&app.config, w, n)).await?).await?;
+            let app = self.apps.get(app_name).ok_or_else(|| ApplyError::UnknownApp(app_name.clone()))?;
+            let set = load_set(a.models_for(&app.config, w, n)).await.map_err(|source| ApplyError::Load {
+                app: app_name.clone(),
+                worker: w,
+                source,
+            })?;
+            app.set_worker_models(w, set).await.map_err(ApplyError::Install)?;
         }
         // 2. Switch: every app's shares at once.
         for (name, app) in &self.apps {
@@ -345,7 +445,7 @@ impl Allocator {
                 .iter()
                 .map(|d| if d.app.as_deref() == Some(name.as_str()) { d.share } else { 0.0 })
                 .collect();
-            app.router.set_weights(&weights).map_err(|e| format!("app {name}: {e}"))?;
+            app.router.set_weights(&weights).map_err(|source| ApplyError::Weights { app: name.clone(), source })?;
         }
         // 3. Break: a worker whose device went to another app (or idle) receives nothing
         //    now; once its queue is empty it unloads. A batch in flight finishes first (a
@@ -365,7 +465,7 @@ impl Allocator {
             {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
-            app.set_worker_models(w, sluice_core::executor::ModelSet::default()).await?;
+            app.set_worker_models(w, sluice_core::executor::ModelSet::default()).await.map_err(ApplyError::Install)?;
         }
         tracing::info!(
             effective_accuracy = new.effective_accuracy,

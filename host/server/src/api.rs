@@ -18,7 +18,7 @@ use sluice_core::registry::RegistryError;
 
 impl From<crate::binary::BinaryError> for ApiError {
     fn from(e: crate::binary::BinaryError) -> ApiError {
-        ApiError::bad_request(e.0)
+        ApiError::bad_request(e.to_string())
     }
 }
 

@@ -22,8 +22,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::app::{App, SwapReport};
 use sluice_core::clock::Clock as _;
@@ -124,27 +124,89 @@ impl Evaluation {
     }
 
     /// Its admin view: progress, the comparison when done, the promotion record.
-    pub fn view(&self) -> Value {
+    pub fn view(&self) -> EvaluationView {
         let p = self.progress.lock();
         let progress = match p.status {
             Status::Running => self.controls.iter().map(ReplayControl::fraction).sum::<f64>() / 2.0,
             _ => 1.0,
         };
-        json!({
-            "id": self.id,
-            "app": self.app,
-            "status": p.status,
-            "progress": progress,
-            "request": self.request,
-            "window_s": self.window_s,
-            "requests": self.requests,
-            "started_unix_ms": self.started_unix_ms,
-            "wall_ms": p.wall_ms,
-            "result": p.result,
-            "error": p.error,
-            "promotion": p.promotion,
-        })
+        EvaluationView {
+            id: self.id,
+            app: self.app.clone(),
+            status: p.status,
+            progress,
+            request: self.request.clone(),
+            window_s: self.window_s,
+            requests: self.requests,
+            started_unix_ms: self.started_unix_ms,
+            wall_ms: p.wall_ms,
+            result: p.result.clone(),
+            error: p.error.clone(),
+            promotion: p.promotion.clone(),
+        }
     }
+
+    /// Its line in `GET /admin/evaluations`.
+    pub fn summary(&self) -> EvaluationSummary {
+        EvaluationSummary { id: self.id, app: self.app.clone(), status: self.status(), request: self.request.clone() }
+    }
+}
+
+/// `GET /admin/evaluations/{id}`'s body (and the dashboard's evaluations).
+#[derive(Clone, Debug, Serialize)]
+pub struct EvaluationView {
+    /// The evaluation's id.
+    pub id: u64,
+    /// The app.
+    pub app: String,
+    /// Where it is.
+    pub status: Status,
+    /// How far the replays are, 0 to 1 (1 once finished).
+    pub progress: f64,
+    /// The request's body, as the client sent it.
+    pub request: Value,
+    /// Seconds of arrivals replayed.
+    pub window_s: f64,
+    /// Arrivals in the window.
+    pub requests: u64,
+    /// When it started, ms since the Unix epoch.
+    pub started_unix_ms: u64,
+    /// Wall-clock time of the replays, ms (None while running).
+    pub wall_ms: Option<f64>,
+    /// The comparison, once done.
+    pub result: Option<Comparison>,
+    /// Why the replay failed.
+    pub error: Option<String>,
+    /// What the promotion decided, when one was asked for.
+    pub promotion: Option<Promotion>,
+}
+
+/// One evaluation in `GET /admin/evaluations`.
+#[derive(Clone, Debug, Serialize)]
+pub struct EvaluationSummary {
+    /// The evaluation's id.
+    pub id: u64,
+    /// The app.
+    pub app: String,
+    /// Where it is.
+    pub status: Status,
+    /// The request's body, as the client sent it.
+    pub request: Value,
+}
+
+/// The 202's body of `POST /admin/apps/{app}/evaluate`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Started {
+    /// The evaluation's id.
+    pub id: u64,
+    /// The app.
+    pub app: String,
+    /// Always [`Status::Running`].
+    pub status: Status,
+    /// Arrivals in the window.
+    pub requests: u64,
+    /// Where to poll it: `/admin/evaluations/{id}`.
+    pub location: String,
 }
 
 #[derive(Default)]
@@ -187,9 +249,13 @@ impl Evaluations {
     }
 
     /// Short views of every evaluation remembered, oldest first.
-    pub fn list(&self) -> Vec<Value> {
-        let all: Vec<Arc<Evaluation>> = self.store.lock().all.values().cloned().collect();
-        all.iter().map(|e| json!({ "id": e.id, "app": e.app, "status": e.status(), "request": e.request })).collect()
+    pub fn list(&self) -> Vec<EvaluationSummary> {
+        self.all().iter().map(|e| e.summary()).collect()
+    }
+
+    /// Every evaluation remembered, oldest first.
+    pub fn all(&self) -> Vec<Arc<Evaluation>> {
+        self.store.lock().all.values().cloned().collect()
     }
 
     /// Forgets a finished evaluation; false when it is running or unknown.
@@ -336,7 +402,7 @@ pub async fn start(
     registry: &Arc<Registry>,
     app_name: &str,
     (req, request_view): (EvaluateRequest, Value),
-) -> Result<Value, EvaluateError> {
+) -> Result<Started, EvaluateError> {
     let Some(replayer) = evaluations.replayer.get().cloned() else {
         return Err(EvaluateError::Unavailable);
     };
@@ -467,13 +533,13 @@ pub async fn start(
         return Err(EvaluateError::Internal(format!("cannot start an evaluation thread: {err}")));
     }
     tracing::info!(app = app_name, evaluation = evaluation.id, policy = req.policy, "what-if evaluation started");
-    Ok(json!({
-        "id": evaluation.id,
-        "app": app_name,
-        "status": Status::Running,
-        "requests": evaluation.requests,
-        "location": format!("/admin/evaluations/{}", evaluation.id),
-    }))
+    Ok(Started {
+        id: evaluation.id,
+        app: app_name.to_string(),
+        status: Status::Running,
+        requests: evaluation.requests,
+        location: format!("/admin/evaluations/{}", evaluation.id),
+    })
 }
 
 /// Swaps the candidate in when `rule` holds and nobody swapped the app since the

@@ -616,15 +616,37 @@ fn decode_inputs(
         .collect()
 }
 
+/// Why an input's typed `contents` cannot be used ([`typed`]); the caller names the
+/// input.
+#[derive(Debug, PartialEq, thiserror::Error)]
+enum ContentsError {
+    /// A `uint_contents` value above 255 for a UINT8 input.
+    #[error("uint_contents: a value is outside UINT8 ({0})")]
+    OutsideU8(u32),
+    /// Neither `contents` nor `raw_input_contents`.
+    #[error("no contents (nor raw_input_contents)")]
+    Empty,
+    /// Contents in another field than the datatype's, or in several.
+    #[error("datatype {datatype} takes {field}; the request filled {}", filled.join(", "))]
+    WrongField {
+        /// The input's datatype.
+        datatype: String,
+        /// The field it takes.
+        field: &'static str,
+        /// The fields the request filled.
+        filled: Vec<&'static str>,
+    },
+}
+
 /// An input's typed contents: the field its datatype takes (UINT8 travels in
 /// `uint_contents`, as Triton sends it).
-fn typed(input: &model_infer_request::InferInputTensor) -> Result<Data, String> {
+fn typed(input: &model_infer_request::InferInputTensor) -> Result<Data, ContentsError> {
     let c = input.contents.clone().unwrap_or_default();
     let Some(datatype) = DataType::from_oip(&input.datatype) else {
         // The shared check names the unknown datatype.
         return Ok(Data::Typed(TensorData::F32(Vec::new())));
     };
-    let filled: Vec<&str> = [
+    let filled: Vec<&'static str> = [
         ("bool_contents", c.bool_contents.len()),
         ("int_contents", c.int_contents.len()),
         ("int64_contents", c.int64_contents.len()),
@@ -644,15 +666,16 @@ fn typed(input: &model_infer_request::InferInputTensor) -> Result<Data, String> 
         DataType::I32 => ("int_contents", TensorData::I32(c.int_contents)),
         DataType::I64 => ("int64_contents", TensorData::I64(c.int64_contents)),
         DataType::U8 => {
-            let bytes: Result<Vec<u8>, _> = c.uint_contents.iter().map(|v| u8::try_from(*v)).collect();
-            ("uint_contents", TensorData::U8(bytes.map_err(|_| "uint_contents: a value is outside UINT8".to_string())?))
+            let bytes: Result<Vec<u8>, _> =
+                c.uint_contents.iter().map(|&v| u8::try_from(v).map_err(|_| ContentsError::OutsideU8(v))).collect();
+            ("uint_contents", TensorData::U8(bytes?))
         }
     };
     if filled.is_empty() {
-        return Err("no contents (nor raw_input_contents)".into());
+        return Err(ContentsError::Empty);
     }
     if filled != [field] {
-        return Err(format!("datatype {} takes {field}; the request filled {}", input.datatype, filled.join(", ")));
+        return Err(ContentsError::WrongField { datatype: input.datatype.clone(), field, filled });
     }
     Ok(Data::Typed(data))
 }
@@ -697,4 +720,28 @@ fn parameter(v: Value) -> InferParameter {
         other => ParameterChoice::StringParam(other.to_string()),
     };
     InferParameter { parameter_choice: Some(choice) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contents_errors_name_the_field_and_the_value() {
+        let input = |datatype: &str, contents: proto::InferTensorContents| model_infer_request::InferInputTensor {
+            name: "x".into(),
+            datatype: datatype.into(),
+            shape: vec![1],
+            contents: Some(contents),
+            ..Default::default()
+        };
+        let uint = |v: Vec<u32>| proto::InferTensorContents { uint_contents: v, ..Default::default() };
+        let e = typed(&input("UINT8", uint(vec![3, 300]))).err().expect("an error");
+        assert_eq!(e, ContentsError::OutsideU8(300));
+        assert_eq!(e.to_string(), "uint_contents: a value is outside UINT8 (300)");
+        let e = typed(&input("FP32", uint(vec![3]))).err().expect("an error");
+        assert_eq!(e.to_string(), "datatype FP32 takes fp32_contents; the request filled uint_contents");
+        let e = typed(&input("FP32", proto::InferTensorContents::default())).err().expect("an error");
+        assert_eq!(e, ContentsError::Empty);
+    }
 }

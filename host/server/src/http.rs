@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::api::{app_of, json_response, ok, parse_json, read_body, refuse_before_body, ApiError, Body};
 use crate::binary;
-use crate::infer::{self, pinned_version, target, Data, Input, Output, Target, Unsupported};
+use crate::infer::{self, pinned_version, target, Data, Input, NotATensor, Output, Target, Unsupported};
 use crate::state::State;
 use sluice_core::tensor::{Tensor, TensorData};
 
@@ -377,7 +377,7 @@ struct InputTensor {
 /// taken as 0 and 1 and ragged arrays flattened, issue 40).
 struct JsonData {
     values: Vec<f64>,
-    nesting: Result<Vec<usize>, String>,
+    nesting: Result<Vec<usize>, NotATensor>,
 }
 
 /// What [`JsonData`]'s parser has seen of the array's structure.
@@ -392,11 +392,11 @@ struct Nesting {
     /// Leaves seen (numbers or not): the index of the next element.
     leaves: usize,
     /// The first thing that makes the data no tensor.
-    problem: Option<String>,
+    problem: Option<NotATensor>,
 }
 
 impl Nesting {
-    fn fail(&mut self, problem: String) {
+    fn fail(&mut self, problem: NotATensor) {
         if self.problem.is_none() {
             self.problem = Some(problem);
         }
@@ -408,9 +408,7 @@ impl Nesting {
             self.arrays.resize(depth + 1, None);
         }
         match self.arrays[depth] {
-            Some(a) if a != array => {
-                self.fail(format!("is a ragged array: numbers and arrays side by side at depth {}", depth + 1))
-            }
+            Some(a) if a != array => self.fail(NotATensor::Mixed { depth: depth + 1 }),
             Some(_) => {}
             None => self.arrays[depth] = Some(array),
         }
@@ -422,9 +420,7 @@ impl Nesting {
             self.dims.resize(depth + 1, None);
         }
         match self.dims[depth] {
-            Some(d) if d != len => {
-                self.fail(format!("is a ragged array: arrays of {d} and {len} elements at depth {}", depth + 1))
-            }
+            Some(d) if d != len => self.fail(NotATensor::Ragged { first: d, len, depth: depth + 1 }),
             Some(_) => {}
             None => self.dims[depth] = Some(len),
         }
@@ -432,7 +428,7 @@ impl Nesting {
 
     fn leaf(&mut self, depth: usize, not_a_number: Option<&str>) {
         if let Some(what) = not_a_number {
-            self.fail(format!("element {} is {what}, not a number", self.leaves));
+            self.fail(NotATensor::NotANumber { index: self.leaves, what: what.to_string() });
         }
         self.leaves += 1;
         self.enter(depth, false);
@@ -440,7 +436,7 @@ impl Nesting {
 
     /// The lengths at each depth (one entry for a flat array, none for a number),
     /// or what makes the data no tensor.
-    fn finish(self) -> Result<Vec<usize>, String> {
+    fn finish(self) -> Result<Vec<usize>, NotATensor> {
         match self.problem {
             Some(p) => Err(p),
             None => Ok(self.dims.into_iter().map_while(|d| d).collect()),
@@ -1052,7 +1048,7 @@ mod tests {
     use super::*;
 
     fn nesting(json: &str) -> Result<Vec<usize>, String> {
-        serde_json::from_str::<JsonData>(json).unwrap().nesting
+        serde_json::from_str::<JsonData>(json).unwrap().nesting.map_err(|e| e.to_string())
     }
 
     #[test]
@@ -1071,6 +1067,9 @@ mod tests {
         assert_eq!(nesting("[[1, {\"a\": 1}]]"), Err("element 1 is an object, not a number".into()));
         let data: JsonData = serde_json::from_str("[[1, 2], [3, 4.5]]").unwrap();
         assert_eq!(data.values, vec![1.0, 2.0, 3.0, 4.5]);
+        // The first problem is kept, typed: the element and the depth it was at.
+        let data: JsonData = serde_json::from_str("[[1, null], [3]]").unwrap();
+        assert_eq!(data.nesting, Err(NotATensor::NotANumber { index: 1, what: "null".into() }));
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub(crate) enum Data {
     /// each depth, one entry for a flat array; `Err`: what made it no tensor, a
     /// boolean, a string or a ragged array, reported naming the input once its
     /// name, datatype and shape are known good).
-    Numbers { values: Vec<f64>, nesting: Result<Vec<usize>, String> },
+    Numbers { values: Vec<f64>, nesting: Result<Vec<usize>, NotATensor> },
     /// Little-endian bytes: HTTP's binary tensor data extension (`declared`: its
     /// `binary_data_size`) or gRPC's `raw_input_contents` (`source` names it).
     /// Taken as bytes, as Triton takes them: any bit pattern is an element (a NaN
@@ -62,6 +62,57 @@ pub(crate) enum Data {
     /// Typed values (gRPC's `contents`), already of the declared datatype (protobuf
     /// carries any float, so these are taken as they come too).
     Typed(TensorData),
+}
+
+/// Why JSON tensor data is no tensor (HTTP's `data`): reported naming the input, once
+/// its name, datatype and shape are known good ([`Data::Numbers`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub(crate) enum NotATensor {
+    /// Numbers and arrays side by side at one depth (1 = the outer array's elements).
+    #[error("is a ragged array: numbers and arrays side by side at depth {depth}")]
+    Mixed {
+        /// The depth.
+        depth: usize,
+    },
+    /// Arrays of different lengths at one depth.
+    #[error("is a ragged array: arrays of {first} and {len} elements at depth {depth}")]
+    Ragged {
+        /// The length of the first array at that depth.
+        first: usize,
+        /// The length of the one that differs.
+        len: usize,
+        /// The depth.
+        depth: usize,
+    },
+    /// An element that is not a number.
+    #[error("element {index} is {what}, not a number")]
+    NotANumber {
+        /// Its index in row-major order.
+        index: usize,
+        /// What it is (`a boolean (false)`, `a string`, `null`, ...).
+        what: String,
+    },
+}
+
+/// A JSON number that is no element of the input's datatype ([`convert`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub(crate) enum ValueError {
+    /// Beyond the FP32 range (it would become an infinity).
+    #[error("element {index}: {value:e} is outside the FP32 range")]
+    OutsideF32 {
+        /// Its index in row-major order.
+        index: usize,
+        /// The number.
+        value: f64,
+    },
+    /// Not an integer of the datatype's range (UINT8, INT32, INT64 within 2^53).
+    #[error("{value} is not a valid {datatype}")]
+    NotInteger {
+        /// The number.
+        value: f64,
+        /// The datatype's protocol name.
+        datatype: &'static str,
+    },
 }
 
 /// A served request, protocol-neutral.
@@ -365,10 +416,10 @@ pub(crate) fn to_tensor(
 }
 
 /// JSON numbers to a tensor of `datatype`, refusing what does not fit it.
-fn convert(datatype: DataType, values: Vec<f64>) -> Result<TensorData, String> {
-    let int = |v: f64, lo: f64, hi: f64| -> Result<f64, String> {
+fn convert(datatype: DataType, values: Vec<f64>) -> Result<TensorData, ValueError> {
+    let int = |v: f64, lo: f64, hi: f64| -> Result<f64, ValueError> {
         if v.fract() != 0.0 || v < lo || v > hi {
-            Err(format!("{v} is not a valid {}", datatype.oip_name()))
+            Err(ValueError::NotInteger { value: v, datatype: datatype.oip_name() })
         } else {
             Ok(v)
         }
@@ -378,7 +429,7 @@ fn convert(datatype: DataType, values: Vec<f64>) -> Result<TensorData, String> {
         // an output of `null`s, which is not valid JSON tensor data): refuse it.
         DataType::F32 => {
             if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite() || v.abs() > f32::MAX as f64) {
-                return Err(format!("element {i}: {v:e} is outside the FP32 range"));
+                return Err(ValueError::OutsideF32 { index: i, value: *v });
             }
             TensorData::F32(values.into_iter().map(|v| v as f32).collect())
         }
@@ -1027,6 +1078,17 @@ pub(crate) fn labels_in(dir: &std::path::Path) -> Option<Arc<Vec<String>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_that_do_not_fit_the_datatype_are_named() {
+        let e = convert(DataType::U8, vec![1.0, 256.0]).unwrap_err();
+        assert_eq!(e, ValueError::NotInteger { value: 256.0, datatype: "UINT8" });
+        assert_eq!(e.to_string(), "256 is not a valid UINT8");
+        let e = convert(DataType::F32, vec![0.0, 1e39]).unwrap_err();
+        assert_eq!(e.to_string(), "element 1: 1e39 is outside the FP32 range");
+        assert_eq!(convert(DataType::I32, vec![2.5]).unwrap_err().to_string(), "2.5 is not a valid INT32");
+        assert!(convert(DataType::I64, vec![-3.0]).is_ok());
+    }
 
     #[test]
     fn classes_are_the_top_k_per_sample_in_tritons_format() {

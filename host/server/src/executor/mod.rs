@@ -85,16 +85,41 @@ pub fn model_set(loaded: std::collections::BTreeMap<u32, LoadedModel>) -> sluice
     )
 }
 
+/// Why a worker's models could not be loaded ([`load_set`]).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A model failed to load or warm up (its file, its session, its warm-up run).
+    #[error("model {id}: {cause:#}")]
+    Model {
+        /// The model's id (its index in the app's models).
+        id: u32,
+        /// Why, with its chain of causes (`ModelSource::load`'s).
+        cause: anyhow::Error,
+    },
+    /// The loading task panicked or was cancelled.
+    #[error("loading models: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// A bridge for the callers that still report a worker's models failing as text
+/// (`State::set_worker_models`, whose module others are restructuring): the message.
+impl From<LoadError> for String {
+    fn from(e: LoadError) -> String {
+        e.to_string()
+    }
+}
+
 /// Loads (and warms) `sources` off the async threads into one worker's model set,
 /// for a worker to switch to at run time (`App::set_worker_models`).
-pub async fn load_set(sources: Vec<(u32, ModelSource)>) -> Result<sluice_core::executor::ModelSet, String> {
+pub async fn load_set(sources: Vec<(u32, ModelSource)>) -> Result<sluice_core::executor::ModelSet, LoadError> {
     let loaded =
-        tokio::task::spawn_blocking(move || -> anyhow::Result<std::collections::BTreeMap<u32, LoadedModel>> {
-            sources.into_iter().map(|(id, s)| Ok((id, s.load()?))).collect()
+        tokio::task::spawn_blocking(move || -> Result<std::collections::BTreeMap<u32, LoadedModel>, LoadError> {
+            sources
+                .into_iter()
+                .map(|(id, s)| Ok((id, s.load().map_err(|cause| LoadError::Model { id, cause })?)))
+                .collect()
         })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("{e:#}"))?;
+        .await??;
     Ok(model_set(loaded))
 }
 

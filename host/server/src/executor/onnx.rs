@@ -518,26 +518,42 @@ fn datatype(ty: TensorElementType) -> Option<DataType> {
 mod cuda {
     use ort::session::builder::SessionBuilder;
 
+    /// Why CUDA could not be registered: the session runs on CPU, and the warning
+    /// says why.
+    #[derive(Debug, thiserror::Error)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) enum Unavailable {
+        /// The library loaded has no CUDA provider.
+        #[error(
+            "the loaded ONNX Runtime library has no CUDA execution provider \
+             (the `onnxruntime` wheel is CPU-only; use `onnxruntime-gpu`)"
+        )]
+        NoProvider,
+        /// ONNX Runtime refused the provider (its message: the builder's error is
+        /// consumed to get the builder back).
+        #[error("{0}")]
+        Ort(String),
+        /// sluice was built without the `cuda` feature.
+        #[error("this build of sluice has no CUDA support (build with `--features cuda`)")]
+        NotBuilt,
+    }
+
     /// Registers CUDA on `builder`; hands the builder back either way, with the
     /// reason when CUDA could not be registered.
     #[cfg(feature = "cuda")]
-    pub(super) fn register(builder: SessionBuilder) -> (SessionBuilder, Result<(), String>) {
+    pub(super) fn register(builder: SessionBuilder) -> (SessionBuilder, Result<(), Unavailable>) {
         use ort::ep::{ExecutionProvider, CUDA};
         match <CUDA as ExecutionProvider>::is_available() {
             Ok(true) => {}
-            Ok(false) => {
-                let why = "the loaded ONNX Runtime library has no CUDA execution provider \
-                           (the `onnxruntime` wheel is CPU-only; use `onnxruntime-gpu`)";
-                return (builder, Err(why.into()));
-            }
-            Err(e) => return (builder, Err(e.to_string())),
+            Ok(false) => return (builder, Err(Unavailable::NoProvider)),
+            Err(e) => return (builder, Err(Unavailable::Ort(e.to_string()))),
         }
         // `error_on_failure`: without it ort logs the failure and silently goes on
         // with CPU, and the log line saying CUDA would be a lie.
         match builder.with_execution_providers([CUDA::default().build().error_on_failure()]) {
             Ok(builder) => (builder, Ok(())),
             Err(e) => {
-                let why = e.to_string();
+                let why = Unavailable::Ort(e.to_string());
                 (e.recover(), Err(why))
             }
         }
@@ -546,8 +562,8 @@ mod cuda {
     /// Registers CUDA on `builder`; hands the builder back either way, with the
     /// reason when CUDA could not be registered.
     #[cfg(not(feature = "cuda"))]
-    pub(super) fn register(builder: SessionBuilder) -> (SessionBuilder, Result<(), String>) {
-        (builder, Err("this build of sluice has no CUDA support (build with `--features cuda`)".into()))
+    pub(super) fn register(builder: SessionBuilder) -> (SessionBuilder, Result<(), Unavailable>) {
+        (builder, Err(Unavailable::NotBuilt))
     }
 }
 
@@ -650,5 +666,12 @@ mod tests {
         std::fs::write(capi.join("libonnxruntime.so.1.31.1"), b"").unwrap();
         assert_eq!(search_venv(&root), Some(capi.join("libonnxruntime.so.1.31.1")));
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn cuda_unavailable_says_why_and_what_to_do() {
+        assert!(cuda::Unavailable::NotBuilt.to_string().contains("--features cuda"));
+        assert!(cuda::Unavailable::NoProvider.to_string().contains("onnxruntime-gpu"));
+        assert_eq!(cuda::Unavailable::Ort("no libcudart".into()).to_string(), "no libcudart");
     }
 }

@@ -201,7 +201,8 @@ impl RemoteExecutor {
                 .unwrap_or_else(|| String::from_utf8_lossy(&answer).chars().take(200).collect());
             return Err(SendError::Status(status, message));
         }
-        let output = decode_output(answer, out_len).map_err(|m| SendError::Status(StatusCode::BAD_GATEWAY, m))?;
+        let output =
+            decode_output(answer, out_len).map_err(|e| SendError::Status(StatusCode::BAD_GATEWAY, e.to_string()))?;
         let parts = output.split(n).map_err(|e| SendError::Status(StatusCode::BAD_GATEWAY, e.to_string()))?;
         Ok(parts.into_iter().map(|p| vec![p]).collect())
     }
@@ -273,31 +274,95 @@ struct WireTensor {
     parameters: Option<Value>,
 }
 
-/// One binary tensor from a JSON header entry and the bytes after the header.
-fn wire_tensor(t: WireTensor, data: &[u8]) -> Result<Tensor, String> {
-    let datatype = DataType::from_oip(&t.datatype)
-        .ok_or_else(|| format!("tensor `{}`: unknown datatype `{}`", t.name, t.datatype))?;
-    let size = binary::data_size(t.parameters.as_ref())?.ok_or_else(|| {
-        format!("tensor `{}`: the batch protocol carries tensors in binary (binary_data_size)", t.name)
-    })?;
-    if size != data.len() {
-        return Err(format!("tensor `{}`: binary_data_size is {size} but {} bytes follow", t.name, data.len()));
-    }
-    let values = TensorData::from_le_bytes(datatype, data)?;
-    Tensor::new(t.name, t.shape, values).map_err(|e| e.to_string())
+/// A tensor of the batch protocol that cannot be read: in a batch an agent was
+/// sent (its client's error, 400) or in the answer it gave (502 at the host).
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// A datatype the protocol does not have.
+    #[error("tensor `{tensor}`: unknown datatype `{datatype}`")]
+    Datatype {
+        /// The tensor.
+        tensor: String,
+        /// The datatype given.
+        datatype: String,
+    },
+    /// `binary_data_size` is not a byte count.
+    #[error("tensor `{tensor}`: {source}")]
+    DataSize {
+        /// The tensor.
+        tensor: String,
+        /// What was wrong with it.
+        source: binary::BinaryError,
+    },
+    /// A tensor in JSON: the batch protocol carries them in binary.
+    #[error("tensor `{0}`: the batch protocol carries tensors in binary (binary_data_size)")]
+    NotBinary(String),
+    /// `binary_data_size` is not the number of bytes after the header.
+    #[error("tensor `{tensor}`: binary_data_size is {size} but {follow} bytes follow")]
+    SizeMismatch {
+        /// The tensor.
+        tensor: String,
+        /// `binary_data_size`.
+        size: usize,
+        /// The bytes after the header.
+        follow: usize,
+    },
+    /// The bytes are not whole elements of the datatype.
+    #[error("tensor `{tensor}`: {reason}")]
+    Data {
+        /// The tensor.
+        tensor: String,
+        /// Why (core's `TensorData::from_le_bytes`).
+        reason: String,
+    },
+    /// The shape does not hold the elements.
+    #[error(transparent)]
+    Shape(#[from] sluice_core::tensor::TensorError),
+    /// The agent's answer has no JSON header length.
+    #[error("the agent's answer is not in binary")]
+    AnswerNotBinary,
+    /// The agent's answer is shorter than its header says.
+    #[error("the agent's answer is cut short ({len} bytes, header {header})")]
+    AnswerShort {
+        /// The answer's length, bytes.
+        len: usize,
+        /// The header's, bytes.
+        header: usize,
+    },
+    /// The agent's answer's JSON header is not an answer.
+    #[error("the agent's answer: {0}")]
+    AnswerJson(serde_json::Error),
+    /// The agent's answer has no output tensor.
+    #[error("the agent's answer has no output")]
+    NoOutput,
 }
 
-fn decode_output(answer: Bytes, json_len: Option<usize>) -> Result<Tensor, String> {
-    let json_len = json_len.ok_or("the agent's answer is not in binary")?;
+/// One binary tensor from a JSON header entry and the bytes after the header.
+fn wire_tensor(t: WireTensor, data: &[u8]) -> Result<Tensor, WireError> {
+    let datatype = DataType::from_oip(&t.datatype)
+        .ok_or_else(|| WireError::Datatype { tensor: t.name.clone(), datatype: t.datatype.clone() })?;
+    let size = binary::data_size(t.parameters.as_ref())
+        .map_err(|source| WireError::DataSize { tensor: t.name.clone(), source })?
+        .ok_or_else(|| WireError::NotBinary(t.name.clone()))?;
+    if size != data.len() {
+        return Err(WireError::SizeMismatch { tensor: t.name, size, follow: data.len() });
+    }
+    let values = TensorData::from_le_bytes(datatype, data)
+        .map_err(|reason| WireError::Data { tensor: t.name.clone(), reason })?;
+    Ok(Tensor::new(t.name, t.shape, values)?)
+}
+
+fn decode_output(answer: Bytes, json_len: Option<usize>) -> Result<Tensor, WireError> {
+    let json_len = json_len.ok_or(WireError::AnswerNotBinary)?;
     if json_len > answer.len() {
-        return Err(format!("the agent's answer is cut short ({} bytes, header {json_len})", answer.len()));
+        return Err(WireError::AnswerShort { len: answer.len(), header: json_len });
     }
     #[derive(Deserialize)]
     struct Answer {
         outputs: Vec<WireTensor>,
     }
-    let a: Answer = serde_json::from_slice(&answer[..json_len]).map_err(|e| format!("the agent's answer: {e}"))?;
-    let out = a.outputs.into_iter().next().ok_or("the agent's answer has no output")?;
+    let a: Answer = serde_json::from_slice(&answer[..json_len]).map_err(WireError::AnswerJson)?;
+    let out = a.outputs.into_iter().next().ok_or(WireError::NoOutput)?;
     wire_tensor(out, &answer[json_len..])
 }
 
@@ -337,8 +402,17 @@ impl AgentModels {
     }
 
     /// Installs a loaded (and warmed) variant on `device` as model `id` of `app`.
-    pub fn install(&self, device: u32, app: &str, variant: &str, id: u32, model: LoadedModel) -> Result<(), String> {
-        let d = self.devices.get(device as usize).ok_or_else(|| format!("no device {device}"))?;
+    pub fn install(
+        &self,
+        device: u32,
+        app: &str,
+        variant: &str,
+        id: u32,
+        model: LoadedModel,
+    ) -> Result<(), AgentError> {
+        let d = self.devices.get(device as usize).ok_or_else(|| {
+            AgentError::NotFound(format!("no device {device} (the agent has {})", self.devices.len()))
+        })?;
         d.loaded.lock().insert((app.to_string(), variant.to_string()), (id, Arc::new(model)));
         Ok(())
     }
@@ -483,7 +557,7 @@ async fn agent_infer(
         .await
         .map_err(|e| AgentError::BadRequest(format!("reading the batch: {e}")))?
         .to_bytes();
-    let (json, data) = binary::split(body, Some(json_len)).map_err(|e| AgentError::BadRequest(e.0))?;
+    let (json, data) = binary::split(body, Some(json_len)).map_err(|e| AgentError::BadRequest(e.to_string()))?;
     #[derive(Deserialize)]
     struct BatchRequest {
         inputs: Vec<WireTensor>,
@@ -503,7 +577,8 @@ async fn agent_infer(
     if inputs.len() != 1 {
         return Err(AgentError::BadRequest(format!("expected exactly 1 input tensor, got {}", inputs.len())));
     }
-    let batch = wire_tensor(inputs.pop().expect("one input"), &data).map_err(AgentError::BadRequest)?;
+    let batch =
+        wire_tensor(inputs.pop().expect("one input"), &data).map_err(|e| AgentError::BadRequest(e.to_string()))?;
     let output = models.run(device, app, variant, batch).await?;
     let bytes = output.data.to_le_bytes();
     let header = json!({
@@ -625,5 +700,32 @@ mod tests {
         assert!(e.to_string().contains(&format!("127.0.0.1:{dead_port}")), "{e}");
         let _ = stop.send(());
         server.await.unwrap();
+    }
+
+    #[test]
+    fn wire_errors_name_the_tensor_and_the_numbers() {
+        let tensor = |size: Value| WireTensor {
+            name: "pixels".into(),
+            shape: vec![2],
+            datatype: "FP32".into(),
+            parameters: Some(serde_json::json!({ "binary_data_size": size })),
+        };
+        let e = wire_tensor(tensor(serde_json::json!(8)), &[0; 4]).unwrap_err();
+        assert!(matches!(e, WireError::SizeMismatch { size: 8, follow: 4, .. }), "{e:?}");
+        assert_eq!(e.to_string(), "tensor `pixels`: binary_data_size is 8 but 4 bytes follow");
+        let e = wire_tensor(tensor(serde_json::json!(-1)), &[]).unwrap_err();
+        assert_eq!(e.to_string(), "tensor `pixels`: binary_data_size: expected a byte count, got -1");
+        let e = wire_tensor(tensor(serde_json::json!(3)), &[0; 3]).unwrap_err();
+        assert!(matches!(e, WireError::Data { .. }) && e.to_string().starts_with("tensor `pixels`: "), "{e}");
+        let e = wire_tensor(WireTensor { datatype: "FP8".into(), ..tensor(serde_json::json!(8)) }, &[]).unwrap_err();
+        assert_eq!(e.to_string(), "tensor `pixels`: unknown datatype `FP8`");
+        let e = decode_output(Bytes::from_static(b"{}"), None).unwrap_err();
+        assert!(matches!(e, WireError::AnswerNotBinary));
+        let e = decode_output(Bytes::from_static(b"{}"), Some(9)).unwrap_err();
+        assert_eq!(e.to_string(), "the agent's answer is cut short (2 bytes, header 9)");
+        let e = decode_output(Bytes::from_static(br#"{"outputs": []}"#), Some(15)).unwrap_err();
+        assert!(matches!(e, WireError::NoOutput));
+        let e = AgentModels::new(1).install(4, "img", "small", 0, LoadedModel::Emulated(Arc::new(vec![0])));
+        assert_eq!(e.unwrap_err().to_string(), "no device 4 (the agent has 1)");
     }
 }
