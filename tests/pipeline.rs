@@ -55,10 +55,22 @@ to = "face"
 /// A server with pipeline `p` (`extra`: more `[[pipeline]]` lines) on a problem
 /// with `workers` workers planned for `demand` req/s; `graph` replaces the tree.
 async fn start(workers: u32, demand: f64, extra: &str, graph: &str) -> anyhow::Result<TestServer> {
+    start_with_batches(workers, demand, extra, graph, "[1, 2, 4, 8]").await
+}
+
+/// As [`start`], the MILP choosing each worker's batch among `batches` (the
+/// profile's tables go to batch 8 whatever it says).
+async fn start_with_batches(
+    workers: u32,
+    demand: f64,
+    extra: &str,
+    graph: &str,
+    batches: &str,
+) -> anyhow::Result<TestServer> {
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("profile.toml"), profile())?;
     let problem = format!(
-        "version = 1\nkind = \"loki\"\nprofile = \"profile.toml\"\nbatch_sizes = [1, 2, 4, 8]\nslo_ms = 100\nworkers = {workers}\ndemand_qps = {demand}\n{graph}"
+        "version = 1\nkind = \"loki\"\nprofile = \"profile.toml\"\nbatch_sizes = {batches}\nslo_ms = 100\nworkers = {workers}\ndemand_qps = {demand}\n{graph}"
     );
     let path = dir.path().join("problem.toml");
     std::fs::write(&path, problem)?;
@@ -218,6 +230,96 @@ async fn under_load_across_replans_every_intermediate_request_is_accounted_for()
     assert_eq!(history.len(), 4, "{s}");
     // Each plan names how it was made (a MILP's here: nothing ran out of time).
     assert!(history.iter().all(|h| h["origin"] == "milp" && h["origin_reason"].is_null()), "{s}");
+    server.stop().await.unwrap();
+}
+
+/// Per task app of pipeline `p`, from `/metrics`: its batches in all and those of at
+/// most `most` requests (`sluice_batch_size`, buckets 1, 2, 4, 8, ...).
+fn batches_at_most(metrics: &str, most: u32) -> BTreeMap<String, (u64, u64)> {
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for line in metrics.lines().filter(|l| l.starts_with("sluice_batch_size")) {
+        let Some(app) = line.split("app=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
+        if !app.starts_with("p.") {
+            continue;
+        }
+        let n: u64 = line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64;
+        let entry = out.entry(app.to_string()).or_default();
+        if line.starts_with("sluice_batch_size_count") {
+            entry.0 += n;
+        } else if line.starts_with("sluice_batch_size_bucket") && line.contains(&format!("le=\"{most}\"")) {
+            entry.1 += n;
+        }
+    }
+    out
+}
+
+/// Live task policies see what the simulator's do (`flow::task_view`, issue 35):
+/// the plans here batch at most 2 while every variant's table goes to 8, and a task
+/// budget (2 × the batch latency, a few ms) is far below the 100 ms SLO. So each
+/// task worker's policy is bound with its variant's table cut at the plan's batch
+/// and the task budget as its SLO, and `fixed` with `allocated` (which serves the
+/// largest batch the table allows within the head's deadline: up to 8 on a full
+/// table under this load) never runs a batch past the plan's. Re-plans under load
+/// re-bind the workers whose slot changed, each between two of its decisions,
+/// without losing a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_policies_see_the_plans_batch_and_the_task_budget_across_rebinds() {
+    let extra = "early_drop = \"none\"\nreplan_period_s = 0\nrouting_period_ms = 60000\n";
+    let server = start_with_batches(3, 20.0, extra, GRAPH, "[1, 2]").await.unwrap();
+    let mut c = server.client().await;
+    let first = status(&mut c).await;
+    let bound_at_start = first["rebinds"].as_u64().unwrap();
+    let placed = first["devices"].as_array().unwrap().iter().filter(|d| !d.is_null()).count() as u64;
+    // At start, every placed device's task worker took its plan slot's view.
+    assert_eq!(bound_at_start, placed, "{first}");
+    let load = tokio::spawn(overload(server.addr));
+    // Re-plans while the clients wait on their answers: heavy (accuracy scaling
+    // moves devices between variants and tasks), then light again.
+    let mut plans = Vec::new();
+    for demand in [2000.0, 20.0] {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let body = json!({ "demand_qps": demand }).to_string();
+        let r = admin(&mut c, "POST", "/admin/pipelines/p/solve", body.as_bytes()).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        plans.push(r.json()["devices"].clone());
+    }
+    load.await.unwrap();
+    let s = status(&mut c).await;
+    assert_ne!(plans[0], plans[1], "the re-plans did not move any device: {plans:?}");
+    assert!(s["rebinds"].as_u64().unwrap() > bound_at_start, "no worker was re-bound: {s}");
+    // Every request answered once (`overload` checks each answer), every
+    // intermediate one served or dropped.
+    assert_accounted(&s);
+    assert_eq!(s["counters"]["accepted"].as_u64().unwrap(), 16 * 25, "{s}");
+    // No batch past the plan's, and the load made batches (so a full table would
+    // have let `fixed` run larger ones).
+    let metrics = c.get("/metrics").await.unwrap().text();
+    let (upto_two, singles) = (batches_at_most(&metrics, 2), batches_at_most(&metrics, 1));
+    assert!(!upto_two.is_empty(), "no task batch in the metrics");
+    for (app, (all, small)) in &upto_two {
+        assert_eq!(all, small, "{app}: {} of {all} batches past the plan's batch of at most 2", all - small);
+    }
+    let batched: u64 = upto_two.iter().map(|(app, (all, _))| all - singles[app].1).sum();
+    assert!(batched > 0, "no batch of 2 formed under overload: {upto_two:?}");
+    // What each placed worker's policy is bound with now: its plan slot's view.
+    for (d, dev) in s["devices"].as_array().unwrap().iter().enumerate() {
+        if dev.is_null() {
+            continue;
+        }
+        let app = &server.state.apps[&format!("p.{}", dev["task"].as_str().unwrap())];
+        let (batch, budget) = (dev["batch"].as_u64().unwrap() as usize, dev["budget_us"].as_u64().unwrap());
+        assert!(batch <= 2 && budget < 100_000, "{dev}");
+        let variant = app.models.iter().position(|m| m.name == dev["variant"].as_str().unwrap()).unwrap();
+        assert_eq!(app.models[variant].latency.len(), 8, "the app keeps the profile's table");
+        let slot = app.workers[d].slot.lock();
+        let view = slot.view.as_ref().expect("a placed task worker has a view");
+        assert_eq!((view.models[variant].latency.len(), view.slo), (batch, budget), "device {d}: {dev}");
+        let policy = slot.pending.as_ref().map_or(&slot.current, |(p, _)| p);
+        let sluice_core::decision::WorkerPolicy::Wasm(p) = policy else { panic!("device {d}: no policy instance") };
+        let bound = p.binding();
+        assert_eq!(bound.models_of(d as u32)[variant].latency.len(), batch, "device {d}");
+        assert_eq!(bound.slo_of(d as u32), budget, "device {d}");
+    }
     server.stop().await.unwrap();
 }
 

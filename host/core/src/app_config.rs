@@ -245,6 +245,45 @@ pub enum ParamsError {
 }
 
 impl AppConfig {
+    /// An app with the fields a file must give, and every other at the default a
+    /// file that leaves it out gets: what a pipeline's task apps are built from
+    /// (`sluice_server::pipeline::task_app_config`), without a config file.
+    pub fn new(name: String, slo_ms: f64, workers: u32, profile: PathBuf, policy: String) -> AppConfig {
+        AppConfig {
+            name,
+            slo_ms,
+            workers,
+            router: RouterMode::default(),
+            weights: None,
+            executor: None,
+            profile,
+            latency_percentile: default_percentile(),
+            models: None,
+            mixed_families: false,
+            model_dir: None,
+            max_batch: None,
+            max_queue: default_max_queue(),
+            expire_after_ms: None,
+            drop_late_at_batch: false,
+            max_batch_wait_ms: 0.0,
+            admission_audit: 0.0,
+            load_window_ms: default_load_window(),
+            policy,
+            params: None,
+            params_file: None,
+            fail_mode: FailMode::default(),
+            unbind_after: default_unbind_after(),
+            decide_budget_ms: default_decide_budget(),
+            init_budget_ms: default_init_budget(),
+            reinit_budget_ms: default_reinit_budget(),
+            memory_limit_mb: default_memory_mb(),
+            intra_threads: default_threads(),
+            cuda: false,
+            input: None,
+            arrivals: None,
+        }
+    }
+
     /// The SLO in µs.
     pub fn slo_us(&self) -> u64 {
         (self.slo_ms * 1000.0).round() as u64
@@ -458,6 +497,12 @@ mod tests {
             "name = \"a\"\nslo_ms = 100\nworkers = 3\nprofile = \"p.toml\"\npolicy = \"x\"\n{extra}"
         ))
         .unwrap()
+    }
+
+    #[test]
+    fn new_gives_every_field_a_file_leaves_out_its_default() {
+        let built = AppConfig::new("a".into(), 100.0, 3, "p.toml".into(), "x".into());
+        assert_eq!(format!("{built:?}"), format!("{:?}", app("")));
     }
 
     #[test]

@@ -517,6 +517,75 @@ impl RootBudget {
     }
 }
 
+/// How a pipeline is served: the part of its config the live host's `[[pipeline]]`
+/// (`sluice_server::config::PipelineConfig`) and the simulator's `[pipeline.system]`
+/// (`sluice_sim::pipeline::experiment::SystemSpec`) share, one type flattened into
+/// both (the files keep their keys where they were). Either side adds its own:
+/// live, the problem file, executor and re-plan timing; simulated, the allocator
+/// under test and the reference's knobs.
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+pub struct Serving {
+    /// `policy = "fixed"`: the policy of every task worker.
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    /// `params = { allocated = true }`: its parameters (live, None gives
+    /// `{ allocated = true }`: the variant the plan loaded, batches sized to the
+    /// request's task budget).
+    #[serde(default)]
+    pub params: Option<toml::Table>,
+    /// `early_drop = "rerouting"`: `none`, `per-task`, `last-task` or `rerouting`
+    /// (Loki §5.2).
+    #[serde(default)]
+    pub early_drop: EarlyDrop,
+    /// `early_drop_at = "hop"`: where early dropping acts (see [`DropAt`]).
+    #[serde(default)]
+    pub early_drop_at: DropAt,
+    /// `root_dispatch = "table"`: how a client request picks its root worker (see
+    /// [`RootDispatch`]).
+    #[serde(default)]
+    pub root_dispatch: RootDispatch,
+    /// `root_budget = "batch"`: a client request's budget at the root task (see
+    /// [`RootBudget`]).
+    #[serde(default)]
+    pub root_budget: RootBudget,
+    /// `routing_utilization = 1.0`: the share of each worker's capacity the routing
+    /// tables fill. 1 is the paper's Algorithm 1, which fills the most accurate
+    /// workers to exactly their capacity (with Poisson arrivals a worker at 100 %
+    /// queues without bound); 0.8 (the Loki experiments' setting) leaves queueing
+    /// headroom. Backup tables for rerouting count the full capacity.
+    #[serde(default = "one")]
+    pub routing_utilization: f64,
+    /// `beta = 1.2`: the demand factor the MILP plans with (the reference's `beta`),
+    /// above 1 capacity headroom; the ladder still descends from it when no plan
+    /// serves that much. None: the problem's (a live problem file's `[ladder] beta`;
+    /// 1 in the simulator).
+    #[serde(default)]
+    pub beta: Option<f64>,
+    /// `min_demand_qps = 1`: the least demand a plan is made for.
+    #[serde(default = "one")]
+    pub min_demand_qps: f64,
+}
+
+impl Default for Serving {
+    fn default() -> Serving {
+        Serving {
+            policy: default_policy(),
+            params: None,
+            early_drop: EarlyDrop::default(),
+            early_drop_at: DropAt::default(),
+            root_dispatch: RootDispatch::default(),
+            root_budget: RootBudget::default(),
+            routing_utilization: one(),
+            beta: None,
+            min_demand_qps: one(),
+        }
+    }
+}
+
+fn default_policy() -> String {
+    "fixed".into()
+}
+
 /// The SLO split equally over the stages of the deepest path (`depth` tasks): the
 /// Loki artifact's `slo_dict`, the budget of a root request under
 /// [`RootBudget::SloPerStage`] and of every request of the Proteus-per-task baseline.

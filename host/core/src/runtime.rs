@@ -595,8 +595,9 @@ type StatusFunc = TypedFunc<(), (String,)>;
 type Live = (Store<HostState>, Policy, Option<StatusFunc>, lower::DecideFunc);
 
 /// What the instances of one binding share: the compiled policy, the `config`
-/// record (the same for every worker but for its index), the limits and the
-/// binding's [`SharedStore`]. An app's policy at startup, each hot swap and each
+/// record (the same for every worker but for its index, and its models and SLO
+/// where [`Binding::worker_models`] and [`Binding::worker_slo`] give a worker its
+/// own), the limits and the binding's [`SharedStore`]. An app's policy at startup, each hot swap and each
 /// simulator run make one; its instances are made with [`PolicyInstance::new`].
 ///
 /// Keeping one `config` per binding rather than per instance matters when the
@@ -616,6 +617,10 @@ pub struct Binding {
     /// workers run on different device types, each sees its own device's latency
     /// of every variant (None: every worker sees `config.models`).
     pub worker_models: Option<Arc<Vec<Vec<sdk::Model>>>>,
+    /// Per worker, the SLO (µs) its instance's `config.slo` carries in place of
+    /// `config.slo` (None: every worker `config.slo`): a pipeline task worker gets
+    /// its task budget ([`WorkerView`], [`Binding::with_views`]).
+    pub worker_slo: Option<Arc<Vec<u64>>>,
     /// Once set, every running and later call of the binding's instances stops
     /// within an [`EPOCH_TICK`] as a timeout: a cancelled replay must not wait for a
     /// looping policy to run out its budget, call after call (None: never).
@@ -648,7 +653,42 @@ impl Binding {
         abort: Option<Arc<AtomicBool>>,
     ) -> Arc<Binding> {
         let shared = SharedStore::new(limits.memory_bytes);
-        Arc::new(Binding { compiled, config, limits, shared, worker_models, abort })
+        Arc::new(Binding { compiled, config, limits, shared, worker_models, worker_slo: None, abort })
+    }
+
+    /// This binding with each listed worker seeing its own [`WorkerView`] (models and
+    /// SLO) in place of what it saw; the compiled policy, limits, abort flag and the
+    /// shared store stay the same. A one-worker re-bind (a pipeline task worker whose
+    /// plan slot changed) makes its worker's new instance from it while the other
+    /// workers' instances keep theirs, all on one store; a hot swap applies the views
+    /// its workers had to its fresh binding.
+    pub fn with_views<'a>(&self, views: impl IntoIterator<Item = (u32, &'a WorkerView)>) -> Arc<Binding> {
+        let mut models = self.worker_models.as_deref().cloned().unwrap_or_default();
+        let mut slo = self.worker_slo.as_deref().cloned().unwrap_or_default();
+        let mut changed = false;
+        for (w, view) in views {
+            let w = w as usize;
+            // Workers not listed keep what they saw: the config's, unless set already.
+            let n = (w + 1).max(self.config.workers as usize);
+            if models.len() < n {
+                models.extend((models.len()..n).map(|i| self.models_of(i as u32).to_vec()));
+            }
+            if slo.len() < n {
+                slo.extend((slo.len()..n).map(|i| self.slo_of(i as u32)));
+            }
+            models[w] = view.models.clone();
+            slo[w] = view.slo;
+            changed = true;
+        }
+        Arc::new(Binding {
+            compiled: self.compiled.clone(),
+            config: self.config.clone(),
+            limits: self.limits,
+            shared: self.shared.clone(),
+            worker_models: if changed { Some(Arc::new(models)) } else { self.worker_models.clone() },
+            worker_slo: if changed { Some(Arc::new(slo)) } else { self.worker_slo.clone() },
+            abort: self.abort.clone(),
+        })
     }
 
     /// Whether the instances' deadlines need the tick callback ([`on_tick`]) rather
@@ -664,6 +704,23 @@ impl Binding {
             None => &self.config.models,
         }
     }
+
+    /// The SLO worker `w`'s instance sees, µs.
+    pub fn slo_of(&self, worker: u32) -> u64 {
+        self.worker_slo.as_ref().and_then(|s| s.get(worker as usize).copied()).unwrap_or(self.config.slo)
+    }
+}
+
+/// What one worker's instance is given in place of its binding's `config.models` and
+/// `config.slo` ([`Binding::with_views`]): for a pipeline task worker, its plan slot's
+/// view (`pipeline::flow::task_view`: its variant's latency table cut at the plan's
+/// batch, the task budget as its SLO, Loki §4.2).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerView {
+    /// The variants as the worker's policy (and its decisions) see them.
+    pub models: Vec<sdk::Model>,
+    /// The SLO its `config.slo` carries, µs.
+    pub slo: u64,
 }
 
 /// One policy instance bound to one worker.
@@ -787,7 +844,10 @@ impl PolicyInstance {
             .get_typed_func::<(lower::ViewArg<'static>,), (wit::Decision,)>(&mut store, "decide")
             .map_err(|e| PolicyError::Instantiate { name: name.clone(), reason: format!("{e:#}") })?;
         // A transient copy: the record is lowered into the instance's memory.
-        match bindings.call_init(&mut store, &to_wit_config(&binding.config, binding.models_of(worker), worker)) {
+        match bindings.call_init(
+            &mut store,
+            &to_wit_config(&binding.config, binding.models_of(worker), binding.slo_of(worker), worker),
+        ) {
             Ok(Ok(())) => {
                 store.data_mut().drain_output();
                 store.data_mut().initialising = false;
@@ -1227,10 +1287,10 @@ fn to_wit_model(m: &sdk::Model) -> wit::Model {
     wit::Model { id: m.id, name: m.name.clone(), accuracy: m.accuracy, latency: m.latency.clone() }
 }
 
-fn to_wit_config(c: &sdk::Config, models: &[sdk::Model], worker: u32) -> wit::Config {
+fn to_wit_config(c: &sdk::Config, models: &[sdk::Model], slo: u64, worker: u32) -> wit::Config {
     wit::Config {
         app: c.app.clone(),
-        slo: c.slo,
+        slo,
         workers: c.workers,
         worker,
         models: models.iter().map(to_wit_model).collect(),

@@ -24,7 +24,9 @@ use sluice_core::demand::DemandMonitor;
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{Head, Prediction, Reply, Request, WorkQueue};
 use sluice_core::router::{LoadMonitor, Router, RouterMode};
-use sluice_core::runtime::{Binding, CompiledPolicy, PolicyEngine, PolicyError, PolicyInstance, SharedStore};
+use sluice_core::runtime::{
+    Binding, CompiledPolicy, PolicyEngine, PolicyError, PolicyInstance, SharedStore, WorkerView,
+};
 use sluice_core::tensor::Tensor;
 
 /// Why a request was not accepted.
@@ -104,6 +106,11 @@ pub struct Slot {
     pub generation: u64,
     /// A policy installed by a swap, taken at the next decision.
     pub pending: Option<(WorkerPolicy, u64)>,
+    /// The worker's own view (a pipeline task worker's plan slot,
+    /// `flow::task_view`): the models its decisions see in place of
+    /// [`App::models_of`], and what its policy is bound with. Set with its policy by
+    /// [`App::rebind_worker`]; None: none of its own.
+    pub view: Option<Arc<WorkerView>>,
 }
 
 /// Messages to a worker about its models.
@@ -427,7 +434,7 @@ impl App {
             let set = loaded;
             let handle = Arc::new(WorkerHandle {
                 index: w,
-                slot: Mutex::new(Slot { current, generation: 1, pending: None }),
+                slot: Mutex::new(Slot { current, generation: 1, pending: None, view: None }),
                 queue,
                 control: tx,
                 loaded: Mutex::new(set.ids()),
@@ -870,7 +877,10 @@ impl App {
         let c = compiled.clone();
         let p = params.clone();
         let instances = tokio::task::spawn_blocking(move || -> Result<Vec<PolicyInstance>, PolicyError> {
-            // A swap is a new binding: its instances share a fresh store.
+            // A swap is a new binding: its instances share a fresh store. Workers
+            // with a view of their own (`rebind_worker`) keep it.
+            let views: Vec<(u32, Arc<WorkerView>)> =
+                this.workers.iter().filter_map(|w| Some((w.index, w.slot.lock().view.clone()?))).collect();
             let binding = Binding::per_worker(
                 c,
                 this.config.policy_config(&this.models, &p),
@@ -934,6 +944,54 @@ impl App {
             install_us: install_started.elapsed().as_secs_f64() * 1e6,
             max_slot_hold_us: max_hold.as_secs_f64() * 1e6,
         })
+    }
+
+    /// Re-binds worker `w` to `view` (a pipeline task worker whose plan slot
+    /// changed: its variant's table cut at the plan's batch, the task budget as its
+    /// SLO, `flow::task_view`): a one-worker swap. A new instance of the policy the
+    /// worker runs is made off the async threads from its binding with `w`'s view
+    /// replaced (the store stays the one the app's other instances share, and the
+    /// generation the same), then installed with the view in its slot between two of
+    /// its decisions. Its queue is not touched: every queued request is decided by
+    /// the old instance or the new one. A worker on the safe policy takes the view.
+    pub async fn rebind_worker(self: &Arc<App>, w: usize, view: WorkerView) -> Result<(), PolicyError> {
+        let _serial = self.swap_lock.lock().await;
+        let this = self.clone();
+        let name = self.binding.lock().policy.clone();
+        let failed = |e: tokio::task::JoinError| PolicyError::Init { name: name.clone(), reason: format!("{e}") };
+        tokio::task::spawn_blocking(move || -> Result<(), PolicyError> {
+            let Some(worker) = this.workers.get(w) else {
+                let reason = format!("app {}: no worker {w}", this.name());
+                return Err(PolicyError::Instantiate { name: this.binding.lock().policy.clone(), reason });
+            };
+            // The binding it runs, or a swap's it has not taken yet (swaps wait on
+            // `swap_lock`, so none starts meanwhile).
+            let (bound, generation) = {
+                let slot = worker.slot.lock();
+                let (policy, generation) =
+                    slot.pending.as_ref().map_or((&slot.current, slot.generation), |(p, g)| (p, *g));
+                let bound = match policy {
+                    WorkerPolicy::Wasm(p) => Some(p.binding().clone()),
+                    WorkerPolicy::Safe => None,
+                };
+                (bound, generation)
+            };
+            let view = Arc::new(view);
+            let instance = match bound {
+                Some(b) => Some(PolicyInstance::new(&this.engine, &b.with_views([(w as u32, &*view)]), w as u32)?),
+                None => None,
+            };
+            let mut slot = worker.slot.lock();
+            slot.view = Some(view);
+            let old = instance.and_then(|i| slot.pending.replace((WorkerPolicy::Wasm(Box::new(i)), generation)));
+            drop(slot);
+            drop(old);
+            Ok(())
+        })
+        .await
+        .map_err(failed)??;
+        self.workers[w].queue.notify.notify_waiters();
+        Ok(())
     }
 
     /// Records a policy fault and applies the app's fail mode. Returns true when the

@@ -147,48 +147,19 @@ pub struct PipelineConfig {
     /// input on (the fan-out stands in for the crops a detector would make).
     #[serde(default)]
     pub input: Option<InputSpec>,
-    /// `policy = "fixed"`: the policy of every task's workers.
-    #[serde(default = "default_pipeline_policy")]
-    pub policy: String,
-    /// `params = { allocated = true }`: its parameters (the default serves the
-    /// variant the plan loaded on each worker, batches sized to the request's
-    /// task budget).
-    #[serde(default)]
-    pub params: Option<toml::Table>,
-    /// `early_drop = "rerouting"`: `none`, `per-task`, `last-task` or `rerouting`
-    /// (Loki §5.2).
-    #[serde(default)]
-    pub early_drop: sluice_core::pipeline::EarlyDrop,
-    /// `early_drop_at = "hop"`: where early dropping acts — `hop` (when a request
-    /// leaves a task for the next, §5.2's text) or `batch` (also at a worker's queue
-    /// when it forms a batch, before the request runs: the reference's
-    /// `pop_while_first_expires`; docs/allocator.md).
-    #[serde(default)]
-    pub early_drop_at: sluice_core::pipeline::DropAt,
-    /// `root_dispatch = "table"`: how a client request picks its root worker —
-    /// `table` (a weighted pick from MostAccurateFirst's front-end table, the paper's
-    /// Algorithm 1) or `queue-aware` (the most accurate root worker whose queue keeps
-    /// up, by its queue length and head's wait: what the Loki artifact's executor
-    /// runs; docs/allocator.md).
-    #[serde(default)]
-    pub root_dispatch: sluice_core::pipeline::RootDispatch,
-    /// `root_budget = "batch"`: a client request's budget at the root task — `batch`
-    /// (2 × the worker's batch latency, as at every task) or `slo-per-stage` (the
-    /// SLO over the depth of the tree, as the Loki artifact gives it).
-    #[serde(default)]
-    pub root_budget: sluice_core::pipeline::RootBudget,
-    /// `routing_utilization = 1.0`: the share of each worker's capacity the routing
-    /// tables fill, in (0, 1]. 1 is the paper's Algorithm 1, which fills the most
-    /// accurate workers to exactly their capacity; 0.8 (the Loki experiments' setting)
-    /// leaves queueing headroom. Backup tables for rerouting count the full capacity.
-    #[serde(default = "default_routing_utilization")]
-    pub routing_utilization: f64,
-    /// `beta = 1.2`: the demand factor the MILP plans with, replacing the problem
-    /// file's `[ladder] beta` (default: the file's, 1 unless it says otherwise). Above 1
-    /// it plans capacity headroom; the ladder still descends from it when no plan
-    /// serves that much. The Loki experiments use 1.2 with `routing_utilization = 0.8`.
-    #[serde(default)]
-    pub beta: Option<f64>,
+    /// What it shares with a simulated pipeline's `[pipeline.system]`: `policy`
+    /// (default `fixed`) and `params` (default `{ allocated = true }`: the variant the
+    /// plan loaded on each worker, batches sized to the request's task budget),
+    /// `early_drop` and `early_drop_at` (`hop`, or `batch`: also at a worker's queue
+    /// when it forms a batch, the reference's `pop_while_first_expires`;
+    /// docs/allocator.md), `root_dispatch` (`table`, the paper's Algorithm 1, or
+    /// `queue-aware`, what the Loki artifact's executor runs), `root_budget`
+    /// (`batch` or `slo-per-stage`), `routing_utilization` (in (0, 1], default 1),
+    /// `beta` (replacing the problem file's `[ladder] beta`; the Loki experiments use
+    /// 1.2 with `routing_utilization = 0.8`) and `min_demand_qps` (default 1). Keys of
+    /// the `[[pipeline]]` table, as before (flattened).
+    #[serde(flatten)]
+    pub serving: sluice_core::pipeline::Serving,
     /// `max_queue = 4096`: client requests in the pipeline at once; beyond it, 429.
     #[serde(default = "default_pipeline_queue")]
     pub max_queue: usize,
@@ -204,9 +175,6 @@ pub struct PipelineConfig {
     /// `replan_threshold = 0.2`.
     #[serde(default = "default_replan_threshold")]
     pub replan_threshold: f64,
-    /// `min_demand_qps = 1`: the least demand a plan is made for.
-    #[serde(default = "default_min_demand")]
-    pub min_demand_qps: f64,
     /// `scale_down_window_s = 60`: re-plans and routing tables follow the peak of the
     /// demand measured over this window, so demand that rises is planned for at once
     /// and demand that falls only after the window (Kubernetes's HPA waits 300 s
@@ -217,14 +185,8 @@ pub struct PipelineConfig {
     pub scale_down_window_s: f64,
 }
 
-fn default_pipeline_policy() -> String {
-    "fixed".into()
-}
 fn default_pipeline_queue() -> usize {
     4096
-}
-fn default_routing_utilization() -> f64 {
-    1.0
 }
 fn default_routing_period() -> u64 {
     1000
@@ -234,9 +196,6 @@ fn default_replan_period() -> f64 {
 }
 fn default_replan_threshold() -> f64 {
     0.2
-}
-fn default_min_demand() -> f64 {
-    1.0
 }
 fn default_scale_down_window() -> f64 {
     60.0
@@ -414,16 +373,16 @@ impl Config {
             if p.routing_period_ms == 0 {
                 return Err(invalid(field("routing_period_ms"), "expected at least 1 ms"));
             }
-            if !(p.routing_utilization > 0.0 && p.routing_utilization <= 1.0) {
+            if !(p.serving.routing_utilization > 0.0 && p.serving.routing_utilization <= 1.0) {
                 return Err(invalid(field("routing_utilization"), "expected a share in (0, 1]"));
             }
-            if p.beta.is_some_and(|b| !(b.is_finite() && b > 0.0 && b <= 10.0)) {
+            if p.serving.beta.is_some_and(|b| !(b.is_finite() && b > 0.0 && b <= 10.0)) {
                 return Err(invalid(field("beta"), "expected a demand factor in (0, 10]"));
             }
             for (name, v) in [
                 ("replan_period_s", p.replan_period_s),
                 ("replan_threshold", p.replan_threshold),
-                ("min_demand_qps", p.min_demand_qps),
+                ("min_demand_qps", p.serving.min_demand_qps),
             ] {
                 if !(v.is_finite() && v >= 0.0) {
                     return Err(invalid(field(name), "expected a non-negative number"));
@@ -501,6 +460,21 @@ params = { model = "m" }
         assert_eq!(app.router, RouterMode::RoundRobin);
         assert_eq!(app.profile, PathBuf::from("/etc/sluice/p.toml"));
         assert_eq!(app.params_json(Path::new("")).unwrap(), r#"{"model":"m"}"#);
+    }
+
+    /// The keys a `[[pipeline]]` shares with a simulated `[pipeline.system]`
+    /// (`sluice_core::pipeline::Serving`, flattened) stay keys of the table, and a
+    /// key neither knows is still refused.
+    #[test]
+    fn pipeline_keys_shared_with_the_simulator_stay_in_the_table() {
+        let text = "[[pipeline]]\nname = \"p\"\nproblem = \"p.toml\"\nexecutor = \"emulated\"\nearly_drop = \"per-task\"\nrouting_utilization = 0.8\nbeta = 1.2\nmax_queue = 7\n";
+        let c = Config::parse(text, "t.toml", Path::new("")).unwrap();
+        let p = &c.pipelines[0];
+        assert_eq!(p.serving.early_drop, sluice_core::pipeline::EarlyDrop::PerTask);
+        assert_eq!((p.serving.routing_utilization, p.serving.beta, p.max_queue), (0.8, Some(1.2), 7));
+        assert_eq!((p.serving.policy.as_str(), p.serving.min_demand_qps), ("fixed", 1.0));
+        let e = Config::parse(&format!("{text}erly_drop = \"none\"\n"), "t.toml", Path::new("")).unwrap_err();
+        assert!(e.to_string().contains("unknown field `erly_drop`"), "{e}");
     }
 
     #[test]

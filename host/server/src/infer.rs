@@ -588,8 +588,8 @@ async fn pipeline_infer(p: &Arc<PipelineApp>, tensor: Tensor, id: Option<&str>) 
         "dropped": answer.drops,
         "rerouted": answer.rerouted,
         "rejected": answer.rejected,
-        "early_drop": p.config.early_drop.as_str(),
-        "early_drop_at": p.config.early_drop_at.as_str(),
+        "early_drop": p.config.serving.early_drop.as_str(),
+        "early_drop_at": p.config.serving.early_drop_at.as_str(),
         "latency_us": answer.latency_us,
         "deadline_us": answer.deadline_us,
         "deadline_met": answer.deadline_met(),
@@ -681,8 +681,8 @@ impl Target {
                     parameters: json!({
                         "slo_ms": p.problem.slo_ms,
                         "workers": p.problem.workers,
-                        "early_drop": p.config.early_drop.as_str(),
-                        "early_drop_at": p.config.early_drop_at.as_str(),
+                        "early_drop": p.config.serving.early_drop.as_str(),
+                        "early_drop_at": p.config.serving.early_drop_at.as_str(),
                         "tasks": p.graph.tasks.iter().map(|t| json!({ "name": t.name, "models": t.models,
                             "children": t.children.iter().map(|&c| p.graph.tasks[c].name.clone()).collect::<Vec<_>>() })).collect::<Vec<_>>(),
                     }),
@@ -894,8 +894,8 @@ impl Target {
                 parameters: vec![
                     ("slo_ms".into(), p.problem.slo_ms.to_string()),
                     ("workers".into(), p.problem.workers.to_string()),
-                    ("early_drop".into(), p.config.early_drop.as_str().to_string()),
-                    ("early_drop_at".into(), p.config.early_drop_at.as_str().to_string()),
+                    ("early_drop".into(), p.config.serving.early_drop.as_str().to_string()),
+                    ("early_drop_at".into(), p.config.serving.early_drop_at.as_str().to_string()),
                 ],
             },
         })

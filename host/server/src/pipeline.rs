@@ -54,6 +54,7 @@ use crate::app::{AdmitError, App};
 use crate::config::{InputSpec, PipelineConfig};
 use crate::executor::{model_set, LoadedModel};
 use crate::executor::{AppSources, ModelSource};
+use sluice_core::runtime::WorkerView;
 
 /// A boxed future: the tree's steps call each other recursively.
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
@@ -394,6 +395,8 @@ pub struct PipelineApp {
     pub accepting: AtomicBool,
     in_flight: AtomicUsize,
     draws: AtomicU64,
+    /// Task workers re-bound to a new plan slot's view ([`PipelineApp::bind_views`]).
+    rebinds: AtomicU64,
     clock: WallClock,
 }
 
@@ -465,7 +468,7 @@ impl PipelineApp {
         let graph = problem.pipeline.clone();
         let accuracy: Vec<Vec<f64>> =
             problem.variants.iter().map(|vs| vs.iter().map(|v| v.accuracy).collect()).collect();
-        let routing = Routing::build(&graph, devices, &accuracy, plan.demand_qps, config.routing_utilization);
+        let routing = Routing::build(&graph, devices, &accuracy, plan.demand_qps, config.serving.routing_utilization);
         let fanout = graph
             .tasks
             .iter()
@@ -496,6 +499,7 @@ impl PipelineApp {
             accepting: AtomicBool::new(true),
             in_flight: AtomicUsize::new(0),
             draws: AtomicU64::new(0),
+            rebinds: AtomicU64::new(0),
             clock,
             config,
             problem,
@@ -577,7 +581,7 @@ impl PipelineApp {
     /// root workers' queues ([`queue_aware_root`]; the table when no root worker
     /// serves).
     fn root_node(&self, routing: &Routing) -> Option<usize> {
-        if let (RootDispatch::QueueAware, Some(app)) = (self.config.root_dispatch, self.tasks[0].as_ref()) {
+        if let (RootDispatch::QueueAware, Some(app)) = (self.config.serving.root_dispatch, self.tasks[0].as_ref()) {
             // Device order, so that ties in accuracy go to the lower device.
             let roots: Vec<(usize, &Slot)> = routing
                 .devices
@@ -609,7 +613,7 @@ impl PipelineApp {
     /// The latency budget of a request at `task` on a worker whose batch takes
     /// `latency_us` (`root_budget`, `RootBudget::budget_us`).
     fn budget_us(&self, task: usize, latency_us: u64) -> u64 {
-        self.config.root_budget.budget_us(task, self.stage_us, latency_us)
+        self.config.serving.root_budget.budget_us(task, self.stage_us, latency_us)
     }
 
     /// An intermediate request bound for `task` dropped, by `by` (the task that
@@ -714,7 +718,7 @@ impl PipelineApp {
             }
             let sender = routing.sender(task, device);
             // A pass-through carries the mode on at no lateness (`flow::after_passthrough`).
-            let (mode, over_us) = flow::after_passthrough(t.is_passthrough(), this.config.early_drop, over_us);
+            let (mode, over_us) = flow::after_passthrough(t.is_passthrough(), this.config.serving.early_drop, over_us);
             let mut children = Vec::new();
             let mut created = 0;
             let mut answer = PipelineAnswer::default();
@@ -814,7 +818,7 @@ const HISTORY: usize = 20;
 impl PipelineApp {
     /// The measured demand at the root, requests/s (at least `min_demand_qps`).
     pub fn demand(&self) -> f64 {
-        self.arrivals.rate(self.clock.now()).max(self.config.min_demand_qps)
+        self.arrivals.rate(self.clock.now()).max(self.config.serving.min_demand_qps)
     }
 
     /// Re-solves the MILP for `demand` (default: the measured demand) and applies
@@ -830,7 +834,7 @@ impl PipelineApp {
             }
         }
         let mut st = self.plan.lock().await;
-        let demand = demand.unwrap_or_else(|| self.demand()).max(self.config.min_demand_qps);
+        let demand = demand.unwrap_or_else(|| self.demand()).max(self.config.serving.min_demand_qps);
         let mut problem = self.problem.clone();
         problem.demand_qps = demand;
         // The plan in force, so one that no MILP improves on in time is repaired
@@ -845,6 +849,10 @@ impl PipelineApp {
         };
         let old = self.routing();
         let devices = assign(&self.graph, &plan, &old.devices);
+        // Each task worker whose plan slot changed gets its new view first: before
+        // its new variant is loaded (the view keeps the old one's table cut while it
+        // is still loaded) and before the new tables send it requests.
+        self.bind_views(&old.devices, &devices).await;
         for (d, (o, n)) in old.devices.iter().zip(&devices).enumerate() {
             let Some(n) = n else { continue };
             if o.as_ref().is_some_and(|o| o.task == n.task && o.variant == n.variant) {
@@ -857,7 +865,7 @@ impl PipelineApp {
             devices.clone(),
             &self.accuracy,
             demand,
-            self.config.routing_utilization,
+            self.config.serving.routing_utilization,
         ));
         for (d, (o, n)) in old.devices.iter().zip(&devices).enumerate() {
             let Some(o) = o else { continue };
@@ -898,6 +906,46 @@ impl PipelineApp {
         Ok(self.status())
     }
 
+    /// What the policy of a worker serving `slot` sees: its variant's latency table
+    /// cut at the plan's batch and the task budget as its SLO (`flow::task_view`,
+    /// the simulator's rule too).
+    fn task_view(&self, app: &App, slot: &Slot) -> WorkerView {
+        let budget = self.budget_us(slot.task, slot.latency_us);
+        let view = flow::task_view(&app.models, slot.variant, slot.batch, budget);
+        WorkerView { models: view.models, slo: view.slo_us }
+    }
+
+    /// Re-binds each device's task worker whose view changed from plan slot `old`
+    /// (empty: none before, at start) to `new` ([`App::rebind_worker`]: a new policy
+    /// instance installed between two decisions, its queue kept). A device that keeps
+    /// its task but changes variant serves with the old one until its models switch
+    /// ([`PipelineApp::replan`] loads the new one after this): its view keeps the old
+    /// variant's table cut at the old plan's batch as well, so the worker never sees
+    /// either table whole. A worker that cannot be re-bound keeps its instance and
+    /// view, logged: the plan stands.
+    pub async fn bind_views(&self, old: &[Option<Slot>], new: &[Option<Slot>]) {
+        for (d, n) in new.iter().enumerate() {
+            let Some(n) = n else { continue };
+            let Some(app) = &self.tasks[n.task] else { continue };
+            let mut view = self.task_view(app, n);
+            let o = old.get(d).and_then(Option::as_ref).filter(|o| o.task == n.task);
+            if o.is_some_and(|o| self.task_view(app, o) == view) {
+                continue;
+            }
+            if let Some(o) = o.filter(|o| o.variant != n.variant) {
+                view.models = flow::task_view(&view.models, o.variant, o.batch, view.slo).models;
+            }
+            match app.rebind_worker(d, view).await {
+                Ok(()) => {
+                    self.rebinds.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::warn!(pipeline = self.name(), device = d, "task worker keeps its policy's view: {e}")
+                }
+            }
+        }
+    }
+
     /// Loads `variant` of `task` on `device` (None: unloads it), off the worker.
     async fn load(&self, task: usize, device: usize, variant: Option<usize>) -> Result<(), String> {
         let (Some(app), Some(sources)) = (&self.tasks[task], &self.sources[task]) else {
@@ -920,8 +968,13 @@ impl PipelineApp {
     /// Rebuilds the routing tables over the devices in force for `demand`.
     fn reroute_for(&self, demand: f64) {
         let devices = self.routing().devices.clone();
-        *self.routing.write() =
-            Arc::new(Routing::build(&self.graph, devices, &self.accuracy, demand, self.config.routing_utilization));
+        *self.routing.write() = Arc::new(Routing::build(
+            &self.graph,
+            devices,
+            &self.accuracy,
+            demand,
+            self.config.serving.routing_utilization,
+        ));
     }
 
     fn view_of(&self, st: &PlanState) -> Value {
@@ -988,16 +1041,17 @@ impl PipelineApp {
         let c = &self.counters;
         json!({
             "name": self.name(),
-            "early_drop": self.config.early_drop.as_str(),
-            "early_drop_at": self.config.early_drop_at.as_str(),
-            "root_dispatch": self.config.root_dispatch.as_str(),
-            "root_budget": self.config.root_budget.as_str(),
-            "routing_utilization": self.config.routing_utilization,
+            "early_drop": self.config.serving.early_drop.as_str(),
+            "early_drop_at": self.config.serving.early_drop_at.as_str(),
+            "root_dispatch": self.config.serving.root_dispatch.as_str(),
+            "root_budget": self.config.serving.root_budget.as_str(),
+            "routing_utilization": self.config.serving.routing_utilization,
             "beta": self.problem.ladder.beta,
             "slo_ms": self.problem.slo_ms,
             "workers": self.problem.workers,
             "demand_qps": self.arrivals.rate(self.clock.now()),
             "in_flight": self.in_flight.load(Ordering::Relaxed),
+            "rebinds": self.rebinds.load(Ordering::Relaxed),
             "counters": {
                 "accepted": c.accepted.load(Ordering::Relaxed),
                 "on_time": c.on_time.load(Ordering::Relaxed),
@@ -1047,7 +1101,12 @@ pub async fn control_loop(pipeline: std::sync::Weak<PipelineApp>) {
         let every = p.config.replan_period_s;
         let due = every > 0.0 && last.elapsed().as_secs_f64() >= every;
         let shifted = every > 0.0
-            && sluice_alloc::config::demand_moved(planned, demand, p.config.replan_threshold, p.config.min_demand_qps);
+            && sluice_alloc::config::demand_moved(
+                planned,
+                demand,
+                p.config.replan_threshold,
+                p.config.serving.min_demand_qps,
+            );
         if due || shifted {
             drop(st);
             last = tokio::time::Instant::now();
@@ -1065,7 +1124,8 @@ pub async fn control_loop(pipeline: std::sync::Weak<PipelineApp>) {
 /// The internal app that runs `task` of pipeline `config`: `<pipeline>.<task>`, one
 /// worker per pipeline worker, the task's variants from the problem's profile at
 /// its percentile, the pipeline's policy and input (None: the app finds its
-/// variants' input, as any app does).
+/// variants' input, as any app does). Built as a value, every other field at the
+/// default a config file gives it (`AppConfig::new`).
 pub fn task_app_config(
     config: &PipelineConfig,
     source: &sluice_alloc::problem::LokiSource,
@@ -1074,51 +1134,26 @@ pub fn task_app_config(
     slo_ms: f64,
     input: Option<&InputSpec>,
 ) -> anyhow::Result<crate::config::AppConfig> {
-    use serde::Deserialize as _;
-    let mut t = toml::Table::new();
-    let s = |v: &str| toml::Value::String(v.to_string());
-    t.insert("name".into(), s(&format!("{}.{}", config.name, task.name)));
-    t.insert("slo_ms".into(), toml::Value::Float(slo_ms));
-    t.insert("workers".into(), toml::Value::Integer(workers as i64));
-    t.insert(
-        "executor".into(),
-        s(match config.executor {
-            crate::config::ExecutorKind::Onnx => "onnx",
-            crate::config::ExecutorKind::Emulated => "emulated",
-        }),
-    );
-    t.insert("profile".into(), s(&source.profile.display().to_string()));
-    t.insert("latency_percentile".into(), s(source.percentile.as_str()));
-    t.insert("models".into(), toml::Value::Array(task.models.iter().map(|m| s(m)).collect()));
-    if let Some(d) = &config.model_dir {
-        t.insert("model_dir".into(), s(&d.display().to_string()));
-    }
+    let name = format!("{}.{}", config.name, task.name);
+    let mut app =
+        crate::config::AppConfig::new(name, slo_ms, workers, source.profile.clone(), config.serving.policy.clone());
+    app.executor = Some(config.executor);
+    app.latency_percentile = source.percentile;
+    app.models = Some(task.models.clone());
+    app.model_dir = config.model_dir.clone();
     // Fan-outs multiply the requests of a client request: the task's bound is the
     // pipeline's times a generous factor (the pipeline's own bound is the admission).
-    t.insert("max_queue".into(), toml::Value::Integer((config.max_queue as i64).saturating_mul(64)));
+    app.max_queue = config.max_queue.saturating_mul(64);
     // An intermediate request's deadline is its task budget, and dropping it early
     // is the pipeline's early-drop mode's call (§5.2), not the host's: the host
     // keeps it up to one SLO past that, as it did before it expired at deadlines.
-    t.insert("expire_after_ms".into(), toml::Value::Float(slo_ms));
-    t.insert("policy".into(), s(&config.policy));
-    let params = config.params.clone().unwrap_or_else(|| {
+    app.expire_after_ms = Some(slo_ms);
+    app.params = Some(config.serving.params.clone().unwrap_or_else(|| {
         let mut p = toml::Table::new();
         p.insert("allocated".into(), toml::Value::Boolean(true));
         p
-    });
-    t.insert("params".into(), toml::Value::Table(params));
-    if let Some(input) = input {
-        let mut i = toml::Table::new();
-        i.insert("name".into(), s(&input.name));
-        i.insert("datatype".into(), s(&input.datatype));
-        i.insert(
-            "shape".into(),
-            toml::Value::Array(input.shape.iter().map(|d| toml::Value::Integer(*d as i64)).collect()),
-        );
-        t.insert("input".into(), toml::Value::Table(i));
-    }
-    let app = crate::config::AppConfig::deserialize(toml::Value::Table(t))
-        .map_err(|e| anyhow::anyhow!("pipeline {}: task {}: {e}", config.name, task.name))?;
+    }));
+    app.input = input.cloned();
     app.validate().map_err(|e| anyhow::anyhow!("pipeline {}: task {}: {e}", config.name, task.name))?;
     Ok(app)
 }

@@ -328,7 +328,7 @@ type TaskApps = Vec<(Arc<App>, AppSources, Vec<WorkerStart>)>;
 /// places on them.
 async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow::Result<(Arc<PipelineApp>, TaskApps)> {
     let (mut problem, source) = sluice_alloc::problem::load_loki(&pc.problem)?;
-    if let Some(beta) = pc.beta {
+    if let Some(beta) = pc.serving.beta {
         if beta <= problem.ladder.min_beta {
             anyhow::bail!(
                 "pipeline `{}`: beta = {beta} is at or below the problem's [ladder] min_beta = {}",
@@ -367,7 +367,7 @@ async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow
         let mut app_config =
             crate::pipeline::task_app_config(pc, &source, task, problem.workers, problem.slo_ms, input.as_ref())?;
         app_config.drop_late_at_batch =
-            pc.early_drop_at.at_batch(pc.early_drop, problem.pipeline.is_last_model_task(t));
+            pc.serving.early_drop_at.at_batch(pc.serving.early_drop, problem.pipeline.is_last_model_task(t));
         let (models, src) = resolve_models(&app_config)?;
         let task_input = match &input {
             Some(i) => i.clone(),
@@ -386,7 +386,19 @@ async fn build_pipeline(pc: &PipelineConfig, builder: &AppBuilder<'_>) -> anyhow
         tasks.push((app, src, ws));
     }
     let input = input.ok_or_else(|| anyhow::anyhow!("every task is a pass-through: no task has models"))?;
-    let p = PipelineApp::new(pc.clone(), problem, input, apps, task_sources, (plan, origin), devices, builder.clock);
+    let p = PipelineApp::new(
+        pc.clone(),
+        problem,
+        input,
+        apps,
+        task_sources,
+        (plan, origin),
+        devices.clone(),
+        builder.clock,
+    );
+    // Each task worker's policy sees its first plan slot (`flow::task_view`); the
+    // workers take the new instances at their first decision.
+    p.bind_views(&[], &devices).await;
     Ok((p, tasks))
 }
 

@@ -150,9 +150,12 @@ impl worker::Driver<Request> for Answers<'_> {
 /// One turn of the worker's state machine ([`sluice_core::worker`]), made under the
 /// worker's slot lock (see [`crate::app::Slot`]), so it is made entirely by one
 /// policy; the queue's lock is taken to look and to remove, not while the policy
-/// runs. Pipelines' task apps drop late at batch formation (`drop_late_at_batch`):
-/// the head is judged by the loaded variant's table (`flow::batch_formation_table`;
-/// the task app's table is not cut at the plan's batch live, see docs/simulator.md).
+/// runs. The models it decides with are the worker's own view where it has one (a
+/// pipeline task worker: its variant's table cut at the plan's batch,
+/// `flow::task_view`, set by `App::rebind_worker`), so a policy's batch is checked
+/// against the plan's. Pipelines' task apps drop late at batch formation
+/// (`drop_late_at_batch`): the head is judged by the loaded variant's table in that
+/// view (`flow::batch_formation_table`, already cut at the plan's batch).
 /// Answers what left unserved, and says what to do next.
 fn decide(
     app: &App,
@@ -177,6 +180,8 @@ fn decide(
     let generation = slot.generation;
     let policy_name = slot.current.name().to_string();
 
+    let view = slot.view.clone();
+    let seen = view.as_deref().map_or_else(|| app.models_of(handle.index), |v| &v.models[..]);
     let now = app.clock.now();
     let loaded = models.ids();
     let cx = Context {
@@ -185,7 +190,7 @@ fn decide(
         workers: app.workers.len() as u32,
         load_qps: app.load.rate(now),
         loaded: &loaded,
-        models: app.models_of(handle.index),
+        models: seen,
         expire_us: app.expire_us,
         draining,
         timed: true,
@@ -193,7 +198,7 @@ fn decide(
     let at_batch = loaded
         .first()
         .filter(|_| app.config.drop_late_at_batch)
-        .and_then(|&m| app.models_of(handle.index).get(m as usize))
+        .and_then(|&m| seen.get(m as usize))
         .map(|m| sluice_core::pipeline::flow::batch_formation_table(&m.latency, u32::MAX));
     let mut answers = Answers { app, dropped: Vec::new(), faults: Vec::new() };
     let mut queue: &sluice_core::queue::WorkQueue = &handle.queue;

@@ -31,11 +31,11 @@ impl<'a> PipelineSim<'a> {
                     .map_err(|e| anyhow::anyhow!("task {}: {e}", t.name))
             })
             .collect::<Result<Vec<Vec<sdk::Model>>>>()?;
-        let compiled = match run.system.policy.as_str() {
+        let compiled = match run.system.serving.policy.as_str() {
             sluice_core::decision::SAFE_POLICY => None,
             p => Some(cache.get(p)?),
         };
-        let params = match &run.system.params {
+        let params = match &run.system.serving.params {
             Some(t) => serde_json::to_string(t)?,
             None => "{}".into(),
         };
@@ -250,7 +250,7 @@ impl<'a> PipelineSim<'a> {
         if let Some(&next) = self.arrivals.get(self.next_arrival) {
             self.schedule(ARRIVAL_SLOT, next);
         }
-        let node = match self.run.system.root_dispatch {
+        let node = match self.run.system.serving.root_dispatch {
             RootDispatch::QueueAware => self.root_by_queue().or_else(|| self.frontend_draw()),
             RootDispatch::Table => self.frontend_draw(),
         };
@@ -273,8 +273,9 @@ impl<'a> PipelineSim<'a> {
             && self
                 .run
                 .system
+                .serving
                 .early_drop_at
-                .at_batch(self.run.system.early_drop, self.pipeline.is_last_model_task(task));
+                .at_batch(self.run.system.serving.early_drop, self.pipeline.is_last_model_task(task));
         // The task's measured arrival rate, as a live task app's (`flow::LOAD_WINDOW_US`).
         let load_qps = self.loads[task].rate(now);
         // The queue, policy and loaded models leave the slot for the turn, so that

@@ -224,18 +224,18 @@ pub struct SystemSpec {
     /// `allocator = "loki"` | `"hardware-only"` | `"accuracy-only"` | `"proteus-per-task"`.
     #[serde(default)]
     pub allocator: Allocator,
-    /// `early_drop = "rerouting"` | `"per-task"` | `"last-task"` | `"none"`.
-    #[serde(default)]
-    pub early_drop: EarlyDrop,
-    /// `early_drop_at = "hop"` | `"batch"`: where early dropping acts (see [`DropAt`]).
-    #[serde(default)]
-    pub early_drop_at: DropAt,
-    /// `policy = "fixed"`: the batching policy every worker runs.
-    #[serde(default = "default_policy")]
-    pub policy: String,
-    /// `params = { allocated = true }`: its params.
-    #[serde(default)]
-    pub params: Option<toml::Table>,
+    /// What a simulated pipeline shares with a live one's `[[pipeline]]`:
+    /// `policy` (default `fixed`) and its `params`, `early_drop` and `early_drop_at`
+    /// (see [`DropAt`]), `root_dispatch` and `root_budget` (see [`RootDispatch`],
+    /// [`RootBudget`](sluice_core::pipeline::RootBudget); the proteus-per-task baseline uses SLO / depth at every task
+    /// whatever `root_budget` says), `routing_utilization`, `beta` (capacity
+    /// headroom of the first solve, the reference's `beta`; default 1) and
+    /// `min_demand_qps` (the demand the MILP is given at least; the reference's
+    /// pipeline ILP clamps to 50, which hides hardware scaling off-peak; not followed
+    /// by default, see the README). Keys of `[pipeline.system]`, as before
+    /// (flattened).
+    #[serde(flatten)]
+    pub serving: Serving,
     /// `solve_interval_s = 1`: re-planning period (the reference's `solve_interval`;
     /// 10 for its InferLine). 0: plan once at the start.
     #[serde(default = "one")]
@@ -248,20 +248,12 @@ pub struct SystemSpec {
     /// `EWMA_WINDOW`).
     #[serde(default = "default_ewma_window")]
     pub ewma_window: usize,
-    /// `beta = 1.0`: capacity headroom of the first solve (the reference's `beta`).
-    #[serde(default = "one")]
-    pub beta: f64,
     /// `min_beta = 0.2`: the demand factor below which a plan is not sought (the
     /// ladder's floor: Loki and the baselines shed demand down to it when even their
     /// fastest plan cannot serve it all). A sweep far past a system's capacity lowers
     /// it; at the floor the first plan fails and the run stops with an error.
     #[serde(default = "default_min_beta")]
     pub min_beta: f64,
-    /// `min_demand_qps = 1`: the demand the MILP is given at least (the reference's
-    /// pipeline ILP clamps to 50, which hides hardware scaling off-peak; not
-    /// followed by default, see the README).
-    #[serde(default = "one")]
-    pub min_demand_qps: f64,
     /// `demand_step_qps = 1`: plans are solved for the demand rounded up to a
     /// multiple of this and cached per multiple (a solve takes 10 ms – 2 s).
     #[serde(default = "one")]
@@ -269,12 +261,6 @@ pub struct SystemSpec {
     /// `routing = "sampled"` | `"smooth"`.
     #[serde(default)]
     pub routing: RoutingDraw,
-    /// `routing_utilization = 1.0`: the share of each worker's capacity
-    /// MostAccurateFirst may fill. 1 is the paper's Algorithm 1, which fills the most
-    /// accurate workers to exactly their capacity — with Poisson arrivals a worker at
-    /// 100% utilisation queues without bound, so experiments may leave headroom.
-    #[serde(default = "one")]
-    pub routing_utilization: f64,
     /// `fill_cluster = true` (proteus-per-task only): every worker hosts a variant;
     /// the ones the MILP leaves idle host the most accurate variant of the most
     /// loaded task (`proteus::Plan::upgrade_idle`, the Loki artifact's Proteus
@@ -293,13 +279,6 @@ pub struct SystemSpec {
     /// ([`loki::TieBreak`]).
     #[serde(default)]
     pub tie_break: loki::TieBreak,
-    /// `root_dispatch = "table"` | `"queue-aware"` (see [`RootDispatch`]).
-    #[serde(default)]
-    pub root_dispatch: RootDispatch,
-    /// `root_budget = "batch"` | `"slo-per-stage"` (see [`RootBudget`]; the
-    /// proteus-per-task baseline uses SLO / depth at every task whatever this says).
-    #[serde(default)]
-    pub root_budget: RootBudget,
     /// `table_rebuild = "every-plan"` | `"worker-change"` (see [`TableRebuild`]).
     #[serde(default)]
     pub table_rebuild: TableRebuild,
@@ -310,9 +289,9 @@ pub struct SystemSpec {
 
 impl SystemSpec {
     pub(super) fn label(&self) -> String {
-        self.label.clone().unwrap_or_else(|| match self.early_drop_at {
-            DropAt::Hop => format!("{}/{}", self.allocator.as_str(), self.early_drop.as_str()),
-            DropAt::Batch => format!("{}/{}@batch", self.allocator.as_str(), self.early_drop.as_str()),
+        self.label.clone().unwrap_or_else(|| match self.serving.early_drop_at {
+            DropAt::Hop => format!("{}/{}", self.allocator.as_str(), self.serving.early_drop.as_str()),
+            DropAt::Batch => format!("{}/{}@batch", self.allocator.as_str(), self.serving.early_drop.as_str()),
         })
     }
 }
@@ -334,9 +313,6 @@ fn default_percentile() -> Percentile {
 }
 fn default_batches() -> Vec<u32> {
     vec![1, 2, 4, 8, 16, 32, 64]
-}
-fn default_policy() -> String {
-    "fixed".into()
 }
 fn one() -> f64 {
     1.0
@@ -396,12 +372,12 @@ impl PipelineExperiment {
                 && s.ewma_window > 0
                 && s.demand_step_qps > 0.0
                 && s.solve_interval_s >= 0.0
-                && s.routing_utilization > 0.0)
+                && s.serving.routing_utilization > 0.0)
             {
                 bail!("{origin}: system {}: ewma_decay ≥ 0, ewma_window > 0, demand_step_qps > 0, solve_interval_s ≥ 0 expected", s.label());
             }
             if s.reroute_rule == RerouteRule::Artifact
-                && (s.early_drop != EarlyDrop::Rerouting || s.early_drop_at != DropAt::Batch)
+                && (s.serving.early_drop != EarlyDrop::Rerouting || s.serving.early_drop_at != DropAt::Batch)
             {
                 bail!(
                     "{origin}: system {}: `reroute_rule = \"artifact\"` needs early_drop = \"rerouting\" and early_drop_at = \"batch\" (it decides at batch formation)",
@@ -498,4 +474,30 @@ fn system_from(base: &toml::Table, over: &toml::Table) -> Result<SystemSpec> {
     }
     let label = over.get("label").and_then(|v| v.as_str()).unwrap_or("pipeline.system").to_string();
     toml::Value::Table(merged).try_into().map_err(|e| anyhow::anyhow!("system `{label}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys a `[pipeline.system]` shares with a live `[[pipeline]]`
+    /// (`sluice_core::pipeline::Serving`, flattened) stay keys of the table, a sweep
+    /// system replaces them as any other, and a key neither knows is refused.
+    #[test]
+    fn system_keys_shared_with_the_live_host_stay_in_the_table() {
+        let text = |system: &str| {
+            format!(
+                "version = 1\nname = \"t\"\nduration_s = 1\nprofile = \"p.toml\"\n[pipeline]\nslo_ms = 100\nworkers = 2\narrivals = {{ kind = \"poisson\", rate_qps = 1 }}\n[[pipeline.task]]\nname = \"a\"\nmodels = [\"m\"]\n[pipeline.system]\n{system}\n[[sweep.systems]]\nlabel = \"one\"\n[[sweep.systems]]\nlabel = \"other\"\nbeta = 2.0\n"
+            )
+        };
+        let e = PipelineExperiment::parse(&text("early_drop = \"per-task\"\nbeta = 1.2\nsolve_interval_s = 2"), "t")
+            .unwrap();
+        let runs = e.runs().unwrap();
+        let (s, other) = (&runs[0].system, &runs[1].system);
+        assert_eq!(s.serving.early_drop, EarlyDrop::PerTask);
+        assert_eq!((s.serving.beta, other.serving.beta, s.solve_interval_s), (Some(1.2), Some(2.0), 2.0));
+        assert_eq!((s.serving.policy.as_str(), s.serving.routing_utilization), ("fixed", 1.0));
+        let err = PipelineExperiment::parse(&text("erly_drop = \"none\""), "t").unwrap_err().to_string();
+        assert!(err.contains("unknown field `erly_drop`"), "{err}");
+    }
 }

@@ -55,7 +55,7 @@ use sluice_core::decision::{self, Context, Queued, WorkerPolicy};
 use sluice_core::demand::{Ewma, Forecaster as _};
 use sluice_core::pipeline::flow;
 use sluice_core::pipeline::{
-    fanout_count, slo_per_stage_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, RootBudget, RootDispatch,
+    fanout_count, slo_per_stage_us, DropAt, EarlyDrop, EdgeSpec, Pipeline, PipelineSpec, RootDispatch, Serving,
     TaskSpec,
 };
 use sluice_core::profile::{Percentile, Profile};

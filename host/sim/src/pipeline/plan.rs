@@ -46,13 +46,13 @@ impl<'a> PipelineSim<'a> {
     pub(super) fn replan(&mut self, root: f64, per_task: &[f64]) -> Result<()> {
         let s = self.run.system.clone();
         let step = s.demand_step_qps;
-        let demand = root.max(s.min_demand_qps);
+        let demand = root.max(s.serving.min_demand_qps);
         let key = (demand / step).ceil().max(1.0) as u64;
         let planned = key as f64 * step;
         let placement = if s.allocator == Allocator::ProteusPerTask {
             // Per-task demands differ run to run; no cache (the MILP is small).
             let scale = if root > 0.0 { planned / root } else { 1.0 };
-            let tasks: Vec<f64> = per_task.iter().map(|d| (d * scale).max(s.min_demand_qps)).collect();
+            let tasks: Vec<f64> = per_task.iter().map(|d| (d * scale).max(s.serving.min_demand_qps)).collect();
             self.solve_proteus(&tasks)?
         } else if let Some(p) = self.plan_cache.get(&key) {
             self.cache_hits += 1;
@@ -79,7 +79,7 @@ impl<'a> PipelineSim<'a> {
             slo_ms: self.run.slo_ms,
             comm_latency_ms: 0.0,
             scaling: s.allocator.scaling().expect("a Loki scaling"),
-            ladder: Ladder { beta: s.beta, min_beta: s.min_beta, ..Ladder::default() },
+            ladder: Ladder { beta: s.serving.beta.unwrap_or(1.0), min_beta: s.min_beta, ..Ladder::default() },
             tie_break: s.tie_break,
             solver: SolverSettings::default(),
         };
@@ -127,7 +127,11 @@ impl<'a> PipelineSim<'a> {
             batch_sizes: self.batch_sizes(),
             objective: proteus::Objective::Accuracy,
             formulation: proteus::Formulation::Aggregated,
-            ladder: Ladder { beta: self.run.system.beta, min_beta: self.run.system.min_beta, ..Ladder::default() },
+            ladder: Ladder {
+                beta: self.run.system.serving.beta.unwrap_or(1.0),
+                min_beta: self.run.system.min_beta,
+                ..Ladder::default()
+            },
             solver: SolverSettings::default(),
             variants: proteus::Variants::All,
             pinned: None,
@@ -200,7 +204,7 @@ impl<'a> PipelineSim<'a> {
         let budget = if self.run.system.allocator == Allocator::ProteusPerTask {
             stage_us
         } else {
-            self.run.system.root_budget.budget_us(task, stage_us, latency_us)
+            self.run.system.serving.root_budget.budget_us(task, stage_us, latency_us)
         };
         let same = {
             let s = &self.slots[i];
@@ -342,7 +346,7 @@ impl<'a> PipelineSim<'a> {
                 let slots = &self.slots;
                 let node_slot = &self.node_slot;
                 let measured = self.run.system.branching == Branching::Measured;
-                let utilization = self.run.system.routing_utilization;
+                let utilization = self.run.system.serving.routing_utilization;
                 most_accurate_first_filling(self.pipeline, &workers, demand, utilization, |w, ci| {
                     if !measured {
                         return None;

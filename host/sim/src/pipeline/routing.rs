@@ -182,7 +182,7 @@ impl<'a> PipelineSim<'a> {
         let expected: Vec<f64> = children.iter().enumerate().map(|(ci, _)| task.fanout[variant][ci]).collect();
         // The parent's lateness against its budget, for early dropping.
         let (mode, over_us) =
-            flow::after_passthrough(passthrough, self.run.system.early_drop, now as i64 - r.deadline as i64);
+            flow::after_passthrough(passthrough, self.run.system.serving.early_drop, now as i64 - r.deadline as i64);
         let planned = self.reroutes.remove(&r.id).unwrap_or_default();
         let mut created = 0;
         for (ci, &child) in children.iter().enumerate() {
