@@ -207,7 +207,7 @@ async fn compare(policy: &str, params: &str) -> Compared {
     }
     eprintln!("{policy}: with admission, (live, simulated) outcomes: {summary:?}");
     eprintln!(
-        "live-vs-sim: {policy}: admission refused live {refused}, simulated {sim_refused} of {}; agree {:.1} % of all arrivals",
+        "live-vs-sim admission: {policy}: refused live {refused}, simulated {sim_refused} of {}; agree {:.1} % of all arrivals",
         trace.len(),
         100.0 * agree_all as f64 / trace.len() as f64
     );

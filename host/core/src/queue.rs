@@ -85,7 +85,7 @@ pub enum Reply {
 pub const PREDICTORS: usize = 3;
 
 /// What admission predicted for a request when it admitted it, kept so that its
-/// answer can tell how far off the prediction was (`sluice_server::admission`).
+/// answer can tell how far off the prediction was ([`crate::admission::Admission::learn`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Prediction {
     /// When each of admission's predictors expected it answered (host clock, µs;
@@ -104,7 +104,7 @@ pub struct Request {
     pub arrival: u64,
     /// `arrival + slo` (µs).
     pub deadline: u64,
-    /// What admission predicted for it (`sluice_server::admission`; all 0 when it
+    /// What admission predicted for it ([`crate::admission`]; all 0 when it
     /// made no prediction, as for a pipeline's intermediate requests).
     pub predicted: Prediction,
     /// Admitted although admission predicted it would miss its deadline, to check
