@@ -52,7 +52,7 @@ async fn with_credentials_a_role_works_without_them_it_is_refused_naming_etcd_au
     let read = EtcdCredentials::from_vars(vars(Some("sluice"))).unwrap();
     assert_eq!(read.as_ref(), Some(&sluice));
     let err = EtcdCredentials::from_vars(vars(None)).unwrap_err();
-    assert!(err.contains(ENV_USER), "{err}");
+    assert!(err.to_string().contains(ENV_USER), "{err}");
 
     // The right credentials: the role's connection reads and writes its keys.
     let role = options(&etcd);

@@ -80,20 +80,44 @@ pub const ENV_PASSWORD_FILE: &str = "SLUICE_ETCD_PASSWORD_FILE";
 /// The variable holding the password itself (a Secret as `env`), when there is no file.
 pub const ENV_PASSWORD: &str = "SLUICE_ETCD_PASSWORD";
 
+/// The environment's etcd credentials are half given or unreadable
+/// ([`EtcdCredentials::from_env`]); the message names the variable to set or fix.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// The password file cannot be read.
+    #[error("{ENV_PASSWORD_FILE}={path}: {source}")]
+    PasswordFile {
+        /// The file named.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A user without a password.
+    #[error("{ENV_USER}={user} without a password: set {ENV_PASSWORD_FILE} (or {ENV_PASSWORD})")]
+    NoPassword {
+        /// The user named.
+        user: String,
+    },
+    /// A password without a user.
+    #[error("an etcd password without a user: set {ENV_USER}")]
+    NoUser,
+}
+
 impl EtcdCredentials {
     /// The credentials the environment gives ([`ENV_USER`] with [`ENV_PASSWORD_FILE`]
     /// or [`ENV_PASSWORD`]); None without [`ENV_USER`].
-    pub fn from_env() -> Result<Option<EtcdCredentials>, String> {
+    pub fn from_env() -> Result<Option<EtcdCredentials>, CredentialsError> {
         Self::from_vars(|k| std::env::var(k).ok())
     }
 
     /// As [`EtcdCredentials::from_env`], with the variables from `var` (tests).
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<EtcdCredentials>, String> {
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<EtcdCredentials>, CredentialsError> {
         let user = var(ENV_USER).filter(|u| !u.is_empty());
         let from_file = var(ENV_PASSWORD_FILE).filter(|p| !p.is_empty());
         let password = match (&from_file, var(ENV_PASSWORD)) {
             (Some(path), _) => {
-                let text = std::fs::read_to_string(path).map_err(|e| format!("{ENV_PASSWORD_FILE}={path}: {e}"))?;
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| CredentialsError::PasswordFile { path: path.clone(), source })?;
                 // `echo secret > file` and editors add a newline that is no part of it.
                 Some(text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text).to_string())
             }
@@ -101,10 +125,8 @@ impl EtcdCredentials {
         };
         match (user, password) {
             (Some(user), Some(password)) => Ok(Some(EtcdCredentials { user, password })),
-            (Some(user), None) => {
-                Err(format!("{ENV_USER}={user} without a password: set {ENV_PASSWORD_FILE} (or {ENV_PASSWORD})"))
-            }
-            (None, Some(_)) => Err(format!("an etcd password without a user: set {ENV_USER}")),
+            (Some(user), None) => Err(CredentialsError::NoPassword { user }),
+            (None, Some(_)) => Err(CredentialsError::NoUser),
             (None, None) => Ok(None),
         }
     }
@@ -501,5 +523,31 @@ async fn pump(
                 }
             }
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_errors_name_the_variable() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let e = EtcdCredentials::from_vars(vars(&[(ENV_USER, "sluice")])).unwrap_err();
+        assert!(matches!(&e, CredentialsError::NoPassword { user } if user == "sluice"), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "SLUICE_ETCD_USER=sluice without a password: set SLUICE_ETCD_PASSWORD_FILE (or SLUICE_ETCD_PASSWORD)"
+        );
+        let e = EtcdCredentials::from_vars(vars(&[(ENV_PASSWORD, "x")])).unwrap_err();
+        assert_eq!(e.to_string(), "an etcd password without a user: set SLUICE_ETCD_USER");
+        let e =
+            EtcdCredentials::from_vars(vars(&[(ENV_USER, "u"), (ENV_PASSWORD_FILE, "/no/such/password")])).unwrap_err();
+        assert!(e.to_string().starts_with("SLUICE_ETCD_PASSWORD_FILE=/no/such/password: "), "{e}");
+        let ok = EtcdCredentials::from_vars(vars(&[(ENV_USER, "u"), (ENV_PASSWORD, "p")])).unwrap();
+        assert_eq!(ok, Some(EtcdCredentials { user: "u".into(), password: "p".into() }));
+        assert_eq!(EtcdCredentials::from_vars(vars(&[])).unwrap(), None);
     }
 }
