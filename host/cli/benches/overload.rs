@@ -32,7 +32,12 @@
 //!   its 1-minute load average, so that a late answer can be laid at the right
 //!   door;
 //! - the server's RSS after start and after each phase (goal: flat);
-//! - every status the clients got.
+//! - every status the clients got;
+//! - in the JSON line, each phase's late answers with where their time went (the
+//!   client's send delay, body read and queue, the batch's run, outside the
+//!   server, the client's worst timer stall while each was out) and its batch runs
+//!   by batch size (the emulated executor waits the profiled latency, so a longer
+//!   run is the server's wake-up lag).
 //!
 //! Run: `cargo bench -p sluice --bench overload` (needs `cargo xtask policies`);
 //! about 5 minutes. To shorten it: `OVERLOAD_SECONDS` (each phase, default 10),
@@ -381,17 +386,21 @@ struct LateAnswer {
     /// From the actual send, outside the server's own time: the network stack,
     /// the answer's serialisation and write, and the client reading it.
     outside_server_ms: Option<f64>,
+    /// The client's worst 5 ms timer lag while it was out: how long the client's
+    /// runtime itself stalled (then it also read the answer late, which the
+    /// figure from the actual send counts).
+    client_stall_ms: f64,
 }
 
-/// Wakes every 5 ms on the client's runtime until `stop`, and returns how late
-/// each wake-up was (ms): the client's own scheduling delay beside the server and
-/// any background load.
-async fn timer_lag(stop: Arc<AtomicBool>) -> Vec<f64> {
+/// Wakes every 5 ms on the client's runtime until `stop`, and returns when (s
+/// after `origin`) and how late (ms) each wake-up was: the client's own scheduling
+/// delay beside the server and any background load.
+async fn timer_lag(stop: Arc<AtomicBool>, origin: Instant) -> Vec<(f64, f64)> {
     let mut lags = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let due = tokio::time::Instant::now() + Duration::from_millis(5);
         tokio::time::sleep_until(due).await;
-        lags.push(due.elapsed().as_secs_f64() * 1e3);
+        lags.push((origin.elapsed().as_secs_f64(), due.elapsed().as_secs_f64() * 1e3));
     }
     lags
 }
@@ -423,7 +432,10 @@ async fn phase(
     let late_before = loadgen::server_count(server.addr, "late").await;
     let (bytes, headers) = body.request();
     let stop = Arc::new(AtomicBool::new(false));
-    let probe = tokio::spawn(timer_lag(stop.clone()));
+    // The arrival schedule's origin to within microseconds (`run_poisson` takes
+    // its own right after), so the timer's stalls can be set beside each request.
+    let origin = Instant::now();
+    let probe = tokio::spawn(timer_lag(stop.clone(), origin));
     let mark = CpuMark::now(background, server, tps);
     let records = run_poisson(PoissonArgs {
         addr: server.addr,
@@ -439,7 +451,14 @@ async fn phase(
     .await?;
     let cpu = mark.until(&CpuMark::now(background, server, tps));
     stop.store(true, Ordering::Relaxed);
-    let mut lags = probe.await?;
+    let stalls = probe.await?;
+    // The client's worst timer lag while a request was out (scheduled send to
+    // answer read), ms.
+    let stall_during = |r: &Record| {
+        let (from, to) = (r.at_s, r.at_s + r.latency_ms / 1e3);
+        stalls.iter().filter(|(t, _)| (from..=to).contains(t)).map(|&(_, lag)| lag).fold(0.0, f64::max)
+    };
+    let mut lags: Vec<f64> = stalls.iter().map(|&(_, lag)| lag).collect();
     lags.sort_by(f64::total_cmp);
     let late_after = loadgen::server_count(server.addr, "late").await;
     let mut by_status = BTreeMap::new();
@@ -480,6 +499,7 @@ async fn phase(
             batch_ms: r.server_ms.zip(r.server_queue_ms).map(|(l, q)| l - q),
             batch_size: r.server_batch,
             outside_server_ms: r.latency_from_send_ms().zip(r.server_ms).map(|(a, b)| a - b),
+            client_stall_ms: stall_during(r),
         })
         .collect();
     Ok(Phase {
