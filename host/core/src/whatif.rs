@@ -124,9 +124,14 @@ pub struct ReplayResult {
     pub on_time: u64,
     /// Dropped by the policy or expired by the host.
     pub dropped: u64,
+    /// Refused at admission, never queued: a replay admits as the host does
+    /// (`sluice_core::admission`), judging every recorded arrival again.
+    #[serde(default)]
+    pub refused: u64,
     /// Mean accuracy of the requests served on time, 0–1.
     pub accuracy: f64,
-    /// Share of the requests not served on time (late, dropped, unfinished), 0–1.
+    /// Share of the requests not served on time (late, dropped, refused,
+    /// unfinished), 0–1.
     pub violation_rate: f64,
     /// Median latency, ms.
     pub p50_ms: f64,

@@ -159,6 +159,7 @@ pub fn replay(job: &ReplayJob, control: &ReplayControl, threads: usize) -> Resul
         served: r.served,
         on_time: r.on_time,
         dropped: r.dropped,
+        refused: r.refused.unwrap_or(0),
         accuracy: r.accuracy,
         violation_rate: r.violation_rate,
         p50_ms,
