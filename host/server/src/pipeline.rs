@@ -217,29 +217,6 @@ impl Routing {
     }
 }
 
-/// Per-task counters: every intermediate request created at a task ends as served,
-/// dropped (with a reason) or rejected, so `created = served + dropped + rejected`
-/// once nothing is in flight.
-#[derive(Default)]
-pub struct TaskCounters {
-    /// Intermediate requests created for the task (the root's: client requests).
-    pub created: AtomicU64,
-    /// Served by one of its workers.
-    pub served: AtomicU64,
-    /// Dropped, by reason.
-    pub dropped: Mutex<BTreeMap<String, u64>>,
-    /// Refused or abandoned at shutdown.
-    pub rejected: AtomicU64,
-    /// Sent to a backup worker by opportunistic rerouting.
-    pub rerouted: AtomicU64,
-}
-
-impl TaskCounters {
-    fn dropped_total(&self) -> u64 {
-        self.dropped.lock().values().sum()
-    }
-}
-
 /// Pipeline-wide counters: every accepted client request is answered once.
 #[derive(Default)]
 pub struct PipelineCounters {
@@ -381,8 +358,8 @@ pub struct PipelineApp {
     routing: RwLock<Arc<Routing>>,
     plan: tokio::sync::Mutex<PlanState>,
     view: Mutex<Value>,
-    /// Per task, its counters.
-    pub task_counters: Vec<TaskCounters>,
+    /// Per task, what became of its intermediate requests (the simulator's type).
+    pub task_counters: Vec<Mutex<flow::TaskCounters>>,
     /// Client-level counters.
     pub counters: PipelineCounters,
     /// Per device, the intermediate requests sent to it (client requests at the root
@@ -483,7 +460,7 @@ impl PipelineApp {
         let p = Arc::new(PipelineApp {
             slo_us,
             stage_us: slo_per_stage_us(slo_us, graph.depth()),
-            task_counters: graph.tasks.iter().map(|_| TaskCounters::default()).collect(),
+            task_counters: graph.tasks.iter().map(|_| Mutex::default()).collect(),
             device_requests: (0..routing.devices.len()).map(|_| AtomicU64::new(0)).collect(),
             graph,
             input,
@@ -552,7 +529,7 @@ impl PipelineApp {
             None => match this.root_node(&routing) {
                 Some(node) => this.at_task(routing, 0, node, input, deadline, 1.0),
                 None => {
-                    this.task_counters[0].created.fetch_add(1, Ordering::Relaxed);
+                    this.task_counters[0].lock().created += 1;
                     let a = this.drop_at(0, 0, flow::Drop::NoWorker);
                     Box::pin(async move { a })
                 }
@@ -621,14 +598,14 @@ impl PipelineApp {
     fn drop_at(&self, task: usize, by: usize, why: flow::Drop) -> PipelineAnswer {
         let reason = why.as_str();
         let name = &self.graph.tasks[by].name;
-        *self.task_counters[task].dropped.lock().entry(reason.to_string()).or_default() += 1;
+        self.task_counters[task].lock().dropped(why);
         let mut a = PipelineAnswer::default();
         a.drops.entry(name.clone()).or_default().insert(reason.to_string(), 1);
         a
     }
 
     fn reject_at(&self, task: usize) -> PipelineAnswer {
-        self.task_counters[task].rejected.fetch_add(1, Ordering::Relaxed);
+        self.task_counters[task].lock().rejected += 1;
         let mut a = PipelineAnswer::default();
         a.rejected.insert(self.graph.tasks[task].name.clone(), 1);
         a
@@ -649,7 +626,7 @@ impl PipelineApp {
         // requests reach a worker in the order they were admitted or made, not in
         // the order the runtime gets to their tasks (as the simulator queues them).
         let ready = |a: PipelineAnswer| -> BoxFuture<PipelineAnswer> { Box::pin(async move { a }) };
-        this.task_counters[task].created.fetch_add(1, Ordering::Relaxed);
+        this.task_counters[task].lock().created += 1;
         let Some(device) = routing.node_device.get(node).copied().flatten() else {
             return ready(this.drop_at(task, task, flow::Drop::NoWorker));
         };
@@ -677,10 +654,11 @@ impl PipelineApp {
                 Ok(Reply::Dropped { reason, .. }) => return this.drop_at(task, task, flow::Drop::Worker(reason)),
                 Ok(Reply::Rejected { .. }) | Err(_) => return this.reject_at(task),
             };
-            this.task_counters[task].served.fetch_add(1, Ordering::Relaxed);
             let finished = this.clock.now();
             let t = &this.graph.tasks[task];
             let variant = t.models.iter().position(|m| *m == served.variant).unwrap_or(slot.variant);
+            let on_time = decision::met(finished, entered + budget);
+            this.task_counters[task].lock().served(Some((this.accuracy[task][variant], on_time)));
             let accuracy = accuracy * this.accuracy[task][variant];
             let over = finished.saturating_sub(entered) as i64 - budget as i64;
             let mut answer = this
@@ -713,8 +691,9 @@ impl PipelineApp {
         Box::pin(async move {
             let t = &this.graph.tasks[task];
             if t.is_passthrough() {
-                this.task_counters[task].created.fetch_add(1, Ordering::Relaxed);
-                this.task_counters[task].served.fetch_add(1, Ordering::Relaxed);
+                let mut c = this.task_counters[task].lock();
+                c.created += 1;
+                c.served(None);
             }
             let sender = routing.sender(task, device);
             // A pass-through carries the mode on at no lateness (`flow::after_passthrough`).
@@ -733,7 +712,7 @@ impl PipelineApp {
                 let child_sink = this.graph.tasks[child].is_sink();
                 for _ in 0..n {
                     let Some(assigned) = picker.map(Picker::pick) else {
-                        this.task_counters[child].created.fetch_add(1, Ordering::Relaxed);
+                        this.task_counters[child].lock().created += 1;
                         answer.merge(this.drop_at(child, child, flow::Drop::NoWorker));
                         continue;
                     };
@@ -741,7 +720,7 @@ impl PipelineApp {
                     let node = match hop {
                         Hop::Assigned(node) => node,
                         Hop::Rerouted(node) => {
-                            this.task_counters[child].rerouted.fetch_add(1, Ordering::Relaxed);
+                            this.task_counters[child].lock().rerouted += 1;
                             *answer.rerouted.entry(this.graph.tasks[child].name.clone()).or_default() += 1;
                             node
                         }
@@ -749,7 +728,7 @@ impl PipelineApp {
                             // Counted where it was bound; reported as dropped by the task
                             // it overran (per-task) or could not enter in time.
                             let by = if cause == DropCause::OverBudget { task } else { child };
-                            this.task_counters[child].created.fetch_add(1, Ordering::Relaxed);
+                            this.task_counters[child].lock().created += 1;
                             answer.merge(this.drop_at(child, by, flow::Drop::Early(early_cause(cause))));
                             continue;
                         }
@@ -1010,14 +989,19 @@ impl PipelineApp {
             .iter()
             .enumerate()
             .map(|(t, c)| {
+                let c = c.lock().clone();
+                // Faults are the task app's (its fail mode counts them per app).
+                let faults = self.tasks[t].as_ref().map_or(0, |a| a.counters.faults.load(Ordering::Relaxed));
                 json!({
                     "task": name(t),
-                    "created": c.created.load(Ordering::Relaxed),
-                    "served": c.served.load(Ordering::Relaxed),
+                    "created": c.created,
+                    "served": c.served,
+                    "late": c.late,
                     "dropped": c.dropped_total(),
-                    "dropped_by_reason": *c.dropped.lock(),
-                    "rejected": c.rejected.load(Ordering::Relaxed),
-                    "rerouted": c.rerouted.load(Ordering::Relaxed),
+                    "dropped_by_reason": c.dropped,
+                    "rejected": c.rejected,
+                    "rerouted": c.rerouted,
+                    "policy_faults": faults,
                 })
             })
             .collect();

@@ -19,6 +19,7 @@
 //! - [`retire_bound_us`] and [`RETIRING_DRAINS`]: how a worker leaving a task drains.
 //! - [`unbind_after_fault`]: what a policy fault does to a task worker's policy.
 //! - [`Drop`]: one label per reason an intermediate request did not get served.
+//! - [`TaskCounters`]: what became of a task's intermediate requests.
 
 use std::collections::BTreeMap;
 
@@ -210,6 +211,54 @@ impl Drop {
     }
 }
 
+/// What became of the intermediate requests made for one task, counted by one type
+/// live (`sluice_server::pipeline::PipelineApp`, one per task under a lock) and
+/// simulated (`sluice_sim::pipeline`, whose results report it per task): every
+/// request created ends served, dropped (by its [`Drop`] label) or rejected, so
+/// `created = served + dropped + rejected` once nothing is in flight.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TaskCounters {
+    /// Intermediate requests created for the task (the root's: client requests).
+    pub created: u64,
+    /// Served by one of its workers (a pass-through task serves each at once).
+    pub served: u64,
+    /// Of those served by a model, after their task deadline (entry + task budget).
+    pub late: u64,
+    /// Dropped, by label ([`Drop::as_str`]).
+    pub dropped: BTreeMap<&'static str, u64>,
+    /// Refused or abandoned at shutdown (live only: a simulation drains).
+    pub rejected: u64,
+    /// Sent to a backup worker by opportunistic rerouting.
+    pub rerouted: u64,
+    /// The accuracies of the variants that served them, summed (model tasks).
+    pub accuracy_sum: f64,
+    /// Faults of its workers' policies, answered by the safe policy (simulated; live,
+    /// the task app counts them, `AppCounters::faults`).
+    pub policy_faults: u64,
+}
+
+impl TaskCounters {
+    /// One request served: by a model of `accuracy`, on time or not (None: by a
+    /// pass-through task, which has neither).
+    pub fn served(&mut self, by_model: Option<(f64, bool)>) {
+        self.served += 1;
+        if let Some((accuracy, on_time)) = by_model {
+            self.accuracy_sum += accuracy;
+            self.late += u64::from(!on_time);
+        }
+    }
+
+    /// One request dropped, `why`.
+    pub fn dropped(&mut self, why: Drop) {
+        *self.dropped.entry(why.as_str()).or_insert(0) += 1;
+    }
+
+    /// Requests dropped, for any reason.
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.values().sum()
+    }
+}
+
 /// How one client request through a pipeline ended, live or simulated: the record
 /// the pipeline differential test compares.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -319,6 +368,13 @@ mod tests {
                 "expired"
             ]
         );
+        let mut c = TaskCounters { created: 4, ..Default::default() };
+        c.served(Some((0.5, true)));
+        c.served(Some((0.25, false)));
+        c.served(None);
+        c.dropped(Drop::Early(EarlyCause::OverBudget));
+        assert_eq!((c.served, c.late, c.accuracy_sum, c.dropped_total()), (3, 1, 0.75, 1));
+        assert_eq!(c.created, c.served + c.dropped_total() + c.rejected);
         let mut o = PipelineOutcome { sinks: 2, on_time: true, ..Default::default() };
         assert_eq!(o.label(), "on-time");
         o.on_time = false;

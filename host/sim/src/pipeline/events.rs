@@ -87,7 +87,7 @@ impl<'a> PipelineSim<'a> {
             plan_cache: HashMap::new(),
             placement: None,
             demand_used: 0.0,
-            counters: (0..n).map(|_| TaskCounters::default()).collect(),
+            counters: (0..n).map(|_| flow::TaskCounters::default()).collect(),
             fanout_served: pipeline.tasks.iter().map(|t| vec![0; t.models.len().max(1)]).collect(),
             fanout_created: pipeline
                 .tasks

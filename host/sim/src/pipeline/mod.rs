@@ -189,18 +189,6 @@ struct Placement {
 /// pipeline's task apps take, `AppConfig::unbind_after`).
 const TASK_UNBIND_AFTER: u64 = 10;
 
-#[derive(Default)]
-struct TaskCounters {
-    /// Faults of its workers' policies (answered by the safe policy).
-    policy_faults: u64,
-    created: u64,
-    served: u64,
-    late: u64,
-    dropped: BTreeMap<&'static str, u64>,
-    rerouted: u64,
-    accuracy_sum: f64,
-}
-
 /// (task, variant, batch, budget µs): what a worker's policy binding depends on.
 type BindingKey = (usize, usize, u32, u64);
 /// A binding and the models its instances see.
@@ -245,7 +233,8 @@ struct PipelineSim<'a> {
     plan_cache: HashMap<u64, Option<Placement>>,
     placement: Option<Placement>,
     demand_used: f64,
-    counters: Vec<TaskCounters>,
+    /// Per task, what became of its requests (the live host's type, `flow::TaskCounters`).
+    counters: Vec<flow::TaskCounters>,
     fanout_served: Vec<Vec<u64>>,
     fanout_created: Vec<Vec<Vec<u64>>>,
     sink_results: u64,

@@ -148,14 +148,7 @@ impl<'a> PipelineSim<'a> {
         let pipeline = self.pipeline;
         let task = &pipeline.tasks[t];
         let passthrough = task.is_passthrough();
-        let c = &mut self.counters[t];
-        c.served += 1;
-        if !passthrough {
-            c.accuracy_sum += accuracy;
-            if !decision::met(now, r.deadline) {
-                c.late += 1;
-            }
-        }
+        self.counters[t].served((!passthrough).then(|| (accuracy, decision::met(now, r.deadline))));
         self.fanout_served[t][variant] += 1;
         let path_accuracy = r.accuracy * accuracy;
         let client = r.client as usize;
@@ -237,7 +230,7 @@ impl<'a> PipelineSim<'a> {
 
     pub(super) fn drop_req(&mut self, r: Req, why: flow::Drop) {
         self.reroutes.remove(&r.id);
-        *self.counters[r.task].dropped.entry(why.as_str()).or_insert(0) += 1;
+        self.counters[r.task].dropped(why);
         let client = r.client as usize;
         if let Some(o) = self.outcomes.as_mut().and_then(|o| o.get_mut(client)) {
             *o.drops.entry(why.as_str().to_string()).or_default() += 1;
