@@ -31,6 +31,8 @@
 //!   % of one core), the machine's busy share (% of all cores, `/proc/stat`) and
 //!   its 1-minute load average, so that a late answer can be laid at the right
 //!   door;
+//! - the margin admission added to its predictions in its overload refusals
+//!   (from each 429's message), median and max, at 1× and 5×;
 //! - the server's RSS after start and after each phase (goal: flat);
 //! - every status the clients got;
 //! - in the JSON line, each phase's late answers with where their time went (the
@@ -358,6 +360,11 @@ struct Phase {
     /// the min is the profile's figure (of the faster variant, where a policy
     /// serves two) and what lies above it the server's wake-up lag.
     batch_ms_by_size: BTreeMap<u32, [f64; 4]>,
+    /// The margin admission added to its prediction in the overload refusals
+    /// (429s) of the phase, median and max, ms: a high quantile of recent
+    /// prediction errors plus the answering edge (NaN when none was refused so).
+    refusal_margin_p50_ms: f64,
+    refusal_margin_max_ms: f64,
 }
 
 /// At most this many late answers are listed per phase.
@@ -485,6 +492,8 @@ async fn phase(
             (size, [v[0], quantile(&v, 0.5), quantile(&v, 0.99), v[v.len() - 1]])
         })
         .collect();
+    let mut margins: Vec<f64> = records.iter().filter_map(|r| r.refusal_margin_ms).collect();
+    margins.sort_by(f64::total_cmp);
     let late_answers = ok
         .iter()
         .filter(|r| r.latency_from_send_ms().is_some_and(|ms| ms > SLO_MS) || r.server_ms.is_some_and(|ms| ms > SLO_MS))
@@ -528,6 +537,8 @@ async fn phase(
         cpu,
         late_answers,
         batch_ms_by_size,
+        refusal_margin_p50_ms: quantile(&margins, 0.5),
+        refusal_margin_max_ms: margins.last().copied().unwrap_or(f64::NAN),
     })
 }
 
@@ -559,9 +570,9 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "| policy | body | background | capacity req/s | goodput 1× | goodput 5× | 5× / 1× (goal ≥ 0.9) | late 200s at 5×, from the scheduled send | p99 200s at 5× ms (SLO {SLO_MS}) | statuses at 5× | RSS start / 1× / 5× MiB | client timer lag at 5×, p99 / max ms | late 200s at 5× from the actual send (goal ≤ 1 %) | late by the server's clock at 5× | p99 at 5× from the actual send / server's ms | send lag p99 / max, upload p99 ms | CPU at 5×: background / server / client % of a core, machine busy % | load average |"
+        "| policy | body | background | capacity req/s | goodput 1× | goodput 5× | 5× / 1× (goal ≥ 0.9) | late 200s at 5×, from the scheduled send | p99 200s at 5× ms (SLO {SLO_MS}) | statuses at 5× | RSS start / 1× / 5× MiB | client timer lag at 5×, p99 / max ms | late 200s at 5× from the actual send (goal ≤ 1 %) | late by the server's clock at 5× | p99 at 5× from the actual send / server's ms | send lag p99 / max, upload p99 ms | CPU at 5×: background / server / client % of a core, machine busy % | load average | admission's margin in 429s, median / max ms, 1×; 5× |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---|---|---|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---|---|---|---:|---|");
     let mut out = Vec::new();
     let (mut worst_ratio, mut worst_late, mut worst_from_send, mut worst_server) =
         (f64::INFINITY, 0.0f64, 0.0f64, 0.0f64);
@@ -576,7 +587,7 @@ fn main() -> Result<()> {
             None => "none".to_string(),
         };
         println!(
-            "| {} | {:?} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} % ({} of {}) | {:.0} | {:?} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} | {:.2} % ({}) | {:.2} % ({}; counter {}) | {:.0} / {:.0} | {:.1} / {:.1}, {:.1} | {:.0} / {:.0} / {:.0}, {:.0} % | {:.1} |",
+            "| {} | {:?} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} % ({} of {}) | {:.0} | {:?} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} | {:.2} % ({}) | {:.2} % ({}; counter {}) | {:.0} / {:.0} | {:.1} / {:.1}, {:.1} | {:.0} / {:.0} / {:.0}, {:.0} % | {:.1} | {:.0} / {:.0}; {:.0} / {:.0} |",
             policy,
             body,
             background,
@@ -609,6 +620,10 @@ fn main() -> Result<()> {
             over.cpu.client_pct,
             over.cpu.machine_busy_pct,
             over.cpu.load_average,
+            at.refusal_margin_p50_ms,
+            at.refusal_margin_max_ms,
+            over.refusal_margin_p50_ms,
+            over.refusal_margin_max_ms,
         );
         out.push(json!({ "policy": policy, "body": body, "background_percent": percent, "background_nice": nice,
             "capacity": capacity, "start_rss_mib": start_rss, "at_capacity": at, "at_5x": over }));

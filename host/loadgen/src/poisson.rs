@@ -89,6 +89,10 @@ pub struct Record {
     /// The size of the batch that served it (a sluice answer's
     /// `parameters.batch_size`).
     pub server_batch: Option<u32>,
+    /// For a sluice 429 refused as overloaded: the margin admission added to its
+    /// prediction, ms (the message's "+ M ms margin for prediction errors and
+    /// answering").
+    pub refusal_margin_ms: Option<f64>,
 }
 
 impl Record {
@@ -110,6 +114,7 @@ impl Record {
             server_ms: None,
             server_queue_ms: None,
             server_batch: None,
+            refusal_margin_ms: None,
         }
     }
 }
@@ -128,6 +133,14 @@ struct ServerTiming {
 #[derive(serde::Deserialize)]
 struct AnswerTiming {
     parameters: Option<ServerTiming>,
+}
+
+/// The margin in a sluice overload refusal's message ("... (P ms predicted + M ms
+/// margin for prediction errors and answering) ..."), ms.
+fn refusal_margin_ms(body: &[u8]) -> Option<f64> {
+    let text = std::str::from_utf8(body).ok()?;
+    let before = &text[..text.find(" ms margin")?];
+    before.rsplit(' ').next()?.parse().ok()
 }
 
 /// The server's timing in an answer's body; all `None` for another server's.
@@ -213,7 +226,8 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
                         }
                         let (r, sent) = c.request_timed("POST", &path, &lines, &body).await?;
                         let server = if r.status == 200 { server_timing(&r.body) } else { ServerTiming::default() };
-                        Ok::<_, anyhow::Error>((c, r.status, sent, server))
+                        let margin = if r.status == 429 { refusal_margin_ms(&r.body) } else { None };
+                        Ok::<_, anyhow::Error>((c, r.status, sent, server, margin))
                     }
                 };
                 // A kept-alive connection the server closed while it sat idle
@@ -226,14 +240,15 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
                 }
             };
             let (status, keep, timing) = match tokio::time::timeout(timeout, work).await {
-                Ok(Ok((c, status, sent, server))) => (status, Some(c), Some((sent, server))),
+                Ok(Ok((c, status, sent, server, margin))) => (status, Some(c), Some((sent, server, margin))),
                 Ok(Err(_)) => (STATUS_TRANSPORT_ERROR, None, None),
                 Err(_) => (STATUS_TIMEOUT, None, None),
             };
             let latency_ms = when.elapsed().as_secs_f64() * 1e3;
             let since = |t: Instant| t.saturating_duration_since(when).as_secs_f64() * 1e3;
             let mut record = Record::without_timing(at, status, latency_ms);
-            if let Some((sent, server)) = timing {
+            if let Some((sent, server, margin)) = timing {
+                record.refusal_margin_ms = margin;
                 record.send_ms = Some(since(sent.started));
                 record.written_ms = Some(since(sent.written));
                 record.server_ms = server.latency_us.map(|us| us / 1e3);
@@ -349,6 +364,9 @@ mod tests {
         }
         assert_eq!(server_timing(br#"{"outputs":[]}"#).latency_us, None);
         assert_eq!(server_timing(b"not json").latency_us, None);
+        let refusal = br#"{"error":"app img: overloaded: behind 3 requests it would be answered in about 512 ms (431 ms predicted + 81 ms margin for prediction errors and answering), past its 400 ms deadline; retry later"}"#;
+        assert_eq!(refusal_margin_ms(refusal), Some(81.0));
+        assert_eq!(refusal_margin_ms(br#"{"error":"app img: queue full"}"#), None);
     }
 
     #[test]
