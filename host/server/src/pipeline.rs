@@ -11,7 +11,11 @@
 //! per pipeline worker (device): device d serves one (task, variant) under the plan,
 //! so worker d of that task's app has the variant loaded and the same worker of the
 //! other tasks' apps has nothing. The policies of those workers are ordinary policy
-//! components (default `fixed` with `allocated = true`), swapped like any app's.
+//! components (default `fixed` with `allocated = true`), swapped like any app's,
+//! each bound with its plan slot's view: its variant's table cut at the plan's
+//! batch and the task budget as its SLO (`flow::task_view`, as in the simulator;
+//! [`PipelineApp::bind_views`], re-bound one worker at a time when a re-plan
+//! changes the slot).
 //!
 //! A request enters at the root; when a task serves it, it creates intermediate
 //! requests for each child — `fanout_count` of the variant's expected factor for the
