@@ -28,14 +28,14 @@ impl From<crate::evaluate::EvaluateError> for ApiError {
         match e {
             E::Unavailable => ApiError::new(StatusCode::NOT_IMPLEMENTED, e.to_string()),
             E::UnknownApp { .. } => ApiError::not_found(e.to_string()),
-            E::BadRequest(m) => ApiError::bad_request(m),
-            E::Conflict(m) => ApiError::new(StatusCode::CONFLICT, m),
+            e if e.is_bad_request() => ApiError::bad_request(e.to_string()),
+            e if e.is_conflict() => ApiError::new(StatusCode::CONFLICT, e.to_string()),
             E::Busy { running, .. } => ApiError {
                 extra: Some(json!({ "running": running })),
                 ..ApiError::new(StatusCode::CONFLICT, e.to_string())
             },
             E::Registry(r) => registry_error(r),
-            E::Internal(m) => ApiError::internal(m),
+            e => ApiError::internal(e),
         }
     }
 }

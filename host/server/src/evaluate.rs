@@ -298,8 +298,9 @@ impl Evaluations {
 }
 
 /// Why an evaluation did not start. The edge answers each with its status
-/// (`From<EvaluateError> for ApiError`): 501, 404, 400, 409, 409 with the running
-/// evaluation's id, the registry's own, 500.
+/// (`From<EvaluateError> for ApiError`): 501, 404, 400 for a malformed request
+/// ([`EvaluateError::is_bad_request`]), 409 for one the app cannot be evaluated with
+/// (409 with the running evaluation's id when busy), the registry's own, 500.
 #[derive(Debug, thiserror::Error)]
 pub enum EvaluateError {
     /// The host has no simulator to replay with.
@@ -313,12 +314,60 @@ pub enum EvaluateError {
         /// The apps served.
         known: Vec<String>,
     },
-    /// The request is malformed.
+    /// `window_s` out of (0, [`MAX_WINDOW_S`]].
+    #[error("window_s: expected 0 < window_s <= {MAX_WINDOW_S}")]
+    Window(f64),
+    /// `params` or `against.params` is not a JSON object.
+    #[error("{field} must be a JSON object, got {got}")]
+    NotAnObject {
+        /// The field.
+        field: &'static str,
+        /// What it was.
+        got: Value,
+    },
+    /// `against` is neither `"current"` nor a policy.
+    #[error(r#"against: expected "current" or {{"policy": "...", "params": {{...}}}}"#)]
+    Against,
+    /// `against` has a field besides `policy` and `params`.
+    #[error("against: unknown field `{0}`")]
+    AgainstField(String),
+    /// `promote_if` out of range (core's `PromoteIf::validate` says how).
     #[error("{0}")]
-    BadRequest(String),
-    /// The request is well formed, but the app cannot be evaluated so.
-    #[error("{0}")]
-    Conflict(String),
+    PromoteIf(String),
+    /// `promote_if` with another `against` than the current policy.
+    #[error("promote_if compares the candidate with the current policy: leave `against` out or \"current\"")]
+    PromoteAgainst,
+    /// The app runs on `[[device]]`s, which a replay does not model.
+    #[error("app {0} runs on [[device]]s: the allocator places its variants, which a replay does not model")]
+    OnDevices(String),
+    /// The app is a pipeline's task: its arrivals are not recorded.
+    #[error("app {0} is a pipeline's task: its arrivals are not recorded")]
+    PipelineTask(String),
+    /// `arrival_ring = 0`.
+    #[error("arrival recording is off (arrival_ring = 0 in the config)")]
+    RecordingOff,
+    /// The app's policy was replaced in the registry since it was bound.
+    #[error(
+        "app {app}: policy `{policy}` was replaced since it was bound (bound {bound}, now {now}); swap it again first"
+    )]
+    PolicyReplaced {
+        /// The app.
+        app: String,
+        /// The policy.
+        policy: String,
+        /// The digest bound.
+        bound: String,
+        /// The registry's digest now.
+        now: String,
+    },
+    /// Nothing was recorded in the window.
+    #[error("app {app}: no arrivals recorded in the last {window_s} s; nothing to replay")]
+    NoArrivals {
+        /// The app.
+        app: String,
+        /// The window asked for, s.
+        window_s: f64,
+    },
     /// Another evaluation of the app is running.
     #[error("app {app}: evaluation {running} is running; one at a time per app")]
     Busy {
@@ -330,24 +379,49 @@ pub enum EvaluateError {
     /// A policy could not be resolved.
     #[error(transparent)]
     Registry(#[from] RegistryError),
-    /// A server-side failure (logged by the edge).
+    /// A blocking task of the host failed (logged by the edge).
     #[error("{0}")]
-    Internal(String),
+    Task(#[from] tokio::task::JoinError),
+    /// The evaluation's thread could not be started (logged by the edge).
+    #[error("cannot start an evaluation thread: {0}")]
+    Thread(std::io::Error),
 }
 
-fn conflict(message: impl Into<String>) -> EvaluateError {
-    EvaluateError::Conflict(message.into())
+impl EvaluateError {
+    /// Whether the request is malformed (400), as opposed to well formed for an app
+    /// that cannot be evaluated so now (409) or the host's failure.
+    pub fn is_bad_request(&self) -> bool {
+        use EvaluateError as E;
+        matches!(
+            self,
+            E::Window(_)
+                | E::NotAnObject { .. }
+                | E::Against
+                | E::AgainstField(_)
+                | E::PromoteIf(_)
+                | E::PromoteAgainst
+        )
+    }
+
+    /// Whether the app cannot be evaluated so now (409).
+    pub fn is_conflict(&self) -> bool {
+        use EvaluateError as E;
+        matches!(
+            self,
+            E::OnDevices(_) | E::PipelineTask(_) | E::RecordingOff | E::PolicyReplaced { .. } | E::NoArrivals { .. }
+        )
+    }
 }
 
 fn busy(app: &str, running: u64) -> EvaluateError {
     EvaluateError::Busy { app: app.to_string(), running }
 }
 
-fn params_of(v: Option<Value>, field: &str) -> Result<String, EvaluateError> {
+fn params_of(v: Option<Value>, field: &'static str) -> Result<String, EvaluateError> {
     match v {
         None => Ok("{}".into()),
         Some(v @ Value::Object(_)) => Ok(v.to_string()),
-        Some(other) => Err(EvaluateError::BadRequest(format!("{field} must be a JSON object, got {other}"))),
+        Some(got) => Err(EvaluateError::NotAnObject { field, got }),
     }
 }
 
@@ -358,8 +432,7 @@ enum Against {
 }
 
 fn against_of(v: Option<Value>) -> Result<Against, EvaluateError> {
-    let bad =
-        || EvaluateError::BadRequest(r#"against: expected "current" or {"policy": "...", "params": {...}}"#.into());
+    let bad = || EvaluateError::Against;
     match v {
         None => Ok(Against::Current),
         Some(Value::String(s)) if s == "current" => Ok(Against::Current),
@@ -370,7 +443,7 @@ fn against_of(v: Option<Value>) -> Result<Against, EvaluateError> {
             };
             let params = params_of(m.remove("params"), "against.params")?;
             if let Some(k) = m.keys().next() {
-                return Err(EvaluateError::BadRequest(format!("against: unknown field `{k}`")));
+                return Err(EvaluateError::AgainstField(k.clone()));
             }
             Ok(Against::Policy(policy, params))
         }
@@ -386,9 +459,7 @@ async fn policy(registry: &Arc<Registry>, name: &str, params: String) -> Result<
     let registry = registry.clone();
     let n = name.to_string();
     // A built-in's first use compiles it: off the async threads.
-    let compiled = tokio::task::spawn_blocking(move || registry.get(&n))
-        .await
-        .map_err(|e| EvaluateError::Internal(e.to_string()))??;
+    let compiled = tokio::task::spawn_blocking(move || registry.get(&n)).await??;
     Ok(PolicyUnderTest { name: name.into(), compiled: Some(compiled), params })
 }
 
@@ -414,28 +485,24 @@ pub async fn start(
         return Err(busy(app_name, running));
     }
     if !(req.window_s.is_finite() && req.window_s > 0.0 && req.window_s <= MAX_WINDOW_S) {
-        return Err(EvaluateError::BadRequest(format!("window_s: expected 0 < window_s <= {MAX_WINDOW_S}")));
+        return Err(EvaluateError::Window(req.window_s));
     }
     let against = against_of(req.against)?;
     if let Some(rule) = &req.promote_if {
-        rule.validate().map_err(EvaluateError::BadRequest)?;
+        rule.validate().map_err(EvaluateError::PromoteIf)?;
         if !matches!(against, Against::Current) {
-            return Err(EvaluateError::BadRequest(
-                "promote_if compares the candidate with the current policy: leave `against` out or \"current\"".into(),
-            ));
+            return Err(EvaluateError::PromoteAgainst);
         }
     }
     let candidate_params = params_of(req.params, "params")?;
     if app.device_models.is_some() {
-        return Err(conflict(format!(
-            "app {app_name} runs on [[device]]s: the allocator places its variants, which a replay does not model"
-        )));
+        return Err(EvaluateError::OnDevices(app_name.to_string()));
     }
     let Some(ring) = app.ring.get() else {
-        return Err(conflict(format!("app {app_name} is a pipeline's task: its arrivals are not recorded")));
+        return Err(EvaluateError::PipelineTask(app_name.to_string()));
     };
     if ring.capacity() == 0 {
-        return Err(conflict("arrival recording is off (arrival_ring = 0 in the config)"));
+        return Err(EvaluateError::RecordingOff);
     }
     let candidate = policy(registry, &req.policy, candidate_params).await?;
     let generation = app.binding.lock().generation;
@@ -446,10 +513,12 @@ pub async fn start(
             let p = policy(registry, &b.policy, b.params.clone()).await?;
             if let (Some(c), Some(d)) = (&p.compiled, &b.digest) {
                 if &c.digest != d {
-                    return Err(conflict(format!(
-                        "app {app_name}: policy `{}` was replaced since it was bound (bound {d}, now {}); swap it again first",
-                        b.policy, c.digest
-                    )));
+                    return Err(EvaluateError::PolicyReplaced {
+                        app: app_name.to_string(),
+                        policy: b.policy.clone(),
+                        bound: d.clone(),
+                        now: c.digest.clone(),
+                    });
                 }
             }
             p
@@ -460,14 +529,9 @@ pub async fn start(
     let from = now.saturating_sub((req.window_s * 1e6) as u64);
     let ring_app = app.clone();
     let mut arrivals =
-        tokio::task::spawn_blocking(move || ring_app.ring.get().map(|r| r.since(from)).unwrap_or_default())
-            .await
-            .map_err(|e| EvaluateError::Internal(e.to_string()))?;
+        tokio::task::spawn_blocking(move || ring_app.ring.get().map(|r| r.since(from)).unwrap_or_default()).await?;
     let Some(&first) = arrivals.first() else {
-        return Err(conflict(format!(
-            "app {app_name}: no arrivals recorded in the last {} s; nothing to replay",
-            req.window_s
-        )));
+        return Err(EvaluateError::NoArrivals { app: app_name.to_string(), window_s: req.window_s });
     };
     arrivals.iter_mut().for_each(|t| *t -= first);
     let loaded: Vec<Vec<u32>> = app.workers.iter().map(|w| w.loaded.lock().clone()).collect();
@@ -530,7 +594,7 @@ pub async fn start(
     if let Err(err) = spawned {
         evaluation.progress.lock().status = Status::Failed;
         evaluations.release(&evaluation);
-        return Err(EvaluateError::Internal(format!("cannot start an evaluation thread: {err}")));
+        return Err(EvaluateError::Thread(err));
     }
     tracing::info!(app = app_name, evaluation = evaluation.id, policy = req.policy, "what-if evaluation started");
     Ok(Started {
@@ -586,5 +650,27 @@ fn run_in_background() {
     // calling thread only, see setpriority(2), BUGS).
     if let Err(e) = rustix::process::setpriority_process(None, EVALUATION_NICE) {
         tracing::debug!("an evaluation thread could not lower its priority: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evaluate_errors_name_the_field_and_say_whose_fault() {
+        let e = params_of(Some(Value::from(3)), "against.params").unwrap_err();
+        assert_eq!(e.to_string(), "against.params must be a JSON object, got 3");
+        assert!(e.is_bad_request() && !e.is_conflict());
+        let e = against_of(Some(serde_json::json!({ "policy": "fixed", "mode": 1 }))).err().expect("an error");
+        assert_eq!(e.to_string(), "against: unknown field `mode`");
+        let e = against_of(Some(Value::from("previous"))).err().expect("an error");
+        assert_eq!(e.to_string(), r#"against: expected "current" or {"policy": "...", "params": {...}}"#);
+        assert_eq!(EvaluateError::Window(0.0).to_string(), "window_s: expected 0 < window_s <= 86400");
+        let e = EvaluateError::NoArrivals { app: "img".into(), window_s: 60.0 };
+        assert_eq!(e.to_string(), "app img: no arrivals recorded in the last 60 s; nothing to replay");
+        assert!(e.is_conflict() && !e.is_bad_request());
+        let busy = busy("img", 4);
+        assert!(!busy.is_conflict() && !busy.is_bad_request(), "busy has its own answer, with the running id");
     }
 }
