@@ -17,8 +17,9 @@
 //! - the share of answers 200 that came after the SLO at 5×, three ways (issue
 //!   40): from the *scheduled* send (what an open-loop client sees, its own delay
 //!   in sending included), from the *actual* send (just before the request's
-//!   first byte was written: the server and the network stack only; the ≤ 1 %
-//!   goal is judged on this one), and by the server's own clock (each answer's
+//!   first byte was written: the server and the network stack, and the client
+//!   only where it reads the answer late; the ≤ 1 % goal is judged on this one),
+//!   and by the server's own clock (each answer's
 //!   `parameters.latency_us`, from its head arriving to its batch's end; beside it
 //!   the server's `late` counter over the phase);
 //! - the p99 latency of the answers 200 (goal ≤ the SLO), from the scheduled and

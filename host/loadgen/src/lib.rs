@@ -90,7 +90,8 @@ impl Client {
     /// [`Client::request`], also returning when the request went out ([`Sent`]):
     /// an open-loop client's latency from its *scheduled* send counts its own
     /// scheduling delay, which the server never sees; from [`Sent::started`] it
-    /// counts only the server and the network stack.
+    /// counts the server and the network stack (and the client only in reading
+    /// the answer).
     pub async fn request_timed(
         &mut self,
         method: &str,

@@ -98,7 +98,8 @@ pub struct Record {
 impl Record {
     /// From just before the request was written to the last byte of its answer,
     /// ms: the server's part and the network stack's, without the client's delay
-    /// in sending it.
+    /// in sending it (a client whose runtime stalls still reads the answer late,
+    /// and that counts here).
     pub fn latency_from_send_ms(&self) -> Option<f64> {
         self.send_ms.map(|s| self.latency_ms - s)
     }
