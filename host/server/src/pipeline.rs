@@ -12,10 +12,10 @@
 //! so worker d of that task's app has the variant loaded and the same worker of the
 //! other tasks' apps has nothing. The policies of those workers are ordinary policy
 //! components (default `fixed` with `allocated = true`), swapped like any app's,
-//! each bound with its plan slot's view: its variant's table cut at the plan's
+//! each bound with its plan assignment's view: its variant's table cut at the plan's
 //! batch and the task budget as its SLO (`flow::task_view`, as in the simulator;
 //! [`PipelineApp::bind_views`], re-bound one worker at a time when a re-plan
-//! changes the slot).
+//! changes the assignment).
 //!
 //! A request enters at the root; when a task serves it, it creates intermediate
 //! requests for each child — `fanout_count` of the variant's expected factor for the
@@ -65,7 +65,7 @@ type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send
 
 /// What one device (pipeline worker) serves under a plan.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Slot {
+pub struct Assignment {
     /// The task (index in the pipeline).
     pub task: usize,
     /// The variant (index in the task's models).
@@ -78,12 +78,12 @@ pub struct Slot {
     pub capacity_qps: f64,
 }
 
-/// The routing in force: the devices' slots, the load balancer's tables over them,
+/// The routing in force: the devices' assignments, the load balancer's tables over them,
 /// and a smooth weighted picker per table. Replaced whole (an `Arc` swap), so a
 /// request routes entirely by one version.
 pub struct Routing {
     /// Per device, what it serves (None: idle).
-    pub devices: Vec<Option<Slot>>,
+    pub devices: Vec<Option<Assignment>>,
     /// Per node of the tables, its device (None: a pass-through task's node).
     pub node_device: Vec<Option<usize>>,
     /// Per device, its node.
@@ -124,7 +124,7 @@ impl Routing {
     /// its capacity.
     pub fn build(
         graph: &Pipeline,
-        devices: Vec<Option<Slot>>,
+        devices: Vec<Option<Assignment>>,
         accuracy: &[Vec<f64>],
         demand_qps: f64,
         utilization: f64,
@@ -132,8 +132,8 @@ impl Routing {
         let mut workers = Vec::new();
         let mut node_device = Vec::new();
         let mut device_node = vec![None; devices.len()];
-        for (d, slot) in devices.iter().enumerate() {
-            if let Some(s) = slot {
+        for (d, assignment) in devices.iter().enumerate() {
+            if let Some(s) = assignment {
                 device_node[d] = Some(workers.len());
                 node_device.push(Some(d));
                 workers.push(Worker {
@@ -376,7 +376,7 @@ pub struct PipelineApp {
     pub accepting: AtomicBool,
     in_flight: AtomicUsize,
     draws: AtomicU64,
-    /// Task workers re-bound to a new plan slot's view ([`PipelineApp::bind_views`]).
+    /// Task workers re-bound to a new plan assignment's view ([`PipelineApp::bind_views`]).
     rebinds: AtomicU64,
     clock: WallClock,
 }
@@ -392,31 +392,34 @@ impl Drop for InFlight {
 
 /// Stable placement: a device keeps its (task, variant) while the new plan still
 /// needs that many; the rest go to idle devices first, in plan order.
-pub fn assign(graph: &Pipeline, plan: &Plan, old: &[Option<Slot>]) -> Vec<Option<Slot>> {
-    let mut needed: Vec<(Slot, u32)> = plan
+pub fn assign(graph: &Pipeline, plan: &Plan, old: &[Option<Assignment>]) -> Vec<Option<Assignment>> {
+    let mut needed: Vec<(Assignment, u32)> = plan
         .variants
         .iter()
         .filter_map(|v| {
             let (task, variant) = graph.model(&v.variant)?;
-            let slot = Slot { task, variant, batch: v.batch, latency_us: v.latency_us, capacity_qps: v.capacity_qps };
-            Some((slot, v.replicas))
+            let assignment =
+                Assignment { task, variant, batch: v.batch, latency_us: v.latency_us, capacity_qps: v.capacity_qps };
+            Some((assignment, v.replicas))
         })
         .collect();
-    let mut new: Vec<Option<Slot>> = vec![None; old.len()];
+    let mut new: Vec<Option<Assignment>> = vec![None; old.len()];
     for (d, o) in old.iter().enumerate() {
         let Some(o) = o else { continue };
-        if let Some((slot, n)) = needed.iter_mut().find(|(s, n)| *n > 0 && s.task == o.task && s.variant == o.variant) {
-            new[d] = Some(slot.clone());
+        if let Some((assignment, n)) =
+            needed.iter_mut().find(|(s, n)| *n > 0 && s.task == o.task && s.variant == o.variant)
+        {
+            new[d] = Some(assignment.clone());
             *n -= 1;
         }
     }
     let mut free: Vec<usize> = (0..old.len()).filter(|&d| new[d].is_none() && old[d].is_none()).collect();
     free.extend((0..old.len()).filter(|&d| new[d].is_none() && old[d].is_some()));
     let mut free = free.into_iter();
-    for (slot, n) in needed {
+    for (assignment, n) in needed {
         for _ in 0..n {
             if let Some(d) = free.next() {
-                new[d] = Some(slot.clone());
+                new[d] = Some(assignment.clone());
             }
         }
     }
@@ -443,7 +446,7 @@ impl PipelineApp {
         tasks: Vec<Option<Arc<App>>>,
         sources: Vec<Option<AppSources>>,
         (plan, origin): (Plan, sluice_alloc::Origin),
-        devices: Vec<Option<Slot>>,
+        devices: Vec<Option<Assignment>>,
         clock: WallClock,
     ) -> Arc<PipelineApp> {
         let graph = problem.pipeline.clone();
@@ -564,7 +567,7 @@ impl PipelineApp {
     fn root_node(&self, routing: &Routing) -> Option<usize> {
         if let (RootDispatch::QueueAware, Some(app)) = (self.config.serving.root_dispatch, self.tasks[0].as_ref()) {
             // Device order, so that ties in accuracy go to the lower device.
-            let roots: Vec<(usize, &Slot)> = routing
+            let roots: Vec<(usize, &Assignment)> = routing
                 .devices
                 .iter()
                 .enumerate()
@@ -634,12 +637,12 @@ impl PipelineApp {
         let Some(device) = routing.node_device.get(node).copied().flatten() else {
             return ready(this.drop_at(task, task, flow::Drop::NoWorker));
         };
-        let (Some(app), Some(slot)) = (this.tasks[task].clone(), routing.devices[device].clone()) else {
+        let (Some(app), Some(assignment)) = (this.tasks[task].clone(), routing.devices[device].clone()) else {
             return ready(this.drop_at(task, task, flow::Drop::NoWorker));
         };
         this.device_requests[device].fetch_add(1, Ordering::Relaxed);
         let entered = this.clock.now();
-        let budget = this.budget_us(task, slot.latency_us);
+        let budget = this.budget_us(task, assignment.latency_us);
         let rx = match app.submit_to(device, (*input).clone(), entered + budget) {
             Ok(rx) => rx,
             Err(AdmitError::QueueFull { .. }) => return ready(this.drop_at(task, task, flow::Drop::QueueFull)),
@@ -660,7 +663,7 @@ impl PipelineApp {
             };
             let finished = this.clock.now();
             let t = &this.graph.tasks[task];
-            let variant = t.models.iter().position(|m| *m == served.variant).unwrap_or(slot.variant);
+            let variant = t.models.iter().position(|m| *m == served.variant).unwrap_or(assignment.variant);
             let on_time = decision::met(finished, entered + budget);
             this.task_counters[task].lock().served(Some((this.accuracy[task][variant], on_time)));
             let accuracy = accuracy * this.accuracy[task][variant];
@@ -832,7 +835,7 @@ impl PipelineApp {
         };
         let old = self.routing();
         let devices = assign(&self.graph, &plan, &old.devices);
-        // Each task worker whose plan slot changed gets its new view first: before
+        // Each task worker whose plan assignment changed gets its new view first: before
         // its new variant is loaded (the view keeps the old one's table cut while it
         // is still loaded) and before the new tables send it requests.
         self.bind_views(&old.devices, &devices).await;
@@ -889,16 +892,16 @@ impl PipelineApp {
         Ok(self.status())
     }
 
-    /// What the policy of a worker serving `slot` sees: its variant's latency table
+    /// What the policy of a worker serving `assignment` sees: its variant's latency table
     /// cut at the plan's batch and the task budget as its SLO (`flow::task_view`,
     /// the simulator's rule too).
-    fn task_view(&self, app: &App, slot: &Slot) -> WorkerView {
-        let budget = self.budget_us(slot.task, slot.latency_us);
-        let view = flow::task_view(&app.models, slot.variant, slot.batch, budget);
+    fn task_view(&self, app: &App, assignment: &Assignment) -> WorkerView {
+        let budget = self.budget_us(assignment.task, assignment.latency_us);
+        let view = flow::task_view(&app.models, assignment.variant, assignment.batch, budget);
         WorkerView { models: view.models, slo: view.slo_us }
     }
 
-    /// Re-binds each device's task worker whose view changed from plan slot `old`
+    /// Re-binds each device's task worker whose view changed from plan assignment `old`
     /// (empty: none before, at start) to `new` ([`App::rebind_worker`]: a new policy
     /// instance installed between two decisions, its queue kept). A device that keeps
     /// its task but changes variant serves with the old one until its models switch
@@ -906,7 +909,7 @@ impl PipelineApp {
     /// variant's table cut at the old plan's batch as well, so the worker never sees
     /// either table whole. A worker that cannot be re-bound keeps its instance and
     /// view, logged: the plan stands.
-    pub async fn bind_views(&self, old: &[Option<Slot>], new: &[Option<Slot>]) {
+    pub async fn bind_views(&self, old: &[Option<Assignment>], new: &[Option<Assignment>]) {
         for (d, n) in new.iter().enumerate() {
             let Some(n) = n else { continue };
             let Some(app) = &self.tasks[n.task] else { continue };
