@@ -2,7 +2,7 @@
 //! re-plans and windows, and each worker's turns through the shared worker state
 //! machine (`sluice_core::worker`).
 
-use super::routing::SlotTurn;
+use super::routing::TaskWorkerTurn;
 use super::*;
 
 impl<'a> PipelineSim<'a> {
@@ -69,7 +69,7 @@ impl<'a> PipelineSim<'a> {
             expire_us: slo_us,
             max_queue: exp.max_queue,
             depth,
-            slots: Vec::new(),
+            task_workers: Vec::new(),
             tables: RoutingTables {
                 frontend: Vec::new(),
                 nodes: Vec::new(),
@@ -78,7 +78,7 @@ impl<'a> PipelineSim<'a> {
                 incoming: Vec::new(),
                 latency_us: Vec::new(),
             },
-            node_slot: Vec::new(),
+            node_worker: Vec::new(),
             smooth: HashMap::new(),
             clients: Vec::new(),
             next_req: 0,
@@ -151,7 +151,7 @@ impl<'a> PipelineSim<'a> {
             Pending::None => self.events.set(slot, EMPTY),
             _ => self.schedule(slot, at),
         }
-        self.slots[i].pending = pending;
+        self.task_workers[i].pending = pending;
     }
 
     pub(super) fn run(mut self) -> (PipelineResult, Vec<PipelineWindow>) {
@@ -184,23 +184,23 @@ impl<'a> PipelineSim<'a> {
                 }
                 WINDOW_SLOT => {
                     self.close_window();
-                    let busy = self.slots.iter().any(|s| s.busy || !s.queue.is_empty());
+                    let busy = self.task_workers.iter().any(|s| s.busy || !s.queue.is_empty());
                     if now + self.window_us <= self.duration_us || busy {
                         self.schedule(WINDOW_SLOT, now + self.window_us);
                     }
                 }
                 _ => {
                     let i = slot - FIRST_WORKER_SLOT;
-                    match std::mem::replace(&mut self.slots[i].pending, Pending::None) {
+                    match std::mem::replace(&mut self.task_workers[i].pending, Pending::None) {
                         Pending::Done { model, batch, started } => {
                             self.finish(i, model, batch, started);
-                            self.slots[i].busy = false;
+                            self.task_workers[i].busy = false;
                             self.after_idle(i);
                         }
                         Pending::Timer => {
                             // Only a decision arms a timer, and one that starts a
                             // batch replaces it with the batch's completion.
-                            debug_assert!(!self.slots[i].busy);
+                            debug_assert!(!self.task_workers[i].busy);
                             self.decide(i);
                         }
                         Pending::None => unreachable!("worker {i}'s slot fired without an event"),
@@ -220,10 +220,10 @@ impl<'a> PipelineSim<'a> {
     }
 
     pub(super) fn after_idle(&mut self, i: usize) {
-        if !self.slots[i].queue.is_empty() {
+        if !self.task_workers[i].queue.is_empty() {
             self.decide(i);
         }
-        if self.slots[i].state == SlotState::Retiring {
+        if self.task_workers[i].state == TaskWorkerState::Retiring {
             self.free_idle();
         }
     }
@@ -264,11 +264,11 @@ impl<'a> PipelineSim<'a> {
     /// formation where the run's mode asks for it (`early_drop_at = "batch"`, judged
     /// by [`flow::batch_formation_table`]: the worker's variant's table cut at the
     /// plan's batch), expiry, the policy; what leaves unserved is dropped
-    /// ([`SlotTurn`]), and the worker's next event is scheduled.
+    /// ([`TaskWorkerTurn`]), and the worker's next event is scheduled.
     pub(super) fn decide(&mut self, i: usize) {
         let now = self.now;
         let (workers, expire_us) = (self.run.workers, self.expire_us);
-        let task = self.slots[i].task;
+        let task = self.task_workers[i].task;
         let at_batch = !self.pipeline.tasks[task].is_passthrough()
             && self
                 .run
@@ -278,16 +278,16 @@ impl<'a> PipelineSim<'a> {
                 .at_batch(self.run.system.serving.early_drop, self.pipeline.is_last_model_task(task));
         // The task's measured arrival rate, as a live task app's (`flow::LOAD_WINDOW_US`).
         let load_qps = self.loads[task].rate(now);
-        // The queue, policy and loaded models leave the slot for the turn, so that
+        // The queue, policy and loaded models leave the task worker for the turn, so that
         // the turn's driver may reach the rest of the simulation (routing tables,
         // the other workers of the task); they are moved, not copied.
-        let s = &mut self.slots[i];
+        let s = &mut self.task_workers[i];
         let mut queue = std::mem::take(&mut s.queue);
         let mut policy = std::mem::replace(&mut s.policy, WorkerPolicy::Safe);
         let loaded = std::mem::take(&mut s.loaded);
         let models = s.models.clone();
         let (variant, batch, latency_us) = (s.variant, s.batch, s.latency_us);
-        let draining = s.state == SlotState::Retiring && flow::RETIRING_DRAINS;
+        let draining = s.state == TaskWorkerState::Retiring && flow::RETIRING_DRAINS;
         let table = models.get(variant).map_or(std::slice::from_ref(&latency_us), |m| &m.latency[..]);
         let table = flow::batch_formation_table(table, batch);
         let cx = Context {
@@ -302,9 +302,9 @@ impl<'a> PipelineSim<'a> {
             timed: true,
         };
         let artifact = self.run.system.reroute_rule == RerouteRule::Artifact;
-        let mut driver = SlotTurn { sim: self, slot: i, artifact };
+        let mut driver = TaskWorkerTurn { sim: self, worker: i, artifact };
         let turn = worker::Machine::new().decide(&mut queue, &mut policy, &cx, at_batch.then_some(table), &mut driver);
-        let s = &mut self.slots[i];
+        let s = &mut self.task_workers[i];
         (s.queue, s.policy, s.loaded) = (queue, policy, loaded);
         // The turn's action replaces the worker's event: a timer an earlier turn
         // armed is re-armed or cleared.
@@ -326,12 +326,12 @@ impl<'a> PipelineSim<'a> {
     /// at `unbind_after` faults (`flow::unbind_after_fault`; a pipeline's task apps
     /// take the app defaults). True when it unbound them.
     pub(super) fn fault(&mut self, i: usize) -> bool {
-        let task = self.slots[i].task;
+        let task = self.task_workers[i].task;
         self.counters[task].policy_faults += 1;
         if !flow::unbind_after_fault(FailMode::default(), self.counters[task].policy_faults, TASK_UNBIND_AFTER) {
             return false;
         }
-        for s in self.slots.iter_mut().filter(|s| s.task == task) {
+        for s in self.task_workers.iter_mut().filter(|s| s.task == task) {
             s.policy = WorkerPolicy::Safe;
         }
         true
@@ -341,16 +341,16 @@ impl<'a> PipelineSim<'a> {
     /// then each request served at its task and routed on.
     pub(super) fn finish(&mut self, i: usize, model: u32, batch: Vec<Req>, started: u64) {
         let now = self.now;
-        let (accuracy, node) = (self.slots[i].models[model as usize].accuracy, self.slots[i].node);
+        let (accuracy, node) = (self.task_workers[i].models[model as usize].accuracy, self.task_workers[i].node);
         let done = worker::Finished::of(model, &batch, started, now, false);
         // A retiring worker keeps its policy until it frees: the one that formed the batch.
-        if done.observe(&batch, Some(&mut self.slots[i].policy)).is_err() {
+        if done.observe(&batch, Some(&mut self.task_workers[i].policy)).is_err() {
             self.fault(i);
         }
         // A retired worker routes as the first current node of its task would.
         let node = node.or_else(|| {
-            let t = self.slots[i].task;
-            (0..self.node_slot.len()).find(|&n| self.node_slot[n].is_some_and(|s| self.slots[s].task == t))
+            let t = self.task_workers[i].task;
+            (0..self.node_worker.len()).find(|&n| self.node_worker[n].is_some_and(|s| self.task_workers[s].task == t))
         });
         for r in batch {
             let Some(node) = node else {

@@ -176,7 +176,7 @@ pub enum TableRebuild {
     /// them between plans from the measured demand).
     #[default]
     EveryPlan,
-    /// Only when a plan adds or removes a worker (a slot changes its task or variant,
+    /// Only when a plan adds or removes a worker (a task worker changes its task or variant,
     /// or is placed or freed): the Loki artifact's load balancer runs from
     /// `add_predictor` and `remove_predictor_by_id` only, so its tables keep the
     /// demand and capacities of the last such plan.

@@ -15,7 +15,7 @@
 //!    at once; otherwise the front end's routing table picks a root worker
 //!    (`root_dispatch = "queue-aware"`: the Loki artifact's choice by queue, see
 //!    [`RootDispatch`]).
-//! 2. Each worker is a slot with its own queue and its own instance of an ordinary
+//! 2. Each worker is a task worker ([`TaskWorker`]) with its own queue and its own instance of an ordinary
 //!    policy component (default `fixed` with `{"allocated": true}`), decided by the
 //!    same decision core as every other simulated or live worker. The policy sees
 //!    the hosted variant's latency table cut at the plan's batch size, so no batch
@@ -128,7 +128,7 @@ struct Client {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum SlotState {
+enum TaskWorkerState {
     /// Placed by the current plan: receives traffic.
     Active,
     /// No longer in the plan: serves what it has queued, then frees.
@@ -143,13 +143,13 @@ fn capacity_qps(batch: u32, latency_us: u64) -> f64 {
 }
 
 /// One worker: a (task, variant) replica with its queue and policy instance.
-struct Slot {
+struct TaskWorker {
     task: usize,
     variant: usize,
     batch: u32,
     latency_us: u64,
     budget_us: u64,
-    state: SlotState,
+    state: TaskWorkerState,
     policy: WorkerPolicy,
     /// The task's models as this worker's policy sees them.
     models: Arc<Vec<sdk::Model>>,
@@ -162,7 +162,7 @@ struct Slot {
     /// Its node in the current routing tables.
     node: Option<usize>,
     /// Per child task, the requests it sent there per request served, the last
-    /// [`BRANCHING_HISTORY`] ([`Branching::Measured`] only; emptied when the slot
+    /// [`BRANCHING_HISTORY`] ([`Branching::Measured`] only; emptied when the worker
     /// takes another (task, variant)).
     branching: Vec<std::collections::VecDeque<u32>>,
 }
@@ -173,7 +173,7 @@ const ARRIVAL_SLOT: usize = 0;
 const REPLAN_SLOT: usize = 1;
 /// The slot of the next window's close (every `window_s`).
 const WINDOW_SLOT: usize = 2;
-/// The slot of worker 0; worker `i`'s ([`PipelineSim::slots`]) is this + `i`.
+/// The slot of worker 0; worker `i`'s ([`PipelineSim::task_workers`]) is this + `i`.
 const FIRST_WORKER_SLOT: usize = 3;
 
 /// A placement: per (task, variant) hosted, its replicas, batch and latency.
@@ -221,9 +221,9 @@ struct PipelineSim<'a> {
     expire_us: u64,
     max_queue: usize,
     depth: usize,
-    slots: Vec<Slot>,
+    task_workers: Vec<TaskWorker>,
     tables: RoutingTables,
-    node_slot: Vec<Option<usize>>,
+    node_worker: Vec<Option<usize>>,
     smooth: HashMap<(usize, usize), Vec<f64>>,
     clients: Vec<Client>,
     next_req: u64,
@@ -241,7 +241,7 @@ struct PipelineSim<'a> {
     sink_accuracy: f64,
     replans: u64,
     table_builds: u64,
-    /// The workers the routing tables were built over: per node, its slot, task and
+    /// The workers the routing tables were built over: per node, its task worker, task and
     /// variant (for [`TableRebuild::WorkerChange`]).
     table_workers: Vec<(usize, usize, usize)>,
     solves: u64,

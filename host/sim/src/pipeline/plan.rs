@@ -207,11 +207,11 @@ impl<'a> PipelineSim<'a> {
             self.run.system.serving.root_budget.budget_us(task, stage_us, latency_us)
         };
         let same = {
-            let s = &self.slots[i];
+            let s = &self.task_workers[i];
             s.task == task && s.variant == variant && s.batch == batch && s.budget_us == budget
         };
-        if same && !matches!(self.slots[i].policy, WorkerPolicy::Safe) {
-            self.slots[i].state = SlotState::Active;
+        if same && !matches!(self.task_workers[i].policy, WorkerPolicy::Safe) {
+            self.task_workers[i].state = TaskWorkerState::Active;
             return;
         }
         let policy = if self.compiled.is_some() {
@@ -228,7 +228,7 @@ impl<'a> PipelineSim<'a> {
         } else {
             Arc::new(flow::task_view(&self.task_models[task], variant, batch, budget).models)
         };
-        let s = &mut self.slots[i];
+        let s = &mut self.task_workers[i];
         if s.task != task || s.variant != variant {
             s.branching = vec![Default::default(); self.pipeline.tasks[task].children.len()];
         }
@@ -240,7 +240,7 @@ impl<'a> PipelineSim<'a> {
         s.policy = policy;
         s.models = models;
         s.loaded = vec![variant as u32];
-        s.state = SlotState::Active;
+        s.state = TaskWorkerState::Active;
     }
 
     /// Places the plan's workers (keeping queues where a (task, variant) stays) and
@@ -249,19 +249,19 @@ impl<'a> PipelineSim<'a> {
         self.account_workers();
         self.replans += 1;
         self.shed_sum += p.shed;
-        let mut taken = vec![false; self.slots.len()];
+        let mut taken = vec![false; self.task_workers.len()];
         let mut assigned: Vec<Vec<usize>> = Vec::new();
         for &(t, k, replicas, _, _) in &p.hosted {
             // Keep this (task, variant)'s workers, active ones first.
-            let mut mine: Vec<usize> = (0..self.slots.len())
+            let mut mine: Vec<usize> = (0..self.task_workers.len())
                 .filter(|&i| {
                     !taken[i]
-                        && self.slots[i].state != SlotState::Free
-                        && self.slots[i].task == t
-                        && self.slots[i].variant == k
+                        && self.task_workers[i].state != TaskWorkerState::Free
+                        && self.task_workers[i].task == t
+                        && self.task_workers[i].variant == k
                 })
                 .collect();
-            mine.sort_by_key(|&i| (self.slots[i].state != SlotState::Active, i));
+            mine.sort_by_key(|&i| (self.task_workers[i].state != TaskWorkerState::Active, i));
             mine.truncate(replicas as usize);
             for &i in &mine {
                 taken[i] = true;
@@ -269,25 +269,26 @@ impl<'a> PipelineSim<'a> {
             assigned.push(mine);
         }
         // Workers no longer placed retire (drain, then free).
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if !taken[i] && s.state == SlotState::Active {
-                s.state = SlotState::Retiring;
+        for (i, s) in self.task_workers.iter_mut().enumerate() {
+            if !taken[i] && s.state == TaskWorkerState::Active {
+                s.state = TaskWorkerState::Retiring;
             }
             s.node = None;
         }
         for (h, &(t, k, replicas, batch, latency)) in p.hosted.iter().enumerate() {
             while assigned[h].len() < replicas as usize {
-                let free = (0..self.slots.len()).find(|&i| self.slots[i].state == SlotState::Free && !taken[i]);
+                let free = (0..self.task_workers.len())
+                    .find(|&i| self.task_workers[i].state == TaskWorkerState::Free && !taken[i]);
                 let i = match free {
                     Some(i) => i,
                     None => {
-                        self.slots.push(Slot {
+                        self.task_workers.push(TaskWorker {
                             task: usize::MAX,
                             variant: 0,
                             batch: 0,
                             latency_us: 0,
                             budget_us: 0,
-                            state: SlotState::Free,
+                            state: TaskWorkerState::Free,
                             policy: WorkerPolicy::Safe,
                             models: Arc::new(Vec::new()),
                             loaded: Vec::new(),
@@ -298,7 +299,7 @@ impl<'a> PipelineSim<'a> {
                             branching: Vec::new(),
                         });
                         taken.push(false);
-                        self.slots.len() - 1
+                        self.task_workers.len() - 1
                     }
                 };
                 taken[i] = true;
@@ -312,7 +313,7 @@ impl<'a> PipelineSim<'a> {
         // nodes stay where they were, and so does everything the tables were built for.
         if self.run.system.table_rebuild == TableRebuild::WorkerChange && self.same_workers(&assigned) {
             for (node, &(i, _, _)) in self.table_workers.iter().enumerate() {
-                self.slots[i].node = Some(node);
+                self.task_workers[i].node = Some(node);
             }
             self.free_idle();
             self.account_workers();
@@ -321,12 +322,12 @@ impl<'a> PipelineSim<'a> {
         self.table_builds += 1;
         // Nodes in plan order, replica by replica (Plan::routing_workers' order).
         let mut workers = Vec::new();
-        self.node_slot.clear();
+        self.node_worker.clear();
         for (h, &(t, k, _, batch, latency)) in p.hosted.iter().enumerate() {
             let accuracy = self.task_models[t][k].accuracy;
             for &i in &assigned[h] {
-                self.slots[i].node = Some(workers.len());
-                self.node_slot.push(Some(i));
+                self.task_workers[i].node = Some(workers.len());
+                self.node_worker.push(Some(i));
                 workers.push(loki::routing::Worker {
                     task: t,
                     variant: k,
@@ -338,20 +339,20 @@ impl<'a> PipelineSim<'a> {
         }
         self.table_workers = workers
             .iter()
-            .zip(&self.node_slot)
-            .map(|(w, s)| (s.expect("a worker's slot"), w.task, w.variant))
+            .zip(&self.node_worker)
+            .map(|(w, s)| (s.expect("a node's task worker"), w.task, w.variant))
             .collect();
         self.tables = match &p.shares {
             None => {
-                let slots = &self.slots;
-                let node_slot = &self.node_slot;
+                let task_workers = &self.task_workers;
+                let node_worker = &self.node_worker;
                 let measured = self.run.system.branching == Branching::Measured;
                 let utilization = self.run.system.serving.routing_utilization;
                 most_accurate_first_filling(self.pipeline, &workers, demand, utilization, |w, ci| {
                     if !measured {
                         return None;
                     }
-                    let seen = slots[node_slot[w]?].branching.get(ci)?;
+                    let seen = task_workers[node_worker[w]?].branching.get(ci)?;
                     Some(match seen.len() {
                         0 => 1.0,
                         n => seen.iter().map(|&x| x as f64).sum::<f64>() / n as f64,
@@ -360,7 +361,7 @@ impl<'a> PipelineSim<'a> {
             }
             Some(shares) => self.share_tables(p, shares, &workers, &assigned),
         };
-        self.node_slot.resize(self.tables.nodes.len(), None);
+        self.node_worker.resize(self.tables.nodes.len(), None);
         self.smooth.clear();
         self.reroutes.clear();
         self.free_idle();
@@ -368,13 +369,13 @@ impl<'a> PipelineSim<'a> {
     }
 
     /// Whether the workers `assigned` to the plan's (task, variant)s are those the
-    /// tables in force were built over (same slots, tasks and variants).
+    /// tables in force were built over (same task workers, tasks and variants).
     pub(super) fn same_workers(&self, assigned: &[Vec<usize>]) -> bool {
         if self.table_builds == 0 {
             return false;
         }
         let mut placed: Vec<(usize, usize, usize)> =
-            assigned.iter().flatten().map(|&i| (i, self.slots[i].task, self.slots[i].variant)).collect();
+            assigned.iter().flatten().map(|&i| (i, self.task_workers[i].task, self.task_workers[i].variant)).collect();
         let mut before = self.table_workers.clone();
         placed.sort_unstable();
         before.sort_unstable();
@@ -434,9 +435,9 @@ impl<'a> PipelineSim<'a> {
     /// Retiring workers with nothing left to do are freed.
     pub(super) fn free_idle(&mut self) {
         let mut changed = false;
-        for s in &mut self.slots {
-            if s.state == SlotState::Retiring && !s.busy && s.queue.is_empty() {
-                s.state = SlotState::Free;
+        for s in &mut self.task_workers {
+            if s.state == TaskWorkerState::Retiring && !s.busy && s.queue.is_empty() {
+                s.state = TaskWorkerState::Free;
                 s.policy = WorkerPolicy::Safe;
                 changed = true;
             }
@@ -450,7 +451,7 @@ impl<'a> PipelineSim<'a> {
         let now = self.now;
         self.workers_area += self.workers_now as f64 * now.saturating_sub(self.workers_since) as f64;
         self.workers_since = now;
-        self.workers_now = self.slots.iter().filter(|s| s.state != SlotState::Free).count() as u32;
+        self.workers_now = self.task_workers.iter().filter(|s| s.state != TaskWorkerState::Free).count() as u32;
         // Before the first plan is applied no worker exists yet; counting that instant
         // made `workers_min` 0 in every run. The extremes are over what plans used.
         if self.replans > 0 {

@@ -14,10 +14,13 @@ impl<'a> PipelineSim<'a> {
     /// client request to now ([`queue_aware_root`]; None: the root has no worker,
     /// e.g. a pass-through root).
     pub(super) fn root_by_queue(&self) -> Option<usize> {
-        // Slot order, so that ties in accuracy go to the earlier slot (the artifact
+        // Worker order, so that ties in accuracy go to the earlier worker (the artifact
         // keeps its predictors' insertion order).
-        let workers: Vec<&Slot> =
-            self.slots.iter().filter(|s| s.task == 0 && s.state == SlotState::Active && s.node.is_some()).collect();
+        let workers: Vec<&TaskWorker> = self
+            .task_workers
+            .iter()
+            .filter(|s| s.task == 0 && s.state == TaskWorkerState::Active && s.node.is_some())
+            .collect();
         let seen: Vec<RootQueue> = workers
             .iter()
             .map(|s| RootQueue {
@@ -77,10 +80,10 @@ impl<'a> PipelineSim<'a> {
             self.drop_req(req, flow::Drop::NoWorker);
             return;
         };
-        if let Some(slot) = self.node_slot.get(node).copied().flatten() {
-            req.deadline = self.now + self.slots[slot].budget_us;
+        if let Some(worker) = self.node_worker.get(node).copied().flatten() {
+            req.deadline = self.now + self.task_workers[worker].budget_us;
             self.loads[req.task].record(self.now);
-            let q = &mut self.slots[slot].queue;
+            let q = &mut self.task_workers[worker].queue;
             insert_by_deadline(q, req);
             if q.len() > self.max_queue {
                 self.overloaded = Some(format!(
@@ -92,8 +95,8 @@ impl<'a> PipelineSim<'a> {
                 return;
             }
             // An idle worker decides at once (`flow::DECIDES_ON_ARRIVAL`).
-            if !self.slots[slot].busy {
-                self.decide(slot);
+            if !self.task_workers[worker].busy {
+                self.decide(worker);
             }
         } else {
             // A pass-through task: served at once, fans out with its node's table.
@@ -106,15 +109,16 @@ impl<'a> PipelineSim<'a> {
     /// targets and lowers their leftover capacity by the children `r` is expected to
     /// send them; true when any child was rerouted.
     pub(super) fn plan_reroute(&mut self, i: usize, r: &sdk::Pending, finish: u64) -> bool {
-        let (task, variant) = (self.slots[i].task, self.slots[i].variant);
-        let Some(node) = self.slots[i].node else { return false };
+        let (task, variant) = (self.task_workers[i].task, self.task_workers[i].variant);
+        let Some(node) = self.task_workers[i].node else { return false };
         let mut targets = Vec::new();
         for ci in 0..self.pipeline.tasks[task].children.len() {
             let child = self.pipeline.tasks[task].children[ci];
             let routes = self.tables.nodes.get(node).and_then(|n| n.get(ci)).cloned().unwrap_or_default();
             // The artifact draws the assigned worker from the routing table here too.
             let assigned = self.draw(node, ci, &routes);
-            let budget_of = |n: usize| self.node_slot.get(n).copied().flatten().map(|s| self.slots[s].budget_us);
+            let budget_of =
+                |n: usize| self.node_worker.get(n).copied().flatten().map(|s| self.task_workers[s].budget_us);
             let assigned_budget = assigned.and_then(budget_of).unwrap_or(u64::MAX);
             // The first qualifying worker in plan order.
             let pick = self.tables.backup[child]
@@ -141,9 +145,17 @@ impl<'a> PipelineSim<'a> {
     }
 
     /// A request served at its task by `variant` (accuracy `accuracy`) on routing
-    /// node `node` (by worker `slot`, whose branching it records): children are
+    /// node `node` (by task worker `worker`, whose branching it records): children are
     /// created and routed, or the sink result recorded.
-    pub(super) fn served(&mut self, r: Req, variant: usize, accuracy: f64, node: usize, slot: Option<usize>, now: u64) {
+    pub(super) fn served(
+        &mut self,
+        r: Req,
+        variant: usize,
+        accuracy: f64,
+        node: usize,
+        worker: Option<usize>,
+        now: u64,
+    ) {
         let t = r.task;
         let pipeline = self.pipeline;
         let task = &pipeline.tasks[t];
@@ -183,7 +195,7 @@ impl<'a> PipelineSim<'a> {
             let n = fanout_count(expected[ci], self.rng.uniform());
             self.fanout_created[t][variant][ci] += n as u64;
             created += u64::from(n);
-            if let Some(seen) = slot.and_then(|i| self.slots[i].branching.get_mut(ci)) {
+            if let Some(seen) = worker.and_then(|i| self.task_workers[i].branching.get_mut(ci)) {
                 if seen.len() == BRANCHING_HISTORY {
                     seen.pop_front();
                 }
@@ -267,20 +279,20 @@ pub(super) fn early_cause(cause: DropCause) -> flow::EarlyCause {
 /// (and the task's policies unbound at `unbind_after`), and at batch formation the
 /// artifact's reroute rule ([`RerouteRule::Artifact`]) walks past the requests it
 /// reroutes (§5.2's rule looks only at the head).
-pub(super) struct SlotTurn<'s, 'a> {
+pub(super) struct TaskWorkerTurn<'s, 'a> {
     pub(super) sim: &'s mut PipelineSim<'a>,
-    pub(super) slot: usize,
+    pub(super) worker: usize,
     pub(super) artifact: bool,
 }
 
-impl worker::Driver<Req> for SlotTurn<'_, '_> {
+impl worker::Driver<Req> for TaskWorkerTurn<'_, '_> {
     fn dropped(&mut self, r: Req, reason: DropReason, _by_safe: bool) {
         self.sim.drop_req(r, flow::Drop::Worker(reason));
     }
 
     fn decided(&mut self, policy: &mut WorkerPolicy, report: worker::Report) {
         // The turn holds the worker's policy: an unbind reaches it here.
-        if report.fault.is_some() && self.sim.fault(self.slot) {
+        if report.fault.is_some() && self.sim.fault(self.worker) {
             *policy = WorkerPolicy::Safe;
         }
     }
@@ -292,6 +304,6 @@ impl worker::Driver<Req> for SlotTurn<'_, '_> {
         // A request rerouted at an earlier batch formation is judged again only for
         // lateness (the artifact would plan it again, taking capacity twice).
         let rerouted = self.sim.reroutes.contains_key(&head.id);
-        (rerouted && !late) || (!rerouted && self.sim.plan_reroute(self.slot, head, finish))
+        (rerouted && !late) || (!rerouted && self.sim.plan_reroute(self.worker, head, finish))
     }
 }
