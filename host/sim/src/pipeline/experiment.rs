@@ -95,10 +95,11 @@ pub struct PipelineSweep {
     pub seeds: Vec<u64>,
 }
 
-/// How the workers are allocated.
+/// Which system plans (allocates) a simulated pipeline's workers: the TOML key
+/// `allocator` of `[pipeline.system]` (a system, not `sluice_alloc::Allocator`).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
-pub enum Allocator {
+pub enum PlanningSystem {
     /// Loki: hardware scaling, then accuracy scaling when it is infeasible.
     #[default]
     Loki,
@@ -113,23 +114,23 @@ pub enum Allocator {
     ProteusPerTask,
 }
 
-impl Allocator {
+impl PlanningSystem {
     pub(super) fn scaling(self) -> Option<Scaling> {
         match self {
-            Allocator::Loki => Some(Scaling::Loki),
-            Allocator::HardwareOnly => Some(Scaling::HardwareOnly),
-            Allocator::AccuracyOnly => Some(Scaling::AccuracyOnly),
-            Allocator::ProteusPerTask => None,
+            PlanningSystem::Loki => Some(Scaling::Loki),
+            PlanningSystem::HardwareOnly => Some(Scaling::HardwareOnly),
+            PlanningSystem::AccuracyOnly => Some(Scaling::AccuracyOnly),
+            PlanningSystem::ProteusPerTask => None,
         }
     }
 
     /// The name used in files and results.
     pub fn as_str(self) -> &'static str {
         match self {
-            Allocator::Loki => "loki",
-            Allocator::HardwareOnly => "hardware-only",
-            Allocator::AccuracyOnly => "accuracy-only",
-            Allocator::ProteusPerTask => "proteus-per-task",
+            PlanningSystem::Loki => "loki",
+            PlanningSystem::HardwareOnly => "hardware-only",
+            PlanningSystem::AccuracyOnly => "accuracy-only",
+            PlanningSystem::ProteusPerTask => "proteus-per-task",
         }
     }
 }
@@ -223,7 +224,7 @@ pub struct SystemSpec {
     pub label: Option<String>,
     /// `allocator = "loki"` | `"hardware-only"` | `"accuracy-only"` | `"proteus-per-task"`.
     #[serde(default)]
-    pub allocator: Allocator,
+    pub allocator: PlanningSystem,
     /// What a simulated pipeline shares with a live one's `[[pipeline]]`:
     /// `policy` (default `fixed`) and its `params`, `early_drop` and `early_drop_at`
     /// (see [`DropAt`]), `root_dispatch` and `root_budget` (see [`RootDispatch`],
@@ -384,13 +385,13 @@ impl PipelineExperiment {
                     s.label()
                 );
             }
-            if s.allocator == Allocator::ProteusPerTask && s.tie_break != loki::TieBreak::Solver {
+            if s.allocator == PlanningSystem::ProteusPerTask && s.tie_break != loki::TieBreak::Solver {
                 bail!(
                     "{origin}: system {}: `tie_break` applies to Loki's allocators only, not \"proteus-per-task\"",
                     s.label()
                 );
             }
-            if s.allocator != Allocator::ProteusPerTask {
+            if s.allocator != PlanningSystem::ProteusPerTask {
                 let key = if s.fill_cluster {
                     Some("fill_cluster")
                 } else if s.proteus_routing != ProteusRouting::Shares {

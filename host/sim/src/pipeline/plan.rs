@@ -49,7 +49,7 @@ impl<'a> PipelineSim<'a> {
         let demand = root.max(s.serving.min_demand_qps);
         let key = (demand / step).ceil().max(1.0) as u64;
         let planned = key as f64 * step;
-        let placement = if s.allocator == Allocator::ProteusPerTask {
+        let placement = if s.allocator == PlanningSystem::ProteusPerTask {
             // Per-task demands differ run to run; no cache (the MILP is small).
             let scale = if root > 0.0 { planned / root } else { 1.0 };
             let tasks: Vec<f64> = per_task.iter().map(|d| (d * scale).max(s.serving.min_demand_qps)).collect();
@@ -201,7 +201,7 @@ impl<'a> PipelineSim<'a> {
 
     pub(super) fn set_slot(&mut self, i: usize, task: usize, variant: usize, batch: u32, latency_us: u64) {
         let stage_us = slo_per_stage_us(self.slo_us, self.depth);
-        let budget = if self.run.system.allocator == Allocator::ProteusPerTask {
+        let budget = if self.run.system.allocator == PlanningSystem::ProteusPerTask {
             stage_us
         } else {
             self.run.system.serving.root_budget.budget_us(task, stage_us, latency_us)
