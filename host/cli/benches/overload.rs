@@ -163,12 +163,17 @@ impl Settings {
 /// Burns `percent` of one core for ever: busy for that share of every 10 ms,
 /// asleep for the rest (a neighbour that competes in bursts of a scheduler slice,
 /// as a busy service does, rather than a wall of load). Run as a child process of
-/// the bench ([`Background`]), which kills it.
+/// the bench ([`Background`]), which kills it; it also stops once the bench is
+/// gone (killed before it could), so no load outlives a run.
 fn burn(percent: u32) -> ! {
     const PERIOD: Duration = Duration::from_millis(10);
     let busy = PERIOD * percent / 100;
+    let parent = std::os::unix::process::parent_id();
     let mut x = 1u64;
     loop {
+        if std::os::unix::process::parent_id() != parent {
+            std::process::exit(0);
+        }
         let start = Instant::now();
         while start.elapsed() < busy {
             // Kept, so the loop is not optimised away: the work is the point.
