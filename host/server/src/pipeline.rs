@@ -810,8 +810,8 @@ impl PipelineApp {
     /// Re-solves the MILP for `demand` (default: the measured demand) and applies
     /// the plan make before break: variants a device newly serves are loaded and
     /// warmed first (the device gets no traffic for them yet), then the routing
-    /// switches at once, then devices that left a task drain their queue and
-    /// unload. Nothing queued is lost: a device that keeps its task but changes
+    /// switches at once, then devices that left a task retire (serve out their
+    /// queue) and unload. Nothing queued is lost: a device that keeps its task but changes
     /// variant serves its queue with the new one. Returns the admin view.
     pub async fn replan(self: &Arc<Self>, reason: &str, demand: Option<f64>) -> Result<Value, String> {
         if let Some(d) = demand {

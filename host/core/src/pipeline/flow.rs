@@ -16,7 +16,7 @@
 //!   leftover capacity.
 //! - [`PathEnd`]: which ends of a request's tree count in the path accuracy (sinks)
 //!   and which only in its completion (every end).
-//! - [`retire_bound_us`] and [`RETIRING_DRAINS`]: how a worker leaving a task drains.
+//! - [`retire_bound_us`] and [`RETIRING_AS_SHUTDOWN`]: how a worker leaving a task serves out its queue.
 //! - [`unbind_after_fault`]: what a policy fault does to a task worker's policy.
 //! - [`Drop`]: one label per reason an intermediate request did not get served.
 //! - [`TaskCounters`]: what became of a task's intermediate requests.
@@ -150,11 +150,12 @@ pub fn retire_bound_us(slo_us: u64, expire_us: u64) -> u64 {
     2 * slo_us + expire_us + 1_000_000
 }
 
-/// Whether a retiring worker's policy is told it is draining (`Context::draining`):
-/// no. It gets no new requests, but the ones it has keep their task deadlines, which
-/// the policy may still meet by batching; draining is the host's shutdown, where the
-/// safe rule serves whatever a policy holds back. The simulator used to say yes.
-pub const RETIRING_DRAINS: bool = false;
+/// Whether a retiring worker (one serving out its queue after a re-plan) decides
+/// under the host's shutdown rule (`Context::draining`): no. It gets no new
+/// requests, but the ones it has keep their task deadlines, which the policy may
+/// still meet by batching; draining is the host's shutdown, where the safe rule
+/// serves whatever a policy holds back. The simulator used to say yes.
+pub const RETIRING_AS_SHUTDOWN: bool = false;
 
 /// Whether a task worker's policy is replaced by the safe one after its `faults`-th
 /// fault (counted per app, as the host does): with `fail_mode = "unbind"` at
@@ -226,7 +227,7 @@ pub struct TaskCounters {
     pub late: u64,
     /// Dropped, by label ([`Drop::as_str`]).
     pub dropped: BTreeMap<&'static str, u64>,
-    /// Refused or abandoned at shutdown (live only: a simulation drains).
+    /// Refused or abandoned at shutdown (live only: a simulation finishes its queues).
     pub rejected: u64,
     /// Sent to a backup worker by opportunistic rerouting.
     pub rerouted: u64,
@@ -340,7 +341,7 @@ mod tests {
     #[test]
     fn retiring_faults_and_labels() {
         assert_eq!(retire_bound_us(100_000, 100_000), 1_300_000);
-        const { assert!(!RETIRING_DRAINS && DECIDES_ON_ARRIVAL) };
+        const { assert!(!RETIRING_AS_SHUTDOWN && DECIDES_ON_ARRIVAL) };
         assert!(!unbind_after_fault(FailMode::Fallback, 100, 10));
         assert!(!unbind_after_fault(FailMode::Unbind, 9, 10));
         assert!(unbind_after_fault(FailMode::Unbind, 10, 10));

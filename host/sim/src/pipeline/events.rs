@@ -287,7 +287,7 @@ impl<'a> PipelineSim<'a> {
         let loaded = std::mem::take(&mut s.loaded);
         let models = s.models.clone();
         let (variant, batch, latency_us) = (s.variant, s.batch, s.latency_us);
-        let draining = s.state == TaskWorkerState::Retiring && flow::RETIRING_DRAINS;
+        let draining = s.state == TaskWorkerState::Retiring && flow::RETIRING_AS_SHUTDOWN;
         let table = models.get(variant).map_or(std::slice::from_ref(&latency_us), |m| &m.latency[..]);
         let table = flow::batch_formation_table(table, batch);
         let cx = Context {

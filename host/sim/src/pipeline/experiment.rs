@@ -15,7 +15,7 @@ pub struct PipelineExperiment {
     /// `seed = 1`: arrivals, fan-outs and routing draws (a sweep's `seeds` override it).
     #[serde(default = "default_seed")]
     pub seed: u64,
-    /// `duration_s = 120`: simulated time of arrivals (the run then drains).
+    /// `duration_s = 120`: simulated time of arrivals (the run then finishes its queues).
     pub duration_s: f64,
     /// `builtin_policy_dir = "../../target/policies"`: where policies named without a
     /// `.wasm` path are found.

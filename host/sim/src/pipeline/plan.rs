@@ -268,7 +268,7 @@ impl<'a> PipelineSim<'a> {
             }
             assigned.push(mine);
         }
-        // Workers no longer placed retire (drain, then free).
+        // Workers no longer placed retire (serve out their queues, then free).
         for (i, s) in self.task_workers.iter_mut().enumerate() {
             if !taken[i] && s.state == TaskWorkerState::Active {
                 s.state = TaskWorkerState::Retiring;

@@ -109,7 +109,7 @@ pub struct PipelineResult {
     pub tasks: Vec<TaskResult>,
     /// Per (task, variant, child).
     pub fanout: Vec<FanoutResult>,
-    /// Time-weighted mean of workers allocated (placed or still draining).
+    /// Time-weighted mean of workers allocated (placed or still retiring).
     pub workers_mean: f64,
     /// Fewest workers allocated at once, from the first plan on (the off-peak low).
     pub workers_min: u32,
