@@ -526,44 +526,80 @@ impl RootBudget {
 #[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
 pub struct Serving {
     /// `policy = "fixed"`: the policy of every task worker.
-    #[serde(default = "default_policy")]
+    #[serde(default = "default_policy", deserialize_with = "named::policy")]
     pub policy: String,
     /// `params = { allocated = true }`: its parameters (live, None gives
     /// `{ allocated = true }`: the variant the plan loaded, batches sized to the
     /// request's task budget).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "named::params")]
     pub params: Option<toml::Table>,
     /// `early_drop = "rerouting"`: `none`, `per-task`, `last-task` or `rerouting`
     /// (Loki §5.2).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "named::early_drop")]
     pub early_drop: EarlyDrop,
     /// `early_drop_at = "hop"`: where early dropping acts (see [`DropAt`]).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "named::early_drop_at")]
     pub early_drop_at: DropAt,
     /// `root_dispatch = "table"`: how a client request picks its root worker (see
     /// [`RootDispatch`]).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "named::root_dispatch")]
     pub root_dispatch: RootDispatch,
     /// `root_budget = "batch"`: a client request's budget at the root task (see
     /// [`RootBudget`]).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "named::root_budget")]
     pub root_budget: RootBudget,
     /// `routing_utilization = 1.0`: the share of each worker's capacity the routing
     /// tables fill. 1 is the paper's Algorithm 1, which fills the most accurate
     /// workers to exactly their capacity (with Poisson arrivals a worker at 100 %
     /// queues without bound); 0.8 (the Loki experiments' setting) leaves queueing
     /// headroom. Backup tables for rerouting count the full capacity.
-    #[serde(default = "one")]
+    #[serde(default = "one", deserialize_with = "named::routing_utilization")]
     pub routing_utilization: f64,
     /// `beta = 1.2`: the demand factor the MILP plans with (the reference's `beta`),
     /// above 1 capacity headroom; the ladder still descends from it when no plan
     /// serves that much. None: the problem's (a live problem file's `[ladder] beta`;
     /// 1 in the simulator).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "named::beta")]
     pub beta: Option<f64>,
     /// `min_demand_qps = 1`: the least demand a plan is made for.
-    #[serde(default = "one")]
+    #[serde(default = "one", deserialize_with = "named::min_demand_qps")]
     pub min_demand_qps: f64,
+}
+
+/// Deserialisers for [`Serving`]'s fields that name the field in their error.
+/// `Serving` is flattened into the live `[[pipeline]]` table and the simulator's
+/// `[pipeline.system]`, and serde's `flatten` buffers the table, so a TOML error
+/// there points at the table's header instead of the key's line: without the
+/// field's name, `root_dispatch = "queue"` read "unknown variant `queue`" and
+/// nothing more.
+mod named {
+    use serde::{de::Error as _, Deserialize, Deserializer};
+
+    /// `T` from `d`, its error prefixed with `name`.
+    fn field<'de, D: Deserializer<'de>, T: Deserialize<'de>>(name: &str, d: D) -> Result<T, D::Error> {
+        T::deserialize(d).map_err(|e| D::Error::custom(format_args!("{name}: {e}")))
+    }
+
+    macro_rules! named {
+        ($($f:ident),*) => {$(
+            #[doc = concat!("`", stringify!($f), "`, named in its error.")]
+            pub(super) fn $f<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+                field(stringify!($f), d)
+            }
+        )*};
+    }
+
+    named!(
+        policy,
+        params,
+        early_drop,
+        early_drop_at,
+        root_dispatch,
+        root_budget,
+        routing_utilization,
+        beta,
+        min_demand_qps
+    );
 }
 
 impl Default for Serving {
