@@ -813,17 +813,19 @@ impl Admission {
     /// Whether a request due at `deadline`, joining `place`'s queue at index `at`
     /// ahead of requests due at `behind` (their deadlines, in queue order), is
     /// admitted: it must be predicted to make its deadline, and so must every
-    /// request it would push back by one place. The live app judges under its
-    /// queue's lock ([`crate::queue::WorkQueue::push_if`]); the simulator on its
-    /// one thread.
+    /// request it would push back by one place. The waits are predicted from
+    /// `place.now` and counted from `now`: the live app judges under its queue's
+    /// lock ([`crate::queue::WorkQueue::push_if`]), predicting from the time it
+    /// holds it and counting from the time the request came (its clock read
+    /// before the lock); the simulator, on its one thread, gives one time for both.
     pub fn verdict<F: Fn(usize) -> usize>(
         &self,
         place: &Place<'_, F>,
         at: usize,
-        deadline: u64,
+        (deadline, now): (u64, u64),
         behind: impl IntoIterator<Item = u64>,
     ) -> Verdict {
-        let now = place.now as f64;
+        let now = now as f64;
         let on_time = |judged: Judged, deadline: u64| now + judged.wait_us <= deadline as f64;
         let (ahead, predicted) = self.prediction(place, at);
         let judged = self.judge(predicted, ahead);
@@ -1260,20 +1262,20 @@ mod tests {
         let place =
             |now, running| Place { worker: 0, models: &models, shared: false, in_flight: move |_| running, now };
         // Idle: 104 µs, well within 400.
-        let v = a.verdict(&place(1_000, 0), 0, 1_400, []);
+        let v = a.verdict(&place(1_000, 0), 0, (1_400, 1_000), []);
         assert!(v.admitted && v.on_time);
         assert_eq!((v.ahead, v.predicted[LAST], v.judged.wait_us), (0, 104.0, 104.0));
         assert_eq!(v.prediction(1_000), Prediction { finish: [1_104; PREDICTORS], ahead: 0 });
         // Three queued behind a running one (its batch, started at 0, has overrun
         // its profile: nothing is left of it): 4 × 104 past 400.
-        let v = a.verdict(&place(1_000, 1), 3, 1_400, []);
+        let v = a.verdict(&place(1_000, 1), 3, (1_400, 1_000), []);
         assert!(!v.admitted && !v.on_time);
         assert_eq!(v.ahead, 4);
         // On time itself at the head, but the one behind it, due at 1 200, is
         // pushed past its deadline (2 × 104 from now).
-        let v = a.verdict(&place(1_000, 1), 0, 1_400, [1_200]);
+        let v = a.verdict(&place(1_000, 1), 0, (1_400, 1_000), [1_200]);
         assert!(v.on_time && !v.admitted);
-        assert!(a.verdict(&place(1_000, 1), 0, 1_400, [1_400]).admitted);
+        assert!(a.verdict(&place(1_000, 1), 0, (1_400, 1_000), [1_400]).admitted);
         // Shared queue: two workers' running batches counted as queued, halved.
         let two =
             Admission::new(400, 0.0, vec![WorkerAdmission::new(&models, &[0]), WorkerAdmission::new(&models, &[0])]);
@@ -1291,7 +1293,7 @@ mod tests {
         assert_eq!(a.margin_us(), 3_000.0);
         // The margin counts in the wait of a request with nobody ahead.
         let place = Place { worker: 0, models: &models, shared: false, in_flight: |_| 0, now: 0 };
-        let v = a.verdict(&place, 0, 400_000, []);
+        let v = a.verdict(&place, 0, (400_000, 0), []);
         assert_eq!(v.judged, Judged { wait_us: 104.0 + 3_000.0, margin_us: 3_000.0 });
         // Requests admission did not predict teach nothing.
         a.learn(90_000, [Prediction::default()].into_iter());

@@ -738,8 +738,12 @@ impl App {
                 let pushed = self.workers[w].queue.push_if(request, |at, request, behind| {
                     // It must make its deadline, and so must every request it would
                     // push back by one place (`Admission::verdict`).
-                    let v =
-                        self.admission.verdict(&self.place(w, now), at, deadline, behind.iter().map(|r| r.deadline));
+                    let v = self.admission.verdict(
+                        &self.place(w, self.clock.now()),
+                        at,
+                        (deadline, now),
+                        behind.iter().map(|r| r.deadline),
+                    );
                     request.predicted = v.prediction(now);
                     tracing::trace!(
                         app = self.name(),

@@ -175,7 +175,7 @@ impl AppState {
             in_flight: |i: usize| workers[i].busy,
             now,
         };
-        let v = admission.verdict(&place, at, request.deadline, self.queues[w][at..].iter().map(|r| r.deadline));
+        let v = admission.verdict(&place, at, (request.deadline, now), self.queues[w][at..].iter().map(|r| r.deadline));
         // A refusal `admission_audit` samples is admitted anyway, as live.
         if !v.admitted && !admission.audits() {
             return Some(Refusal::Overload);
