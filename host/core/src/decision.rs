@@ -71,9 +71,12 @@ pub struct Context<'a> {
     pub timed: bool,
 }
 
-/// What the worker does next.
+/// One decision's ruling: what the worker does next, or [`Ruling::Again`] (decide
+/// again at once). A worker's turn ([`crate::worker::Machine::decide`]) resolves
+/// `Again` and answers a [`crate::worker::Action`], which has no `Again`: the two
+/// stay apart so that the drivers never match a case they cannot get.
 #[derive(Debug)]
-pub enum Next<Q> {
+pub enum Ruling<Q> {
     /// Execute this batch on this model.
     Run {
         /// The model id.
@@ -96,8 +99,8 @@ pub enum Next<Q> {
 /// The result of one decision.
 #[derive(Debug)]
 pub struct Decided<Q> {
-    /// What to do next.
-    pub next: Next<Q>,
+    /// What to do next (the decision's ruling).
+    pub ruling: Ruling<Q>,
     /// Requests the host expired (waited past deadline + `expire_us`).
     pub expired: Vec<Q>,
     /// Requests the policy dropped.
@@ -223,7 +226,7 @@ pub fn apply<Q: Queued>(
     cx: &Context,
 ) -> Decided<Q> {
     let mut out = Decided {
-        next: Next::Idle { expire_at: None },
+        ruling: Ruling::Idle { expire_at: None },
         expired,
         dropped: Vec::new(),
         fault: None,
@@ -237,26 +240,28 @@ pub fn apply<Q: Queued>(
     out.fault = asked.fault;
     out.by_safe = asked.by_safe;
     out.decide_time = Some(asked.decide_time);
-    out.next = match asked.decision {
+    out.ruling = match asked.decision {
         sdk::Decision::Dispatch(d) => {
             let [batch, dropped] = take(items, view, [&d.take, &d.drop]);
             out.dropped = dropped;
             if batch.is_empty() {
                 if items.is_empty() {
-                    Next::Idle { expire_at: None }
+                    Ruling::Idle { expire_at: None }
                 } else {
-                    Next::Again
+                    Ruling::Again
                 }
             } else {
-                Next::Run { model: d.model, batch }
+                Ruling::Run { model: d.model, batch }
             }
         }
         // A wait never outlasts the head's host expiry: that request must be answered.
         sdk::Decision::WaitUntil(t) => {
             let head_expiry = items.first().map(|r| r.pending().deadline + cx.expire_us + 1);
-            Next::Wait(head_expiry.map_or(t, |e| t.min(e)))
+            Ruling::Wait(head_expiry.map_or(t, |e| t.min(e)))
         }
-        sdk::Decision::Idle => Next::Idle { expire_at: items.first().map(|r| r.pending().deadline + cx.expire_us + 1) },
+        sdk::Decision::Idle => {
+            Ruling::Idle { expire_at: items.first().map(|r| r.pending().deadline + cx.expire_us + 1) }
+        }
     };
     if out.fault.is_none() {
         out.fault = watch_stall(policy, &out);
@@ -269,7 +274,7 @@ pub fn apply<Q: Queued>(
 /// the count starts again). The safe policy and a decision that acted reset it.
 fn watch_stall<Q>(policy: &mut WorkerPolicy, d: &Decided<Q>) -> Option<PolicyFault> {
     let WorkerPolicy::Wasm(instance) = policy else { return None };
-    if d.by_safe || !d.dropped.is_empty() || matches!(d.next, Next::Run { .. } | Next::Again) {
+    if d.by_safe || !d.dropped.is_empty() || matches!(d.ruling, Ruling::Run { .. } | Ruling::Again) {
         instance.expired_idle = 0;
         return None;
     }
@@ -367,9 +372,9 @@ mod tests {
         let d = decide(&mut WorkerPolicy::Safe, &mut q, &cx(160, &models, &[0]));
         assert_eq!(d.expired, vec![R(1, 0)]);
         assert!(d.by_safe && d.fault.is_none());
-        match d.next {
+        match d.ruling {
             // Head deadline 200, now 160: L(3) = 20 fits, the largest batch is 3.
-            Next::Run { model: 0, batch } => assert_eq!(batch, vec![R(2, 100), R(3, 110), R(4, 120)]),
+            Ruling::Run { model: 0, batch } => assert_eq!(batch, vec![R(2, 100), R(3, 110), R(4, 120)]),
             other => panic!("{other:?}"),
         }
         assert_eq!(q, vec![R(5, 130)]);
@@ -389,7 +394,7 @@ mod tests {
         let models = models();
         let mut q: Vec<R> = vec![];
         let d = decide(&mut WorkerPolicy::Safe, &mut q, &cx(0, &models, &[0]));
-        assert!(matches!(d.next, Next::Idle { expire_at: None }));
+        assert!(matches!(d.ruling, Ruling::Idle { expire_at: None }));
         assert!(d.decide_time.is_none());
     }
 
@@ -398,7 +403,7 @@ mod tests {
         let models = models();
         let mut q = vec![R(1, 0)];
         let d = decide(&mut WorkerPolicy::Safe, &mut q, &cx(10, &models, &[]));
-        assert!(matches!(d.next, Next::Idle { expire_at: Some(151) }), "{:?}", d.next);
+        assert!(matches!(d.ruling, Ruling::Idle { expire_at: Some(151) }), "{:?}", d.ruling);
         assert_eq!(q.len(), 1);
     }
 }

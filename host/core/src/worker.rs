@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use sluice_sdk as sdk;
 
-use crate::decision::{self, Context, Decided, Next, Queued, WorkerPolicy};
+use crate::decision::{self, Context, Decided, Queued, Ruling, WorkerPolicy};
 use crate::outcome::Outcome;
 use crate::pipeline::finish_at_batch;
 use crate::queue::{DropReason, Request, WorkQueue};
@@ -223,11 +223,11 @@ impl Machine {
                 driver.dropped(r, DropReason::Policy, by_safe);
             }
             driver.decided(policy, Report { fault: d.fault, by_safe, decide_time: d.decide_time });
-            let action = match d.next {
-                Next::Again => continue,
-                Next::Run { model, batch } => Action::Run { model, batch },
-                Next::Wait(t) => Action::Wait(t),
-                Next::Idle { expire_at } => Action::Idle { expire_at },
+            let action = match d.ruling {
+                Ruling::Again => continue,
+                Ruling::Run { model, batch } => Action::Run { model, batch },
+                Ruling::Wait(t) => Action::Wait(t),
+                Ruling::Idle { expire_at } => Action::Idle { expire_at },
             };
             return Turn { action, left, by_safe };
         }
