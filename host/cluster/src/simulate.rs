@@ -75,9 +75,11 @@ impl SimSpec {
     }
 }
 
-/// One step of the scenario, in virtual time from the step's start.
+/// One step of the cluster scenario (the start, an asked re-plan, agents killed, a
+/// partition, a failover), its times in virtual time from the step's start. Not a
+/// decision's or a plan's step.
 #[derive(Clone, Debug, Default)]
-pub struct Step {
+pub struct ScenarioStep {
     /// What happened.
     pub what: String,
     /// Until the routing table it calls for was published.
@@ -98,7 +100,7 @@ pub struct SimReport {
     /// The spec's agents.
     pub agents: usize,
     /// The steps, in order.
-    pub steps: Vec<Step>,
+    pub steps: Vec<ScenarioStep>,
     /// Virtual time simulated.
     pub simulated: Duration,
     /// Wall time it took.
@@ -389,7 +391,7 @@ impl Observer<'_> {
         step: Begun,
         before: u64,
         want: impl Fn(&BTreeSet<String>) -> bool,
-    ) -> anyhow::Result<Step> {
+    ) -> anyhow::Result<ScenarioStep> {
         let agents_of =
             |t: &RoutingTable| -> BTreeSet<String> { t.apps.values().flatten().map(|r| r.agent.clone()).collect() };
         let snap = self
@@ -410,7 +412,7 @@ impl Observer<'_> {
             })
             .await
             .with_context(|| format!("{}: frontends not serving epoch {epoch} within {STEP_LIMIT:?}", step.what))?;
-        Ok(Step {
+        Ok(ScenarioStep {
             what: step.what,
             published,
             serving: step.at.elapsed(),
@@ -420,7 +422,7 @@ impl Observer<'_> {
         })
     }
 
-    async fn until(&self, step: Begun, want: impl Fn(&BTreeSet<String>) -> bool) -> anyhow::Result<Step> {
+    async fn until(&self, step: Begun, want: impl Fn(&BTreeSet<String>) -> bool) -> anyhow::Result<ScenarioStep> {
         self.until_epoch(step, 0, want).await
     }
 }
