@@ -220,12 +220,13 @@ impl Frontend {
                 // blocking-pool handoff per changed slot, per plan.
                 let (worker_app, handle) = (app.clone(), tokio::runtime::Handle::current());
                 let installed =
-                    tokio::task::spawn_blocking(move || handle.block_on(worker_app.set_worker_models(i, set)))
-                        .await
-                        .unwrap_or_else(|e| Err(format!("the install task failed: {e}")));
+                    tokio::task::spawn_blocking(move || handle.block_on(worker_app.install_models(i, set))).await;
                 match installed {
-                    Ok(()) => current[i] = Some(want),
-                    Err(e) => tracing::error!(app = %name, slot = i, "installing the remote executor: {e}"),
+                    Ok(Ok(())) => current[i] = Some(want),
+                    Ok(Err(e)) => tracing::error!(app = %name, slot = i, "installing the remote executor: {e}"),
+                    Err(e) => {
+                        tracing::error!(app = %name, slot = i, "installing the remote executor: the install task failed: {e}")
+                    }
                 }
             }
             let shares: Vec<f64> = assigned.iter().map(|r| r.map_or(0.0, |r| r.share.max(0.0))).collect();

@@ -226,7 +226,31 @@ pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).expect("records serialize")
 }
 
+/// A key's value that is not a valid record ([`decode`]): the key, and serde's why.
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: not a valid record: {cause}")]
+pub struct DecodeError {
+    /// The key.
+    pub key: String,
+    /// What serde found wrong (in the message, so not a `source` too: a chain
+    /// printed with `{:#}` would say it twice).
+    pub cause: serde_json::Error,
+}
+
 /// Decodes a key's value, naming the key when it is not a valid record.
-pub fn decode<T: for<'de> Deserialize<'de>>(key: &str, value: &[u8]) -> Result<T, String> {
-    serde_json::from_slice(value).map_err(|e| format!("{key}: not a valid record: {e}"))
+pub fn decode<T: for<'de> Deserialize<'de>>(key: &str, value: &[u8]) -> Result<T, DecodeError> {
+    serde_json::from_slice(value).map_err(|cause| DecodeError { key: key.to_string(), cause })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_record_names_its_key() {
+        let e = decode::<Vec<u32>>("sluice/routing", b"{not json").unwrap_err();
+        assert_eq!(e.key, "sluice/routing");
+        assert!(e.to_string().starts_with("sluice/routing: not a valid record: "), "{e}");
+        assert_eq!(decode::<Vec<u32>>("k", &encode(&vec![1u32, 2])).unwrap(), vec![1, 2]);
+    }
 }

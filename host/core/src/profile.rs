@@ -361,7 +361,7 @@ impl Profile {
         names: Option<&[String]>,
         p: Percentile,
         max_batch: Option<u32>,
-    ) -> Result<Vec<(sluice_sdk::Model, &ModelProfile)>, String> {
+    ) -> Result<Vec<(sluice_sdk::Model, &ModelProfile)>, NotInProfile> {
         let all: Vec<String>;
         let names = match names {
             Some(n) => n,
@@ -374,9 +374,10 @@ impl Profile {
             .iter()
             .enumerate()
             .map(|(id, name)| {
-                let m = self.model(name).ok_or_else(|| {
-                    let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
-                    format!("`{name}` is not in profile {} (it has: {})", self.name, known.join(", "))
+                let m = self.model(name).ok_or_else(|| NotInProfile {
+                    model: name.clone(),
+                    profile: self.name.clone(),
+                    known: self.models.iter().map(|m| m.name.clone()).collect(),
                 })?;
                 let mut latency = m.latency_table(p);
                 if let Some(cap) = max_batch {
@@ -479,6 +480,18 @@ pub fn synthetic_emulated(name: &str, source: &str, scale: f64) -> String {
     s
 }
 
+/// A model an app names that its profile lacks ([`Profile::policy_models`]).
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+#[error("`{model}` is not in profile {profile} (it has: {})", .known.join(", "))]
+pub struct NotInProfile {
+    /// The name asked for.
+    pub model: String,
+    /// The profile's name.
+    pub profile: String,
+    /// The profile's models.
+    pub known: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -524,6 +537,15 @@ p99_us = [120, 99]
         assert_eq!(small.measured_us(Percentile::P95), &[12, 20, 33, 80]);
         assert_eq!(p.model("big").unwrap().file, None);
         assert_eq!(p.model("big").unwrap().runs, None);
+    }
+
+    #[test]
+    fn a_model_not_in_the_profile_is_named() {
+        let p = Profile::parse(GOOD, "good.toml").unwrap();
+        let e = p.policy_models(Some(&["small".into(), "huge".into()]), Percentile::P95, None).unwrap_err();
+        assert_eq!(e.model, "huge");
+        assert_eq!(e.to_string(), "`huge` is not in profile test-cpu (it has: small, big)");
+        assert_eq!(p.policy_models(None, Percentile::P95, Some(2)).unwrap()[0].0.latency.len(), 2);
     }
 
     #[test]

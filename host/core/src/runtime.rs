@@ -565,7 +565,7 @@ impl PolicyEngine {
         // format, for tests and experiments, is left to the compiler.)
         let (mut observes, mut wasi) = (true, false);
         if bytes.starts_with(b"\0asm") {
-            let interface = check_world(bytes).map_err(invalid)?;
+            let interface = check_world(bytes).map_err(|e| invalid(e.to_string()))?;
             observes = !interface.observe_unused;
             wasi = interface.wasi;
         }
@@ -1122,19 +1122,76 @@ pub fn with_hints(component: &[u8], observes: bool) -> Vec<u8> {
     out
 }
 
+/// Why a component is refused before compiling ([`component_interface`],
+/// [`check_world`]): what an upload is answered and `sluice policy check` prints.
+#[derive(Debug, Error)]
+pub enum ComponentError {
+    /// The bytes do not parse as WebAssembly.
+    #[error("not a WebAssembly binary: {0}")]
+    NotWasm(wasmparser::BinaryReaderError),
+    /// A core module, not a component.
+    #[error(
+        "a core WebAssembly module, not a component: build it with the sluice SDK \
+         (`cargo build --target wasm32-unknown-unknown` linked by wasm-component-ld)"
+    )]
+    CoreModule,
+    /// An entry of the import section does not parse.
+    #[error("unreadable import: {0}")]
+    UnreadableImport(wasmparser::BinaryReaderError),
+    /// An entry of the export section does not parse.
+    #[error("unreadable export: {0}")]
+    UnreadableExport(wasmparser::BinaryReaderError),
+    /// It imports the contract at another version than this host's.
+    #[error(
+        "built against {CONTRACT}@{version} (it imports `{import}`); this host implements \
+         {CONTRACT}@{CONTRACT_VERSION}"
+    )]
+    ContractVersion {
+        /// The version it was built against (`(none)` for an unversioned import).
+        version: String,
+        /// The import that says so.
+        import: String,
+    },
+    /// It imports what this host does not provide.
+    #[error(
+        "imports {}, which this host does not provide (a policy may import only {} and the WASI 0.2 \
+         interfaces of wasmtime-wasi, which grant nothing: {}; a Rust policy is built for \
+         wasm32-unknown-unknown and imports no WASI at all)",
+        backticked(.0), WORLD_IMPORTS.join(", "), wasi::PROVIDED.join(", ")
+    )]
+    UnknownImports(
+        /// The imports, by name.
+        Vec<String>,
+    ),
+    /// It lacks an export of the policy world.
+    #[error(
+        "does not export `{missing}` of the policy world {CONTRACT}@{CONTRACT_VERSION} (exports: {})",
+        if .exports.is_empty() { "none".to_string() } else { .exports.join(", ") }
+    )]
+    MissingExport {
+        /// The export it lacks.
+        missing: &'static str,
+        /// What it exports.
+        exports: Vec<String>,
+    },
+}
+
+/// `` `a`, `b` ``: names as [`ComponentError::UnknownImports`] lists them.
+fn backticked(names: &[String]) -> String {
+    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
 /// Reads a component's top-level imports and exports (without compiling it): what
 /// [`check_world`] checks, and what `sluice policy check` reports.
-pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, String> {
+pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, ComponentError> {
     use wasmparser::{Encoding, Parser, Payload};
     let (mut depth, mut imports, mut exports) = (0usize, Vec::new(), Vec::new());
     let mut observe_unused = false;
     for payload in Parser::new(0).parse_all(bytes) {
-        let payload = payload.map_err(|e| format!("not a WebAssembly binary: {e}"))?;
+        let payload = payload.map_err(ComponentError::NotWasm)?;
         match payload {
             Payload::Version { encoding: Encoding::Module, .. } if depth == 0 => {
-                return Err("a core WebAssembly module, not a component: build it with the sluice SDK \
-                            (`cargo build --target wasm32-unknown-unknown` linked by wasm-component-ld)"
-                    .into());
+                return Err(ComponentError::CoreModule);
             }
             Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
             Payload::CustomSection(c) if c.name() == HINTS_SECTION => {
@@ -1145,7 +1202,7 @@ pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, String> {
             Payload::End(_) => depth = depth.saturating_sub(1),
             Payload::ComponentImportSection(r) if depth == 0 => {
                 for i in r {
-                    let i = i.map_err(|e| format!("unreadable import: {e}"))?;
+                    let i = i.map_err(ComponentError::UnreadableImport)?;
                     // Type imports (the contract's records, named after them) are
                     // checked structurally by the linker; functions and instances
                     // are what a component needs the host to provide.
@@ -1156,7 +1213,7 @@ pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, String> {
             }
             Payload::ComponentExportSection(r) if depth == 0 => {
                 for e in r {
-                    exports.push(e.map_err(|e| format!("unreadable export: {e}"))?.name.name.to_string());
+                    exports.push(e.map_err(ComponentError::UnreadableExport)?.name.name.to_string());
                 }
             }
             _ => {}
@@ -1168,7 +1225,7 @@ pub fn component_interface(bytes: &[u8]) -> Result<ComponentInterface, String> {
 /// Checks a component's imports and exports against the `policy` world of this
 /// host's contract version (what an upload is refused for, before compiling);
 /// returns what it read.
-pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, String> {
+pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, ComponentError> {
     let mut interface = component_interface(bytes)?;
     let ComponentInterface { imports, exports, .. } = &interface;
     let ours = format!("{CONTRACT}/");
@@ -1178,33 +1235,20 @@ pub fn check_world(bytes: &[u8]) -> Result<ComponentInterface, String> {
         if let Some(rest) = name.strip_prefix(&ours) {
             let version = rest.split_once('@').map_or("(none)", |(_, v)| v);
             if version != CONTRACT_VERSION {
-                return Err(format!(
-                    "built against {CONTRACT}@{version} (it imports `{name}`); this host implements \
-                     {CONTRACT}@{CONTRACT_VERSION}"
-                ));
+                return Err(ComponentError::ContractVersion { version: version.to_string(), import: name.clone() });
             }
         } else if wasi::provides(name) {
             uses_wasi = true;
         } else if !WORLD_IMPORTS.contains(&name.as_str()) {
-            unknown.push(format!("`{name}`"));
+            unknown.push(name.clone());
         }
     }
     if !unknown.is_empty() {
-        return Err(format!(
-            "imports {}, which this host does not provide (a policy may import only {} and the WASI 0.2 \
-             interfaces of wasmtime-wasi, which grant nothing: {}; a Rust policy is built for \
-             wasm32-unknown-unknown and imports no WASI at all)",
-            unknown.join(", "),
-            WORLD_IMPORTS.join(", "),
-            wasi::PROVIDED.join(", ")
-        ));
+        return Err(ComponentError::UnknownImports(unknown));
     }
     for want in WORLD_EXPORTS {
         if !exports.iter().any(|e| e == want) {
-            return Err(format!(
-                "does not export `{want}` of the policy world {CONTRACT}@{CONTRACT_VERSION} (exports: {})",
-                if exports.is_empty() { "none".to_string() } else { exports.join(", ") }
-            ));
+            return Err(ComponentError::MissingExport { missing: want, exports: exports.clone() });
         }
     }
     interface.wasi = uses_wasi;
@@ -1341,5 +1385,25 @@ mod tests {
         assert_eq!(store.bytes(), 2 * SHARED_ENTRY_OVERHEAD + 16);
         // Empty values still cost their entry: no third one fits.
         assert!(!store.put("c".into(), vec![]));
+    }
+
+    /// Each refusal before compiling names what it refuses: the import, the version,
+    /// the missing export.
+    #[test]
+    fn component_errors_name_the_bad_input() {
+        let e = check_world(b"\0asm\x01\0\0\0").unwrap_err();
+        assert!(matches!(e, ComponentError::CoreModule), "{e}");
+        let e = check_world(b"not wasm").unwrap_err();
+        assert!(e.to_string().starts_with("not a WebAssembly binary: "), "{e}");
+        let old = wat::parse_str(r#"(component (import "sluice:policy/host@0.0.1" (instance)))"#).unwrap();
+        let e = check_world(&old).unwrap_err().to_string();
+        assert!(e.contains("built against sluice:policy@0.0.1 (it imports `sluice:policy/host@0.0.1`)"), "{e}");
+        let alien = wat::parse_str(r#"(component (import "my-own-thing" (func)))"#).unwrap();
+        let e = check_world(&alien).unwrap_err();
+        assert!(e.to_string().starts_with("imports `my-own-thing`, which this host does not provide"), "{e}");
+        let empty = wat::parse_str("(component)").unwrap();
+        let e = check_world(&empty).unwrap_err().to_string();
+        assert!(e.starts_with("does not export `init` of the policy world"), "{e}");
+        assert!(e.ends_with("(exports: none)"), "{e}");
     }
 }

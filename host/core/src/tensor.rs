@@ -73,6 +73,17 @@ macro_rules! each_variant {
     };
 }
 
+/// Bytes that end inside an element ([`TensorData::from_le_bytes`]): a client's
+/// binary tensor data whose length does not match its datatype.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+#[error("{bytes} bytes is not a whole number of {} elements", .datatype.oip_name())]
+pub struct PartialElementError {
+    /// How many bytes were given.
+    pub bytes: usize,
+    /// The datatype they were read as.
+    pub datatype: DataType,
+}
+
 impl TensorData {
     /// The element type.
     pub fn datatype(&self) -> DataType {
@@ -111,10 +122,10 @@ impl TensorData {
 
     /// Elements from little-endian bytes; the length must be a whole number of
     /// elements of `datatype`.
-    pub fn from_le_bytes(datatype: DataType, bytes: &[u8]) -> Result<TensorData, String> {
+    pub fn from_le_bytes(datatype: DataType, bytes: &[u8]) -> Result<TensorData, PartialElementError> {
         let width = TensorData::width(datatype);
         if !bytes.len().is_multiple_of(width) {
-            return Err(format!("{} bytes is not a whole number of {} elements", bytes.len(), datatype.oip_name()));
+            return Err(PartialElementError { bytes: bytes.len(), datatype });
         }
         let chunks = bytes.chunks_exact(width);
         Ok(match datatype {
@@ -320,7 +331,8 @@ mod tests {
         }
         assert_eq!(TensorData::F32(vec![1.0]).to_le_bytes(), 1.0f32.to_le_bytes().to_vec());
         let e = TensorData::from_le_bytes(DataType::F32, &[0, 0, 0]).unwrap_err();
-        assert_eq!(e, "3 bytes is not a whole number of FP32 elements");
+        assert_eq!(e, PartialElementError { bytes: 3, datatype: DataType::F32 });
+        assert_eq!(e.to_string(), "3 bytes is not a whole number of FP32 elements");
         assert_eq!(TensorData::F32(vec![1.0, f32::NAN]).first_non_finite(), Some(1));
         assert_eq!(TensorData::I32(vec![1]).first_non_finite(), None);
     }

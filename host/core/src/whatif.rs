@@ -190,15 +190,32 @@ pub struct PromoteIf {
 
 impl PromoteIf {
     /// Checks the values; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PromoteIfError> {
         if !(self.accuracy_gain_min.is_finite() && (-1.0..=1.0).contains(&self.accuracy_gain_min)) {
-            return Err(format!("promote_if.accuracy_gain_min: expected -1 to 1, got {}", self.accuracy_gain_min));
+            return Err(PromoteIfError {
+                field: "accuracy_gain_min",
+                expected: "-1 to 1",
+                got: self.accuracy_gain_min,
+            });
         }
         if !(self.violation_max.is_finite() && (0.0..=1.0).contains(&self.violation_max)) {
-            return Err(format!("promote_if.violation_max: expected 0 to 1, got {}", self.violation_max));
+            return Err(PromoteIfError { field: "violation_max", expected: "0 to 1", got: self.violation_max });
         }
         Ok(())
     }
+}
+
+/// A [`PromoteIf`] value out of its range ([`PromoteIf::validate`]); the message
+/// names the field as the HTTP body spells it, and `field` lets the CLI name its flag.
+#[derive(Clone, Copy, Debug, Error, PartialEq)]
+#[error("promote_if.{field}: expected {expected}, got {got}")]
+pub struct PromoteIfError {
+    /// The field (`accuracy_gain_min`, `violation_max`).
+    pub field: &'static str,
+    /// Its range, in words.
+    pub expected: &'static str,
+    /// The value given.
+    pub got: f64,
 }
 
 /// The candidate minus the current policy, for each figure.
@@ -372,8 +389,9 @@ mod tests {
     fn promote_if_is_checked() {
         assert!(PromoteIf { accuracy_gain_min: 0.0, violation_max: 0.01 }.validate().is_ok());
         let e = PromoteIf { accuracy_gain_min: f64::NAN, violation_max: 0.01 }.validate().unwrap_err();
-        assert!(e.contains("accuracy_gain_min"), "{e}");
+        assert_eq!(e.field, "accuracy_gain_min");
+        assert_eq!(e.to_string(), "promote_if.accuracy_gain_min: expected -1 to 1, got NaN");
         let e = PromoteIf { accuracy_gain_min: 0.0, violation_max: 2.0 }.validate().unwrap_err();
-        assert!(e.contains("violation_max"), "{e}");
+        assert_eq!(e.to_string(), "promote_if.violation_max: expected 0 to 1, got 2");
     }
 }

@@ -157,7 +157,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             let ids = state
                 .set_worker_models(&app, w, &m.models)
                 .await
-                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
+                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
             ok(json!({ "app": app, "worker": w, "loaded": ids }))
         }
         (&Method::POST, ["allocation", "solve"]) => {

@@ -126,8 +126,8 @@ pub enum ApplyError {
         source: LoadError,
     },
     /// A worker did not take its new models (it has stopped).
-    #[error("{0}")]
-    Install(String),
+    #[error(transparent)]
+    Install(#[from] crate::app::InstallError),
     /// The app's router refused the plan's shares.
     #[error("app {app}: {source}")]
     Weights {
@@ -436,7 +436,7 @@ impl Allocator {
                 worker: w,
                 source,
             })?;
-            app.set_worker_models(w, set).await.map_err(ApplyError::Install)?;
+            app.install_models(w, set).await?;
         }
         // 2. Switch: every app's shares at once.
         for (name, app) in &self.apps {
@@ -465,7 +465,7 @@ impl Allocator {
             {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
-            app.set_worker_models(w, sluice_core::executor::ModelSet::default()).await.map_err(ApplyError::Install)?;
+            app.install_models(w, sluice_core::executor::ModelSet::default()).await?;
         }
         tracing::info!(
             effective_accuracy = new.effective_accuracy,

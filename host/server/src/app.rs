@@ -340,16 +340,32 @@ impl ArrivalRing {
     }
 
     /// What it holds and costs, for the admin view.
-    pub fn view(&self) -> serde_json::Value {
+    pub fn view(&self) -> RingView {
         let allocated = self.chunks.iter().filter(|c| c.get().is_some()).count() * RING_CHUNK;
-        serde_json::json!({
-            "capacity": self.capacity,
-            "held": self.recorded().min(self.capacity as u64),
-            "recorded": self.recorded(),
-            "bytes_max": self.capacity * 8,
-            "bytes": allocated * 8,
-        })
+        RingView {
+            capacity: self.capacity,
+            held: self.recorded().min(self.capacity as u64),
+            recorded: self.recorded(),
+            bytes_max: self.capacity * 8,
+            bytes: allocated * 8,
+        }
     }
+}
+
+/// An arrival ring as the admin view shows it ([`ArrivalRing::view`]; the
+/// dashboard's `arrival_ring`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RingView {
+    /// How many arrivals it can hold.
+    pub capacity: usize,
+    /// How many it holds (at most `capacity`).
+    pub held: u64,
+    /// How many were recorded since start-up.
+    pub recorded: u64,
+    /// Bytes it would take full (8 per arrival).
+    pub bytes_max: usize,
+    /// Bytes allocated so far (it allocates a chunk at a time).
+    pub bytes: usize,
 }
 
 /// A log of arrivals, `app,arrival_us` per line for an admitted one and
@@ -1033,16 +1049,57 @@ impl App {
         false
     }
 
-    /// Replaces the models loaded on worker `w` by `ids`: new sessions are loaded and
-    /// warmed first (off the worker), then the worker switches between two decisions,
-    /// then the old sessions are dropped.
-    pub async fn set_worker_models(&self, w: usize, set: ModelSet) -> Result<(), String> {
-        let worker = self.workers.get(w).ok_or_else(|| format!("app {}: no worker {w}", self.name()))?;
+    /// Has worker `w` switch to `set` (loaded and warmed by the caller, off the
+    /// worker): the worker installs it between two decisions, then drops the old
+    /// sessions.
+    pub async fn install_models(&self, w: usize, set: ModelSet) -> Result<(), InstallError> {
+        let app = || self.name().to_string();
+        let worker = self.workers.get(w).ok_or_else(|| InstallError::NoWorker { app: app(), worker: w })?;
         let (tx, rx) = oneshot::channel();
-        worker.control.send(WorkerControl::Install(set, tx)).map_err(|_| "worker has stopped".to_string())?;
+        worker
+            .control
+            .send(WorkerControl::Install(set, tx))
+            .map_err(|_| InstallError::Stopped { app: app(), worker: w })?;
         worker.queue.notify.notify_waiters();
-        rx.await.map_err(|_| "worker stopped before installing the models".to_string())
+        rx.await.map_err(|_| InstallError::StoppedBeforeInstalling { app: app(), worker: w })
     }
+
+    /// [`App::install_models`] with its error as text: a bridge for the live
+    /// pipeline's `load` (`server/pipeline.rs`, which others are restructuring and
+    /// which still reports a load as a `String`). Delete it once `load` calls
+    /// `install_models`.
+    pub async fn set_worker_models(&self, w: usize, set: ModelSet) -> Result<(), String> {
+        self.install_models(w, set).await.map_err(|e| e.to_string())
+    }
+}
+
+/// Why a worker did not take its new models ([`App::install_models`]).
+#[derive(Debug, Error)]
+pub enum InstallError {
+    /// The app has no worker of that index.
+    #[error("app {app}: no worker {worker}")]
+    NoWorker {
+        /// The app.
+        app: String,
+        /// The index asked for.
+        worker: usize,
+    },
+    /// The worker's thread has ended: nothing reads its control channel.
+    #[error("app {app}: worker {worker} has stopped")]
+    Stopped {
+        /// The app.
+        app: String,
+        /// The worker.
+        worker: usize,
+    },
+    /// The worker ended after the models were sent, before it installed them.
+    #[error("app {app}: worker {worker} stopped before installing the models")]
+    StoppedBeforeInstalling {
+        /// The app.
+        app: String,
+        /// The worker.
+        worker: usize,
+    },
 }
 
 /// What a swap did and how long each part took.

@@ -339,7 +339,7 @@ impl Config {
                 return Err(invalid(format!("app.{}.executor", app.name), "required: \"onnx\" or \"emulated\""));
             }
             if !app.mixed_families {
-                check_families(app).map_err(|m| invalid(format!("app.{}.models", app.name), &m))?;
+                check_families(app).map_err(|e| invalid(format!("app.{}.models", app.name), &e.to_string()))?;
             }
             // ONNX Runtime starts this many threads per session, per worker: 100,000
             // hung start-up for minutes without a word.
@@ -412,7 +412,7 @@ impl Config {
 /// that name none are not compared (the trained EfficientNet-Lite profile says
 /// "the family's input size", which names no family). A profile that cannot be read is left to the app's build,
 /// which says why.
-fn check_families(app: &sluice_core::app_config::AppConfig) -> Result<(), String> {
+fn check_families(app: &sluice_core::app_config::AppConfig) -> Result<(), MixedFamilies> {
     let Ok(profile) = sluice_core::profile::Profile::load(&app.profile) else { return Ok(()) };
     let listed = |name: &str| app.models.as_ref().is_none_or(|m| m.iter().any(|x| x == name));
     let families: std::collections::BTreeSet<&str> = profile
@@ -429,12 +429,21 @@ fn check_families(app: &sluice_core::app_config::AppConfig) -> Result<(), String
     if families.len() <= 1 {
         return Ok(());
     }
-    let families = families.into_iter().collect::<Vec<_>>().join(", ");
-    let which = if app.models.is_some() { "its models" } else { "without `models`, every variant of its profile" };
-    Err(format!(
-        "{which} span the families {families}: an app serves one task; list one family's models, \
-         or set mixed_families = true"
-    ))
+    Err(MixedFamilies { listed: app.models.is_some(), families: families.into_iter().map(String::from).collect() })
+}
+
+/// An app whose variants span several families ([`check_families`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{} span the families {}: an app serves one task; list one family's models, or set mixed_families = true",
+    if *.listed { "its models" } else { "without `models`, every variant of its profile" },
+    .families.join(", ")
+)]
+struct MixedFamilies {
+    /// Whether the app lists its `models` (or takes every variant of its profile).
+    listed: bool,
+    /// The families, in order.
+    families: Vec<String>,
 }
 
 #[cfg(test)]

@@ -332,8 +332,8 @@ pub enum EvaluateError {
     #[error("against: unknown field `{0}`")]
     AgainstField(String),
     /// `promote_if` out of range (core's `PromoteIf::validate` says how).
-    #[error("{0}")]
-    PromoteIf(String),
+    #[error(transparent)]
+    PromoteIf(#[from] sluice_core::whatif::PromoteIfError),
     /// `promote_if` with another `against` than the current policy.
     #[error("promote_if compares the candidate with the current policy: leave `against` out or \"current\"")]
     PromoteAgainst,

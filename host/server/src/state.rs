@@ -179,35 +179,35 @@ impl State {
     }
 
     /// Loads `names` for worker `w` of `app` off the worker, then has the worker switch.
-    pub async fn set_worker_models(&self, app: &str, w: usize, names: &[String]) -> Result<Vec<u32>, String> {
-        let a = self.apps.get(app).ok_or_else(|| format!("unknown app `{app}`"))?;
-        let src = self.sources.get(app).ok_or_else(|| format!("unknown app `{app}`"))?;
+    pub async fn set_worker_models(&self, app: &str, w: usize, names: &[String]) -> Result<Vec<u32>, ModelsError> {
+        let unknown = || ModelsError::UnknownApp(app.to_string());
+        let a = self.apps.get(app).ok_or_else(unknown)?;
+        let src = self.sources.get(app).ok_or_else(unknown)?;
         if w >= a.workers.len() {
-            return Err(format!("app {app} has {} workers; no worker {w}", a.workers.len()));
+            return Err(ModelsError::NoWorker { app: app.to_string(), workers: a.workers.len(), worker: w });
         }
         if names.is_empty() {
-            return Err("a worker needs at least one model".into());
+            return Err(ModelsError::NoModels);
         }
         if a.device_models.is_some() {
-            return Err(format!(
-                "app {app} runs on [[device]]s: the allocator decides its workers' models (POST /admin/allocation/solve)"
-            ));
+            return Err(ModelsError::OnDevices(app.to_string()));
         }
         let mut ids = Vec::new();
         for n in names {
-            let id = a.models.iter().position(|m| &m.name == n).ok_or_else(|| {
-                let known: Vec<&str> = a.models.iter().map(|m| m.name.as_str()).collect();
-                format!("app {app} has no model `{n}` (models: {})", known.join(", "))
+            let id = a.models.iter().position(|m| &m.name == n).ok_or_else(|| ModelsError::UnknownModel {
+                app: app.to_string(),
+                model: n.clone(),
+                known: a.models.iter().map(|m| m.name.clone()).collect(),
             })?;
             // A model named twice would be loaded twice and counted as one: a mistake
             // in the request, refused rather than silently merged.
             if ids.contains(&(id as u32)) {
-                return Err(format!("model `{n}` is listed twice"));
+                return Err(ModelsError::Twice(n.clone()));
             }
             ids.push(id as u32);
         }
         let sources: Vec<(u32, ModelSource)> = ids.iter().map(|&id| (id, src.models[id as usize].clone())).collect();
-        a.set_worker_models(w, load_set(sources).await?).await?;
+        a.install_models(w, load_set(sources).await?).await?;
         Ok(ids)
     }
 
@@ -500,5 +500,72 @@ fn app_gauges(state: &State, out: &mut String) {
                 m.accuracy
             );
         }
+    }
+}
+
+/// Why `PUT /admin/apps/{app}/workers/{w}/models` did not change a worker's models
+/// ([`State::set_worker_models`]); every case is the request's (400), a model that
+/// fails to load included, as the message says which.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelsError {
+    /// No app of that name.
+    #[error("unknown app `{0}`")]
+    UnknownApp(String),
+    /// The app has fewer workers.
+    #[error("app {app} has {workers} workers; no worker {worker}")]
+    NoWorker {
+        /// The app.
+        app: String,
+        /// How many workers it has.
+        workers: usize,
+        /// The index asked for.
+        worker: usize,
+    },
+    /// An empty list of models.
+    #[error("a worker needs at least one model")]
+    NoModels,
+    /// The app runs on `[[device]]`s, whose models the allocator chooses.
+    #[error("app {0} runs on [[device]]s: the allocator decides its workers' models (POST /admin/allocation/solve)")]
+    OnDevices(String),
+    /// A model the app does not have.
+    #[error("app {app} has no model `{model}` (models: {})", .known.join(", "))]
+    UnknownModel {
+        /// The app.
+        app: String,
+        /// The name asked for.
+        model: String,
+        /// The app's models.
+        known: Vec<String>,
+    },
+    /// A model named twice in the list.
+    #[error("model `{0}` is listed twice")]
+    Twice(String),
+    /// A model failed to load or warm up.
+    #[error(transparent)]
+    Load(#[from] crate::executor::LoadError),
+    /// The worker did not take the models.
+    #[error(transparent)]
+    Install(#[from] crate::app::InstallError),
+}
+
+#[cfg(test)]
+mod models_error_tests {
+    use super::ModelsError;
+    use crate::app::InstallError;
+
+    /// Each refusal of a worker's models names what was wrong with the request.
+    #[test]
+    fn models_errors_name_the_bad_input() {
+        let e = ModelsError::NoWorker { app: "img".into(), workers: 2, worker: 5 };
+        assert_eq!(e.to_string(), "app img has 2 workers; no worker 5");
+        let e =
+            ModelsError::UnknownModel { app: "img".into(), model: "big".into(), known: vec!["a".into(), "b".into()] };
+        assert_eq!(e.to_string(), "app img has no model `big` (models: a, b)");
+        assert_eq!(ModelsError::Twice("small".into()).to_string(), "model `small` is listed twice");
+        assert_eq!(ModelsError::UnknownApp("x".into()).to_string(), "unknown app `x`");
+        let e = ModelsError::from(InstallError::Stopped { app: "img".into(), worker: 1 });
+        assert_eq!(e.to_string(), "app img: worker 1 has stopped");
+        let e = InstallError::NoWorker { app: "img".into(), worker: 3 };
+        assert_eq!(e.to_string(), "app img: no worker 3");
     }
 }

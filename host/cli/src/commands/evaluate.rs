@@ -85,7 +85,9 @@ pub fn run(args: EvaluateArgs) -> Result<()> {
     let rule = match (args.accuracy_gain_min, args.violation_max) {
         (Some(g), Some(v)) => {
             let r = PromoteIf { accuracy_gain_min: g, violation_max: v };
-            r.validate().map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-").replacen("promote-if.", "", 1)))?;
+            r.validate().map_err(|e| {
+                anyhow::anyhow!("--{}: expected {}, got {}", e.field.replace('_', "-"), e.expected, e.got)
+            })?;
             Some(r)
         }
         _ => None,

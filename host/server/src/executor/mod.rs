@@ -101,16 +101,8 @@ pub enum LoadError {
     Task(#[from] tokio::task::JoinError),
 }
 
-/// A bridge for the callers that still report a worker's models failing as text
-/// (`State::set_worker_models`, whose module others are restructuring): the message.
-impl From<LoadError> for String {
-    fn from(e: LoadError) -> String {
-        e.to_string()
-    }
-}
-
 /// Loads (and warms) `sources` off the async threads into one worker's model set,
-/// for a worker to switch to at run time (`App::set_worker_models`).
+/// for a worker to switch to at run time (`App::install_models`).
 pub async fn load_set(sources: Vec<(u32, ModelSource)>) -> Result<sluice_core::executor::ModelSet, LoadError> {
     let loaded =
         tokio::task::spawn_blocking(move || -> Result<std::collections::BTreeMap<u32, LoadedModel>, LoadError> {

@@ -313,7 +313,7 @@ pub enum WireError {
         /// The tensor.
         tensor: String,
         /// Why (core's `TensorData::from_le_bytes`).
-        reason: String,
+        reason: sluice_core::tensor::PartialElementError,
     },
     /// The shape does not hold the elements.
     #[error(transparent)]
