@@ -12,7 +12,7 @@ use tokio::sync::{oneshot, Notify};
 use crate::tensor::Tensor;
 
 /// Why a request was dropped instead of served.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DropReason {
     /// The policy dropped it (it could not make its deadline, by the policy's judgement).
     Policy,

@@ -241,8 +241,8 @@ pub struct PipelineCounters {
 pub struct PipelineAnswer {
     /// Per task: variant → intermediate requests it served.
     pub variants: BTreeMap<String, BTreeMap<String, u64>>,
-    /// Per task: requests dropped there, by reason.
-    pub drops: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Per task: requests dropped there, by reason (serialised by label).
+    pub drops: BTreeMap<String, BTreeMap<flow::Drop, u64>>,
     /// Per task: requests refused at shutdown.
     pub rejected: BTreeMap<String, u64>,
     /// Per task: requests rerouted to a backup worker.
@@ -309,12 +309,12 @@ impl PipelineAnswer {
     }
 
     /// How the request ended, in the form the simulator reports it
-    /// (`flow::PipelineOutcome`; drops by label, whichever task dropped them).
+    /// (`flow::PipelineOutcome`; drops by reason, whichever task dropped them).
     pub fn outcome(&self) -> flow::PipelineOutcome {
         let mut drops = BTreeMap::new();
         for m in self.drops.values() {
             for (r, n) in m {
-                *drops.entry(r.clone()).or_default() += n;
+                *drops.entry(*r).or_default() += n;
             }
         }
         flow::PipelineOutcome {
@@ -326,9 +326,10 @@ impl PipelineAnswer {
         }
     }
 
-    /// The first drop, as `(task, reason)`, for a request nothing of which was served.
+    /// The first drop, as `(task, reason label)`, for a request nothing of which was
+    /// served: the first task's least label, as when the reasons were keyed by label.
     pub fn first_drop(&self) -> Option<(&str, &str)> {
-        self.drops.iter().find_map(|(t, m)| m.keys().next().map(|r| (t.as_str(), r.as_str())))
+        self.drops.iter().find_map(|(t, m)| m.keys().map(|r| r.as_str()).min().map(|r| (t.as_str(), r)))
     }
 }
 
@@ -603,11 +604,10 @@ impl PipelineApp {
     /// An intermediate request bound for `task` dropped, by `by` (the task that
     /// decided), for `reason`.
     fn drop_at(&self, task: usize, by: usize, why: flow::Drop) -> PipelineAnswer {
-        let reason = why.as_str();
         let name = &self.graph.tasks[by].name;
         self.task_counters[task].lock().dropped(why);
         let mut a = PipelineAnswer::default();
-        a.drops.entry(name.clone()).or_default().insert(reason.to_string(), 1);
+        a.drops.entry(name.clone()).or_default().insert(why, 1);
         a
     }
 
@@ -1005,7 +1005,7 @@ impl PipelineApp {
                     "served": c.served,
                     "late": c.late,
                     "dropped": c.dropped_total(),
-                    "dropped_by_reason": c.dropped,
+                    "dropped_by_reason": flow::by_label(&c.dropped),
                     "rejected": c.rejected,
                     "rerouted": c.rerouted,
                     "policy_faults": faults,

@@ -167,7 +167,7 @@ pub fn unbind_after_fault(mode: FailMode, faults: u64, unbind_after: u64) -> boo
 }
 
 /// Why early dropping at a hop dropped a request (`RoutingTables::hop`'s causes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EarlyCause {
     /// It overran its budget at the task it left (`per-task`).
     OverBudget,
@@ -178,8 +178,10 @@ pub enum EarlyCause {
 }
 
 /// Why an intermediate request was not served: one label per reason, the same in
-/// live answers, metrics, the admin view and simulated results.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// live answers, metrics, the admin view and simulated results. Counts are keyed
+/// by the type; the label ([`Drop::as_str`], also its `Serialize` form, so a map
+/// keyed by `Drop` renders as one keyed by label) is written only at the edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Drop {
     /// Its task had no worker in the routing in force.
     NoWorker,
@@ -212,10 +214,27 @@ impl Drop {
     }
 }
 
+impl serde::Serialize for Drop {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// `counts` by label ([`Drop::as_str`]), in label order: how a count by reason is
+/// rendered at the edge (JSON, results files), the same as when the counts were
+/// keyed by label.
+pub fn by_label(counts: &BTreeMap<Drop, u64>) -> BTreeMap<&'static str, u64> {
+    let mut out = BTreeMap::new();
+    for (why, n) in counts {
+        *out.entry(why.as_str()).or_insert(0) += n;
+    }
+    out
+}
+
 /// What became of the intermediate requests made for one task, counted by one type
 /// live (`sluice_server::pipeline::PipelineApp`, one per task under a lock) and
 /// simulated (`sluice_sim::pipeline`, whose results report it per task): every
-/// request created ends served, dropped (by its [`Drop`] label) or rejected, so
+/// request created ends served, dropped (by its [`Drop`]) or rejected, so
 /// `created = served + dropped + rejected` once nothing is in flight.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TaskCounters {
@@ -225,8 +244,8 @@ pub struct TaskCounters {
     pub served: u64,
     /// Of those served by a model, after their task deadline (entry + task budget).
     pub late: u64,
-    /// Dropped, by label ([`Drop::as_str`]).
-    pub dropped: BTreeMap<&'static str, u64>,
+    /// Dropped, by reason (rendered by label with [`by_label`]).
+    pub dropped: BTreeMap<Drop, u64>,
     /// Refused or abandoned at shutdown (live only: a simulation finishes its queues).
     pub rejected: u64,
     /// Sent to a backup worker by opportunistic rerouting.
@@ -251,7 +270,7 @@ impl TaskCounters {
 
     /// One request dropped, `why`.
     pub fn dropped(&mut self, why: Drop) {
-        *self.dropped.entry(why.as_str()).or_insert(0) += 1;
+        *self.dropped.entry(why).or_insert(0) += 1;
     }
 
     /// Requests dropped, for any reason.
@@ -266,8 +285,8 @@ impl TaskCounters {
 pub struct PipelineOutcome {
     /// Per task name: variant name → intermediate requests it served.
     pub variants: BTreeMap<String, BTreeMap<String, u64>>,
-    /// Drop label → intermediate requests dropped so.
-    pub drops: BTreeMap<String, u64>,
+    /// Drop reason → intermediate requests dropped so.
+    pub drops: BTreeMap<Drop, u64>,
     /// Branches that ended served at a sink.
     pub sinks: u64,
     /// Branches that ended served before a sink ([`PathEnd::Early`]).
@@ -380,7 +399,7 @@ mod tests {
         assert_eq!(o.label(), "on-time");
         o.on_time = false;
         assert_eq!(o.label(), "late");
-        o.drops.insert("expired".into(), 1);
+        o.drops.insert(Drop::Worker(DropReason::Expired), 1);
         assert_eq!(o.label(), "partial");
         o.sinks = 0;
         assert_eq!(o.label(), "dropped");

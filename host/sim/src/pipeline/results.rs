@@ -228,7 +228,7 @@ impl<'a> PipelineSim<'a> {
                 created: c.created,
                 served: c.served,
                 late: c.late,
-                dropped: c.dropped.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+                dropped: flow::by_label(&c.dropped).into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
                 rerouted: c.rerouted,
                 policy_faults: c.policy_faults,
             })

@@ -245,7 +245,7 @@ impl<'a> PipelineSim<'a> {
         self.counters[r.task].dropped(why);
         let client = r.client as usize;
         if let Some(o) = self.outcomes.as_mut().and_then(|o| o.get_mut(client)) {
-            *o.drops.entry(why.as_str().to_string()).or_default() += 1;
+            *o.drops.entry(why).or_default() += 1;
         }
         self.clients[client].dropped = true;
         self.done_one(client);
