@@ -113,7 +113,10 @@ async fn run(
     let result = check(policy, &answers);
     let after =
         (c.accepted.load(Ordering::Relaxed), c.served.load(Ordering::Relaxed), c.dropped.load(Ordering::Relaxed));
-    assert_eq!(after.0 - before.0, clients * per_client, "{policy}: accepted");
+    // A refusal's message says what admission predicted: the depth, the
+    // prediction and the margin (the first one, should any come).
+    let refused = answers.iter().find(|a| a.status == 429).map(|a| a.body.to_string());
+    assert_eq!(after.0 - before.0, clients * per_client, "{policy}: accepted (first refusal: {refused:?})");
     assert_eq!(after.1 - before.1, result.0 as u64, "served counter");
     assert_eq!(after.2 - before.2, result.1 as u64, "dropped counter");
     assert_eq!(c.faults.load(Ordering::Relaxed), 0, "{policy} faulted");
@@ -164,21 +167,34 @@ async fn every_policy_serves_on_the_host() {
 async fn dropping_policies_answer_every_request_under_a_burst() {
     require_components();
     let server = TestServer::start(&config()).await.unwrap();
-    // 48 concurrent requests against small batches on the slowest model:
-    // whatever each policy drops, every request gets exactly one answer, served
-    // or dropped by that policy. spread-drop is told P_B = 45 ms, which makes
-    // the burst far exceed Theorem 1's rate, so it must drop. Batches of 2 for
-    // all: admission predicts with the batches a policy forms, and 24 requests
-    // one by one on `large` (4 ms each, ~5 with the timer) do not fit the 100 ms
-    // SLO, so with lazy-drop at `max_batch` 1 it refused part of the burst before
-    // any policy saw it.
+    // 16 concurrent clients, six requests each, against small batches on the
+    // slowest model: whatever each policy drops, every request gets exactly one
+    // answer, served or dropped by that policy. spread-drop is told P_B = 45 ms,
+    // which makes the burst far exceed Theorem 1's rate, so it must drop.
+    // Batches of 2 for all: admission predicts with the batches a policy forms
+    // (one by one, `large` takes 4 ms a request, ~5 with the timer).
+    //
+    // 8 deep per worker, not 24: the burst must be one admission accepts on a
+    // loaded machine. 24 in pairs are 12 batches of 5 ms, 60 ms at the profile;
+    // with the emulated batches' timers waking late on a busy 2-core machine
+    // (parallel builds) the worker's measured slowdown reached 1.3-1.5, and the
+    // margin, the largest error of the new policy's first answers (its errors
+    // are emptied at the swap), 13-26 ms: "behind 22 requests it would be
+    // answered in about 106 ms (80 ms predicted + 26 ms margin)". Admission
+    // refused the deepest few, as its prediction said, in about one run in four
+    // under load (two busy loops beside the test: 2 of 8 runs). 16 deep still
+    // did once in 12 ("behind 16 requests ... 83 ms predicted + 18 ms margin",
+    // lazy-drop, whose lone batches teach admission a batch of one). Eight
+    // requests are at most 40 ms at the profile, 100 ms only at twice it with a
+    // 20 ms margin. A longer SLO instead changed what spread-drop does with
+    // the burst.
     for (policy, params) in [
         ("spread-drop", json!({ "model": "large", "batch": 2, "processing_us": 45_000 })),
         ("nexus", json!({ "model": "large", "batch": 2 })),
         ("proteus-batching", json!({ "model": "large", "max_batch": 2 })),
         ("lazy-drop", json!({ "model": "large", "max_batch": 2 })),
     ] {
-        let (served, dropped, _) = run(&server, policy, params, 48, 2).await;
+        let (served, dropped, _) = run(&server, policy, params, 16, 6).await;
         assert_eq!(served + dropped, 96, "{policy}");
         assert!(served > 0, "{policy} served nothing");
         if policy == "spread-drop" {
