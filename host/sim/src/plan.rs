@@ -2,7 +2,7 @@
 //! target at a load (`sluice plan`, docs/capacity-planning.md).
 //!
 //! Start here: [`search`] (a bounded, monotone-checked search over worker counts for
-//! any evaluator), [`Evaluations`] (the evaluator's cache, evaluating several counts
+//! any evaluator), [`EvaluationCache`] (the evaluator's cache, evaluating several counts
 //! in parallel), [`SimPoint`] (an evaluator that simulates a policy at a constant
 //! Poisson load, as `sluice sim` does), [`curve_workers`] (where to draw the
 //! accuracy–workers curve).
@@ -135,7 +135,7 @@ impl Default for SearchOptions {
 
 /// A finished search.
 #[derive(Clone, Debug, Serialize)]
-pub struct Plan {
+pub struct CapacityPlan {
     /// The answer: the fewest workers found that meet the targets, with one more
     /// also meeting them.
     pub workers: u32,
@@ -151,20 +151,20 @@ pub struct Plan {
 
 /// The evaluator's results by worker count: each count is evaluated once, several
 /// at a time.
-pub struct Evaluations<F> {
+pub struct EvaluationCache<F> {
     eval: F,
     parallel: usize,
     done: Mutex<BTreeMap<u32, Point>>,
 }
 
-impl<F, E> Evaluations<F>
+impl<F, E> EvaluationCache<F>
 where
     F: Fn(u32) -> Result<Point, E> + Sync,
     E: Into<EvaluatorError> + Send,
 {
     /// Wraps `eval`, evaluating up to `parallel` counts at once.
-    pub fn new(eval: F, parallel: usize) -> Evaluations<F> {
-        Evaluations { eval, parallel: parallel.max(1), done: Mutex::new(BTreeMap::new()) }
+    pub fn new(eval: F, parallel: usize) -> EvaluationCache<F> {
+        EvaluationCache { eval, parallel: parallel.max(1), done: Mutex::new(BTreeMap::new()) }
     }
 
     /// Evaluates every count of `workers` not evaluated yet (in parallel) and returns
@@ -231,10 +231,14 @@ where
 ///    targets too. Accuracy and violation are not guaranteed monotone in the
 ///    workers (a simulation's noise, the MDP's slack grid), so a met count just
 ///    above a failing one may be luck; when `k + 1` fails, the search resumes above
-///    it and the pair is reported in [`Plan::non_monotone`].
+///    it and the pair is reported in [`CapacityPlan::non_monotone`].
 ///
 /// Bounded: at most `max_evaluations` counts are evaluated.
-pub fn search<F, E>(evals: &Evaluations<F>, targets: Targets, opts: SearchOptions) -> Result<Plan, PlanError>
+pub fn search<F, E>(
+    evals: &EvaluationCache<F>,
+    targets: Targets,
+    opts: SearchOptions,
+) -> Result<CapacityPlan, PlanError>
 where
     F: Fn(u32) -> Result<Point, E> + Sync,
     E: Into<EvaluatorError> + Send,
@@ -247,7 +251,7 @@ where
     let max = opts.max_workers.max(1);
     let min = opts.min_workers.clamp(1, max);
     let parallel = opts.parallel.max(1) as u32;
-    let budget = |evals: &Evaluations<F>| -> Result<(), PlanError> {
+    let budget = |evals: &EvaluationCache<F>| -> Result<(), PlanError> {
         if evals.count() > opts.max_evaluations {
             return Err(PlanError::TooManyEvaluations(opts.max_evaluations));
         }
@@ -321,7 +325,7 @@ where
             }
             // Keep only the pairs the answer was searched above.
             non_monotone.retain(|&(_, b)| b < hi);
-            return Ok(Plan { workers: hi, point: evals.one(hi)?, evaluated, non_monotone });
+            return Ok(CapacityPlan { workers: hi, point: evals.one(hi)?, evaluated, non_monotone });
         }
         non_monotone.push((hi, hi + 1));
         budget(evals)?;
@@ -332,7 +336,7 @@ where
     }
 }
 
-fn unreachable<F, E>(evals: &Evaluations<F>, targets: Targets, max_workers: u32) -> PlanError
+fn unreachable<F, E>(evals: &EvaluationCache<F>, targets: Targets, max_workers: u32) -> PlanError
 where
     F: Fn(u32) -> Result<Point, E> + Sync,
     E: Into<EvaluatorError> + Send,
@@ -476,7 +480,7 @@ mod tests {
     fn finds_the_first_count_that_meets_the_targets() {
         // 1 − 10/(k+10) ≥ 0.8 ⇔ k ≥ 40.
         for parallel in [1, 2, 3] {
-            let evals = Evaluations::new(smooth, parallel);
+            let evals = EvaluationCache::new(smooth, parallel);
             let opts = SearchOptions { parallel, ..SearchOptions::default() };
             let plan = search(&evals, targets(), opts).unwrap();
             assert_eq!(plan.workers, 40, "parallel {parallel}");
@@ -494,7 +498,7 @@ mod tests {
             let accuracy = if k == 30 || k >= 45 { 0.85 } else { 0.7 };
             Ok(Point { workers: k, accuracy, violation: 0.0 })
         };
-        let evals = Evaluations::new(bumpy, 1);
+        let evals = EvaluationCache::new(bumpy, 1);
         let plan = search(&evals, targets(), SearchOptions { min_workers: 30, ..SearchOptions::default() }).unwrap();
         assert!(plan.workers >= 45, "{plan:?}");
         assert!(plan.non_monotone.contains(&(30, 31)), "{:?}", plan.non_monotone);
@@ -505,7 +509,7 @@ mod tests {
         let capped = |k: u32| -> Result<Point, String> {
             Ok(Point { workers: k, accuracy: 0.75 - 1.0 / k as f64, violation: 0.0 })
         };
-        let evals = Evaluations::new(capped, 2);
+        let evals = EvaluationCache::new(capped, 2);
         let e = search(&evals, targets(), SearchOptions { max_workers: 100, parallel: 2, ..Default::default() })
             .unwrap_err();
         let text = e.to_string();
@@ -516,7 +520,7 @@ mod tests {
 
     #[test]
     fn a_failing_evaluator_is_named() {
-        let evals = Evaluations::new(|_| Err("boom".to_string()), 1);
+        let evals = EvaluationCache::new(|_| Err("boom".to_string()), 1);
         let e = search(&evals, targets(), SearchOptions::default()).unwrap_err();
         assert_eq!(e.to_string(), "evaluating 1 workers: boom");
         assert!(matches!(e, PlanError::Evaluation { workers: 1, .. }), "{e:?}");
@@ -525,7 +529,7 @@ mod tests {
         let bad = search(&evals, Targets { accuracy: 0.5, violation: -1.0 }, SearchOptions::default()).unwrap_err();
         assert_eq!(bad.to_string(), "violation target -1 is not in [0, 1]");
         // A panicking evaluator names the count it was evaluating.
-        let evals = Evaluations::new(
+        let evals = EvaluationCache::new(
             |k: u32| -> Result<Point, String> {
                 if k == 2 {
                     panic!("test")
@@ -538,7 +542,7 @@ mod tests {
         let e = search(&evals, targets(), SearchOptions { parallel: 2, ..SearchOptions::default() }).unwrap_err();
         assert!(matches!(e, PlanError::Panicked { workers: 2 }), "{e:?}");
         // A search that does not settle says so, with no worker count.
-        let evals = Evaluations::new(smooth, 1);
+        let evals = EvaluationCache::new(smooth, 1);
         let opts = SearchOptions { max_evaluations: 1, ..SearchOptions::default() };
         let e = search(&evals, targets(), opts).unwrap_err();
         assert_eq!(e.to_string(), "no stable answer after 1 evaluations");

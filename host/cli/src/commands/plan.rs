@@ -22,7 +22,7 @@ use policy_ramsis::mdp::{self, Discretization, ModelSpec, Problem, Space};
 use serde_json::{json, Value};
 use sluice_core::profile::{Percentile, Profile};
 use sluice_sim::model_switching::{self, BuildArgs, Setup};
-use sluice_sim::plan::{self, Evaluations, Plan, PlanError, Point, SearchOptions, SimPoint, Targets};
+use sluice_sim::plan::{self, CapacityPlan, EvaluationCache, PlanError, Point, SearchOptions, SimPoint, Targets};
 use sluice_sim::report::{line_chart, Series};
 
 use super::ramsis::{models_from_profile, parse_duration_us};
@@ -168,7 +168,7 @@ fn discretization(text: &str) -> std::result::Result<Discretization, String> {
 struct Planned {
     policy: String,
     method: &'static str,
-    plan: Plan,
+    plan: CapacityPlan,
     curve: Vec<Point>,
     lower_bound: u32,
     evaluations: usize,
@@ -320,7 +320,7 @@ fn plan_policy(args: &PlanArgs, s: &Setting, policy: &str) -> Result<Planned> {
             let solution = mdp::generate(&problem).map_err(|e| e.to_string())?;
             Ok(Point { workers: k, accuracy: solution.expected_accuracy, violation: solution.expected_violation })
         };
-        let evals = Evaluations::new(eval, s.threads);
+        let evals = EvaluationCache::new(eval, s.threads);
         let plan = plan::search(&evals, s.targets, opts).map_err(named)?;
         let curve = curve(&evals, lower_bound, &plan, args).map_err(named)?;
         ("mdp", plan, curve, evals.count())
@@ -331,7 +331,7 @@ fn plan_policy(args: &PlanArgs, s: &Setting, policy: &str) -> Result<Planned> {
             let result = if ms { model_switching_point(args, s, &sim, k) } else { sim.evaluate(k) };
             result.map_err(|e| format!("{e:#}"))
         };
-        let evals = Evaluations::new(eval, s.threads);
+        let evals = EvaluationCache::new(eval, s.threads);
         let plan = plan::search(&evals, s.targets, opts).map_err(named)?;
         let curve = curve(&evals, lower_bound, &plan, args).map_err(named)?;
         ("simulation", plan, curve, evals.count())
@@ -359,7 +359,12 @@ fn plan_policy(args: &PlanArgs, s: &Setting, policy: &str) -> Result<Planned> {
     })
 }
 
-fn curve<F>(evals: &Evaluations<F>, from: u32, plan: &Plan, args: &PlanArgs) -> Result<Vec<Point>, PlanError>
+fn curve<F>(
+    evals: &EvaluationCache<F>,
+    from: u32,
+    plan: &CapacityPlan,
+    args: &PlanArgs,
+) -> Result<Vec<Point>, PlanError>
 where
     F: Fn(u32) -> Result<Point, String> + Sync,
 {
