@@ -51,7 +51,7 @@ pub struct Served {
     /// µs from arrival to completion.
     pub latency_us: u64,
     /// The SLO, i.e. deadline − arrival, in µs.
-    pub deadline_us: u64,
+    pub slo_us: u64,
     /// Whether it completed by its deadline.
     pub deadline_met: bool,
     /// Size of the batch it was served in.

@@ -517,7 +517,8 @@ async fn app_infer(
         "batch_size": first.batch_size,
         "queue_us": served.iter().map(|s| s.queue_us).max().unwrap_or(0),
         "latency_us": served.iter().map(|s| s.latency_us).max().unwrap_or(0),
-        "deadline_us": first.deadline_us,
+        // The wire keeps `deadline_us` (tests/serve.rs and clients read it); it is the SLO.
+        "deadline_us": first.slo_us,
         "deadline_met": served.iter().all(|s| s.deadline_met),
     });
     if served.len() > 1 {
@@ -591,7 +592,7 @@ async fn pipeline_infer(p: &Arc<PipelineApp>, tensor: Tensor, id: Option<&str>) 
         "early_drop": p.config.serving.early_drop.as_str(),
         "early_drop_at": p.config.serving.early_drop_at.as_str(),
         "latency_us": answer.latency_us,
-        "deadline_us": answer.deadline_us,
+        "deadline_us": answer.slo_us,
         "deadline_met": answer.deadline_met(),
     });
     if answer.paths.is_empty() {

@@ -259,7 +259,7 @@ pub struct PipelineAnswer {
     /// µs from arrival to the last answer.
     pub latency_us: u64,
     /// The SLO, µs.
-    pub deadline_us: u64,
+    pub slo_us: u64,
 }
 
 impl PipelineAnswer {
@@ -547,7 +547,7 @@ impl PipelineApp {
             let _guard = guard;
             let mut answer = root.await;
             answer.latency_us = this.clock.now().saturating_sub(arrival);
-            answer.deadline_us = this.slo_us;
+            answer.slo_us = this.slo_us;
             let counter = if answer.deadline_met() {
                 &this.counters.on_time
             } else if answer.ends() == 0 {

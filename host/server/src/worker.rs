@@ -325,7 +325,7 @@ async fn execute(
                     outputs,
                     queue_us: started.saturating_sub(r.arrival),
                     latency_us,
-                    deadline_us: r.deadline - r.arrival,
+                    slo_us: r.deadline - r.arrival,
                     deadline_met: met,
                     batch_size: size,
                     worker: handle.index,
