@@ -180,7 +180,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
                 Some(parse_json::<PipelineSolveRequest>(&body)?.demand_qps)
             };
             p.replan("admin", demand).await.map(ok).map_err(|e| ApiError {
-                status: if e.starts_with("demand_qps") { StatusCode::BAD_REQUEST } else { StatusCode::CONFLICT },
+                status: if e.is_bad_request() { StatusCode::BAD_REQUEST } else { StatusCode::CONFLICT },
                 message: format!("pipeline {}: {e}", p.name()),
                 extra: None,
                 allow: None,

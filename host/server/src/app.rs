@@ -1063,14 +1063,6 @@ impl App {
         worker.queue.notify.notify_waiters();
         rx.await.map_err(|_| InstallError::StoppedBeforeInstalling { app: app(), worker: w })
     }
-
-    /// [`App::install_models`] with its error as text: a bridge for the live
-    /// pipeline's `load` (`server/pipeline.rs`, which others are restructuring and
-    /// which still reports a load as a `String`). Delete it once `load` calls
-    /// `install_models`.
-    pub async fn set_worker_models(&self, w: usize, set: ModelSet) -> Result<(), String> {
-        self.install_models(w, set).await.map_err(|e| e.to_string())
-    }
 }
 
 /// Why a worker did not take its new models ([`App::install_models`]).

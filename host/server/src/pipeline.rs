@@ -801,6 +801,52 @@ fn summary(plan: &Plan, reason: &str, origin: &sluice_alloc::Origin, solve_secon
 /// How many plan summaries the admin view keeps.
 const HISTORY: usize = 20;
 
+/// Why [`PipelineApp::replan`] applied no plan (or only part of one: a load or
+/// unload that fails stops the apply where it is). The messages are the ones the
+/// admin answer and the control loop's log carried as text before.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineReplanError {
+    /// The request's demand is negative or not finite (the one 400: the caller's).
+    #[error("demand_qps: expected non-negative requests/s")]
+    BadDemand,
+    /// The blocking solve's task panicked or was cancelled.
+    #[error("allocator task: {0}")]
+    Task(tokio::task::JoinError),
+    /// The solver failed.
+    #[error(transparent)]
+    Solve(#[from] loki::LokiError),
+    /// The solve found no plan for the demand; the plan in force stays.
+    #[error("no plan for {demand:.1} req/s ({status:?}); the last one stays")]
+    NoPlan {
+        /// The demand solved for, requests/s.
+        demand: f64,
+        /// The solver's status.
+        status: sluice_alloc::solver::Status,
+    },
+    /// The plan puts a variant of a task that has no workers on a device.
+    #[error("task {task} has no workers")]
+    NoWorkers {
+        /// The task's name.
+        task: String,
+    },
+    /// The blocking model load's task panicked or was cancelled.
+    #[error("{0}")]
+    LoadTask(tokio::task::JoinError),
+    /// The model did not load (the whole cause chain, as `{:#}` wrote it).
+    #[error("{0:#}")]
+    Model(anyhow::Error),
+    /// The worker did not take its new models.
+    #[error(transparent)]
+    Install(#[from] crate::app::InstallError),
+}
+
+impl PipelineReplanError {
+    /// Whether the caller's request was at fault (400) rather than the plan (409).
+    pub fn is_bad_request(&self) -> bool {
+        matches!(self, PipelineReplanError::BadDemand)
+    }
+}
+
 impl PipelineApp {
     /// The measured demand at the root, requests/s (at least `min_demand_qps`).
     pub fn demand(&self) -> f64 {
@@ -813,10 +859,10 @@ impl PipelineApp {
     /// switches at once, then devices that left a task retire (serve out their
     /// queue) and unload. Nothing queued is lost: a device that keeps its task but changes
     /// variant serves its queue with the new one. Returns the admin view.
-    pub async fn replan(self: &Arc<Self>, reason: &str, demand: Option<f64>) -> Result<Value, String> {
+    pub async fn replan(self: &Arc<Self>, reason: &str, demand: Option<f64>) -> Result<Value, PipelineReplanError> {
         if let Some(d) = demand {
             if !(d.is_finite() && d >= 0.0) {
-                return Err("demand_qps: expected non-negative requests/s".into());
+                return Err(PipelineReplanError::BadDemand);
             }
         }
         let mut st = self.plan.lock().await;
@@ -828,10 +874,9 @@ impl PipelineApp {
         let previous = st.plan.clone();
         let outcome = tokio::task::spawn_blocking(move || loki::solve_from(&problem, previous.as_ref()))
             .await
-            .map_err(|e| format!("allocator task: {e}"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(PipelineReplanError::Task)??;
         let Some(plan) = outcome.plan else {
-            return Err(format!("no plan for {demand:.1} req/s ({:?}); the last one stays", outcome.report.status));
+            return Err(PipelineReplanError::NoPlan { demand, status: outcome.report.status });
         };
         let old = self.routing();
         let devices = assign(&self.graph, &plan, &old.devices);
@@ -933,9 +978,9 @@ impl PipelineApp {
     }
 
     /// Loads `variant` of `task` on `device` (None: unloads it), off the worker.
-    async fn load(&self, task: usize, device: usize, variant: Option<usize>) -> Result<(), String> {
+    async fn load(&self, task: usize, device: usize, variant: Option<usize>) -> Result<(), PipelineReplanError> {
         let (Some(app), Some(sources)) = (&self.tasks[task], &self.sources[task]) else {
-            return Err(format!("task {} has no workers", self.graph.tasks[task].name));
+            return Err(PipelineReplanError::NoWorkers { task: self.graph.tasks[task].name.clone() });
         };
         let set = match variant {
             None => sluice_core::executor::ModelSet::default(),
@@ -943,12 +988,12 @@ impl PipelineApp {
                 let source: ModelSource = sources.models[v].clone();
                 let loaded = tokio::task::spawn_blocking(move || source.load())
                     .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| format!("{e:#}"))?;
+                    .map_err(PipelineReplanError::LoadTask)?
+                    .map_err(PipelineReplanError::Model)?;
                 model_set(BTreeMap::from([(v as u32, loaded as LoadedModel)]))
             }
         };
-        app.set_worker_models(device, set).await
+        Ok(app.install_models(device, set).await?)
     }
 
     /// Rebuilds the routing tables over the devices in force for `demand`.
