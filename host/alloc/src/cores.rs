@@ -391,7 +391,7 @@ pub fn plan(
     settings: &CoreSettings,
     model: &CoreModel,
     current: Option<&proteus::Plan>,
-) -> Result<(Option<infadapter::Outcome>, Option<proteus::Plan>), CorePlanError> {
+) -> Result<(Option<infadapter::Solved>, Option<proteus::Plan>), CorePlanError> {
     let ([dev], [app]) = (&problem.devices[..], &problem.apps[..]) else {
         return Err(CorePlanError::Shape { apps: problem.apps.len(), device_types: problem.devices.len() });
     };

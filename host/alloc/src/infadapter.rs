@@ -163,9 +163,10 @@ pub struct Plan {
     pub objective: f64,
 }
 
-/// What [`solve`] returns.
+/// What [`solve`] returns: the plan, if any, and how it was found. Named for the
+/// solve, so that `Outcome` stays a request's (`sluice_core::outcome::Outcome`).
 #[derive(Clone, Debug, Serialize)]
-pub struct Outcome {
+pub struct Solved {
     /// The report of the solve that produced the plan (the last one when none did).
     pub report: SolveReport,
     /// Factors tried and how each ended.
@@ -325,7 +326,7 @@ fn build_plan(problem: &Problem, beta: f64, cores: &[u32], quotas: &[f64]) -> Pl
 /// ([`crate::limits`]; a problem file refuses them as it is read) is refused before
 /// the model, one binary per variant and core count, is built. When no ILP finds a
 /// plan within the time limit, the greedy plan ([`solve_from`] with no previous plan).
-pub fn solve(problem: &Problem) -> Result<Outcome, SolveError> {
+pub fn solve(problem: &Problem) -> Result<Solved, SolveError> {
     solve_from(problem, None)
 }
 
@@ -335,9 +336,9 @@ pub fn solve(problem: &Problem) -> Result<Outcome, SolveError> {
 /// cores added to one of its variants where it falls short) or the greedy plan
 /// ([`greedy`]), whichever serves the higher demand factor (then the higher
 /// objective; the repaired one on a tie: it loads nothing), checked with
-/// [`Plan::check`] and marked in [`Outcome::origin`]. `NoPlanInTime` remains only
+/// [`Plan::check`] and marked in [`Solved::origin`]. `NoPlanInTime` remains only
 /// when neither serves even the ladder's lowest step.
-pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome, SolveError> {
+pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Solved, SolveError> {
     let (outcome, ran_out) = solve_milp(problem)?;
     if outcome.plan.is_some() || !ran_out {
         return Ok(outcome);
@@ -357,7 +358,7 @@ pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome,
     }
     let Some((plan, is_repair)) = best else { return Err(SolveError::NoPlanInTime(problem.solver.time_limit_s)) };
     let report = SolveReport::without_solver(plan.objective, started.elapsed().as_secs_f64());
-    Ok(Outcome {
+    Ok(Solved {
         report,
         attempts: outcome.attempts,
         plan: Some(plan),
@@ -372,7 +373,7 @@ fn better(a: &Plan, b: &Plan) -> bool {
 }
 
 /// The ILP down the ladder; `true` when the time limit passed with no plan.
-fn solve_milp(problem: &Problem) -> Result<(Outcome, bool), SolveError> {
+fn solve_milp(problem: &Problem) -> Result<(Solved, bool), SolveError> {
     use crate::limits::{check_demand, RangeError, CORES};
     if !CORES.contains(&problem.budget_cores) || problem.min_cores > *CORES.end() {
         return Err(SolveError::OutOfRange {
@@ -398,7 +399,7 @@ fn solve_milp(problem: &Problem) -> Result<(Outcome, bool), SolveError> {
         }
     })?;
     let ran_out = d.plan.is_none() && (d.timed_out || ran_out);
-    Ok((Outcome { report: d.report, attempts: d.tried, plan: d.plan, origin: Origin::Milp }, ran_out))
+    Ok((Solved { report: d.report, attempts: d.tried, plan: d.plan, origin: Origin::Milp }, ran_out))
 }
 
 /// Quotas for `cores` (the problem's variant order) that serve `served` req/s,

@@ -297,9 +297,10 @@ impl Plan {
     }
 }
 
-/// What [`solve`] returns.
+/// What [`solve`] returns: the plan, if any, and how it was found. Named for the
+/// solve, so that `Outcome` stays a request's (`sluice_core::outcome::Outcome`).
 #[derive(Clone, Debug, Serialize)]
-pub struct Outcome {
+pub struct Solved {
     /// The report of the solve that produced the plan (the last one when none did).
     pub report: SolveReport,
     /// Every solve (step 1 first when it ran), and how each ended.
@@ -463,7 +464,7 @@ impl Problem {
 /// (accuracy scaling) down the demand ladder — or only one of them (`scaling`).
 /// When no MILP finds a plan within the time limit, the greedy plan ([`solve_from`]
 /// with no previous plan).
-pub fn solve(problem: &Problem) -> Result<Outcome, LokiError> {
+pub fn solve(problem: &Problem) -> Result<Solved, LokiError> {
     solve_from(problem, None)
 }
 
@@ -473,11 +474,11 @@ pub fn solve(problem: &Problem) -> Result<Outcome, LokiError> {
 /// its workers rescaled for the new demand) or the greedy plan ([`greedy`]),
 /// whichever serves the higher demand factor (then accuracy, then fewer workers; the
 /// repaired one on a tie: it moves nothing), checked with [`Plan::check`] and marked
-/// in [`Outcome::origin`]. A chain that no variants fit within its latency budget
+/// in [`Solved::origin`]. A chain that no variants fit within its latency budget
 /// has no plan at any demand: that stays the MILP's answer (no plan, status
 /// infeasible). `NoPlanInTime` remains only when the workers cannot carry even the
 /// ladder's lowest step with one variant per task.
-pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome, LokiError> {
+pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Solved, LokiError> {
     let (outcome, ran_out) = solve_with(problem, Formulation::Reduced)?;
     if outcome.plan.is_some() || !ran_out {
         return Ok(outcome);
@@ -487,7 +488,7 @@ pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome,
     if !greedy::has_paths(problem) {
         // No path within its budget on some chain: infeasible at every factor, as the
         // MILP would have found.
-        return Ok(Outcome { report: SolveReport::none(), ..outcome });
+        return Ok(Solved { report: SolveReport::none(), ..outcome });
     }
     let repaired = previous.and_then(|p| repaired(problem, p)).map(|p| (p, true));
     let greedy = greedy(problem).map(|p| (p, false));
@@ -508,7 +509,7 @@ pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome,
         _ => plan.accuracy,
     };
     let report = SolveReport::without_solver(objective, started.elapsed().as_secs_f64());
-    Ok(Outcome {
+    Ok(Solved {
         report,
         attempts: outcome.attempts,
         plan: Some(plan),
@@ -533,7 +534,7 @@ fn better(a: &Plan, b: &Plan) -> bool {
 /// same optimum, slower. For benches and tests that compare the two. No plan in
 /// time is the `NoPlanInTime` error here (no greedy plan).
 #[doc(hidden)]
-pub fn solve_unreduced(problem: &Problem) -> Result<Outcome, LokiError> {
+pub fn solve_unreduced(problem: &Problem) -> Result<Solved, LokiError> {
     match solve_with(problem, Formulation::Reference)? {
         (_, true) => Err(SolveError::NoPlanInTime(problem.solver.time_limit_s).into()),
         (outcome, false) => Ok(outcome),
@@ -553,7 +554,7 @@ enum Formulation {
 }
 
 /// The MILPs; `true` when the time limit passed with no plan.
-fn solve_with(problem: &Problem, formulation: Formulation) -> Result<(Outcome, bool), LokiError> {
+fn solve_with(problem: &Problem, formulation: Formulation) -> Result<(Solved, bool), LokiError> {
     problem.validate()?;
     let all: Vec<Vec<bool>> = problem.variants.iter().map(|vs| vec![true; vs.len()]).collect();
     let best = problem.most_accurate();
@@ -582,14 +583,14 @@ fn solve_with(problem: &Problem, formulation: Formulation) -> Result<(Outcome, b
             let (r, plan) = within(&best, Step::Hardware, first, limit_s)?;
             attempts.push(Tried { beta: first, status: r.status, solve_seconds: r.solve_seconds });
             if plan.is_some() {
-                return Ok((Outcome { report: r, attempts, plan, origin: Origin::Milp }, false));
+                return Ok((Solved { report: r, attempts, plan, origin: Origin::Milp }, false));
             }
             report = r;
         }
         Scaling::HardwareOnly => {
             let d = ladder.search(deadline, |beta, left| within(&best, Step::Hardware, beta, left))?;
             let out_of_time = d.plan.is_none() && (d.timed_out || ran_out);
-            let outcome = Outcome { report: d.report, attempts: d.tried, plan: d.plan, origin: Origin::Milp };
+            let outcome = Solved { report: d.report, attempts: d.tried, plan: d.plan, origin: Origin::Milp };
             return Ok((outcome, out_of_time));
         }
         Scaling::AccuracyOnly => {}
@@ -598,7 +599,7 @@ fn solve_with(problem: &Problem, formulation: Formulation) -> Result<(Outcome, b
     let out_of_time = d.plan.is_none() && (d.timed_out || ran_out);
     let report = if d.tried.is_empty() { report } else { d.report };
     attempts.extend(d.tried);
-    Ok((Outcome { report, attempts, plan: d.plan, origin: Origin::Milp }, out_of_time))
+    Ok((Solved { report, attempts, plan: d.plan, origin: Origin::Milp }, out_of_time))
 }
 
 #[derive(Clone, Copy, PartialEq)]

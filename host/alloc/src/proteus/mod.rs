@@ -661,9 +661,10 @@ pub struct Attempt {
     pub solve_seconds: f64,
 }
 
-/// What [`solve`] returns.
+/// What [`solve`] returns: the plan, if any, and how it was found. Named for the
+/// solve, so that `Outcome` stays a request's (`sluice_core::outcome::Outcome`).
 #[derive(Clone, Debug, Serialize)]
-pub struct Outcome {
+pub struct Solved {
     /// The report of the solve that produced the plan (of the last attempt when none did).
     pub report: SolveReport,
     /// Every solve, in order.
@@ -796,13 +797,13 @@ fn servable(problem: &Problem, cands: &[Cand]) -> Result<Vec<ShedApp>, ProteusEr
 /// infeasible, or for the accuracy objective) accuracy scaling down the ladder.
 ///
 /// Apps no device can serve are planned as absent and listed in
-/// [`Outcome::shed`]; only when no app can be served is it an error
+/// [`Solved::shed`]; only when no app can be served is it an error
 /// ([`ProteusError::Unservable`]). `problem.solver.time_limit_s` bounds the whole
 /// allocation: each solve gets the time left, and when it runs out the best plan
-/// found so far is returned ([`Outcome::timed_out`]), or, with none,
+/// found so far is returned ([`Solved::timed_out`]), or, with none,
 /// a plan made without a solver ([`solve_from`] with no previous plan: the greedy
-/// one, [`Outcome::origin`]).
-pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
+/// one, [`Solved::origin`]).
+pub fn solve(problem: &Problem) -> Result<Solved, ProteusError> {
     solve_from(problem, None)
 }
 
@@ -811,9 +812,9 @@ pub fn solve(problem: &Problem) -> Result<Outcome, ProteusError> {
 /// plan — `previous` repaired (its placement re-routed for the new demand) or the
 /// greedy plan, whichever serves the higher demand factor (then accuracy; the
 /// repaired one on a tie: it moves no device), each improved by the local search
-/// and checked as a MILP's plan is ([`Plan::check`]). Its [`Outcome::origin`] says
+/// and checked as a MILP's plan is ([`Plan::check`]). Its [`Solved::origin`] says
 /// which, and why. The error remains only when neither is a valid plan.
-pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome, ProteusError> {
+pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Solved, ProteusError> {
     match solve_milp(problem) {
         Err(e @ ProteusError::NoPlanInTime { .. }) => without_solver(problem, previous, e),
         other => other,
@@ -821,7 +822,7 @@ pub fn solve_from(problem: &Problem, previous: Option<&Plan>) -> Result<Outcome,
 }
 
 /// The plan when no MILP found one in time ([`solve_from`]).
-fn without_solver(problem: &Problem, previous: Option<&Plan>, error: ProteusError) -> Result<Outcome, ProteusError> {
+fn without_solver(problem: &Problem, previous: Option<&Plan>, error: ProteusError) -> Result<Solved, ProteusError> {
     let started = Instant::now();
     let Ok((cands, shed)) = candidates_shedding(problem) else { return Err(error) };
     let absent: Vec<bool> = problem.apps.iter().map(|a| shed.iter().any(|s| s.app == a.name)).collect();
@@ -866,13 +867,13 @@ fn without_solver(problem: &Problem, previous: Option<&Plan>, error: ProteusErro
         variables: 0,
         constraints: 0,
     };
-    Ok(Outcome { report, attempts: Vec::new(), plan: Some(plan), shed, timed_out: true, origin })
+    Ok(Solved { report, attempts: Vec::new(), plan: Some(plan), shed, timed_out: true, origin })
 }
 
 /// How long the local search of a plan made without a solver may run, s.
 const FALLBACK_SEARCH_S: f64 = 0.01;
 
-fn solve_milp(problem: &Problem) -> Result<Outcome, ProteusError> {
+fn solve_milp(problem: &Problem) -> Result<Solved, ProteusError> {
     let deadline = Instant::now() + Duration::from_secs_f64(problem.solver.time_limit_s.clamp(0.0, 1e7));
     let (cands, shed) = candidates_shedding(problem)?;
     let absent: Vec<bool> = problem.apps.iter().map(|a| shed.iter().any(|s| s.app == a.name)).collect();
@@ -915,7 +916,7 @@ fn solve_milp(problem: &Problem) -> Result<Outcome, ProteusError> {
         });
         if plan.is_some() {
             let plan = name_shed(plan, &shed);
-            return Ok(Outcome { report, attempts, plan, shed, timed_out: false, origin: Origin::Milp });
+            return Ok(Solved { report, attempts, plan, shed, timed_out: false, origin: Origin::Milp });
         }
     }
     let allowed = undominated(&cands, &allowed);
@@ -933,7 +934,7 @@ fn solve_milp(problem: &Problem) -> Result<Outcome, ProteusError> {
         return Err(ProteusError::NoPlanInTime { limit_s: problem.solver.time_limit_s, solves: attempts.len() });
     }
     let plan = name_shed(d.plan, &shed);
-    Ok(Outcome { report: d.report, attempts, plan, shed, timed_out: d.timed_out, origin: Origin::Milp })
+    Ok(Solved { report: d.report, attempts, plan, shed, timed_out: d.timed_out, origin: Origin::Milp })
 }
 
 /// The lexicographic search ([`Search::Lexicographic`]): first the highest step of
@@ -948,7 +949,7 @@ fn solve_milp(problem: &Problem) -> Result<Outcome, ProteusError> {
 ///
 /// The first solve gets at most half the time left: when it cannot prove its step
 /// the highest in that time, its incumbent's step is used (feasible, maybe not the
-/// highest: [`Outcome::timed_out`]), so the accuracy solves always have time.
+/// highest: [`Solved::timed_out`]), so the accuracy solves always have time.
 #[allow(clippy::too_many_arguments)]
 fn lexicographic(
     problem: &Problem,
@@ -958,13 +959,13 @@ fn lexicographic(
     shed: Vec<ShedApp>,
     mut attempts: Vec<Attempt>,
     deadline: Instant,
-) -> Result<Outcome, ProteusError> {
+) -> Result<Solved, ProteusError> {
     let steps = problem.ladder.steps();
     let left = || deadline.saturating_duration_since(Instant::now()).as_secs_f64();
     let in_time = |limit_s: f64, solves: usize| ProteusError::NoPlanInTime { limit_s, solves };
     let limit_s = problem.solver.time_limit_s;
     if steps.is_empty() {
-        return Ok(Outcome {
+        return Ok(Solved {
             report: SolveReport::none(),
             attempts,
             plan: None,
@@ -989,7 +990,7 @@ fn lexicographic(
             status: report.status,
             solve_seconds: report.solve_seconds,
         });
-        return Ok(Outcome { report, attempts, plan: None, shed, timed_out: false, origin: Origin::Milp });
+        return Ok(Solved { report, attempts, plan: None, shed, timed_out: false, origin: Origin::Milp });
     };
     let beta = steps[k];
     // Not proven the highest: a step above may have had a plan.
@@ -1064,7 +1065,7 @@ fn lexicographic(
         (Err(ProteusError::Solve(SolveError::NoPlanInTime(_))), Some((report, mut plan))) => {
             plan.free_unloaded();
             let plan = name_shed(Some(plan), &shed);
-            return Ok(Outcome { report, attempts, plan, shed, timed_out: true, origin: Origin::Milp });
+            return Ok(Solved { report, attempts, plan, shed, timed_out: true, origin: Origin::Milp });
         }
         (Err(ProteusError::Solve(SolveError::NoPlanInTime(_))), None) => {
             return Err(in_time(limit_s, attempts.len() + 1));
@@ -1105,7 +1106,7 @@ fn lexicographic(
         // A fixed placement keeps its devices, loaded or not.
         plan.iter_mut().for_each(Plan::free_unloaded);
     }
-    Ok(Outcome { report, attempts, plan, shed, timed_out, origin: Origin::Milp })
+    Ok(Solved { report, attempts, plan, shed, timed_out, origin: Origin::Milp })
 }
 
 /// The longest a local search of the lexicographic search runs, s (each of the two).
