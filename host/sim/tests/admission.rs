@@ -69,3 +69,51 @@ fn admission_is_a_boolean_off_by_default() {
     let err = sluice_sim::Experiment::parse(&text, "bad.toml", dir.path()).unwrap_err().to_string();
     assert!(err.contains("admission"), "{err}");
 }
+
+/// RAMSIS at its planned load (the what-if bench's image app: 60 workers, the 9
+/// Pareto models, its 60-worker grid, 2,000 req/s, SLO 150 ms) with admission
+/// on: it picks model and batch by queue length and slack (a slow, accurate
+/// model alone at an idle worker, a fast one for the request that waited behind
+/// it), and admission predicts that from the choices it made at each depth
+/// straight after a batch ([`sluice_core::admission::FASTEST`]). Predicted with
+/// the last model or the choice by rate it refused 20,367 of these 60,465
+/// arrivals (34 %); with the choices by depth 8,780 (15 %), none of the
+/// admitted late. The issue's goal is under 1 %: what is left is refused two
+/// deep (a running pair and this one), where the choice the policy made at a
+/// depth still varies with the head's slack and the arrivals until it decides,
+/// so that predictor's margin there reaches its cap and the last model's
+/// prediction counts. This bound keeps the step.
+#[test]
+fn ramsis_at_its_planned_load_is_refused_less_with_its_choices_by_depth() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        r#"duration_s = 30
+admission = true
+[[app]]
+name = "image"
+slo_ms = 150
+workers = 60
+router = "round-robin"
+profile = "{}"
+models = ["shufflenet_v2_x0_5", "mobilenet_v3_large", "efficientnet_b0", "efficientnet_b2", "efficientnet_b3", "efficientnet_b4", "efficientnet_v2_s", "efficientnet_v2_m", "efficientnet_v2_l"]
+max_batch = 32
+max_queue = 100000
+policy = "ramsis"
+params_file = "{}"
+arrivals = {{ kind = "poisson", rate_qps = 2000 }}
+"#,
+        root.join("profiles/ramsis-image-cpu.toml").display(),
+        root.join("examples/experiments/ramsis-image-60.json").display()
+    );
+    let (e, base) = experiment(dir.path(), &body);
+    let r = &run_experiment(&e, &base, false).unwrap().results[0];
+    let refused = r.refused.expect("a run with admission counts its refusals");
+    eprintln!(
+        "ramsis with admission: {} requests, {refused} refused, {} on time, {} late, {} dropped",
+        r.requests, r.on_time, r.late, r.dropped
+    );
+    assert!(refused * 100 < r.requests * 20, "{refused} of {} refused: {r:?}", r.requests);
+    let admitted = r.requests - refused;
+    assert!(r.on_time * 100 >= admitted * 99, "{} of {admitted} admitted on time: {r:?}", r.on_time);
+}
