@@ -3,46 +3,22 @@
 //! rule; plans over the core devices; the reference's stabilisation.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use sluice_alloc::config::AllocatorConfig;
 use sluice_alloc::config::Method;
 use sluice_alloc::cores::{CapacityTable, CoreSettings};
 use sluice_alloc::planner::Planner;
-use sluice_alloc::proteus::{self, DeviceType, Plan};
+use sluice_alloc::proteus::{self, Plan};
 use sluice_alloc::AnyPlan;
-use sluice_core::profile::Profile;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn capacity() -> PathBuf {
-    root().join("profiles/infadapter-resnet-capacity.toml")
-}
+mod common;
+use common::{capacity, root};
 
 const NAMES: [&str; 5] = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"];
 
 /// One app of the five ResNets on 20 cores, at `demand` requests/s.
 fn problem(demand: f64) -> proteus::Problem {
-    let profile = Profile::load(&root().join("profiles/infadapter-resnet-cpu1.toml")).unwrap();
-    proteus::Problem {
-        devices: vec![DeviceType { name: "core".into(), count: 20, memory_mb: None, profile }],
-        apps: vec![proteus::App {
-            name: "image".into(),
-            slo_ms: 750.0,
-            demand_qps: demand,
-            models: NAMES.iter().map(|s| s.to_string()).collect(),
-            memory_mb: BTreeMap::new(),
-        }],
-        batch_sizes: vec![1],
-        objective: Default::default(),
-        formulation: Default::default(),
-        ladder: proteus::Ladder { beta: 1.0, ..Default::default() },
-        solver: Default::default(),
-        variants: Default::default(),
-        pinned: None,
-    }
+    common::cores_problem(20, demand, &NAMES)
 }
 
 fn planner(method: Method, tweak: impl FnOnce(&mut CoreSettings)) -> Planner {

@@ -2,8 +2,7 @@
 //! variant or the number) in its message, and says which kind of mistake it is in
 //! its variant.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use sluice_alloc::config::{DeviceConfig, DevicePool};
 use sluice_alloc::cores::{
@@ -13,39 +12,16 @@ use sluice_alloc::cores::{
 use sluice_alloc::infaas;
 use sluice_alloc::limits::RangeError;
 use sluice_alloc::loki::{self, LokiError};
-use sluice_alloc::proteus::{self, DeviceType};
+use sluice_alloc::proteus;
 use sluice_alloc::solver::SettingsError;
 use sluice_alloc::{AnyProblem, SolveError, SolverSettings, Violation};
-use sluice_core::profile::Profile;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn capacity() -> PathBuf {
-    root().join("profiles/infadapter-resnet-capacity.toml")
-}
+mod common;
+use common::{capacity, root};
 
 /// One app of two ResNets on `count` cores at `demand` requests/s.
 fn cores_problem(count: u32, demand: f64) -> proteus::Problem {
-    let profile = Profile::load(&root().join("profiles/infadapter-resnet-cpu1.toml")).unwrap();
-    proteus::Problem {
-        devices: vec![DeviceType { name: "core".into(), count, memory_mb: None, profile }],
-        apps: vec![proteus::App {
-            name: "image".into(),
-            slo_ms: 750.0,
-            demand_qps: demand,
-            models: vec!["resnet18".into(), "resnet50".into()],
-            memory_mb: BTreeMap::new(),
-        }],
-        batch_sizes: vec![1],
-        objective: Default::default(),
-        formulation: Default::default(),
-        ladder: proteus::Ladder { beta: 1.0, ..Default::default() },
-        solver: Default::default(),
-        variants: Default::default(),
-        pinned: None,
-    }
+    common::cores_problem(count, demand, &["resnet18", "resnet50"])
 }
 
 #[test]

@@ -3,7 +3,44 @@
 // Each test binary compiles this module and uses a part of it.
 #![allow(dead_code)]
 
-use sluice_core::profile::ModelProfile;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use sluice_alloc::proteus::{self, DeviceType};
+use sluice_core::profile::{ModelProfile, Profile};
+
+/// The workspace's root (profiles/ and examples/ are there).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// InfAdapter's measured capacity table of the ResNets on CPU cores.
+pub fn capacity() -> PathBuf {
+    root().join("profiles/infadapter-resnet-capacity.toml")
+}
+
+/// One app of the ResNets `models` on `count` CPU cores at `demand` requests/s
+/// (InfAdapter's world: batch 1, a 750 ms SLO, no β headroom).
+pub fn cores_problem(count: u32, demand: f64, models: &[&str]) -> proteus::Problem {
+    let profile = Profile::load(&root().join("profiles/infadapter-resnet-cpu1.toml")).unwrap();
+    proteus::Problem {
+        devices: vec![DeviceType { name: "core".into(), count, memory_mb: None, profile }],
+        apps: vec![proteus::App {
+            name: "image".into(),
+            slo_ms: 750.0,
+            demand_qps: demand,
+            models: models.iter().map(|s| s.to_string()).collect(),
+            memory_mb: BTreeMap::new(),
+        }],
+        batch_sizes: vec![1],
+        objective: Default::default(),
+        formulation: Default::default(),
+        ladder: proteus::Ladder { beta: 1.0, ..Default::default() },
+        solver: Default::default(),
+        variants: Default::default(),
+        pinned: None,
+    }
+}
 
 /// A variant measured at batch sizes 1, 2, 4, 8 with these latencies (µs, every
 /// percentile alike).
