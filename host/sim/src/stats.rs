@@ -7,7 +7,16 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use sluice_core::queue::DropReason;
+
 use crate::Accounting;
+
+/// Writes drops keyed by their label, in label order as the string keys were
+/// (the type's own order differs), so results files keep their bytes.
+fn drops_by_label<S: serde::Serializer>(counts: &BTreeMap<DropReason, u64>, s: S) -> Result<S::Ok, S::Error> {
+    let labels: BTreeMap<&str, u64> = counts.iter().map(|(r, n)| (r.as_str(), *n)).collect();
+    labels.serialize(s)
+}
 
 /// How one request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,7 +284,7 @@ impl Stats {
             on_time,
             late,
             dropped: dropped + expired,
-            dropped_by_reason: BTreeMap::from([("policy".to_string(), dropped), ("expired".to_string(), expired)]),
+            dropped_by_reason: BTreeMap::from([(DropReason::Policy, dropped), (DropReason::Expired, expired)]),
             unfinished: pending,
             refused: self.admitting.then(|| count(Fate::Refused)),
             accuracy,
@@ -537,8 +546,9 @@ pub struct RunResult {
     pub late: u64,
     /// Dropped (policy or expired).
     pub dropped: u64,
-    /// Drops by reason.
-    pub dropped_by_reason: BTreeMap<String, u64>,
+    /// Drops by reason, written by label (`DropReason::as_str`) in results files.
+    #[serde(serialize_with = "drops_by_label")]
+    pub dropped_by_reason: BTreeMap<DropReason, u64>,
     /// Still queued or running when the run ended.
     pub unfinished: u64,
     /// Refused at admission, never queued (runs with `admission = true` only;

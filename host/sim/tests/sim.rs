@@ -33,7 +33,7 @@ arrivals = { kind = "uniform", rate_qps = 1000 }
     let out = run_experiment(&e, &base, false).unwrap();
     let r = &out.results[0];
     assert_eq!((r.requests, r.on_time, r.late, r.dropped), (3, 1, 1, 1), "{r:?}");
-    assert_eq!(r.dropped_by_reason["expired"], 1);
+    assert_eq!(r.dropped_by_reason[&sluice_core::queue::DropReason::Expired], 1);
     assert!((r.accuracy - 0.7).abs() < 1e-12);
     assert!((r.violation_rate - 2.0 / 3.0).abs() < 1e-12);
     assert_eq!(r.max_consecutive_misses, 2);
