@@ -257,7 +257,7 @@ pub struct Simulation {
     max_queue: usize,
     weakly_hard: Option<[usize; 2]>,
     accounting: Accounting,
-    drain: bool,
+    finish_queues: bool,
     run: usize,
     policy_label: String,
     seed: u64,
@@ -484,7 +484,7 @@ impl Simulation {
             max_queue: exp.max_queue,
             weakly_hard: exp.weakly_hard,
             accounting: exp.accounting,
-            drain: exp.drain,
+            finish_queues: exp.finish_queues,
             run: run.index,
             policy_label: run.policy_label.clone(),
             seed: run.seed,
@@ -615,7 +615,7 @@ impl Simulation {
         let total: u64 = self.apps.iter().map(|a| a.arrivals.len() as u64).sum();
         let mut polled = 0u32;
         while let Some((now, event)) = self.next_event() {
-            if !self.drain && now >= self.duration_us {
+            if !self.finish_queues && now >= self.duration_us {
                 break;
             }
             if let Some(c) = control {

@@ -44,8 +44,8 @@ pub struct Experiment {
     /// the queued requests (the RAMSIS artifact's simulator stops at `eval_time`).
     /// The requests left then count as unfinished (misses) in sluice's accounting
     /// and not at all in the reference one.
-    #[serde(default = "default_drain")]
-    pub drain: bool,
+    #[serde(default = "default_drain", rename = "drain")]
+    pub finish_queues: bool,
     /// `admission = true`: the simulator admits as the live host does, with the
     /// host's own code (`sluice_core::admission`): an arrival predicted to miss
     /// its deadline, or to push a queued request past its own, is refused (so is

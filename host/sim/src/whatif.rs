@@ -59,7 +59,7 @@ fn experiment(job: &ReplayJob, app: AppConfig) -> Experiment {
         max_queue: 100_000,
         window_s: job.series_window_us.max(1) as f64 / 1e6,
         weakly_hard: None,
-        drain: true,
+        finish_queues: true,
         // The live host admits every client request of a single app
         // (`sluice_server::app::App::submit`): so does its replay.
         admission: true,
