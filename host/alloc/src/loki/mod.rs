@@ -859,7 +859,7 @@ fn solve_at(
             m.switch(option, false);
         }
         // Measured on traffic analysis at 600 and 1000 req/s on a quiet machine
-        // (BENCHMARKS.md §6, 2026-11-24): 139 / 97 ms with HiGHS's defaults, 83–92 / 59 ms
+        // (BENCHMARKS.md §6.1, 2026-11-24): 139 / 100 ms with HiGHS's defaults, 82 / 59 ms
         // with pseudo-costs trusted from the first branching (no strong branching to
         // make them reliable: the tree has under a hundred nodes) and a cut pool of
         // 30 (the default 10,000 keeps cuts whose LP work outweighs what they prune
