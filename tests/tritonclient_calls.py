@@ -195,10 +195,11 @@ async def stream_outcome_aio(c, app, name):
             return {"error": str(e.code()), "message": e.details()}
         return {"ok": None}
 
-    # The server refuses the stream at once; grpcio's aio client, still sending
-    # its request when the refusal's trailers arrive, now and then reports its own
-    # "Internal error from Core" instead of the server's status (a client-side
-    # race, seen under a loaded suite): asked again, it reads the server's.
+    # grpcio's aio client, still sending its request when a refusal's trailers
+    # arrive, reports its own "Internal error from Core" instead of the server's
+    # status (seen in CI under a loaded suite, five times in a row). The server
+    # now reads the stream before refusing; a client-side report of that race is
+    # still asked again rather than taken as the server's answer.
     for _ in range(5):
         got = await once()
         if got.get("message") != "Internal error from Core":

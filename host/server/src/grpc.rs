@@ -493,8 +493,26 @@ impl GrpcInferenceService for Service {
 
     async fn model_stream_infer(
         &self,
-        _: Request<tonic::Streaming<ModelInferRequest>>,
+        req: Request<tonic::Streaming<ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        // Refusing before the client has finished sending races its half-close:
+        // grpcio's aio client then reports its own "Internal error from Core"
+        // instead of this status. So read what the client sends first, bounded
+        // (a pause, a count and a total time) so that a stream held open costs
+        // at most `STREAM_DRAIN_TOTAL`.
+        const STREAM_DRAIN_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+        const STREAM_DRAIN_TOTAL: std::time::Duration = std::time::Duration::from_secs(2);
+        const STREAM_DRAIN_MESSAGES: usize = 64;
+        let mut stream = req.into_inner();
+        let until = tokio::time::Instant::now() + STREAM_DRAIN_TOTAL;
+        for _ in 0..STREAM_DRAIN_MESSAGES {
+            let next =
+                tokio::time::timeout_at(until.min(tokio::time::Instant::now() + STREAM_DRAIN_PAUSE), stream.message());
+            match next.await {
+                Ok(Ok(Some(_))) => continue,
+                _ => break,
+            }
+        }
         Err(status(Unsupported::Streaming.error("ModelStreamInfer")))
     }
 
