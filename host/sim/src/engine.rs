@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use sluice_sdk as sdk;
 
-use super::arrivals::{generate, recorded, Arrival};
+use super::arrivals::{draw, recorded, Arrival};
 use super::events::{key, Events, Pending, EMPTY};
 use super::rng::Rng;
 use super::stats::{Fate, RunResult, Stats, WindowRow};
@@ -82,7 +82,9 @@ impl LatencySampler {
     }
 }
 
-struct Worker {
+/// One simulated worker of an app: its policy, loaded models, the size of the batch it
+/// runs (0: idle) and its one event.
+struct SimWorker {
     policy: WorkerPolicy,
     loaded: Vec<u32>,
     busy: usize,
@@ -142,7 +144,7 @@ struct AppState {
     refused: Vec<u64>,
     next_refused: usize,
     queues: Vec<Vec<SimRequest>>,
-    workers: Vec<Worker>,
+    workers: Vec<SimWorker>,
     load: Load,
     router: Router,
     slo_us: u64,
@@ -354,7 +356,7 @@ impl Simulation {
             let (arrivals, refused) = match given.arrivals.get_mut(index).and_then(Option::take) {
                 Some(a) => (a, Vec::new()),
                 None => {
-                    let a = generate(&arrival_spec, &spec.name, base, duration_us, &mut rng)
+                    let a = draw(&arrival_spec, &spec.name, base, duration_us, &mut rng)
                         .with_context(|| format!("app {}", spec.name))?;
                     let refused = match &arrival_spec {
                         ArrivalSpec::Recorded { file } => recorded(&base.join(file), &spec.name, duration_us)?.1,
@@ -416,7 +418,7 @@ impl Simulation {
                     None if pool.is_some() => Vec::new(),
                     None => all.clone(),
                 };
-                workers.push(Worker { policy, loaded, busy: 0, pending: Pending::None });
+                workers.push(SimWorker { policy, loaded, busy: 0, pending: Pending::None });
             }
             let queues = if spec.router == RouterMode::Shared { 1 } else { spec.workers as usize };
             // As live: each worker predicted with its fastest loaded model until its
