@@ -226,7 +226,7 @@ pub struct Given {
 /// What an event is for: an app's next arrival (kept beside [`Events`]), or what
 /// one of its slots stands for.
 #[derive(Clone, Copy)]
-enum Slot {
+enum EventKind {
     /// The app's next arrival.
     Arrival { app: usize },
     /// The allocator looks at the demand (every second of virtual time).
@@ -244,7 +244,7 @@ pub struct Simulation {
     events: Events,
     /// What each slot of `events` stands for: the allocator's tick, then every
     /// app's workers in order.
-    slots: Vec<Slot>,
+    slots: Vec<EventKind>,
     /// Per app, its next arrival's key ([`key`]; `EMPTY`: none), kept beside
     /// `events`: one arrival at a time is due per app, and an arrival is most of
     /// the events, so comparing it with the queue's earliest saves a path replay.
@@ -465,11 +465,11 @@ impl Simulation {
             Some(pool) => Some(AllocState::start(pool, &run.allocator, &apps)?),
             None => None,
         };
-        let mut slots: Vec<Slot> = vec![Slot::AllocTick];
+        let mut slots: Vec<EventKind> = vec![EventKind::AllocTick];
         let mut first_worker_slot = Vec::new();
         for (app, a) in apps.iter().enumerate() {
             first_worker_slot.push(slots.len());
-            slots.extend((0..a.workers.len()).map(|worker| Slot::Worker { app, worker }));
+            slots.extend((0..a.workers.len()).map(|worker| EventKind::Worker { app, worker }));
         }
         let mut sim = Simulation {
             alloc,
@@ -539,12 +539,12 @@ impl Simulation {
 
     /// The next event: the earliest by (time, sequence number) of the queue's and
     /// the apps' next arrivals, taken out of the queue.
-    fn next_event(&mut self) -> Option<(u64, Slot)> {
+    fn next_event(&mut self) -> Option<(u64, EventKind)> {
         let (first, slot) = self.events.peek();
         let (arrival, app) = self.next_arrivals.iter().enumerate().map(|(a, &k)| (k, a)).min().unwrap_or((EMPTY, 0));
         if arrival < first {
             self.next_arrivals[app] = EMPTY;
-            return Some(((arrival >> 64) as u64, Slot::Arrival { app }));
+            return Some(((arrival >> 64) as u64, EventKind::Arrival { app }));
         }
         if first == EMPTY {
             return None;
@@ -635,14 +635,14 @@ impl Simulation {
             // Every handler reads the time from the clock, as the live worker does.
             self.clock.set(now);
             match event {
-                Slot::Arrival { app } => self.arrive(app),
-                Slot::AllocTick => {
+                EventKind::Arrival { app } => self.arrive(app),
+                EventKind::AllocTick => {
                     self.alloc_tick(now);
                     if now + TICK_US < self.duration_us {
                         self.schedule_tick(now + TICK_US);
                     }
                 }
-                Slot::Worker { app, worker } => {
+                EventKind::Worker { app, worker } => {
                     match std::mem::replace(&mut self.apps[app].workers[worker].pending, Pending::None) {
                         Pending::Done { model, batch, started } => {
                             self.finish(app, worker, model, batch, started);
