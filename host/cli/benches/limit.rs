@@ -13,7 +13,7 @@
 //!    can hold more on these arrivals.
 //! 2. **The simulator**: every built-in policy that runs without generated tables
 //!    (the components in `target/policies`) through the simulator's normal path
-//!    (`Simulation::with_given`, the arrivals given) with the same app config as
+//!    (`Simulation::with_inputs`, the arrivals given) with the same app config as
 //!    the live host, each with a small sweep of its params.
 //! 3. **The live host**: `sluice serve` (the binary cargo builds for the bench) on
 //!    the *emulated* executor, which waits the same table, so the machine's cores do
@@ -49,7 +49,7 @@ use serde_json::json;
 use sluice_core::profile::{Percentile, Profile};
 use sluice_loadgen::poisson::{arrival_times, run_poisson, PoissonArgs};
 use sluice_sim::arrivals::Arrival;
-use sluice_sim::engine::{Given, Simulation};
+use sluice_sim::engine::{RunInputs, Simulation};
 use sluice_sim::limit::{highest_held, min_misses, Held, Setting};
 use sluice_sim::{Experiment, PolicyCache};
 
@@ -158,11 +158,11 @@ impl Sim {
         );
         let exp = Experiment::parse(&text, "limit", &self.root)?;
         let run = exp.runs().remove(0);
-        let given = Given {
+        let given = RunInputs {
             arrivals: vec![Some(arrivals.iter().map(|&at| Arrival { at, budget: None }).collect())],
-            ..Given::default()
+            ..RunInputs::default()
         };
-        let sim = Simulation::with_given(&exp, &self.root, &run, &self.profiles, &mut self.cache, given)?;
+        let sim = Simulation::with_inputs(&exp, &self.root, &run, &self.profiles, &mut self.cache, given)?;
         let (r, _, _) = sim.run().remove(0);
         Ok((r.on_time, r.requests))
     }

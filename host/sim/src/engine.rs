@@ -207,7 +207,7 @@ impl AppState {
 /// the policy under test). Per app, in the run's app order; `None` keeps the
 /// experiment's.
 #[derive(Clone, Debug, Default)]
-pub struct Given {
+pub struct RunInputs {
     /// Arrivals, replacing the app's arrival process.
     pub arrivals: Vec<Option<Vec<Arrival>>>,
     /// Per worker, the model ids it has loaded (default: every model).
@@ -269,7 +269,7 @@ pub struct Simulation {
     /// The workers' decision state: the view every decision is built in (one
     /// allocation per run, not per decision).
     machine: worker::Machine,
-    /// Which workers this simulation runs ([`Given::shard`]); all when `None`.
+    /// Which workers this simulation runs ([`RunInputs::shard`]); all when `None`.
     shard: Option<(usize, usize)>,
 }
 
@@ -282,21 +282,21 @@ impl Simulation {
         profiles: &BTreeMap<PathBuf, Profile>,
         cache: &mut PolicyCache,
     ) -> Result<Simulation> {
-        Simulation::with_given(exp, base, run, profiles, cache, Given::default())
+        Simulation::with_inputs(exp, base, run, profiles, cache, RunInputs::default())
     }
 
     /// As [`Simulation::new`], with the arrivals, loaded models or params of some apps
     /// given rather than drawn from the experiment.
-    pub fn with_given(
+    pub fn with_inputs(
         exp: &Experiment,
         base: &Path,
         run: &RunSpec,
         profiles: &BTreeMap<PathBuf, Profile>,
         cache: &mut PolicyCache,
-        mut given: Given,
+        mut inputs: RunInputs,
     ) -> Result<Simulation> {
         let duration_us = (exp.duration_s * 1e6) as u64;
-        if let Some((index, count)) = given.shard {
+        if let Some((index, count)) = inputs.shard {
             if index >= count {
                 anyhow::bail!("shard {index} of {count}: no such shard");
             }
@@ -353,7 +353,7 @@ impl Simulation {
             let arrival_spec =
                 spec.arrivals.clone().with_context(|| format!("app {}: arrivals: required", spec.name))?;
             // Taken, not copied: a replay's million arrivals are its largest input.
-            let (arrivals, refused) = match given.arrivals.get_mut(index).and_then(Option::take) {
+            let (arrivals, refused) = match inputs.arrivals.get_mut(index).and_then(Option::take) {
                 Some(a) => (a, Vec::new()),
                 None => {
                     let a = draw(&arrival_spec, &spec.name, base, duration_us, &mut rng)
@@ -380,11 +380,11 @@ impl Simulation {
                 name => Some(cache.get(name).with_context(|| format!("app {}", spec.name))?),
             };
             let slo_us = spec.slo_us();
-            let params = match given.params.get(index).and_then(Option::as_ref) {
+            let params = match inputs.params.get(index).and_then(Option::as_ref) {
                 Some(p) => p.clone(),
                 None => spec.params_json(base).with_context(|| format!("app {}", spec.name))?,
             };
-            let given_loaded = given.loaded.get(index).and_then(Option::as_ref);
+            let inputs_loaded = inputs.loaded.get(index).and_then(Option::as_ref);
             // The app's live budgets, on the thread's CPU clock: a policy that overruns
             // live overruns here, and a busy machine (a descheduled thread) cannot turn
             // into a fault that changes the results (`Limits::simulated`).
@@ -399,13 +399,13 @@ impl Simulation {
                     config,
                     limits,
                     device_models.clone().map(std::sync::Arc::new),
-                    given.abort.clone(),
+                    inputs.abort.clone(),
                 )
             });
             for w in 0..spec.workers {
                 let policy = match &binding {
                     // Another shard's worker is never asked: no instance for it.
-                    Some(_) if !owns(given.shard, w as usize) => WorkerPolicy::Safe,
+                    Some(_) if !owns(inputs.shard, w as usize) => WorkerPolicy::Safe,
                     Some(b) => WorkerPolicy::Wasm(Box::new(
                         PolicyInstance::new(cache.engine(), b, w)
                             .with_context(|| format!("app {}: worker {w}", spec.name))?,
@@ -413,7 +413,7 @@ impl Simulation {
                     None => WorkerPolicy::Safe,
                 };
                 // On devices a worker loads what the allocator's plan puts on it.
-                let loaded = match given_loaded.and_then(|l| l.get(w as usize)) {
+                let loaded = match inputs_loaded.and_then(|l| l.get(w as usize)) {
                     Some(ids) => ids.iter().copied().filter(|&id| (id as usize) < models.len()).collect(),
                     None if pool.is_some() => Vec::new(),
                     None => all.clone(),
@@ -492,7 +492,7 @@ impl Simulation {
             seed: run.seed,
             timed: true,
             machine: worker::Machine::new(),
-            shard: given.shard,
+            shard: inputs.shard,
         };
         if let Some(alloc) = sim.alloc.take() {
             let plan = alloc.plan().cloned();
@@ -561,7 +561,7 @@ impl Simulation {
         self.results()
     }
 
-    /// Whether `run` can be split into shards of workers ([`Given::shard`]) that
+    /// Whether `run` can be split into shards of workers ([`RunInputs::shard`]) that
     /// together give exactly the whole run's results: its workers never share state
     /// the simulation models. That holds when latencies are deterministic (no random
     /// draws whose order the shards would change), no allocator moves models (no
@@ -915,7 +915,7 @@ fn note(outcomes: &mut Option<Vec<Option<Outcome>>>, id: u64, outcome: impl FnOn
     }
 }
 
-/// Whether worker `w` is in `shard` ([`Given::shard`]; every worker without one).
+/// Whether worker `w` is in `shard` ([`RunInputs::shard`]; every worker without one).
 fn owns(shard: Option<(usize, usize)>, w: usize) -> bool {
     shard.is_none_or(|(index, count)| w % count == index)
 }

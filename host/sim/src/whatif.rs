@@ -29,7 +29,7 @@ use sluice_core::whatif::{
 use sluice_core::workload::ArrivalSpec;
 
 use crate::arrivals::{recorded, Arrival};
-use crate::engine::{Given, Simulation};
+use crate::engine::{RunInputs, Simulation};
 use crate::{Accounting, Experiment, LatencyModel, PolicyCache, RunSpec, Sweep};
 
 /// The simulator as the live host's [`Replayer`].
@@ -47,7 +47,7 @@ impl Replayer for SimReplayer {
 }
 
 /// The one-app experiment a replay runs (the file `sluice sim` would read, minus
-/// the arrivals, which [`Given`] supplies).
+/// the arrivals, which [`RunInputs`] supplies).
 fn experiment(job: &ReplayJob, app: AppConfig) -> Experiment {
     Experiment {
         version: 1,
@@ -92,7 +92,7 @@ pub fn replay(job: &ReplayJob, control: &ReplayControl, threads: usize) -> Resul
     let profile = Profile::load(&profile_path).map_err(|e| failed(e.into()))?;
     let profiles = BTreeMap::from([(profile_path, profile)]);
     let threads = if Simulation::shardable(&exp, &run) { threads.clamp(1, job.app.workers.max(1) as usize) } else { 1 };
-    let given = |shard| Given {
+    let given = |shard| RunInputs {
         arrivals: vec![Some(job.arrivals_us.iter().map(|&at| Arrival { at, budget: None }).collect())],
         loaded: vec![job.loaded.clone()],
         params: vec![Some(job.policy.params.clone())],
@@ -103,7 +103,7 @@ pub fn replay(job: &ReplayJob, control: &ReplayControl, threads: usize) -> Resul
     let shard = |index: usize, cache: &mut PolicyCache| -> Result<Option<Simulation>, ReplayError> {
         let shard = (threads > 1).then_some((index, threads));
         let mut sim =
-            Simulation::with_given(&exp, Path::new(""), &run, &profiles, cache, given(shard)).map_err(failed)?;
+            Simulation::with_inputs(&exp, Path::new(""), &run, &profiles, cache, given(shard)).map_err(failed)?;
         sim.untimed();
         Ok(sim.run_events(Some(control)).then_some(sim))
     };
