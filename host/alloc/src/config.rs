@@ -67,7 +67,7 @@ pub enum Replan {
 /// Whether re-plans may move devices between apps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Placement {
+pub enum DeviceMobility {
     /// Any device may serve any app.
     #[default]
     Dynamic,
@@ -179,7 +179,7 @@ pub struct AllocatorConfig {
     /// `placement = "dynamic"` (the default) or `"fixed"`: after the first plan every
     /// device keeps its app, re-plans choose variants and routing only (Sommelier).
     #[serde(default)]
-    pub placement: Placement,
+    pub placement: DeviceMobility,
     /// `variants = "all"` (the default), `"most-accurate"` or `"least-accurate"`.
     #[serde(default)]
     pub variants: crate::proteus::Variants,
@@ -308,7 +308,7 @@ pub fn validate(apps: &[AppConfig], devices: &[DeviceConfig], allocator: &Alloca
     a.solver.validate().map_err(|m| invalid("allocator.solver".into(), &m.to_string()))?;
     a.infaas.validate().map_err(|m| invalid("allocator.infaas".into(), &m.to_string()))?;
     let heuristic = a.method != Method::Milp;
-    if heuristic && a.placement == Placement::Fixed {
+    if heuristic && a.placement == DeviceMobility::Fixed {
         return Err(invalid(
             "allocator.placement".into(),
             &format!("method = \"{}\" moves devices itself: placement must be \"dynamic\"", a.method.name()),

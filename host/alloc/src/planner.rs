@@ -17,7 +17,7 @@
 
 use std::time::Instant;
 
-use crate::config::{AllocatorConfig, Method, Placement, Replan, Routing, Spare};
+use crate::config::{AllocatorConfig, DeviceMobility, Method, Replan, Routing, Spare};
 use crate::cores::{self, CoreMethod, CoreModel};
 use crate::proteus::{self, Plan};
 use crate::{infaas, Allocation, Allocator, AnyPlan, AnyProblem};
@@ -67,7 +67,7 @@ impl Planner {
         }
         let mut allocation = match self.config.method {
             Method::Milp => {
-                if self.config.placement == Placement::Fixed {
+                if self.config.placement == DeviceMobility::Fixed {
                     problem.pinned = self.pins.clone();
                 }
                 self.allocator.allocate(&AnyProblem::Proteus(problem.clone()))
@@ -97,7 +97,7 @@ impl Planner {
                 let adopted = self.allocator.adopt(AnyPlan::Proteus(plan.clone()), &status, secs);
                 allocation.plan = adopted.plan;
             }
-            if self.config.placement == Placement::Fixed && self.pins.is_none() {
+            if self.config.placement == DeviceMobility::Fixed && self.pins.is_none() {
                 if let Some(AnyPlan::Proteus(plan)) = &allocation.plan {
                     self.pins = Some(fixed_placement(plan, &problem));
                 }

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use sluice_alloc::config::AllocatorConfig;
-use sluice_alloc::config::{Method, Placement, Replan, Routing};
+use sluice_alloc::config::{DeviceMobility, Method, Replan, Routing};
 use sluice_alloc::infaas::{self, Settings};
 use sluice_alloc::planner::Planner;
 use sluice_alloc::proteus::{self, DeviceType, Formulation, Ladder, Objective, Plan, Variants};
@@ -159,7 +159,7 @@ fn config(f: impl FnOnce(&mut AllocatorConfig)) -> AllocatorConfig {
 fn a_static_planner_never_replans_and_a_fixed_one_pins_its_first_placement() {
     let planner = Planner::new(&config(|c| c.replan = Replan::Never));
     assert!(!planner.replans());
-    let mut fixed = Planner::new(&config(|c| c.placement = Placement::Fixed));
+    let mut fixed = Planner::new(&config(|c| c.placement = DeviceMobility::Fixed));
     assert!(fixed.replans());
     let first = fixed.plan(problem(150.0, 10.0));
     assert_eq!(first.status, "optimal");
