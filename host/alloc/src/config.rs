@@ -90,7 +90,7 @@ pub enum Spare {
 /// How an app's requests are split over its devices.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Routing {
+pub enum SplitBy {
     /// By the plan's shares (query assignment, §4).
     #[default]
     Plan,
@@ -186,7 +186,7 @@ pub struct AllocatorConfig {
     /// `routing = "plan"` (the default: the plan's shares) or `"uniform"`: evenly over
     /// an app's devices (Proteus without query assignment).
     #[serde(default)]
-    pub routing: Routing,
+    pub routing: SplitBy,
     /// `spare = "idle"` (the default) or `"replicate"`: what a plan's idle devices do
     /// ([`Spare`]).
     #[serde(default)]

@@ -17,7 +17,7 @@
 
 use std::time::Instant;
 
-use crate::config::{AllocatorConfig, DeviceMobility, Method, Replan, Routing, Spare};
+use crate::config::{AllocatorConfig, DeviceMobility, Method, Replan, Spare, SplitBy};
 use crate::cores::{self, CoreMethod, CoreModel};
 use crate::proteus::{self, Plan};
 use crate::{infaas, Allocation, Allocator, AnyPlan, AnyProblem};
@@ -86,11 +86,11 @@ impl Planner {
         };
         if let (true, Some(AnyPlan::Proteus(plan))) = (allocation.is_new_plan(), allocation.plan.as_mut()) {
             let replicate = self.config.spare == Spare::Replicate && self.config.method == Method::Milp;
-            if replicate || self.config.routing == Routing::Uniform {
+            if replicate || self.config.routing == SplitBy::Uniform {
                 if replicate {
                     plan.replicate_into_idle();
                 }
-                if self.config.routing == Routing::Uniform {
+                if self.config.routing == SplitBy::Uniform {
                     plan.route_uniformly();
                 }
                 let (status, secs) = (allocation.status.clone(), allocation.solve_seconds);

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use sluice_alloc::config::AllocatorConfig;
-use sluice_alloc::config::{DeviceMobility, Method, Replan, Routing};
+use sluice_alloc::config::{DeviceMobility, Method, Replan, SplitBy};
 use sluice_alloc::infaas::{self, Settings};
 use sluice_alloc::planner::Planner;
 use sluice_alloc::proteus::{self, DeviceType, Formulation, Ladder, Objective, Plan, Variants};
@@ -175,7 +175,7 @@ fn a_static_planner_never_replans_and_a_fixed_one_pins_its_first_placement() {
     fixed.plan(problem(150.0, 150.0));
     assert_eq!(fixed.current().unwrap().pins(&problem(0.0, 0.0)), p1);
     // Uniform routing is what the planner puts in force.
-    let mut uniform = Planner::new(&config(|c| c.routing = Routing::Uniform));
+    let mut uniform = Planner::new(&config(|c| c.routing = SplitBy::Uniform));
     uniform.plan(problem(150.0, 30.0));
     let plan = uniform.current().unwrap();
     let a: Vec<f64> = plan.devices.iter().filter(|d| d.app.as_deref() == Some("a")).map(|d| d.share).collect();
