@@ -42,7 +42,7 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
 use sluice_alloc::loki::routing::{
-    most_accurate_first_filling, queue_aware_root, Backup, DropCause, Hop, RootQueue, Route, RoutingTables, Worker,
+    most_accurate_first_filling, queue_aware_root, Backup, DropCause, Hop, Replica, RootQueue, Route, RoutingTables,
 };
 use sluice_alloc::loki::{self, Plan};
 use sluice_core::clock::{Clock as _, WallClock};
@@ -136,7 +136,7 @@ impl Routing {
             if let Some(s) = assignment {
                 device_node[d] = Some(workers.len());
                 node_device.push(Some(d));
-                workers.push(Worker {
+                workers.push(Replica {
                     task: s.task,
                     variant: s.variant,
                     accuracy: accuracy[s.task][s.variant],

@@ -280,12 +280,12 @@ impl Plan {
     /// The plan's workers as the load balancer sees them: each replica of each
     /// hosted variant, in plan order (variants the pipeline does not know are
     /// skipped).
-    pub fn routing_workers(&self, pipeline: &Pipeline) -> Vec<routing::Worker> {
+    pub fn routing_workers(&self, pipeline: &Pipeline) -> Vec<routing::Replica> {
         self.variants
             .iter()
             .filter_map(|v| pipeline.model(&v.variant).map(|(task, variant)| (v, task, variant)))
             .flat_map(|(v, task, variant)| {
-                (0..v.replicas).map(move |_| routing::Worker {
+                (0..v.replicas).map(move |_| routing::Replica {
                     task,
                     variant,
                     accuracy: v.accuracy,

@@ -23,9 +23,9 @@
 use serde::Serialize;
 use sluice_core::pipeline::{EarlyDrop, Pipeline};
 
-/// A hosted worker, as the load balancer sees it.
+/// A hosted (task, variant) replica: one worker as the load balancer sees it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Worker {
+pub struct Replica {
     /// Its task (index in the pipeline).
     pub task: usize,
     /// Its variant (index in the task's models).
@@ -183,7 +183,7 @@ impl RoutingTables {
 }
 
 /// Algorithm 1 over `workers` for `demand_qps` requests/s entering the root.
-pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: f64) -> RoutingTables {
+pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Replica], demand_qps: f64) -> RoutingTables {
     most_accurate_first_with(pipeline, workers, demand_qps, |_, _| None)
 }
 
@@ -194,13 +194,13 @@ pub fn most_accurate_first(pipeline: &Pipeline, workers: &[Worker], demand_qps: 
 /// the full capacities ([`backup_against_full_capacity`]).
 pub fn most_accurate_first_filling(
     pipeline: &Pipeline,
-    workers: &[Worker],
+    workers: &[Replica],
     demand_qps: f64,
     utilization: f64,
     branching: impl Fn(usize, usize) -> Option<f64>,
 ) -> RoutingTables {
-    let cut: Vec<Worker> =
-        workers.iter().map(|w| Worker { capacity_qps: w.capacity_qps * utilization, ..w.clone() }).collect();
+    let cut: Vec<Replica> =
+        workers.iter().map(|w| Replica { capacity_qps: w.capacity_qps * utilization, ..w.clone() }).collect();
     let mut tables = most_accurate_first_with(pipeline, &cut, demand_qps, branching);
     tables.backup = backup_against_full_capacity(&tables, workers);
     tables
@@ -215,7 +215,7 @@ pub fn most_accurate_first_filling(
 /// left-over capacity" after saturating them, and the reference's
 /// `remaining_capacity` starts from the worker's `peak_throughput` and is lowered by
 /// what MostAccurateFirst routed to it — the real capacity, not a routing share.
-pub fn backup_against_full_capacity(tables: &RoutingTables, workers: &[Worker]) -> Vec<Vec<Backup>> {
+pub fn backup_against_full_capacity(tables: &RoutingTables, workers: &[Replica]) -> Vec<Vec<Backup>> {
     let mut backup: Vec<Vec<Backup>> = vec![Vec::new(); tables.backup.len()];
     for (node, w) in workers.iter().enumerate() {
         let leftover = w.capacity_qps - tables.incoming.get(node).copied().unwrap_or(0.0);
@@ -242,18 +242,18 @@ pub fn backup_against_full_capacity(tables: &RoutingTables, workers: &[Worker]) 
 /// `load_balancer.py`, "we will assume the branching factor is 1").
 pub fn most_accurate_first_with(
     pipeline: &Pipeline,
-    workers: &[Worker],
+    workers: &[Replica],
     demand_qps: f64,
     branching: impl Fn(usize, usize) -> Option<f64>,
 ) -> RoutingTables {
     let n = pipeline.tasks.len();
     // Nodes: the workers, then one per pass-through task.
-    let mut nodes: Vec<Worker> = workers.to_vec();
+    let mut nodes: Vec<Replica> = workers.to_vec();
     let mut passthrough = vec![None; n];
     for (t, task) in pipeline.tasks.iter().enumerate() {
         if task.is_passthrough() {
             passthrough[t] = Some(nodes.len());
-            nodes.push(Worker { task: t, variant: 0, accuracy: 1.0, capacity_qps: f64::INFINITY, latency_us: 0 });
+            nodes.push(Replica { task: t, variant: 0, accuracy: 1.0, capacity_qps: f64::INFINITY, latency_us: 0 });
         }
     }
     // Per task, its nodes most accurate first.
@@ -437,8 +437,8 @@ mod tests {
         Pipeline::new(&spec).unwrap()
     }
 
-    fn w(task: usize, variant: usize, accuracy: f64, capacity_qps: f64) -> Worker {
-        Worker { task, variant, accuracy, capacity_qps, latency_us: 10_000 * (1 + variant as u64) }
+    fn w(task: usize, variant: usize, accuracy: f64, capacity_qps: f64) -> Replica {
+        Replica { task, variant, accuracy, capacity_qps, latency_us: 10_000 * (1 + variant as u64) }
     }
 
     /// Worked by hand: 10 req/s enter. detect: `good` (acc 0.9, 6/s) is filled first,

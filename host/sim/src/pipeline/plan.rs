@@ -328,7 +328,7 @@ impl<'a> PipelineSim<'a> {
             for &i in &assigned[h] {
                 self.task_workers[i].node = Some(workers.len());
                 self.node_worker.push(Some(i));
-                workers.push(loki::routing::Worker {
+                workers.push(loki::routing::Replica {
                     task: t,
                     variant: k,
                     accuracy,
@@ -388,7 +388,7 @@ impl<'a> PipelineSim<'a> {
         &self,
         p: &Placement,
         shares: &[f64],
-        workers: &[loki::routing::Worker],
+        workers: &[loki::routing::Replica],
         assigned: &[Vec<usize>],
     ) -> RoutingTables {
         let n = self.pipeline.tasks.len();
