@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ladder::{Ladder, Search, Tried};
 use crate::origin::{self, Origin};
-use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
+use crate::solver::{Milp, Sense, SolveError, SolveReport, SolveStatus, SolverSettings};
 
 /// A variant: its accuracy, its loading time and its capacity model.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -393,7 +393,7 @@ fn solve_milp(problem: &Problem) -> Result<(Solved, bool), SolveError> {
         match solve_at(&p, beta.min(1.0)) {
             Err(SolveError::NoPlanInTime(s)) => {
                 ran_out = true;
-                Ok((SolveReport { status: Status::TimeLimit, solve_seconds: s, ..SolveReport::none() }, None))
+                Ok((SolveReport { status: SolveStatus::TimeLimit, solve_seconds: s, ..SolveReport::none() }, None))
             }
             other => other,
         }

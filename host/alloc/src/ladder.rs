@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::solver::{SolveReport, Status};
+use crate::solver::{SolveReport, SolveStatus};
 
 /// The demand-lowering ladder.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -105,7 +105,7 @@ pub struct Tried {
     /// The factor.
     pub beta: f64,
     /// How it ended.
-    pub status: Status,
+    pub status: SolveStatus,
     /// Its wall time, s.
     pub solve_seconds: f64,
 }

@@ -51,7 +51,7 @@ use serde::Serialize;
 
 pub use origin::Origin;
 pub use problem::AnyProblem;
-pub use solver::{SolveError, SolveReport, SolverSettings, Status};
+pub use solver::{SolveError, SolveReport, SolveStatus, SolverSettings};
 pub use violation::Violation;
 
 /// A plan of either kind.
@@ -286,10 +286,10 @@ pub enum AllocateError {
     Loki(#[from] loki::LokiError),
 }
 
-fn status_name(s: Status) -> &'static str {
+fn status_name(s: SolveStatus) -> &'static str {
     match s {
-        Status::Optimal => "optimal",
-        Status::TimeLimit => "time-limit",
-        Status::Infeasible => "infeasible",
+        SolveStatus::Optimal => "optimal",
+        SolveStatus::TimeLimit => "time-limit",
+        SolveStatus::Infeasible => "infeasible",
     }
 }

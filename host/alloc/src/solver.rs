@@ -118,7 +118,7 @@ pub enum SettingsError {
 /// How a solve ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Status {
+pub enum SolveStatus {
     /// Solved to within the MIP gap.
     Optimal,
     /// Stopped by the time limit with a feasible plan (its gap says how good).
@@ -131,7 +131,7 @@ pub enum Status {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SolveReport {
     /// How it ended.
-    pub status: Status,
+    pub status: SolveStatus,
     /// The objective of the plan (None when infeasible).
     pub objective: Option<f64>,
     /// The achieved relative gap between the plan and the solver's bound (0 when
@@ -151,7 +151,7 @@ impl SolveReport {
     /// MILP found one in time.
     pub fn without_solver(objective: f64, seconds: f64) -> SolveReport {
         SolveReport {
-            status: Status::TimeLimit,
+            status: SolveStatus::TimeLimit,
             objective: Some(objective),
             solve_seconds: seconds,
             ..SolveReport::none()
@@ -161,7 +161,7 @@ impl SolveReport {
     /// The report of no solve at all (a ladder with no step).
     pub fn none() -> SolveReport {
         SolveReport {
-            status: Status::Infeasible,
+            status: SolveStatus::Infeasible,
             objective: None,
             gap: None,
             solve_seconds: 0.0,
@@ -368,15 +368,15 @@ impl Milp {
             .and_then(|v| highs::HighsSolutionStatus::try_from(v as std::os::raw::c_int).ok())
             == Some(highs::HighsSolutionStatus::Feasible);
         let status = match solved.status() {
-            H::Optimal | H::ObjectiveBound | H::ObjectiveTarget => Status::Optimal,
-            H::Infeasible | H::UnboundedOrInfeasible => Status::Infeasible,
+            H::Optimal | H::ObjectiveBound | H::ObjectiveTarget => SolveStatus::Optimal,
+            H::Infeasible | H::UnboundedOrInfeasible => SolveStatus::Infeasible,
             H::ReachedTimeLimit
             | H::ReachedIterationLimit
             | H::ReachedSolutionLimit
             | H::ReachedInterrupt
             | H::ReachedMemoryLimit => {
                 if feasible {
-                    Status::TimeLimit
+                    SolveStatus::TimeLimit
                 } else {
                     return Err(SolveError::NoPlanInTime(settings.time_limit_s));
                 }
@@ -391,7 +391,7 @@ impl Milp {
             variables,
             constraints: rows,
         };
-        if status == Status::Infeasible {
+        if status == SolveStatus::Infeasible {
             return Ok((report(None, None), None));
         }
         // A pure LP (no integer columns) reports an infinite MIP gap: it is exact.
@@ -418,7 +418,7 @@ impl Milp {
                 v <= 1e-7
             }
         });
-        let status = if holds { Status::Optimal } else { Status::Infeasible };
+        let status = if holds { SolveStatus::Optimal } else { SolveStatus::Infeasible };
         let report = SolveReport {
             status,
             objective: holds.then(|| objective.eval_with(&none)),
@@ -449,7 +449,7 @@ mod tests {
         let objective: Expression = 5 * a + 4 * b + 3 * c;
         let (report, values) = m.solve(Sense::Maximise, objective.clone(), &SolverSettings::default()).unwrap();
         let values = values.unwrap();
-        assert_eq!(report.status, Status::Optimal);
+        assert_eq!(report.status, SolveStatus::Optimal);
         assert!((report.objective.unwrap() - 9.0).abs() < 1e-6, "{report:?}");
         assert!((objective.eval_with(&values) - 9.0).abs() < 1e-6);
         assert!(values.is_set(a) && values.is_set(b) && !values.is_set(c));
@@ -463,7 +463,7 @@ mod tests {
         let a = m.add(variable().binary());
         m.constrain(constraint!(a >= 2));
         let (report, values) = m.solve(Sense::Minimise, a.into(), &SolverSettings::default()).unwrap();
-        assert_eq!(report.status, Status::Infeasible);
+        assert_eq!(report.status, SolveStatus::Infeasible);
         assert!(values.is_none() && report.objective.is_none());
     }
 
@@ -529,22 +529,22 @@ mod tests {
             let objective = Expression::from(2.0);
             let (report, values) = m.solve(Sense::Maximise, objective, &SolverSettings::default()).unwrap();
             assert_eq!((report.variables, report.constraints), (0, 1));
-            assert_eq!(values.is_some(), report.status == Status::Optimal);
+            assert_eq!(values.is_some(), report.status == SolveStatus::Optimal);
             report
         };
         let zero = Expression::from(0.0);
         let r = feasible(constraint!(zero.clone() == 1));
-        assert_eq!((r.status, r.objective), (Status::Infeasible, None));
+        assert_eq!((r.status, r.objective), (SolveStatus::Infeasible, None));
         let r = feasible(constraint!(zero.clone() <= 3));
-        assert_eq!((r.status, r.objective, r.gap), (Status::Optimal, Some(2.0), Some(0.0)));
+        assert_eq!((r.status, r.objective, r.gap), (SolveStatus::Optimal, Some(2.0), Some(0.0)));
         let r = feasible(constraint!(zero.clone() >= 3));
-        assert_eq!(r.status, Status::Infeasible);
+        assert_eq!(r.status, SolveStatus::Infeasible);
         let r = feasible(constraint!(zero == 0));
-        assert_eq!(r.status, Status::Optimal);
+        assert_eq!(r.status, SolveStatus::Optimal);
         // No constraints either: the objective's constant.
         let (r, values) =
             Milp::default().solve(Sense::Minimise, Expression::from(0.0), &SolverSettings::default()).unwrap();
-        assert_eq!((r.status, r.objective), (Status::Optimal, Some(0.0)));
+        assert_eq!((r.status, r.objective), (SolveStatus::Optimal, Some(0.0)));
         assert!(values.is_some());
     }
 
@@ -555,12 +555,12 @@ mod tests {
         let mut m = Milp::default();
         let a = m.add(variable().integer().min(0).max(0));
         let (r, values) = m.solve(Sense::Maximise, a.into(), &SolverSettings::default()).unwrap();
-        assert_eq!((r.status, r.objective), (Status::Optimal, Some(0.0)));
+        assert_eq!((r.status, r.objective), (SolveStatus::Optimal, Some(0.0)));
         assert_eq!(values.unwrap().value(a), 0.0);
         let mut m = Milp::default();
         let a = m.add(variable().min(0).max(1));
         m.constrain(constraint!(a - a >= 1));
         let (r, _) = m.solve(Sense::Maximise, a.into(), &SolverSettings::default()).unwrap();
-        assert_eq!(r.status, Status::Infeasible);
+        assert_eq!(r.status, SolveStatus::Infeasible);
     }
 }

@@ -271,20 +271,20 @@ fn infeasible_demand_is_shed_and_reported() {
     assert!(out.plan.is_none());
     // The lexicographic search: one solve says no step has a plan.
     assert_eq!(out.attempts.len(), 1, "{:?}", out.attempts);
-    assert_eq!((out.attempts[0].step, out.attempts[0].status), (Step::Demand, sluice_alloc::Status::Infeasible));
+    assert_eq!((out.attempts[0].step, out.attempts[0].status), (Step::Demand, sluice_alloc::SolveStatus::Infeasible));
     // Bisection: the top step, then ⌈log2⌉ of the rest.
     p.ladder.search = sluice_alloc::ladder::Search::Bisect;
     let out = proteus::solve(&p).unwrap();
     assert!(out.plan.is_none());
     let steps = p.ladder.steps().len();
     assert!(out.attempts.len() <= 2 + (steps as f64).log2().ceil() as usize, "{:?}", out.attempts);
-    assert!(out.attempts.iter().all(|a| a.status == sluice_alloc::Status::Infeasible));
+    assert!(out.attempts.iter().all(|a| a.status == sluice_alloc::SolveStatus::Infeasible));
     // One step at a time: every step.
     p.ladder.search = sluice_alloc::ladder::Search::Descend;
     let out = proteus::solve(&p).unwrap();
     assert!(out.plan.is_none());
     assert_eq!(out.attempts.len(), steps);
-    assert!(out.attempts.iter().all(|a| a.status == sluice_alloc::Status::Infeasible));
+    assert!(out.attempts.iter().all(|a| a.status == sluice_alloc::SolveStatus::Infeasible));
     // A demand that fits at β = 0.5 is served at least at 0.5 (as much as the
     // devices allow, less than the step above) and the rest shed.
     let mut p = random_problem(&mut rng, 1, 1);

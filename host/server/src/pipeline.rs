@@ -821,7 +821,7 @@ pub enum PipelineReplanError {
         /// The demand solved for, requests/s.
         demand: f64,
         /// The solver's status.
-        status: sluice_alloc::solver::Status,
+        status: sluice_alloc::solver::SolveStatus,
     },
     /// The plan puts a variant of a task that has no workers on a device.
     #[error("task {task} has no workers")]

@@ -66,7 +66,7 @@ use sluice_core::profile::{Percentile, Profile};
 
 use crate::ladder::{Ladder, Search, Tried};
 use crate::origin::{self, Origin};
-use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
+use crate::solver::{Milp, Sense, SolveError, SolveReport, SolveStatus, SolverSettings};
 
 /// One variant of a task, as the MILP sees it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -571,7 +571,7 @@ fn solve_with(problem: &Problem, formulation: Formulation) -> Result<(Solved, bo
         match solve_at(&p, allowed, step, beta, formulation) {
             Err(SolveError::NoPlanInTime(s)) => {
                 ran_out = true;
-                Ok((SolveReport { status: Status::TimeLimit, solve_seconds: s, ..SolveReport::none() }, None))
+                Ok((SolveReport { status: SolveStatus::TimeLimit, solve_seconds: s, ..SolveReport::none() }, None))
             }
             other => other,
         }

@@ -51,7 +51,7 @@ pub use crate::ladder::{Ladder, Search};
 use crate::limits::RangeError;
 /// Where a plan came from (shared by every formulation: [`crate::origin`]).
 pub use crate::origin::Origin;
-use crate::solver::{Milp, Sense, SolveError, SolveReport, SolverSettings, Status};
+use crate::solver::{Milp, Sense, SolveError, SolveReport, SolveStatus, SolverSettings};
 use placement::Scorer;
 
 /// One type of device and how many of them there are.
@@ -656,7 +656,7 @@ pub struct Attempt {
     /// The factor.
     pub beta: f64,
     /// How it ended.
-    pub status: Status,
+    pub status: SolveStatus,
     /// Its wall time, s.
     pub solve_seconds: f64,
 }
@@ -860,7 +860,7 @@ fn without_solver(problem: &Problem, previous: Option<&Plan>, error: ProteusErro
     let Some((plan, is_repair)) = best else { return Err(error) };
     let origin = Origin::without_solver(is_repair, reason);
     let report = SolveReport {
-        status: Status::TimeLimit,
+        status: SolveStatus::TimeLimit,
         objective: Some(accuracy_objective(&plan)),
         gap: None,
         solve_seconds: started.elapsed().as_secs_f64(),
@@ -887,7 +887,7 @@ fn solve_milp(problem: &Problem) -> Result<Solved, ProteusError> {
     ) {
         Err(ProteusError::Solve(SolveError::NoPlanInTime(s))) => {
             no_plan_in_time = true;
-            Ok((SolveReport { status: Status::TimeLimit, solve_seconds: s, ..SolveReport::none() }, None))
+            Ok((SolveReport { status: SolveStatus::TimeLimit, solve_seconds: s, ..SolveReport::none() }, None))
         }
         other => other,
     };
@@ -994,7 +994,7 @@ fn lexicographic(
     };
     let beta = steps[k];
     // Not proven the highest: a step above may have had a plan.
-    let timed_out = report.status == Status::TimeLimit && k > 0;
+    let timed_out = report.status == SolveStatus::TimeLimit && k > 0;
     attempts.push(Attempt { step: Step::Demand, beta, status: report.status, solve_seconds: report.solve_seconds });
     // The accuracy solve stops at the soft limit with HiGHS's best plan by then
     // (started from the placement above, it has one from the first node); only
@@ -1042,7 +1042,7 @@ fn lexicographic(
             scorer.improve(&mut n, (soft > 0.0).then_some(by));
             if let Some(plan) = scorer.plan(&n) {
                 let report = first.as_ref().map_or_else(SolveReport::none, |(r, _)| r.clone());
-                fallback = Some((SolveReport { status: Status::TimeLimit, ..report }, plan));
+                fallback = Some((SolveReport { status: SolveStatus::TimeLimit, ..report }, plan));
             }
         }
     }
