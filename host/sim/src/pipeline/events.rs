@@ -85,7 +85,7 @@ impl<'a> PipelineSim<'a> {
             per_second_root: vec![0; secs],
             per_second_task: vec![vec![0; secs]; n],
             plan_cache: HashMap::new(),
-            placement: None,
+            deployment: None,
             demand_used: 0.0,
             counters: (0..n).map(|_| flow::TaskCounters::default()).collect(),
             fanout_served: pipeline.tasks.iter().map(|t| vec![0; t.models.len().max(1)]).collect(),
@@ -121,7 +121,7 @@ impl<'a> PipelineSim<'a> {
         let first = sim.arrivals.iter().take_while(|&&t| t < 1_000_000).count() as f64;
         let per_task: Vec<f64> = sim.expected_task_demand(first);
         sim.replan(first, &per_task)?;
-        if sim.placement.is_none() {
+        if sim.deployment.is_none() {
             bail!("run {}: no feasible plan for the initial demand {first} req/s", run.index);
         }
         if let Some(&t) = sim.arrivals.first() {

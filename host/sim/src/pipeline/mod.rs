@@ -176,9 +176,10 @@ const WINDOW_SLOT: usize = 2;
 /// The slot of worker 0; worker `i`'s ([`PipelineSim::task_workers`]) is this + `i`.
 const FIRST_WORKER_SLOT: usize = 3;
 
-/// A placement: per (task, variant) hosted, its replicas, batch and latency.
+/// What the simulator deploys from one plan (not a placement, which is the device →
+/// variant record): per (task, variant) hosted, its replicas, batch and latency.
 #[derive(Clone, Debug, PartialEq)]
-struct Placement {
+struct Deployment {
     hosted: Vec<(usize, usize, u32, u32, u64)>,
     /// Per task (proteus-per-task only): per hosted entry, its share of the task's demand.
     shares: Option<Vec<f64>>,
@@ -230,8 +231,8 @@ struct PipelineSim<'a> {
     /// Per second: client arrivals; per task, requests created.
     per_second_root: Vec<u64>,
     per_second_task: Vec<Vec<u64>>,
-    plan_cache: HashMap<u64, Option<Placement>>,
-    placement: Option<Placement>,
+    plan_cache: HashMap<u64, Option<Deployment>>,
+    deployment: Option<Deployment>,
     demand_used: f64,
     /// Per task, what became of its requests (the live host's type, `flow::TaskCounters`).
     counters: Vec<flow::TaskCounters>,

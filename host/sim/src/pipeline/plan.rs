@@ -49,7 +49,7 @@ impl<'a> PipelineSim<'a> {
         let demand = root.max(s.serving.min_demand_qps);
         let key = (demand / step).ceil().max(1.0) as u64;
         let planned = key as f64 * step;
-        let placement = if s.allocator == PlanningSystem::ProteusPerTask {
+        let deployment = if s.allocator == PlanningSystem::ProteusPerTask {
             // Per-task demands differ run to run; no cache (the MILP is small).
             let scale = if root > 0.0 { planned / root } else { 1.0 };
             let tasks: Vec<f64> = per_task.iter().map(|d| (d * scale).max(s.serving.min_demand_qps)).collect();
@@ -62,14 +62,14 @@ impl<'a> PipelineSim<'a> {
             self.plan_cache.insert(key, p.clone());
             p
         };
-        let Some(placement) = placement else { return Ok(()) };
+        let Some(deployment) = deployment else { return Ok(()) };
         self.demand_used = planned;
-        self.apply(&placement, planned);
-        self.placement = Some(placement);
+        self.apply(&deployment, planned);
+        self.deployment = Some(deployment);
         Ok(())
     }
 
-    pub(super) fn solve_loki(&mut self, demand: f64) -> Result<Option<Placement>> {
+    pub(super) fn solve_loki(&mut self, demand: f64) -> Result<Option<Deployment>> {
         let s = &self.run.system;
         let problem = loki::Problem {
             pipeline: self.pipeline.clone(),
@@ -87,7 +87,7 @@ impl<'a> PipelineSim<'a> {
         let outcome = loki::solve(&problem)?;
         self.solve_seconds += started.elapsed().as_secs_f64();
         self.solves += 1;
-        Ok(outcome.plan.map(|plan| Placement {
+        Ok(outcome.plan.map(|plan| Deployment {
             hosted: plan
                 .variants
                 .iter()
@@ -100,7 +100,7 @@ impl<'a> PipelineSim<'a> {
 
     /// The reference's `proteus.json` for a pipeline: every task a query type with
     /// its own measured demand and SLO / depth, one accuracy MILP over the cluster.
-    pub(super) fn solve_proteus(&mut self, per_task: &[f64]) -> Result<Option<Placement>> {
+    pub(super) fn solve_proteus(&mut self, per_task: &[f64]) -> Result<Option<Deployment>> {
         let stage_slo = self.run.slo_ms / self.depth as f64;
         let apps: Vec<proteus::App> = self
             .pipeline
@@ -156,7 +156,7 @@ impl<'a> PipelineSim<'a> {
             ProteusRouting::Shares => Some(shares),
             ProteusRouting::MostAccurateFirst => None,
         };
-        Ok(Some(Placement { hosted, shares, shed: 1.0 - plan.beta.min(1.0) }))
+        Ok(Some(Deployment { hosted, shares, shed: 1.0 - plan.beta.min(1.0) }))
     }
 
     pub(super) fn batch_sizes(&self) -> Vec<u32> {
@@ -245,7 +245,7 @@ impl<'a> PipelineSim<'a> {
 
     /// Places the plan's workers (keeping queues where a (task, variant) stays) and
     /// rebuilds the routing tables for `demand`.
-    pub(super) fn apply(&mut self, p: &Placement, demand: f64) {
+    pub(super) fn apply(&mut self, p: &Deployment, demand: f64) {
         self.account_workers();
         self.replans += 1;
         self.shed_sum += p.shed;
@@ -386,7 +386,7 @@ impl<'a> PipelineSim<'a> {
     /// goes to its workers by the plan's shares, whoever sent it.
     pub(super) fn share_tables(
         &self,
-        p: &Placement,
+        p: &Deployment,
         shares: &[f64],
         workers: &[loki::routing::Replica],
         assigned: &[Vec<usize>],
