@@ -353,7 +353,7 @@ fn a_split_replay_gives_the_results_of_one_thread() {
     // 20 s of Poisson arrivals near the 6 workers' capacity, so queues form.
     let mut rng = sluice_sim::rng::Rng::new(3);
     let spec = sluice_core::workload::ArrivalSpec::Poisson { rate_qps: 400.0 };
-    let arrivals: Vec<u64> = sluice_sim::arrivals::generate(&spec, "emu", dir.path(), 20_000_000, &mut rng)
+    let arrivals: Vec<u64> = sluice_sim::arrivals::draw(&spec, "emu", dir.path(), 20_000_000, &mut rng)
         .unwrap()
         .into_iter()
         .map(|a| a.at)

@@ -60,7 +60,7 @@ fn image_app(root: &Path) -> Result<AppConfig> {
 
 fn arrivals() -> Result<Vec<u64>> {
     let mut rng = sluice_sim::rng::Rng::new(1);
-    let a = sluice_sim::arrivals::generate(
+    let a = sluice_sim::arrivals::draw(
         &ArrivalSpec::Poisson { rate_qps: RATE },
         "image",
         Path::new(""),

@@ -48,7 +48,7 @@ pub struct Arrival {
 
 /// Every arrival of `spec` in `[0, duration_us)`, in time order, drawn from `rng`
 /// (the simulator's half of [`ArrivalSpec`]).
-pub fn generate(
+pub fn draw(
     spec: &ArrivalSpec,
     app: &str,
     base: &Path,
@@ -235,15 +235,14 @@ mod tests {
     #[test]
     fn constant_rates_give_their_counts() {
         let mut rng = Rng::new(3);
-        let p = generate(&ArrivalSpec::Poisson { rate_qps: 1000.0 }, "a", Path::new(""), 10_000_000, &mut rng).unwrap();
+        let p = draw(&ArrivalSpec::Poisson { rate_qps: 1000.0 }, "a", Path::new(""), 10_000_000, &mut rng).unwrap();
         assert!((p.len() as f64 - 10_000.0).abs() < 400.0, "{}", p.len());
         assert!(p.windows(2).all(|w| w[0].at <= w[1].at));
-        let u = generate(&ArrivalSpec::Uniform { rate_qps: 100.0 }, "a", Path::new(""), 1_000_000, &mut rng).unwrap();
+        let u = draw(&ArrivalSpec::Uniform { rate_qps: 100.0 }, "a", Path::new(""), 1_000_000, &mut rng).unwrap();
         assert_eq!(u.len(), 100);
         assert_eq!(u[1].at - u[0].at, 10_000);
-        let g =
-            generate(&ArrivalSpec::Gamma { rate_qps: 1000.0, shape: 0.05 }, "a", Path::new(""), 100_000_000, &mut rng)
-                .unwrap();
+        let g = draw(&ArrivalSpec::Gamma { rate_qps: 1000.0, shape: 0.05 }, "a", Path::new(""), 100_000_000, &mut rng)
+            .unwrap();
         assert!((g.len() as f64 / 100_000.0 - 1.0).abs() < 0.1, "{}", g.len());
     }
 
@@ -256,13 +255,13 @@ mod tests {
         std::fs::write(dir.join("bad.txt"), "0 100\nnope\n").unwrap();
         let mut rng = Rng::new(1);
         let spec = ArrivalSpec::RateTrace { file: "rate.txt".into(), scale: 1.0, spacing: Spacing::Poisson };
-        let r = generate(&spec, "a", &dir, 3_000_000, &mut rng).unwrap();
+        let r = draw(&spec, "a", &dir, 3_000_000, &mut rng).unwrap();
         assert!(r.iter().all(|a| a.at < 1_000_000 || a.at >= 2_000_000), "no arrivals at rate 0");
         let late = r.iter().filter(|a| a.at >= 2_000_000).count();
         assert!((200..400).contains(&late), "{late}");
-        let q = generate(&ArrivalSpec::Requests { file: "req.txt".into() }, "a", &dir, 1_000_000, &mut rng).unwrap();
+        let q = draw(&ArrivalSpec::Requests { file: "req.txt".into() }, "a", &dir, 1_000_000, &mut rng).unwrap();
         assert_eq!(q, vec![Arrival { at: 1500, budget: Some(100_000) }, Arrival { at: 5000, budget: Some(300_000) }]);
-        let e = generate(
+        let e = draw(
             &ArrivalSpec::RateTrace { file: "bad.txt".into(), scale: 1.0, spacing: Spacing::Poisson },
             "a",
             &dir,
@@ -274,7 +273,7 @@ mod tests {
         // Evenly spaced: exactly rate × length per step, at the step's start and
         // every 1 / rate after, none at rate 0.
         let spec = ArrivalSpec::RateTrace { file: "rate.txt".into(), scale: 0.1, spacing: Spacing::Even };
-        let even: Vec<u64> = generate(&spec, "a", &dir, 3_000_000, &mut rng).unwrap().iter().map(|a| a.at).collect();
+        let even: Vec<u64> = draw(&spec, "a", &dir, 3_000_000, &mut rng).unwrap().iter().map(|a| a.at).collect();
         let want: Vec<u64> =
             (0..10).map(|k| k * 100_000).chain((0..30).map(|k| 2_000_000 + k * 1_000_000 / 30)).collect();
         assert_eq!(even.len(), want.len());

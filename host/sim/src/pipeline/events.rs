@@ -17,7 +17,7 @@ impl<'a> PipelineSim<'a> {
         let duration_us = (exp.duration_s * 1e6) as u64;
         let mut rng = Rng::new(run.seed);
         let arrivals: Vec<u64> =
-            generate(&run.arrivals, "pipeline", base, duration_us, &mut rng)?.into_iter().map(|a| a.at).collect();
+            draw(&run.arrivals, "pipeline", base, duration_us, &mut rng)?.into_iter().map(|a| a.at).collect();
         let pc = &exp.pipeline;
         let loki_variants = loki::variants(pipeline, profile, pc.percentile, &pc.batch_sizes)
             .map_err(|(field, msg)| anyhow::anyhow!("{field}: {msg}"))?;

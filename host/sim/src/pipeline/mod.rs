@@ -66,7 +66,7 @@ use sluice_core::worker;
 use sluice_core::workload::{ArrivalSpec, Spacing};
 use sluice_sdk as sdk;
 
-use crate::arrivals::generate;
+use crate::arrivals::draw;
 use crate::events::{key, time as event_time, Events, Pending, EMPTY};
 use crate::rng::Rng;
 use crate::PolicyCache;
