@@ -138,7 +138,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
         (&Method::GET, ["evaluations", id]) => view(&evaluation_of(state, id)?.view()),
         (&Method::DELETE, ["evaluations", id]) => {
             let e = evaluation_of(state, id)?;
-            if e.status() == crate::evaluate::Status::Running {
+            if e.status() == crate::evaluate::EvaluationStatus::Running {
                 e.cancel();
                 tracing::info!(app = e.app, evaluation = e.id, "what-if evaluation cancelled");
                 Ok(with_status(StatusCode::ACCEPTED, json!({ "id": e.id, "status": "cancelling" })))

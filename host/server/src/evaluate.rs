@@ -66,7 +66,7 @@ fn default_window() -> f64 {
 /// Where an evaluation is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Status {
+pub enum EvaluationStatus {
     /// Replaying.
     Running,
     /// Replayed (and promoted or not, when asked).
@@ -91,7 +91,7 @@ pub struct Promotion {
 }
 
 struct Progress {
-    status: Status,
+    status: EvaluationStatus,
     result: Option<Comparison>,
     error: Option<String>,
     promotion: Option<Promotion>,
@@ -114,7 +114,7 @@ pub struct Evaluation {
 
 impl Evaluation {
     /// Where it is.
-    pub fn status(&self) -> Status {
+    pub fn status(&self) -> EvaluationStatus {
         self.progress.lock().status
     }
 
@@ -127,7 +127,7 @@ impl Evaluation {
     pub fn view(&self) -> EvaluationView {
         let p = self.progress.lock();
         let progress = match p.status {
-            Status::Running => self.controls.iter().map(ReplayControl::fraction).sum::<f64>() / 2.0,
+            EvaluationStatus::Running => self.controls.iter().map(ReplayControl::fraction).sum::<f64>() / 2.0,
             _ => 1.0,
         };
         EvaluationView {
@@ -160,7 +160,7 @@ pub struct EvaluationView {
     /// The app.
     pub app: String,
     /// Where it is.
-    pub status: Status,
+    pub status: EvaluationStatus,
     /// How far the replays are, 0 to 1 (1 once finished).
     pub progress: f64,
     /// The request's body, as the client sent it.
@@ -189,7 +189,7 @@ pub struct EvaluationSummary {
     /// The app.
     pub app: String,
     /// Where it is.
-    pub status: Status,
+    pub status: EvaluationStatus,
     /// The request's body, as the client sent it.
     pub request: Value,
 }
@@ -201,8 +201,8 @@ pub struct Started {
     pub id: u64,
     /// The app.
     pub app: String,
-    /// Always [`Status::Running`].
-    pub status: Status,
+    /// Always [`EvaluationStatus::Running`].
+    pub status: EvaluationStatus,
     /// Arrivals in the window.
     pub requests: u64,
     /// Where to poll it: `/admin/evaluations/{id}`.
@@ -262,7 +262,7 @@ impl Evaluations {
     pub fn forget(&self, id: u64) -> bool {
         let mut s = self.store.lock();
         match s.all.get(&id) {
-            Some(e) if e.status() != Status::Running => {
+            Some(e) if e.status() != EvaluationStatus::Running => {
                 s.all.remove(&id);
                 true
             }
@@ -281,7 +281,7 @@ impl Evaluations {
         s.all.insert(e.id, e);
         // Forget the oldest finished ones beyond the bound (running ones stay).
         let finished: Vec<u64> =
-            s.all.iter().filter(|(_, e)| e.status() != Status::Running).map(|(id, _)| *id).collect();
+            s.all.iter().filter(|(_, e)| e.status() != EvaluationStatus::Running).map(|(id, _)| *id).collect();
         let excess = finished.len().saturating_sub(self.kept);
         for id in finished.into_iter().take(excess) {
             s.all.remove(&id);
@@ -554,7 +554,7 @@ pub async fn start(
         started_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         controls: [ReplayControl::default(), ReplayControl::default()],
         progress: Mutex::new(Progress {
-            status: Status::Running,
+            status: EvaluationStatus::Running,
             result: None,
             error: None,
             promotion: None,
@@ -572,9 +572,9 @@ pub async fn start(
         let outcome = compare(&*replayer, &job, &current_job, &e.controls, parallel);
         let wall_ms = started.elapsed().as_secs_f64() * 1e3;
         let (status, result, error) = match outcome {
-            Ok(c) => (Status::Done, Some(c), None),
-            Err(ReplayError::Cancelled) => (Status::Cancelled, None, None),
-            Err(ReplayError::Failed(m)) => (Status::Failed, None, Some(m)),
+            Ok(c) => (EvaluationStatus::Done, Some(c), None),
+            Err(ReplayError::Cancelled) => (EvaluationStatus::Cancelled, None, None),
+            Err(ReplayError::Failed(m)) => (EvaluationStatus::Failed, None, Some(m)),
         };
         let promotion = match (&result, rule) {
             (Some(c), Some(rule)) => Some(handle.block_on(promote(&app, &job.policy, generation, c, rule))),
@@ -592,7 +592,7 @@ pub async fn start(
         evaluations2.release(&e);
     });
     if let Err(err) = spawned {
-        evaluation.progress.lock().status = Status::Failed;
+        evaluation.progress.lock().status = EvaluationStatus::Failed;
         evaluations.release(&evaluation);
         return Err(EvaluateError::Thread(err));
     }
@@ -600,7 +600,7 @@ pub async fn start(
     Ok(Started {
         id: evaluation.id,
         app: app_name.to_string(),
-        status: Status::Running,
+        status: EvaluationStatus::Running,
         requests: evaluation.requests,
         location: format!("/admin/evaluations/{}", evaluation.id),
     })
