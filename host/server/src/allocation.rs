@@ -378,7 +378,7 @@ impl Allocator {
         })
         .await?;
         a.planner = planner;
-        self.metrics.observe("sluice_allocator_solve_seconds", &[("status", &result.status)], result.solve_seconds);
+        self.metrics.record("sluice_allocator_solve_seconds", &[("status", &result.status)], result.solve_seconds);
         if let Some(origin) = &result.origin {
             // No MILP found a plan in the allocation's time limit: the plan is the
             // greedy or repaired one (docs/allocator.md), which an operator should know.

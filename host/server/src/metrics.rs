@@ -254,13 +254,13 @@ impl Metrics {
     }
 
     /// Records one observation into the histogram family `name` (one of [`HISTOGRAMS`]).
-    pub fn observe(&self, name: &'static str, labels: &[(&'static str, &str)], value: f64) {
-        self.observe_all(name, labels, [value]);
+    pub fn record(&self, name: &'static str, labels: &[(&'static str, &str)], value: f64) {
+        self.record_all(name, labels, [value]);
     }
 
     /// Records every value of `values` into one label set of the histogram family
     /// `name` under one lock (a batch's latencies).
-    pub fn observe_all(
+    pub fn record_all(
         &self,
         name: &'static str,
         labels: &[(&'static str, &str)],
@@ -403,7 +403,7 @@ mod tests {
         let m = Metrics::default();
         m.request("a", "m\"1", "served");
         m.request("a", "m\"1", "served");
-        m.observe("sluice_batch_size", &[("app", "a")], 3.0);
+        m.record("sluice_batch_size", &[("app", "a")], 3.0);
         let text = m.render();
         assert!(text.contains("sluice_requests_total{app=\"a\",model=\"m\\\"1\",outcome=\"served\"} 2"), "{text}");
         assert!(text.contains("sluice_batch_size_bucket{app=\"a\",le=\"2\"} 0"), "{text}");

@@ -141,7 +141,7 @@ impl worker::Driver<Request> for Answers<'_> {
 
     fn decided(&mut self, _policy: &mut WorkerPolicy, report: Report) {
         if let Some(t) = report.decide_time {
-            self.app.metrics.observe("sluice_policy_decide_seconds", &[("app", self.app.name())], t.as_secs_f64());
+            self.app.metrics.record("sluice_policy_decide_seconds", &[("app", self.app.name())], t.as_secs_f64());
         }
         self.faults.extend(report.fault);
     }
@@ -254,7 +254,7 @@ async fn execute(
     let variant = app.models[model as usize].name.clone();
     let started = app.clock.now();
     app.start_batch(handle, model, size, left, started, load_qps);
-    app.metrics.observe("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
+    app.metrics.record("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
     let (requests, samples): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .map(|mut r| {
@@ -305,9 +305,9 @@ async fn execute(
             app.metrics.requests_n(app.name(), &variant, "served", on_time);
             app.metrics.requests_n(app.name(), &variant, "late", size as u64 - on_time);
             let queue_s = requests.iter().map(|r| (started - r.arrival.min(started)) as f64 / 1e6);
-            app.metrics.observe_all("sluice_queue_seconds", &[("app", app.name())], queue_s);
+            app.metrics.record_all("sluice_queue_seconds", &[("app", app.name())], queue_s);
             let latency_s = requests.iter().map(|r| finished.saturating_sub(r.arrival) as f64 / 1e6);
-            app.metrics.observe_all("sluice_latency_seconds", &[("app", app.name())], latency_s);
+            app.metrics.record_all("sluice_latency_seconds", &[("app", app.name())], latency_s);
             for (r, outputs) in requests.into_iter().zip(outputs) {
                 let met = done.on_time(r.deadline);
                 if !met {
