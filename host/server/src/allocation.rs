@@ -75,7 +75,7 @@ pub struct AllocationView {
     pub history: std::collections::VecDeque<PlanSummary>,
 }
 
-/// Why a re-plan was refused or failed ([`Allocator::replan`]); the last plan stays in
+/// Why a re-plan was refused or failed ([`AllocatorService::replan`]); the last plan stays in
 /// every case.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplanError {
@@ -109,7 +109,7 @@ impl ReplanError {
     }
 }
 
-/// Why a plan could not be applied ([`Allocator::replan`], make before break).
+/// Why a plan could not be applied ([`AllocatorService::replan`], make before break).
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     /// The plan names an app the host does not serve.
@@ -154,8 +154,9 @@ fn problem(
     devices.problem(&config.allocator, &apps, demand)
 }
 
-/// The allocator's state in the host: its last allocation and the demand it used.
-pub struct Allocation {
+/// The allocation in force in the host: the planner, its last allocation (a
+/// `sluice_alloc::Allocation`, one solve's product) and the demand it used.
+pub struct AllocationInForce {
     planner: Planner,
     last: sluice_alloc::Allocation,
     demand: BTreeMap<String, f64>,
@@ -171,14 +172,14 @@ pub struct Allocation {
 /// How many plan summaries `GET /admin/allocation` keeps.
 const HISTORY: usize = 20;
 
-impl Allocation {
+impl AllocationInForce {
     /// Makes the first plan (None without devices). A config whose demand has no
     /// feasible plan, or that the solver fails on, does not start.
     pub async fn start(
         config: &Config,
         devices: Option<Devices>,
         resolved: &[(Vec<sdk::Model>, AppSources)],
-    ) -> anyhow::Result<Option<Allocation>> {
+    ) -> anyhow::Result<Option<AllocationInForce>> {
         let Some(devices) = devices else { return Ok(None) };
         let demand: BTreeMap<String, f64> = config
             .apps
@@ -205,7 +206,7 @@ impl Allocation {
             .zip(resolved)
             .map(|(app, (models, _))| (app.name.clone(), devices.models_per_worker(app, models)))
             .collect();
-        let mut a = Allocation {
+        let mut a = AllocationInForce {
             planner,
             last,
             demand,
@@ -323,19 +324,23 @@ fn forecast(apps: &BTreeMap<String, Arc<App>>, config: &Config) -> BTreeMap<Stri
 /// `GET /admin/allocation` shows (updated after every plan, so the admin API never
 /// waits on a re-plan), and what a re-plan reads and changes: the apps and the
 /// metrics. A service of its own below the state, which holds it.
-pub struct Allocator {
+pub struct AllocatorService {
     apps: BTreeMap<String, Arc<App>>,
     metrics: Arc<Metrics>,
-    current: tokio::sync::Mutex<Option<Allocation>>,
+    current: tokio::sync::Mutex<Option<AllocationInForce>>,
     view: parking_lot::Mutex<Option<AllocationView>>,
 }
 
-impl Allocator {
+impl AllocatorService {
     /// The allocator of `apps` with the allocation started (`None`: the config has
     /// no `[[device]]`, and every re-plan is refused).
-    pub fn new(apps: BTreeMap<String, Arc<App>>, metrics: Arc<Metrics>, allocation: Option<Allocation>) -> Arc<Self> {
-        let view = allocation.as_ref().map(Allocation::view);
-        Arc::new(Allocator {
+    pub fn new(
+        apps: BTreeMap<String, Arc<App>>,
+        metrics: Arc<Metrics>,
+        allocation: Option<AllocationInForce>,
+    ) -> Arc<Self> {
+        let view = allocation.as_ref().map(AllocationInForce::view);
+        Arc::new(AllocatorService {
             apps,
             metrics,
             current: tokio::sync::Mutex::new(allocation),
@@ -419,7 +424,7 @@ impl Allocator {
     }
 
     /// Applies `new` over `old`, make before break.
-    async fn apply(&self, a: &Allocation, old: &proteus::Plan, new: &proteus::Plan) -> Result<(), ApplyError> {
+    async fn apply(&self, a: &AllocationInForce, old: &proteus::Plan, new: &proteus::Plan) -> Result<(), ApplyError> {
         // A core whose replica is resized keeps its variant but changes its time.
         let key = |d: &proteus::DevicePlan| (d.app.clone(), d.model.clone(), d.service_us);
         // 1. Make: every device whose (app, variant) changes loads the new variant on the
@@ -478,7 +483,7 @@ impl Allocator {
 
     /// Re-plans every `period_s`, and early when an app's forecast moves more than
     /// `threshold` from the demand of the plan in force; ends when the server drains.
-    pub async fn control_loop(this: std::sync::Weak<Allocator>) {
+    pub async fn control_loop(this: std::sync::Weak<AllocatorService>) {
         let mut last = tokio::time::Instant::now();
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

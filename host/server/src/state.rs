@@ -41,7 +41,7 @@ pub struct State {
     pub sources: HashMap<String, AppSources>,
     workers: parking_lot::Mutex<JoinSet<()>>,
     /// The `[[device]]` allocator (without `[[device]]`s, one that refuses re-plans).
-    pub allocator: Arc<crate::allocation::Allocator>,
+    pub allocator: Arc<crate::allocation::AllocatorService>,
     /// The served pipelines, by name (their tasks' internal apps are in `apps`).
     pub pipelines: BTreeMap<String, Arc<PipelineApp>>,
     /// KiB of request bodies being read and parsed at once (`body_budget_bytes`).
@@ -97,7 +97,7 @@ impl State {
         // With [[device]]s, the allocator's first plan says which variant each worker
         // (device) loads and how each app's requests are shared out.
         let devices = crate::allocation::load_devices(&config)?;
-        let allocator = crate::allocation::Allocation::start(&config, devices, &resolved).await?;
+        let allocator = crate::allocation::AllocationInForce::start(&config, devices, &resolved).await?;
         let builder = AppBuilder { engine: &engine, registry: &registry, metrics: &metrics, clock, next_id: &next_id };
         for (i, app_config) in config.apps.iter().enumerate() {
             let (models, source) = resolved[i].clone();
@@ -145,7 +145,7 @@ impl State {
         let admin_token =
             std::env::var("SLUICE_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(config.admin_token.clone());
         let with_devices = allocator.is_some();
-        let allocator = crate::allocation::Allocator::new(apps.clone(), metrics.clone(), allocator);
+        let allocator = crate::allocation::AllocatorService::new(apps.clone(), metrics.clone(), allocator);
         let evaluations =
             Arc::new(crate::evaluate::Evaluations::new(config.evaluations_kept, config.evaluation_threads));
         let state = Arc::new(State {
@@ -173,7 +173,7 @@ impl State {
             tokio::spawn(crate::pipeline::control_loop(Arc::downgrade(p)));
         }
         if with_devices {
-            tokio::spawn(crate::allocation::Allocator::control_loop(Arc::downgrade(&state.allocator)));
+            tokio::spawn(crate::allocation::AllocatorService::control_loop(Arc::downgrade(&state.allocator)));
         }
         Ok(state)
     }
