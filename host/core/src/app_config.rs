@@ -121,7 +121,8 @@ pub struct AppConfig {
     /// `decide_budget_ms = 10`: epoch deadline of one `decide`/`observe` call.
     #[serde(default = "default_decide_budget")]
     pub decide_budget_ms: u64,
-    /// `init_budget_ms = 60000`: epoch deadline of `init` (policy generation may be slow).
+    /// `init_budget_ms = 60000`: epoch deadline of `init` (a policy may build its
+    /// tables there, RAMSIS its MDP, which may be slow).
     #[serde(default = "default_init_budget")]
     pub init_budget_ms: u64,
     /// `reinit_budget_ms = 1000`: epoch deadline of `init` when an instance is re-made

@@ -34,10 +34,11 @@ mod bindings {
 use bindings::sluice::policy::types as wit;
 use bindings::{Policy, PolicyImports, PolicyPre};
 
-/// How often the epoch ticker advances. A call's budget is a whole number of ticks,
-/// so this is the resolution of every policy deadline: too coarse and a runaway
-/// `decide` holds its worker longer than its budget; too fine and the ticker thread
-/// costs CPU for nothing.
+/// How often the epoch ticker advances ("epoch" is wasmtime's word for this
+/// interruption counter: the **epoch tick**, not a cluster placement epoch). A call's
+/// budget is a whole number of ticks, so this is the resolution of every policy
+/// deadline: too coarse and a runaway `decide` holds its worker longer than its
+/// budget; too fine and the ticker thread costs CPU for nothing.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 
 /// Longest log line a policy may write; longer ones are cut so a chatty or hostile
