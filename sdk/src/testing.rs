@@ -76,7 +76,7 @@ impl<P: Policy> std::fmt::Debug for Harness<P> {
 
 /// One decision taken during a [`Harness::replay`].
 #[derive(Clone, Debug, PartialEq)]
-pub struct Step {
+pub struct ReplayedDecision {
     /// When the decision was taken (virtual time).
     pub at: Micros,
     /// The queue length the policy saw.
@@ -106,7 +106,7 @@ pub struct Replay {
     /// ([`Harness::set_max_decisions`]) rather than running out of work.
     pub truncated: bool,
     /// Every decision, in order.
-    pub steps: Vec<Step>,
+    pub decisions: Vec<ReplayedDecision>,
     /// Every batch served: `(model, size)`, in order.
     pub batches: Vec<(u32, u32)>,
 }
@@ -211,7 +211,7 @@ impl<P: Policy> Harness<P> {
                 queue.insert(at, p);
                 next += 1;
             }
-            if out.steps.len() >= self.max_decisions {
+            if out.decisions.len() >= self.max_decisions {
                 out.truncated = true;
                 break;
             }
@@ -224,7 +224,7 @@ impl<P: Policy> Harness<P> {
             } else {
                 asked.clone()
             };
-            out.steps.push(Step { at: now, queue_len: view.queue.len(), decision: asked, invalid });
+            out.decisions.push(ReplayedDecision { at: now, queue_len: view.queue.len(), decision: asked, invalid });
             queue = view.queue;
             let next_arrival = arrivals.get(next).copied();
             match decision {
@@ -364,11 +364,11 @@ mod tests {
         // comes, served alone. 200 ms and 201 ms: batched together at 201 ms.
         let r = h.replay(&[0, 100_000, 200_000, 201_000], 10.0);
         assert_eq!(r.invalid, 1);
-        assert_eq!(r.steps[0].invalid, Some(Invalid::UnknownModel(9)));
+        assert_eq!(r.decisions[0].invalid, Some(Invalid::UnknownModel(9)));
         assert_eq!(r.served, 4);
         assert_eq!(r.late, 0);
         assert_eq!(r.batches, vec![(1, 1), (1, 1), (1, 2)]);
-        assert!(r.steps.iter().any(|s| s.decision == Decision::WaitUntil(105_000)));
+        assert!(r.decisions.iter().any(|s| s.decision == Decision::WaitUntil(105_000)));
 
         // A burst the fast model cannot serve in time: the policy drops.
         let mut h = Harness::<Picky>::new(config(30_000, models(), "")).expect("init");
@@ -393,7 +393,7 @@ mod tests {
         h.set_max_decisions(50);
         let r = h.replay(&[0, 10], 1.0);
         assert!(r.truncated);
-        assert_eq!(r.steps.len(), 50);
+        assert_eq!(r.decisions.len(), 50);
         assert_eq!(r.left, 2);
     }
 }
