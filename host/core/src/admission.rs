@@ -807,7 +807,7 @@ impl WorkerAdmission {
 
     /// Folds one finished batch into the slowdown estimate: `measured_us` against
     /// the `profiled_us` of its model and size (an EWMA, 0.3 to the new sample).
-    pub fn observe_batch(&self, model: u32, profiled_us: u64, measured_us: u64) {
+    pub fn finish_batch(&self, model: u32, profiled_us: u64, measured_us: u64) {
         self.last_model.store(model, Ordering::Relaxed);
         let started = self.batch_started.load(Ordering::Relaxed);
         self.batch_ended.store(started.saturating_add(measured_us), Ordering::Relaxed);
@@ -1463,7 +1463,7 @@ mod tests {
         assert_eq!(p[BY_LOAD], p[LAST]);
         // The batch took twice its profile: the slowdown moves 30 % of the way.
         clock.set(1_208);
-        w.observe_batch(0, 104, clock.now() - 1_000);
+        w.finish_batch(0, 104, clock.now() - 1_000);
         assert!((w.slowdown() - 1.3).abs() < 1e-12, "{}", w.slowdown());
         // An Inception pair that took the whole queue at 40 req/s: pairs from now
         // on with Inception, and the by-load choice there.

@@ -635,9 +635,9 @@ impl App {
     }
 
     /// Worker `handle` finished a batch of `model` in `measured_us`, profiled at
-    /// `profiled_us` ([`WorkerAdmission::observe_batch`]).
-    pub fn observe_batch(&self, handle: &WorkerHandle, model: u32, profiled_us: u64, measured_us: u64) {
-        self.admission.worker(handle.index as usize).observe_batch(model, profiled_us, measured_us);
+    /// `profiled_us` ([`WorkerAdmission::finish_batch`]).
+    pub fn finish_batch(&self, handle: &WorkerHandle, model: u32, profiled_us: u64, measured_us: u64) {
+        self.admission.worker(handle.index as usize).finish_batch(model, profiled_us, measured_us);
     }
 
     /// Worker `handle`'s models changed to `loaded` ([`WorkerAdmission::set_fastest`]).

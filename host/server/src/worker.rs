@@ -290,7 +290,7 @@ async fn execute(
     let finished = app.clock.now();
     handle.in_flight.store(0, Ordering::Relaxed);
     let profiled = app.models_of(handle.index).get(model as usize).and_then(|m| m.latency(size as u32)).unwrap_or(0);
-    app.observe_batch(handle, model, profiled, finished.saturating_sub(started));
+    app.finish_batch(handle, model, profiled, finished.saturating_sub(started));
     app.record_answers(finished, &requests);
     // The batch judged by the one rule ([`Finished`]); the policy's feedback worked
     // out before the requests are answered and moved.

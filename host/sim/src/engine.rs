@@ -867,7 +867,7 @@ impl Simulation {
             // the worker's slowdown over the profile, and each answer's error.
             let models = app.device_models.as_ref().map_or(&app.models[..], |d| &d[w][..]);
             let profiled = models.get(model as usize).and_then(|m| m.latency(batch.len() as u32)).unwrap_or(0);
-            admission.worker(w).observe_batch(model, profiled, now - started);
+            admission.worker(w).finish_batch(model, profiled, now - started);
             admission.learn(now, batch.iter().map(|r| predicted[r.id as usize]));
         }
         let worker = &mut app.workers[w];
