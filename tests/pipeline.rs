@@ -707,3 +707,34 @@ async fn a_pause_does_not_leave_the_pipeline_planned_for_idle() {
         server.stop().await;
     }
 }
+
+/// `GET /admin/pipelines/{name}` (the status, its plan view and the plan summaries
+/// in it), byte for byte as the views built by hand with `json!` answered it before
+/// they became `Serialize` structs (`tests/fixtures/pipeline_status.json`, recorded
+/// from that code): key order, `null`s and number formats included. The state is
+/// fixed: the startup plan (its solve time 0) and one request on a 60 s demand
+/// window, with an SLO no stall of a busy machine reaches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_status_is_the_json_the_hand_built_view_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("profile.toml"), profile()).unwrap();
+    let problem = format!(
+        "version = 1\nkind = \"loki\"\nprofile = \"profile.toml\"\nbatch_sizes = [1, 2, 4]\nslo_ms = 5000\nworkers = 6\ndemand_qps = 20\n{GRAPH}"
+    );
+    let path = dir.path().join("problem.toml");
+    std::fs::write(&path, problem).unwrap();
+    let config = format!(
+        "[[pipeline]]\nname = \"p\"\nproblem = \"{}\"\nexecutor = \"emulated\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nearly_drop = \"none\"\nreplan_period_s = 0\nrouting_period_ms = 60000\n",
+        path.display()
+    );
+    let server = TestServer::start(&config).await.unwrap();
+    let mut c = server.client().await;
+    let r = c.post_json("/v2/models/p/infer", &small_infer(1)).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = admin(&mut c, "GET", "/admin/pipelines/p", b"").await;
+    assert_eq!(r.status, 200);
+    let body = String::from_utf8(r.body.to_vec()).unwrap();
+    let golden = include_str!("fixtures/pipeline_status.json").trim_end();
+    assert_eq!(body, golden, "the status view's JSON moved");
+    server.stop().await.unwrap();
+}

@@ -170,7 +170,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             view(&state.allocator.replan("admin", demand).await?)
         }
         (&Method::GET, ["pipelines"]) => ok(json!({ "pipelines": state.pipelines.keys().collect::<Vec<_>>() })),
-        (&Method::GET, ["pipelines", name]) => ok(pipeline_of(state, name)?.status()),
+        (&Method::GET, ["pipelines", name]) => view(&pipeline_of(state, name)?.status()),
         (&Method::POST, ["pipelines", name, "solve"]) => {
             let p = pipeline_of(state, name)?.clone();
             let body = read_body(state, req).await?;
@@ -179,7 +179,7 @@ pub async fn route(state: &Arc<State>, req: Request<Incoming>, rest: &[&str]) ->
             } else {
                 Some(parse_json::<PipelineSolveRequest>(&body)?.demand_qps)
             };
-            p.replan("admin", demand).await.map(ok).map_err(|e| ApiError {
+            p.replan("admin", demand).await.map(|s| view(&s)).map_err(|e| ApiError {
                 status: if e.is_bad_request() { StatusCode::BAD_REQUEST } else { StatusCode::CONFLICT },
                 message: format!("pipeline {}: {e}", p.name()),
                 extra: None,

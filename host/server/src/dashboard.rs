@@ -86,7 +86,7 @@ pub fn snapshot(state: &Arc<State>, since: u64) -> Result<Value, ApiError> {
         }
         apps.push(view);
     }
-    let pipelines: Vec<Value> = state.pipelines.values().map(|p| p.status()).collect();
+    let pipelines: Vec<crate::pipeline::PipelineStatus> = state.pipelines.values().map(|p| p.status()).collect();
     let evaluations: Vec<crate::evaluate::EvaluationView> = state.evaluations.all().iter().map(|e| e.view()).collect();
     let unix_ms =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use sluice_alloc::loki::routing::{
     most_accurate_first_filling, queue_aware_root, Backup, DropCause, Hop, Replica, RootQueue, Route, RoutingTables,
@@ -336,7 +336,7 @@ impl PipelineAnswer {
 /// The plan in force and what the admin API shows of past ones.
 struct PlanState {
     plan: Option<Plan>,
-    history: std::collections::VecDeque<Value>,
+    history: std::collections::VecDeque<PipelinePlanSummary>,
 }
 
 /// One served pipeline.
@@ -362,7 +362,7 @@ pub struct PipelineApp {
     sources: Vec<Option<AppSources>>,
     routing: RwLock<Arc<Routing>>,
     plan: tokio::sync::Mutex<PlanState>,
-    view: Mutex<Value>,
+    view: Mutex<PipelinePlanView>,
     /// Per task, what became of its intermediate requests (the simulator's type).
     pub task_counters: Vec<Mutex<flow::TaskCounters>>,
     /// Client-level counters.
@@ -477,7 +477,7 @@ impl PipelineApp {
             sources,
             routing: RwLock::new(Arc::new(routing)),
             plan: tokio::sync::Mutex::new(PlanState { plan: None, history: Default::default() }),
-            view: Mutex::new(Value::Null),
+            view: Mutex::new(PipelinePlanView::default()),
             counters: PipelineCounters::default(),
             fanout,
             arrivals: LoadMonitor::new(period.as_micros() as u64),
@@ -783,19 +783,185 @@ fn early_cause(cause: DropCause) -> flow::EarlyCause {
 }
 
 /// A plan's line in the history.
-fn summary(plan: &Plan, reason: &str, origin: &sluice_alloc::Origin, solve_seconds: f64) -> Value {
-    json!({
-        "reason": reason,
-        "origin": origin.name(),
-        "origin_reason": origin.reason(),
-        "step": plan.step,
-        "demand_qps": plan.demand_qps,
-        "served_qps": plan.served_qps,
-        "workers": plan.workers,
-        "accuracy": plan.accuracy,
-        "solve_seconds": solve_seconds,
-        "variants": plan.variants.iter().map(|v| json!([v.variant, v.replicas, v.batch])).collect::<Vec<_>>(),
-    })
+fn summary(plan: &Plan, reason: &str, origin: &sluice_alloc::Origin, solve_seconds: f64) -> PipelinePlanSummary {
+    PipelinePlanSummary {
+        reason: reason.to_string(),
+        origin: origin.name(),
+        origin_reason: origin.reason().map(str::to_string),
+        step: plan.step.clone(),
+        demand_qps: plan.demand_qps,
+        served_qps: plan.served_qps,
+        workers: plan.workers,
+        accuracy: plan.accuracy,
+        solve_seconds,
+        variants: plan.variants.iter().map(|v| (v.variant.clone(), v.replicas, v.batch)).collect(),
+    }
+}
+
+// The admin views below reach the client through `serde_json::Value` (`admin::view`,
+// the dashboard's snapshot), whose maps sort their keys: the bytes do not depend on
+// the order of the fields, which follows the old hand-built `json!` for reading.
+
+/// One plan put in force, as `GET /admin/pipelines/{name}`'s `allocation.history`
+/// lists it.
+#[derive(Clone, Debug, Serialize)]
+pub struct PipelinePlanSummary {
+    /// Why the pipeline planned: `startup`, `period`, `demand shift` or `admin`.
+    pub reason: String,
+    /// How the plan was made (`milp`, `greedy`, ...: `sluice_alloc::Origin::name`).
+    pub origin: &'static str,
+    /// Why it was not the solver's (`null` when it was).
+    pub origin_reason: Option<String>,
+    /// The plan's step: `hardware` or `accuracy`.
+    pub step: String,
+    /// Requests/s entering the pipeline that the plan was made for.
+    pub demand_qps: f64,
+    /// Requests/s the plan serves.
+    pub served_qps: f64,
+    /// Workers the plan uses.
+    pub workers: u32,
+    /// The plan's end-to-end accuracy.
+    pub accuracy: f64,
+    /// Seconds the solve took (0 for the startup plan).
+    pub solve_seconds: f64,
+    /// Per variant placed, `[variant, replicas, batch]`.
+    pub variants: Vec<(String, u32, u32)>,
+}
+
+/// The plan in force and the last [`HISTORY`] plans put in force, oldest first:
+/// `GET /admin/pipelines/{name}`'s `allocation`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PipelinePlanView {
+    /// The plan in force (`null` only before the first).
+    pub plan: Option<Plan>,
+    /// The plans put in force, oldest first.
+    pub history: std::collections::VecDeque<PipelinePlanSummary>,
+}
+
+/// `GET /admin/pipelines/{name}`'s body ([`PipelineApp::status`]): the serving
+/// settings, the client counters, per task what became of its intermediate
+/// requests, the measured fan-outs, the devices, the routing tables and the plans.
+#[derive(Clone, Debug, Serialize)]
+pub struct PipelineStatus {
+    /// The pipeline's name.
+    pub name: String,
+    /// `early_drop` in force.
+    pub early_drop: &'static str,
+    /// `early_drop_at` in force.
+    pub early_drop_at: &'static str,
+    /// `root_dispatch` in force.
+    pub root_dispatch: &'static str,
+    /// `root_budget` in force.
+    pub root_budget: &'static str,
+    /// The share of each worker's capacity the routing tables fill.
+    pub routing_utilization: f64,
+    /// The problem's demand factor.
+    pub beta: f64,
+    /// End-to-end SLO, ms.
+    pub slo_ms: f64,
+    /// Workers of the problem.
+    pub workers: u32,
+    /// Client requests/s measured over the routing period.
+    pub demand_qps: f64,
+    /// Client requests not answered yet.
+    pub in_flight: usize,
+    /// Task workers re-bound to a plan assignment's view.
+    pub rebinds: u64,
+    /// The client-level counters.
+    pub counters: PipelineCountersView,
+    /// Per task, what became of its intermediate requests.
+    pub tasks: Vec<TaskStatus>,
+    /// Per (task, variant, child), the fan-out expected and measured.
+    pub fanout: Vec<FanoutStatus>,
+    /// Per device, what it serves (`null`: idle).
+    pub devices: Vec<Option<DeviceStatus>>,
+    /// The routing tables in force.
+    pub routing: RoutingStatus,
+    /// The plan in force and the history of plans.
+    pub allocation: PipelinePlanView,
+}
+
+/// [`PipelineCounters`] read once.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct PipelineCountersView {
+    /// Client requests admitted.
+    pub accepted: u64,
+    /// Answered with every path served in time.
+    pub on_time: u64,
+    /// Answered with part of the tree served.
+    pub partial: u64,
+    /// Answered with nothing served.
+    pub dropped: u64,
+    /// Refused at the door.
+    pub refused: u64,
+}
+
+/// One task's line of [`PipelineStatus::tasks`] ([`flow::TaskCounters`] and the
+/// task app's policy faults).
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskStatus {
+    /// The task's name.
+    pub task: String,
+    /// Intermediate requests made for it.
+    pub created: u64,
+    /// Served.
+    pub served: u64,
+    /// Served past their deadline.
+    pub late: u64,
+    /// Dropped, every reason.
+    pub dropped: u64,
+    /// Dropped, by reason label.
+    pub dropped_by_reason: BTreeMap<&'static str, u64>,
+    /// Refused by the task's app.
+    pub rejected: u64,
+    /// Sent to a backup node.
+    pub rerouted: u64,
+    /// The task app's policy faults.
+    pub policy_faults: u64,
+}
+
+/// One (task, variant, child) line of [`PipelineStatus::fanout`].
+#[derive(Clone, Debug, Serialize)]
+pub struct FanoutStatus {
+    /// The parent task.
+    pub task: String,
+    /// The parent's variant (`null` for a pass-through task).
+    pub variant: Option<String>,
+    /// The child task.
+    pub child: String,
+    /// Requests per parent request the profile expects (`null`: none given).
+    pub expected: Option<f64>,
+    /// Requests per parent request measured (`null` before the first parent).
+    pub measured: Option<f64>,
+    /// Parent requests served by the variant.
+    pub requests: u64,
+}
+
+/// One placed device of [`PipelineStatus::devices`].
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceStatus {
+    /// The task it serves.
+    pub task: String,
+    /// The variant it runs.
+    pub variant: String,
+    /// The plan's batch.
+    pub batch: u32,
+    /// The variant's latency at that batch, µs.
+    pub latency_us: u64,
+    /// The task's budget on it, µs.
+    pub budget_us: u64,
+    /// Intermediate requests sent to it.
+    pub requests: u64,
+}
+
+/// [`PipelineStatus::routing`]: the load balancer's tables and the demand they were
+/// built for.
+#[derive(Clone, Debug, Serialize)]
+pub struct RoutingStatus {
+    /// Requests/s the tables were built for.
+    pub demand_qps: f64,
+    /// The tables.
+    pub tables: RoutingTables,
 }
 
 /// How many plan summaries the admin view keeps.
@@ -859,7 +1025,11 @@ impl PipelineApp {
     /// switches at once, then devices that left a task retire (serve out their
     /// queue) and unload. Nothing queued is lost: a device that keeps its task but changes
     /// variant serves its queue with the new one. Returns the admin view.
-    pub async fn replan(self: &Arc<Self>, reason: &str, demand: Option<f64>) -> Result<Value, PipelineReplanError> {
+    pub async fn replan(
+        self: &Arc<Self>,
+        reason: &str,
+        demand: Option<f64>,
+    ) -> Result<PipelineStatus, PipelineReplanError> {
         if let Some(d) = demand {
             if !(d.is_finite() && d >= 0.0) {
                 return Err(PipelineReplanError::BadDemand);
@@ -1008,35 +1178,31 @@ impl PipelineApp {
         ));
     }
 
-    fn view_of(&self, st: &PlanState) -> Value {
-        json!({
-            "plan": st.plan,
-            "history": st.history,
-        })
+    fn view_of(&self, st: &PlanState) -> PipelinePlanView {
+        PipelinePlanView { plan: st.plan.clone(), history: st.history.clone() }
     }
 
     /// `GET /admin/pipelines/{name}`: the plan, the devices, the routing tables,
     /// the counters and the measured fan-outs.
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> PipelineStatus {
         let routing = self.routing();
         let name = |t: usize| self.graph.tasks[t].name.clone();
-        let devices: Vec<Value> = routing
+        let devices = routing
             .devices
             .iter()
             .enumerate()
-            .map(|(d, s)| match s {
-                Some(s) => json!({
-                    "task": name(s.task),
-                    "variant": self.graph.tasks[s.task].models[s.variant],
-                    "batch": s.batch,
-                    "latency_us": s.latency_us,
-                    "budget_us": self.budget_us(s.task, s.latency_us),
-                    "requests": self.device_requests[d].load(Ordering::Relaxed),
-                }),
-                None => Value::Null,
+            .map(|(d, s)| {
+                s.as_ref().map(|s| DeviceStatus {
+                    task: name(s.task),
+                    variant: self.graph.tasks[s.task].models[s.variant].clone(),
+                    batch: s.batch,
+                    latency_us: s.latency_us,
+                    budget_us: self.budget_us(s.task, s.latency_us),
+                    requests: self.device_requests[d].load(Ordering::Relaxed),
+                })
             })
             .collect();
-        let tasks: Vec<Value> = self
+        let tasks = self
             .task_counters
             .iter()
             .enumerate()
@@ -1044,17 +1210,17 @@ impl PipelineApp {
                 let c = c.lock().clone();
                 // Faults are the task app's (its fail mode counts them per app).
                 let faults = self.tasks[t].as_ref().map_or(0, |a| a.counters.faults.load(Ordering::Relaxed));
-                json!({
-                    "task": name(t),
-                    "created": c.created,
-                    "served": c.served,
-                    "late": c.late,
-                    "dropped": c.dropped_total(),
-                    "dropped_by_reason": flow::by_label(&c.dropped),
-                    "rejected": c.rejected,
-                    "rerouted": c.rerouted,
-                    "policy_faults": faults,
-                })
+                TaskStatus {
+                    task: name(t),
+                    created: c.created,
+                    served: c.served,
+                    late: c.late,
+                    dropped: c.dropped_total(),
+                    dropped_by_reason: flow::by_label(&c.dropped),
+                    rejected: c.rejected,
+                    rerouted: c.rerouted,
+                    policy_faults: faults,
+                }
             })
             .collect();
         let mut fanout = Vec::new();
@@ -1063,44 +1229,44 @@ impl PipelineApp {
                 for (ci, (parents, created)) in per_child.iter().enumerate() {
                     let parents = parents.load(Ordering::Relaxed);
                     let created = created.load(Ordering::Relaxed);
-                    fanout.push(json!({
-                        "task": task.name,
-                        "variant": task.models.get(v),
-                        "child": name(task.children[ci]),
-                        "expected": task.fanout.get(v).and_then(|f| f.get(ci)),
-                        "measured": (parents > 0).then(|| created as f64 / parents as f64),
-                        "requests": parents,
-                    }));
+                    fanout.push(FanoutStatus {
+                        task: task.name.clone(),
+                        variant: task.models.get(v).cloned(),
+                        child: name(task.children[ci]),
+                        expected: task.fanout.get(v).and_then(|f| f.get(ci)).copied(),
+                        measured: (parents > 0).then(|| created as f64 / parents as f64),
+                        requests: parents,
+                    });
                 }
             }
         }
         let c = &self.counters;
-        json!({
-            "name": self.name(),
-            "early_drop": self.config.serving.early_drop.as_str(),
-            "early_drop_at": self.config.serving.early_drop_at.as_str(),
-            "root_dispatch": self.config.serving.root_dispatch.as_str(),
-            "root_budget": self.config.serving.root_budget.as_str(),
-            "routing_utilization": self.config.serving.routing_utilization,
-            "beta": self.problem.ladder.beta,
-            "slo_ms": self.problem.slo_ms,
-            "workers": self.problem.workers,
-            "demand_qps": self.arrivals.rate(self.clock.now()),
-            "in_flight": self.in_flight.load(Ordering::Relaxed),
-            "rebinds": self.rebinds.load(Ordering::Relaxed),
-            "counters": {
-                "accepted": c.accepted.load(Ordering::Relaxed),
-                "on_time": c.on_time.load(Ordering::Relaxed),
-                "partial": c.partial.load(Ordering::Relaxed),
-                "dropped": c.dropped.load(Ordering::Relaxed),
-                "refused": c.refused.load(Ordering::Relaxed),
+        PipelineStatus {
+            name: self.name().to_string(),
+            early_drop: self.config.serving.early_drop.as_str(),
+            early_drop_at: self.config.serving.early_drop_at.as_str(),
+            root_dispatch: self.config.serving.root_dispatch.as_str(),
+            root_budget: self.config.serving.root_budget.as_str(),
+            routing_utilization: self.config.serving.routing_utilization,
+            beta: self.problem.ladder.beta,
+            slo_ms: self.problem.slo_ms,
+            workers: self.problem.workers,
+            demand_qps: self.arrivals.rate(self.clock.now()),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            rebinds: self.rebinds.load(Ordering::Relaxed),
+            counters: PipelineCountersView {
+                accepted: c.accepted.load(Ordering::Relaxed),
+                on_time: c.on_time.load(Ordering::Relaxed),
+                partial: c.partial.load(Ordering::Relaxed),
+                dropped: c.dropped.load(Ordering::Relaxed),
+                refused: c.refused.load(Ordering::Relaxed),
             },
-            "tasks": tasks,
-            "fanout": fanout,
-            "devices": devices,
-            "routing": { "demand_qps": routing.demand_qps, "tables": routing.tables },
-            "allocation": *self.view.lock(),
-        })
+            tasks,
+            fanout,
+            devices,
+            routing: RoutingStatus { demand_qps: routing.demand_qps, tables: routing.tables.clone() },
+            allocation: self.view.lock().clone(),
+        }
     }
 }
 
