@@ -41,6 +41,15 @@ pub trait Executor: Send + Sync {
     /// Runs one batch of `model` (the app's model id): the samples have leading
     /// dimension 1 and are answered in order, each with the app's outputs.
     fn run(&self, model: u32, samples: Vec<Tensor>) -> BatchFuture<'_>;
+
+    /// Whether every batch's future is ready at its first poll, neither waiting nor
+    /// blocking (the zero-latency emulated models): the live host then lets an
+    /// arrival's own task run the worker's turn instead of waking its thread
+    /// (`sluice_server::worker`'s inline turns). False unless an implementation
+    /// knows better.
+    fn instant(&self) -> bool {
+        false
+    }
 }
 
 /// Name of the one output every variant of an app answers with.
@@ -78,6 +87,12 @@ impl ModelSet {
     /// Whether `id` is loaded.
     pub fn contains(&self, id: u32) -> bool {
         self.models.contains_key(&id)
+    }
+
+    /// Whether at least one model is loaded and every one is
+    /// [`Executor::instant`].
+    pub fn instant(&self) -> bool {
+        !self.models.is_empty() && self.models.values().all(|m| m.instant())
     }
 
     /// The loaded model `id`.

@@ -167,7 +167,20 @@ impl WorkQueue {
     #[allow(clippy::result_large_err)]
     pub fn push_if(
         &self,
+        request: Request,
+        admit: impl FnOnce(usize, &mut Request, &[Request]) -> bool,
+    ) -> Result<(), Request> {
+        self.push_if_then(request, true, admit)
+    }
+
+    /// As [`WorkQueue::push_if`], waking the waiting workers only if `notify`: a
+    /// caller that holds the worker's turn and decides for it at once (the live
+    /// host's inline turns) has nobody to wake.
+    #[allow(clippy::result_large_err)]
+    pub fn push_if_then(
+        &self,
         mut request: Request,
+        notify: bool,
         admit: impl FnOnce(usize, &mut Request, &[Request]) -> bool,
     ) -> Result<(), Request> {
         let mut items = self.items.lock();
@@ -178,7 +191,9 @@ impl WorkQueue {
         items.insert(at, request);
         self.len.store(items.len(), Ordering::Relaxed);
         drop(items);
-        self.notify.notify_waiters();
+        if notify {
+            self.notify.notify_waiters();
+        }
         Ok(())
     }
 

@@ -133,6 +133,9 @@ pub struct WorkerHandle {
     pub loaded: Mutex<Vec<u32>>,
     /// Requests in the batch it is executing.
     pub in_flight: AtomicUsize,
+    /// Its turn, which an arrival may take while its thread waits
+    /// ([`crate::worker::Inline`]).
+    pub inline: crate::worker::Inline,
 }
 
 /// The most not-yet-queued requests [`App::precheck`] places on workers before it
@@ -455,6 +458,7 @@ impl App {
                 control: tx,
                 loaded: Mutex::new(set.ids()),
                 in_flight: AtomicUsize::new(0),
+                inline: crate::worker::Inline::new(config.router != RouterMode::Shared),
             });
             // Until the first batch, predicted with the fastest loaded model.
             admissions.push(WorkerAdmission::new(&models, &set.ids()));
@@ -738,6 +742,10 @@ impl App {
             input,
             reply: tx,
         };
+        // The worker's turn, when this arrival's task may decide for it
+        // (`crate::worker::Inline::claim`): taken before the push, which then
+        // wakes nobody, and used once the request is counted, below.
+        let mut inline = None;
         match worker {
             // A pipeline's intermediate request: routed by its tables, judged by its
             // early dropping.
@@ -751,7 +759,10 @@ impl App {
                 });
                 let mut refused = None;
                 let deadline = arrival + self.slo_us;
-                let pushed = self.workers[w].queue.push_if(request, |at, request, behind| {
+                let turn = self.workers[w].inline.claim(self);
+                let quiet = turn.is_some();
+                inline = turn.map(|t| (w, t));
+                let pushed = self.workers[w].queue.push_if_then(request, !quiet, |at, request, behind| {
                     // It must make its deadline, and so must every request it would
                     // push back by one place (`Admission::verdict`).
                     let v = self.admission.verdict(
@@ -819,6 +830,9 @@ impl App {
             ring.record(arrival);
         }
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+        if let Some((w, turn)) = inline {
+            crate::worker::run_inline(self, &self.workers[w], turn);
+        }
         Ok(rx)
     }
 

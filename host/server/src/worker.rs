@@ -15,10 +15,27 @@
 //! only its own worker, never the HTTP front or another worker. The queue's lock is
 //! not held during the call either, so arrivals for a deciding worker are queued at
 //! once.
+//!
+//! **Inline turns.** Waking the thread for an arrival and waking the front for its
+//! answer were a third of the host's CPU on the zero-latency bench (two futex
+//! wake-ups and four context switches per request: BENCHMARKS.md §3). So when the
+//! worker's thread is waiting, its models answer at once ([`Executor::instant`]:
+//! the zero-latency emulated ones) and its policy's last decision was fast
+//! ([`INLINE_DECIDE_MAX`], no fault, not a WASI component, no swap pending), the
+//! arrival's own task takes the worker's turn ([`Inline::claim`], in
+//! `App::admit`): it queues the request without waking the thread and runs the
+//! same turns the thread would ([`run_inline`]), at most [`MAX_INLINE_TURNS`],
+//! handing the rest (a timer the policy asked for, a queue still full) back to the
+//! thread. Whoever holds the turn holds the worker's [`Core`], so one worker never
+//! runs two turns at once, and the rules are the same [`Machine`]'s. What a policy
+//! can cost the runtime this way is one decision: the one that turns out slow or
+//! faulty sends the worker back to its thread until a decision there is fast again.
+//!
+//! [`Executor::instant`]: sluice_core::executor::Executor::instant
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::app::{App, WorkerControl, WorkerStart};
 use sluice_core::clock::Clock as _;
@@ -40,6 +57,110 @@ struct Formed {
     generation: u64,
 }
 
+/// A decision slower than this sends the worker's turns back to its thread (see
+/// the module doc): well above a Rust policy's p99 (≈ 1 µs, BENCHMARKS.md §1), so
+/// only a policy that is slow or spinning toward its budget is kept off the
+/// runtime's threads.
+pub const INLINE_DECIDE_MAX: Duration = Duration::from_micros(200);
+
+/// The most turns an arrival's task runs for a worker in one go; a worker still
+/// busy after them is handed back to its thread, so one client's request does not
+/// become the worker for everyone queued behind it.
+pub const MAX_INLINE_TURNS: usize = 4;
+
+/// What a worker's turn needs, held by whoever takes the turn: its thread while it
+/// decides and executes, or an arrival's task for an inline turn. Free while the
+/// thread waits.
+pub struct Core {
+    machine: Machine,
+    models: ModelSet,
+    /// `models.instant()`, kept with them.
+    instant: bool,
+}
+
+/// A worker's turn, shared between its thread and the inline turns of arrivals
+/// (see the module doc). One per [`crate::app::WorkerHandle`].
+pub struct Inline {
+    core: parking_lot::Mutex<Core>,
+    /// Whether inline turns may run at all: not on a `shared` queue, where several
+    /// workers wait on one queue and every push must wake them.
+    enabled: bool,
+    /// Whether the slot's policy made its last decision within
+    /// [`INLINE_DECIDE_MAX`] and without a fault (false until one has).
+    fast: AtomicBool,
+}
+
+impl Inline {
+    /// The turn of a worker with no models yet (its thread installs them); inline
+    /// turns only if `enabled`.
+    pub fn new(enabled: bool) -> Inline {
+        Inline {
+            core: parking_lot::Mutex::new(Core {
+                machine: Machine::new(),
+                models: ModelSet::default(),
+                instant: false,
+            }),
+            enabled,
+            fast: AtomicBool::new(false),
+        }
+    }
+
+    /// Takes the worker's turn for an arrival's task if an inline turn may run now:
+    /// the thread waits (the turn is free), the models answer at once, the
+    /// policy's last decision was fast and the app is not shutting down. The
+    /// caller then queues its request without waking the thread and calls
+    /// [`run_inline`] with the turn.
+    pub fn claim(&self, app: &App) -> Option<Turn<'_>> {
+        if !self.enabled
+            || !self.fast.load(Ordering::Acquire)
+            || app.draining.load(Ordering::Acquire)
+            || app.aborted.load(Ordering::Acquire)
+        {
+            return None;
+        }
+        let core = self.core.try_lock()?;
+        core.instant.then_some(Turn(core))
+    }
+}
+
+/// A worker's turn taken by [`Inline::claim`]; dropped unused, it is given back.
+pub struct Turn<'a>(parking_lot::MutexGuard<'a, Core>);
+
+/// Runs the turns of worker `handle` for the arrival that claimed them
+/// ([`Inline::claim`]) after queueing its request, on the caller's thread: the
+/// same decisions and batches as the worker's thread would make, answered before
+/// this returns. Hands the worker back to its thread (waking it) when a turn
+/// cannot be made here or leaves a timer or a queue behind.
+pub fn run_inline(app: &App, handle: &crate::app::WorkerHandle, mut turn: Turn<'_>) {
+    let core = &mut *turn.0;
+    let turns = async {
+        for _ in 0..MAX_INLINE_TURNS {
+            let Some((action, formed)) = decide(app, handle, &core.models, false, &mut core.machine, true) else {
+                break;
+            };
+            match action {
+                Action::Run { model, batch } => {
+                    execute(app, handle, &core.models, model, batch, formed).await;
+                }
+                // Nothing left to do and nothing to wake for: the thread, waiting
+                // on the queue, wakes at the next push as it would have.
+                Action::Idle { expire_at: None } => return,
+                // A timer for the thread to keep (it decides again when woken).
+                Action::Wait(_) | Action::Idle { expire_at: Some(_) } => break,
+            }
+        }
+        handle.queue.notify.notify_waiters();
+    };
+    // The models are instant and a decision does not wait, so the turns finish at
+    // their first poll; nothing registers a waker that matters. Were one to return
+    // pending, it is polled again until it finishes: nothing here waits on a wake.
+    let mut turns = std::pin::pin!(turns);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    while std::future::Future::poll(turns.as_mut(), &mut cx).is_pending() {
+        std::thread::yield_now();
+    }
+}
+
 /// Starts one worker on a thread of its own, driving [`run`] with the runtime's
 /// handle (its timers and the executor's blocking pool stay the runtime's). The
 /// receiver resolves when the worker has stopped.
@@ -57,10 +178,18 @@ pub fn spawn(app: Arc<App>, start: WorkerStart) -> std::io::Result<tokio::sync::
 
 /// Runs one worker until the app drains at shutdown (or is aborted when the grace
 /// runs out).
+// The turn's lock is held across the batch's await on purpose: whoever holds it
+// is the worker (see the module doc), and this future runs on the worker's own
+// thread (`block_on`), never as a runtime task.
+#[allow(clippy::await_holding_lock)]
 pub async fn run(app: Arc<App>, start: WorkerStart) {
-    let WorkerStart { handle, mut models, mut control } = start;
+    let WorkerStart { handle, models, mut control } = start;
     let queue = handle.queue.clone();
-    let mut machine = Machine::new();
+    {
+        let mut core = handle.inline.core.lock();
+        core.instant = models.instant();
+        core.models = models;
+    }
     loop {
         if app.aborted.load(Ordering::Acquire) {
             return;
@@ -71,23 +200,37 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
         tokio::pin!(notified);
         notified.as_mut().enable();
 
-        while let Ok(msg) = control.try_recv() {
-            match msg {
-                WorkerControl::Install(set, done) => install(&app, &handle, &mut models, set, done),
-            }
-        }
-
         let draining = app.draining.load(Ordering::Acquire);
-        let (action, formed) = decide(&app, &handle, &models, draining, &mut machine);
+        let action = {
+            // Waits for an inline turn in progress, if any (microseconds: its
+            // models are instant).
+            let mut core = handle.inline.core.lock();
+            let core = &mut *core;
+            while let Ok(msg) = control.try_recv() {
+                match msg {
+                    WorkerControl::Install(set, done) => install(&app, &handle, core, set, done),
+                }
+            }
+            let (action, formed) = decide(&app, &handle, &core.models, draining, &mut core.machine, false)
+                .expect("a turn on the worker's thread always decides");
+            if let Action::Run { model, batch } = action {
+                execute(&app, &handle, &core.models, model, batch, formed).await;
+                continue;
+            }
+            action
+        };
+        // The turn is free while the thread waits: an arrival may take it.
         match action {
-            Action::Run { model, batch } => execute(&app, &handle, &models, model, batch, formed).await,
+            Action::Run { .. } => unreachable!("executed above"),
             Action::Wait(until) => {
+                // To the µs the policy asked for, as the simulator waits (tokio's
+                // timer alone rounds up to its next millisecond tick).
                 let at = tokio::time::Instant::from_std(app.clock.instant(until));
                 tokio::select! {
                     _ = &mut notified => {}
                     _ = tokio::time::sleep_until(at) => {}
                     msg = control.recv() => if let Some(WorkerControl::Install(set, done)) = msg {
-                        install(&app, &handle, &mut models, set, done);
+                        install(&app, &handle, &mut handle.inline.core.lock(), set, done);
                     },
                 }
             }
@@ -100,7 +243,7 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
                     _ = &mut notified => {}
                     _ = async { match at { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
                     msg = control.recv() => if let Some(WorkerControl::Install(set, done)) = msg {
-                        install(&app, &handle, &mut models, set, done);
+                        install(&app, &handle, &mut handle.inline.core.lock(), set, done);
                     },
                 }
             }
@@ -111,13 +254,15 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
 fn install(
     app: &App,
     handle: &crate::app::WorkerHandle,
-    models: &mut ModelSet,
+    core: &mut Core,
     set: ModelSet,
     done: tokio::sync::oneshot::Sender<()>,
 ) {
     // The new sessions were loaded and warmed before the message was sent; switching
     // is a move, and the old ones are dropped here, after the switch.
-    let old = std::mem::replace(models, set);
+    core.instant = set.instant();
+    let old = std::mem::replace(&mut core.models, set);
+    let models = &core.models;
     *handle.loaded.lock() = models.ids();
     app.models_changed(handle, &models.ids());
     drop(old);
@@ -132,6 +277,10 @@ struct Answers<'a> {
     app: &'a App,
     dropped: Vec<(Request, DropReason, bool)>,
     faults: Vec<PolicyFault>,
+    /// Whether a decision of the turn was slower than [`INLINE_DECIDE_MAX`] or faulted.
+    slow: bool,
+    /// Whether the policy was called at all (an empty queue asks nobody).
+    called: bool,
 }
 
 impl worker::Driver<Request> for Answers<'_> {
@@ -142,7 +291,10 @@ impl worker::Driver<Request> for Answers<'_> {
     fn decided(&mut self, _policy: &mut WorkerPolicy, report: Report) {
         if let Some(t) = report.decide_time {
             self.app.metrics.record("sluice_policy_decide_seconds", &[("app", self.app.name())], t.as_secs_f64());
+            self.called = true;
+            self.slow |= t > INLINE_DECIDE_MAX;
         }
+        self.slow |= report.fault.is_some();
         self.faults.extend(report.fault);
     }
 }
@@ -156,18 +308,26 @@ impl worker::Driver<Request> for Answers<'_> {
 /// against the plan's. Pipelines' task apps drop late at batch formation
 /// (`drop_late_at_batch`): the head is judged by the loaded variant's table in that
 /// view (`flow::batch_formation_table`, already cut at the plan's batch).
-/// Answers what left unserved, and says what to do next.
+/// Answers what left unserved, and says what to do next. An `inline` turn
+/// ([`run_inline`]) decides nothing (None) where the worker's thread must: a swap
+/// pending (the new policy proves itself fast there first) or a WASI component
+/// (its calls leave the runtime's context: `outside_runtime` in sluice-core).
 fn decide(
     app: &App,
     handle: &crate::app::WorkerHandle,
     models: &ModelSet,
     draining: bool,
     machine: &mut Machine,
-) -> (Action<Request>, Formed) {
+    inline: bool,
+) -> Option<(Action<Request>, Formed)> {
     let mut retired = None;
     let wait_started = Instant::now();
     let mut slot = handle.slot.lock();
+    if inline && (slot.pending.is_some() || matches!(&slot.current, WorkerPolicy::Wasm(i) if i.compiled().wasi)) {
+        return None;
+    }
     if let Some((bound, generation)) = slot.pending.take() {
+        handle.inline.fast.store(false, Ordering::Release);
         retired = Some(std::mem::replace(&mut slot.current, bound));
         slot.generation = generation;
         let waited = wait_started.elapsed();
@@ -200,10 +360,15 @@ fn decide(
         .filter(|_| app.config.drop_late_at_batch)
         .and_then(|&m| seen.get(m as usize))
         .map(|m| sluice_core::pipeline::flow::batch_formation_table(&m.latency, u32::MAX));
-    let mut answers = Answers { app, dropped: Vec::new(), faults: Vec::new() };
+    let mut answers = Answers { app, dropped: Vec::new(), faults: Vec::new(), slow: false, called: false };
     let mut queue: &sluice_core::queue::WorkQueue = &handle.queue;
     let turn = machine.decide(&mut queue, &mut slot.current, &cx, at_batch, &mut answers);
     drop(slot);
+    if answers.slow {
+        handle.inline.fast.store(false, Ordering::Release);
+    } else if answers.called {
+        handle.inline.fast.store(true, Ordering::Release);
+    }
     if let Some(old) = retired {
         // Dropping a store takes tens of microseconds: not on the worker's path.
         tokio::task::spawn_blocking(move || drop(old));
@@ -232,7 +397,7 @@ fn decide(
     }
     let formed =
         Formed { left: turn.left, load_qps: cx.load_qps, policy: decided_by(turn.by_safe).to_string(), generation };
-    (turn.action, formed)
+    Some((turn.action, formed))
 }
 
 fn answer_dropped(app: &App, r: Request, reason: DropReason, detail: &str, policy: &str) {
