@@ -35,7 +35,9 @@
 //! profile with a `resnet50`, relative to the repository root), `LIMIT_LIVE=0` (the simulator
 //! only), `LIMIT_ADMIT_ALL=1` (the live host with `admission_audit = 1`: every
 //! request admitted, as in the simulator, which has no admission; the default is
-//! the peers run's config, whose admission refuses requests it predicts late). Prints a table, a line
+//! the peers run's config, whose admission refuses requests it predicts late),
+//! `LIMIT_SERVER_LOG` (the live server's `RUST_LOG`, its log on this stderr; e.g.
+//! `sluice_server::executor::emulated=trace` for each batch's start and overrun). Prints a table, a line
 //! `limit: bound X req/s (exact), best sim P at Y, best live P at Z (Z/X %)`, then
 //! one JSON line.
 
@@ -211,6 +213,8 @@ struct Live {
     server_late: u64,
     /// `admission_audit = 1` in the app: every request admitted.
     admit_all: bool,
+    /// `LIMIT_SERVER_LOG`: the live server's `RUST_LOG` (its log on this stderr).
+    server_log: Option<String>,
     /// What the requests of the last probe got: `on-time`, `late` (200 past the
     /// SLO), or the status (`429`, `504`, …; `timeout` past [`TIMEOUT`]).
     outcomes: BTreeMap<String, u64>,
@@ -227,7 +231,17 @@ impl Live {
         ) + if self.admit_all { "admission_audit = 1.0\n" } else { "" };
         let path = self.dir.path().join("limit.toml");
         std::fs::write(&path, config)?;
-        let server = common::start_server(&path)?;
+        let server = match &self.server_log {
+            // The server's own log filter (the default start silences it to `warn`):
+            // a trace of its batches to set against the table.
+            Some(filter) => {
+                let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+                command.arg("serve").arg("--config").arg(&path).args(["--listen", "127.0.0.1:0"]);
+                command.env("RUST_LOG", filter);
+                common::start_process(command)?
+            }
+            None => common::start_server(&path)?,
+        };
         let (bytes, headers) = self.body.clone();
         let seconds = self.seconds;
         let (records, late) = self.runtime.block_on(async {
@@ -367,6 +381,7 @@ fn main() -> Result<()> {
         server_late: 0,
         outcomes: BTreeMap::new(),
         admit_all: opts.admit_all,
+        server_log: std::env::var("LIMIT_SERVER_LOG").ok().filter(|v| !v.is_empty()),
     };
     let mut rows = Vec::new();
     for (policy, sweep) in POLICIES.iter().filter(|(p, _)| opts.policies.iter().any(|o| o == p)) {

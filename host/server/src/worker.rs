@@ -225,10 +225,10 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
             Action::Wait(until) => {
                 // To the µs the policy asked for, as the simulator waits (tokio's
                 // timer alone rounds up to its next millisecond tick).
-                let at = tokio::time::Instant::from_std(app.clock.instant(until));
+                let at = app.clock.instant(until);
                 tokio::select! {
                     _ = &mut notified => {}
-                    _ = tokio::time::sleep_until(at) => {}
+                    _ = crate::executor::sleep_until_precise(at) => {}
                     msg = control.recv() => if let Some(WorkerControl::Install(set, done)) = msg {
                         install(&app, &handle, &mut handle.inline.core.lock(), set, done);
                     },

@@ -142,6 +142,12 @@ impl LoadedModel {
             LoadedModel::Emulated(table) => {
                 let latency = emulated::batch_latency(table, samples.len());
                 let until = std::time::Instant::now() + latency;
+                tracing::trace!(
+                    target: "sluice_server::executor::emulated",
+                    thread = std::thread::current().name().unwrap_or(""),
+                    size = samples.len(),
+                    "emulated batch start"
+                );
                 if latency >= EMULATED_TIMER_ABOVE {
                     // All but the last ticks on tokio's timer, holding no thread.
                     tokio::time::sleep(latency - EMULATED_TIMER_SLACK).await;
@@ -152,9 +158,16 @@ impl LoadedModel {
                     // batch, and a busy worker's batches would drift later and later
                     // from the simulator's (tests/live_vs_sim.rs). A blocking
                     // thread's sleep is accurate to tens of microseconds.
-                    let rest = until.saturating_duration_since(std::time::Instant::now());
-                    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
+                    let _ = tokio::task::spawn_blocking(move || sleep_exact(until)).await;
                 }
+                tracing::trace!(
+                    target: "sluice_server::executor::emulated",
+                    thread = std::thread::current().name().unwrap_or(""),
+                    size = samples.len(),
+                    profiled_us = latency.as_micros() as u64,
+                    over_us = std::time::Instant::now().saturating_duration_since(until).as_micros() as u64,
+                    "emulated batch done"
+                );
                 Ok(samples.iter().map(|s| vec![emulated::output_for(model_id, s)]).collect())
             }
             LoadedModel::Onnx(session) => {
@@ -185,3 +198,41 @@ const EMULATED_TIMER_ABOVE: std::time::Duration = std::time::Duration::from_mill
 /// the timer's millisecond ticks, as it may fire up to one late, and a descheduled
 /// runtime thread may add to that.
 const EMULATED_TIMER_SLACK: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Waits until `until` to within tens of microseconds, where `tokio::time::sleep_until`
+/// alone ends on the timer wheel's next millisecond tick (up to 1 ms late, more when
+/// the runtime's threads are busy): tokio's timer for all but the last
+/// [`PRECISE_SLACK`], holding no thread, then a blocking thread's sleep to the end.
+/// For the worker's `wait` decisions (`worker::run`): a policy that waits to fill a
+/// batch (nexus, proteus-batching) started every waited batch up to a millisecond
+/// later than the simulator, and on a busy worker the delays added up batch after
+/// batch (BENCHMARKS.md §8.1). Dropped early (an arrival woke the worker), the
+/// blocking sleep ends on its own within [`PRECISE_SLACK`].
+pub async fn sleep_until_precise(until: std::time::Instant) {
+    let now = std::time::Instant::now();
+    if until <= now {
+        return;
+    }
+    if until - now > PRECISE_SLACK {
+        tokio::time::sleep_until((until - PRECISE_SLACK).into()).await;
+    }
+    if std::time::Instant::now() < until {
+        let _ = tokio::task::spawn_blocking(move || sleep_exact(until)).await;
+    }
+}
+
+/// Blocks the calling (blocking-pool) thread until `until` with the kernel's sleep,
+/// which ends some tens of µs late (102–127 µs median per emulated batch on the
+/// 2-core VM, BENCHMARKS.md §8.1). A spin over the last 150 µs was tried: 20 µs
+/// median, but the runs' tails (a thread losing its core for milliseconds on two
+/// busy cores) were too noisy to show a net gain, so it is not here.
+fn sleep_exact(until: std::time::Instant) {
+    std::thread::sleep(until.saturating_duration_since(std::time::Instant::now()));
+}
+
+/// What [`sleep_until_precise`] leaves to a blocking thread: two of tokio's
+/// millisecond ticks, as its timer may fire up to one late and a busy runtime thread
+/// may add to that (the emulated executor's [`EMULATED_TIMER_SLACK`] reasoning).
+/// Shorter, and a late timer would end the wait late; longer holds a blocking thread
+/// longer per wait.
+const PRECISE_SLACK: std::time::Duration = std::time::Duration::from_millis(2);
