@@ -467,22 +467,27 @@ pub const ERROR_WINDOW: usize = 512;
 
 /// How long an error counts in a margin, µs on the app's clock (the wall clock
 /// live, the virtual one in the simulator, so both age errors alike): an error
-/// older than this leaves the window however few answers came since.
+/// older than this leaves the window, as long as [`ERROR_AGE_FLOOR`] younger ones
+/// stay.
 ///
 /// With the window bounded by count alone, how long one stall held its margin
 /// depended on the rate: after a 63 ms stall at 5× overload the margin of the
 /// 429s rose to 64 ms and held for ~90 s, and at 1× a 500 ms stall kept goodput at
 /// a third for ~60 s (BENCHMARKS §7), because the deep bands' 512 answers take
-/// minutes to come. With 10 s a stall's margin is gone within 10 s, while at the
-/// admission bench's rates (9.7–24 req/s on two workers, BENCHMARKS §12) a window
-/// still holds ~100–240 answers, which the depth bands pool up to [`MIN_SAMPLES`];
-/// below ~10 req/s it holds fewer than 100 and a margin is their largest error.
-/// That may refuse more than the 512-answer window's 99th percentile did: beside
-/// builds, `fixed` at 70 % was refused 14–19 times in 40 s against 9 in every
-/// earlier run (BENCHMARKS §12), not yet separated from the load, nor compared
-/// with 30 s on a quiet machine. At the simulator's and the overload bench's
-/// higher rates [`ERROR_WINDOW`] binds first, as before.
+/// minutes to come. With 10 s a stall's margin is gone within 10 s wherever more
+/// than [`ERROR_AGE_FLOOR`] answers came in them; at the simulator's and the
+/// overload bench's higher rates [`ERROR_WINDOW`] binds first, as before.
 pub const ERROR_AGE_US: u64 = 10_000_000;
+
+/// The fewest errors a window keeps however old they are: ageing never leaves a
+/// margin taken from fewer. Aged down to what 10 s held, a window at the
+/// admission bench's low rates (9.7–24 req/s on two workers, BENCHMARKS §12) held
+/// ~100–240 answers, fewer than 100 below ~10 req/s, and a margin became their
+/// largest error: beside builds, `fixed` at 70 % was refused 14–19 times in 40 s
+/// against 9 in every earlier run. With 200 the 99th percentile is the third
+/// largest, so one late answer (a stall's) no longer sets the margin alone, and a
+/// stall that made many late answers leaves with the next 200, not the next 512.
+pub const ERROR_AGE_FLOOR: usize = 2 * MIN_SAMPLES;
 
 /// The quantile of recent prediction errors admission adds as a margin: with it, at
 /// most about 1 in 100 admitted requests finishes later than predicted by more than
@@ -491,7 +496,8 @@ pub const ERROR_QUANTILE: f64 = 0.99;
 
 /// The prediction errors (answer time less the finish time predicted at
 /// admission, µs; negative when early) of at most the last [`ERROR_WINDOW`]
-/// answers within the last [`ERROR_AGE_US`], and the margin they give.
+/// answers, those older than [`ERROR_AGE_US`] left out while more than
+/// [`ERROR_AGE_FLOOR`] stay, and the margin they give.
 /// Until 100 answers are in, the 99th percentile is their largest error: starting
 /// from zeros instead (predictions assumed right) let jellyfish's first model
 /// switches pass unnoticed and served late under overload (BENCHMARKS §7).
@@ -511,11 +517,11 @@ pub struct PredictionErrors {
 
 impl PredictionErrors {
     /// Records the errors of one batch's answers at `now` (µs on the app's
-    /// clock), after letting those older than [`ERROR_AGE_US`] go, and returns
+    /// clock), then lets those older than [`ERROR_AGE_US`] go (down to
+    /// [`ERROR_AGE_FLOOR`]), and returns
     /// the margin: the [`ERROR_QUANTILE`] of the window, at least 0 (a
     /// prediction that runs early does not earn a negative margin).
     pub fn record(&mut self, now: u64, errors: impl IntoIterator<Item = i64>) -> u64 {
-        self.expire(now);
         for e in errors {
             let at = self.sorted.partition_point(|&x| x < e);
             if self.ring.len() < ERROR_WINDOW {
@@ -540,15 +546,17 @@ impl PredictionErrors {
                 }
             }
         }
+        // After the new ones are in, so that the floor counts them.
+        self.expire(now);
         self.margin()
     }
 
-    /// Lets the errors recorded more than [`ERROR_AGE_US`] before `now` go;
-    /// whether any went.
+    /// Lets the errors recorded more than [`ERROR_AGE_US`] before `now` go, while
+    /// more than [`ERROR_AGE_FLOOR`] are kept; whether any went.
     pub fn expire(&mut self, now: u64) -> bool {
         let mut any = false;
         while let Some(&(at, old)) = self.ring.front() {
-            if now.saturating_sub(at) <= ERROR_AGE_US {
+            if now.saturating_sub(at) <= ERROR_AGE_US || self.ring.len() <= ERROR_AGE_FLOOR {
                 break;
             }
             self.ring.pop_front();
@@ -1388,11 +1396,12 @@ mod tests {
             let errors: Vec<i64> = (0..1 + batch % 4).map(|k| ((x >> (20 + k)) % 3_000) as i64 - 1_000).collect();
             all.extend(errors.iter().map(|&v| (now, v)));
             let margin = e.record(now, errors);
-            let mut last: Vec<i64> = all[all.len().saturating_sub(ERROR_WINDOW)..]
-                .iter()
-                .filter(|&&(t, _)| now - t <= ERROR_AGE_US)
-                .map(|&(_, v)| v)
-                .collect();
+            // The last ERROR_WINDOW, less the aged ones (a prefix: times only
+            // grow) while more than ERROR_AGE_FLOOR stay.
+            let window = &all[all.len().saturating_sub(ERROR_WINDOW)..];
+            let young = window.iter().filter(|&&(t, _)| now - t <= ERROR_AGE_US).count();
+            let kept = young.max(window.len().min(ERROR_AGE_FLOOR));
+            let mut last: Vec<i64> = window[window.len() - kept..].iter().map(|&(_, v)| v).collect();
             last.sort_unstable();
             let k = ((last.len() as f64 * ERROR_QUANTILE).ceil() as usize).clamp(1, last.len()) - 1;
             assert_eq!(margin, u64::try_from(last[k]).unwrap_or(0), "after batch {batch}");
@@ -1400,47 +1409,53 @@ mod tests {
     }
 
     /// Issue 40: one stall held its margin for ~90 s at low rates, when the window
-    /// was the last 512 answers. On a virtual clock, answers 2 ms late every 200
-    /// ms (50 in a window), one 63 ms late: that margin is gone one window later, the steady 2 ms
-    /// stays however long it runs.
+    /// was the last 512 answers. On a virtual clock, answers 2 ms late every 40 ms
+    /// (250 in [`ERROR_AGE_US`], more than [`ERROR_AGE_FLOOR`]), a stall making
+    /// five answers 63 ms late: that margin is gone once they are older than the
+    /// age, where 512 answers would have taken 20 s; the steady 2 ms stays however
+    /// long it runs, and an idle gap leaves the floor's answers in.
     #[test]
     fn a_stall_ages_out_of_the_margin_and_a_steady_error_stays() {
         use crate::clock::{Clock as _, VirtualClock};
+        const EVERY: u64 = 40_000;
         let (a, _) = one_worker(400_000, 0.0);
         let clock = VirtualClock::default();
         let answer = |late_us: u64| {
-            clock.set(clock.now() + 200_000);
+            clock.set(clock.now() + EVERY);
             let p = Prediction { finish: [clock.now() - late_us; PREDICTORS], ahead: 0 };
             a.learn(clock.now(), [p].into_iter());
         };
-        for _ in 0..50 {
-            answer(2_000);
-        }
-        assert_eq!(a.margin_us(), 2_000.0);
-        answer(63_000);
-        a.record_edge(30_000);
-        assert_eq!(a.margin_us(), 63_000.0 + 30_000.0, "the stall, and its answering time");
-        // Within the window the stall counts (fewer than 100 answers: their
-        // largest), up to an answer exactly ERROR_AGE_US after it.
-        let window = ERROR_AGE_US / 200_000;
+        let window = ERROR_AGE_US / EVERY;
         for _ in 0..window {
             answer(2_000);
         }
+        assert_eq!(a.margin_us(), 2_000.0);
+        for _ in 0..5 {
+            answer(63_000);
+        }
+        a.record_edge(30_000);
+        assert_eq!(a.margin_us(), 63_000.0 + 30_000.0, "the stall, and its answering time");
+        // Within the age the stall counts (five of 250: above the 99th percentile),
+        // up to an answer exactly ERROR_AGE_US after the stall's last.
+        for _ in 0..window - 4 {
+            answer(2_000);
+        }
         assert_eq!(a.margin_us(), 63_000.0 + 30_000.0);
-        // Past it, the stall is gone; the next answer's edge ages the edge's too.
-        answer(2_000);
+        // Past it, the stall is gone; the edge's one sample stays (the floor).
+        for _ in 0..5 {
+            answer(2_000);
+        }
         assert_eq!(a.margin_us(), 2_000.0 + 30_000.0);
-        a.record_edge(1_000);
-        assert_eq!(a.margin_us(), 2_000.0 + 1_000.0);
         // A steady error stays however long it runs: ten windows on.
         for _ in 0..10 * window {
             answer(2_000);
         }
-        assert_eq!(a.margin_us(), 2_000.0 + 1_000.0);
-        // No answers for longer than the window: the next one finds nothing older.
+        assert_eq!(a.margin_us(), 2_000.0 + 30_000.0);
+        // No answers for longer than the age: the floor's 200 stay, so one early
+        // answer after the gap does not make the margin its own.
         clock.set(clock.now() + 3 * ERROR_AGE_US);
         answer(500);
-        assert_eq!(a.margin_us(), 500.0 + 1_000.0);
+        assert_eq!(a.margin_us(), 2_000.0 + 30_000.0);
     }
 
     /// The state machine on a virtual clock: what a worker's batches teach it.
