@@ -134,8 +134,8 @@ pub struct WorkerHandle {
     /// Requests in the batch it is executing.
     pub in_flight: AtomicUsize,
     /// Its turn, which an arrival may take while its thread waits
-    /// ([`crate::worker::Inline`]).
-    pub inline: crate::worker::Inline,
+    /// ([`crate::turn::Inline`]).
+    pub inline: crate::turn::Inline,
 }
 
 /// The most not-yet-queued requests [`App::precheck`] places on workers before it
@@ -216,6 +216,10 @@ pub struct AppCounters {
 
 pub use sluice_core::admission::fastest;
 
+/// Runs worker `handle`'s turns for the arrival that claimed them
+/// ([`crate::turn::Inline::claim`]); `crate::worker::run_inline`.
+pub type InlineRunner = for<'a> fn(&App, &WorkerHandle, crate::turn::Turn<'a>);
+
 /// One served application.
 pub struct App {
     /// The app's configuration.
@@ -264,6 +268,11 @@ pub struct App {
     /// (answered 503) and exit; see [`App::abort`].
     pub aborted: AtomicBool,
     abort_notify: tokio::sync::Notify,
+    /// How an arrival runs the worker's turn it claimed (`crate::worker::run_inline`),
+    /// registered by the workers' threads when they start ([`App::register_inline`]):
+    /// until then no turn is claimed. Held as a function so that this module does
+    /// not name the worker's (which names this one).
+    inline_runner: std::sync::OnceLock<InlineRunner>,
     /// Fault lines in the log: at most one a second.
     fault_log: crate::throttle::RateLimitedLog,
     /// Which worker gets the next request.
@@ -411,6 +420,13 @@ pub struct WorkerStart {
 }
 
 impl App {
+    /// Registers how arrivals run a worker's turns inline (`crate::worker`'s
+    /// module doc, "Inline turns"); the workers' threads call it as they start.
+    /// Until one has, every turn stays on its thread.
+    pub fn register_inline(&self, run: InlineRunner) {
+        let _ = self.inline_runner.set(run);
+    }
+
     /// Builds an app with its workers' policy instances already initialised. The
     /// caller spawns [`crate::worker::run`] for each returned [`WorkerStart`].
     #[allow(clippy::too_many_arguments)]
@@ -458,7 +474,7 @@ impl App {
                 control: tx,
                 loaded: Mutex::new(set.ids()),
                 in_flight: AtomicUsize::new(0),
-                inline: crate::worker::Inline::new(config.router != RouterMode::Shared),
+                inline: crate::turn::Inline::new(config.router != RouterMode::Shared),
             });
             // Until the first batch, predicted with the fastest loaded model.
             admissions.push(WorkerAdmission::new(&models, &set.ids()));
@@ -504,6 +520,7 @@ impl App {
             accepting: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
+            inline_runner: std::sync::OnceLock::new(),
             abort_notify: tokio::sync::Notify::new(),
             fault_log: crate::throttle::RateLimitedLog::default(),
             router,
@@ -743,7 +760,7 @@ impl App {
             reply: tx,
         };
         // The worker's turn, when this arrival's task may decide for it
-        // (`crate::worker::Inline::claim`): taken before the push, which then
+        // (`crate::turn::Inline::claim`): taken before the push, which then
         // wakes nobody, and used once the request is counted, below.
         let mut inline = None;
         match worker {
@@ -759,7 +776,11 @@ impl App {
                 });
                 let mut refused = None;
                 let deadline = arrival + self.slo_us;
-                let turn = self.workers[w].inline.claim(self);
+                let open = !self.draining.load(Ordering::Acquire) && !self.aborted.load(Ordering::Acquire);
+                let turn = match self.inline_runner.get() {
+                    Some(_) => self.workers[w].inline.claim(open),
+                    None => None,
+                };
                 let quiet = turn.is_some();
                 inline = turn.map(|t| (w, t));
                 let pushed = self.workers[w].queue.push_if_then(request, !quiet, |at, request, behind| {
@@ -830,8 +851,8 @@ impl App {
             ring.record(arrival);
         }
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-        if let Some((w, turn)) = inline {
-            crate::worker::run_inline(self, &self.workers[w], turn);
+        if let (Some((w, turn)), Some(run)) = (inline, self.inline_runner.get()) {
+            run(self, &self.workers[w], turn);
         }
         Ok(rx)
     }

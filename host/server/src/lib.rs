@@ -33,4 +33,5 @@ pub mod profiling;
 pub mod server;
 pub mod state;
 pub mod throttle;
+pub(crate) mod turn;
 pub(crate) mod worker;

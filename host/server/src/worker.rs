@@ -22,9 +22,10 @@
 //! worker's thread is waiting, its models answer at once ([`Executor::instant`]:
 //! the zero-latency emulated ones) and its policy's last decision was fast
 //! ([`INLINE_DECIDE_MAX`], no fault, not a WASI component, no swap pending), the
-//! arrival's own task takes the worker's turn ([`Inline::claim`], in
+//! arrival's own task takes the worker's turn ([`crate::turn::Inline::claim`], in
 //! `App::admit`): it queues the request without waking the thread and runs the
-//! same turns the thread would ([`run_inline`]), at most [`MAX_INLINE_TURNS`],
+//! same turns the thread would ([`run_inline`], which the thread registers with the
+//! app: `App::register_inline`), at most [`MAX_INLINE_TURNS`],
 //! handing the rest (a timer the policy asked for, a queue still full) back to the
 //! thread. Whoever holds the turn holds the worker's [`Core`], so one worker never
 //! runs two turns at once, and the rules are the same [`Machine`]'s. What a policy
@@ -33,11 +34,12 @@
 //!
 //! [`Executor::instant`]: sluice_core::executor::Executor::instant
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::app::{App, WorkerControl, WorkerStart};
+use crate::turn::{Core, Turn, INLINE_DECIDE_MAX, MAX_INLINE_TURNS};
 use sluice_core::clock::Clock as _;
 use sluice_core::decision::{Context, WorkerPolicy, SAFE_POLICY};
 use sluice_core::executor::ModelSet;
@@ -57,82 +59,13 @@ struct Formed {
     generation: u64,
 }
 
-/// A decision slower than this sends the worker's turns back to its thread (see
-/// the module doc): well above a Rust policy's p99 (≈ 1 µs, BENCHMARKS.md §1), so
-/// only a policy that is slow or spinning toward its budget is kept off the
-/// runtime's threads.
-pub const INLINE_DECIDE_MAX: Duration = Duration::from_micros(200);
-
-/// The most turns an arrival's task runs for a worker in one go; a worker still
-/// busy after them is handed back to its thread, so one client's request does not
-/// become the worker for everyone queued behind it.
-pub const MAX_INLINE_TURNS: usize = 4;
-
-/// What a worker's turn needs, held by whoever takes the turn: its thread while it
-/// decides and executes, or an arrival's task for an inline turn. Free while the
-/// thread waits.
-pub struct Core {
-    machine: Machine,
-    models: ModelSet,
-    /// `models.instant()`, kept with them.
-    instant: bool,
-}
-
-/// A worker's turn, shared between its thread and the inline turns of arrivals
-/// (see the module doc). One per [`crate::app::WorkerHandle`].
-pub struct Inline {
-    core: parking_lot::Mutex<Core>,
-    /// Whether inline turns may run at all: not on a `shared` queue, where several
-    /// workers wait on one queue and every push must wake them.
-    enabled: bool,
-    /// Whether the slot's policy made its last decision within
-    /// [`INLINE_DECIDE_MAX`] and without a fault (false until one has).
-    fast: AtomicBool,
-}
-
-impl Inline {
-    /// The turn of a worker with no models yet (its thread installs them); inline
-    /// turns only if `enabled`.
-    pub fn new(enabled: bool) -> Inline {
-        Inline {
-            core: parking_lot::Mutex::new(Core {
-                machine: Machine::new(),
-                models: ModelSet::default(),
-                instant: false,
-            }),
-            enabled,
-            fast: AtomicBool::new(false),
-        }
-    }
-
-    /// Takes the worker's turn for an arrival's task if an inline turn may run now:
-    /// the thread waits (the turn is free), the models answer at once, the
-    /// policy's last decision was fast and the app is not shutting down. The
-    /// caller then queues its request without waking the thread and calls
-    /// [`run_inline`] with the turn.
-    pub fn claim(&self, app: &App) -> Option<Turn<'_>> {
-        if !self.enabled
-            || !self.fast.load(Ordering::Acquire)
-            || app.draining.load(Ordering::Acquire)
-            || app.aborted.load(Ordering::Acquire)
-        {
-            return None;
-        }
-        let core = self.core.try_lock()?;
-        core.instant.then_some(Turn(core))
-    }
-}
-
-/// A worker's turn taken by [`Inline::claim`]; dropped unused, it is given back.
-pub struct Turn<'a>(parking_lot::MutexGuard<'a, Core>);
-
 /// Runs the turns of worker `handle` for the arrival that claimed them
-/// ([`Inline::claim`]) after queueing its request, on the caller's thread: the
+/// ([`crate::turn::Inline::claim`]) after queueing its request, on the caller's thread: the
 /// same decisions and batches as the worker's thread would make, answered before
 /// this returns. Hands the worker back to its thread (waking it) when a turn
 /// cannot be made here or leaves a timer or a queue behind.
 pub fn run_inline(app: &App, handle: &crate::app::WorkerHandle, mut turn: Turn<'_>) {
-    let core = &mut *turn.0;
+    let core = turn.core();
     let turns = async {
         for _ in 0..MAX_INLINE_TURNS {
             let Some((action, formed)) = decide(app, handle, &core.models, false, &mut core.machine, true) else {
@@ -190,6 +123,7 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
         core.instant = models.instant();
         core.models = models;
     }
+    app.register_inline(run_inline);
     loop {
         if app.aborted.load(Ordering::Acquire) {
             return;
