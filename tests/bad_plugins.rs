@@ -136,6 +136,38 @@ async fn misbehaving_policies_are_contained_and_answered_by_the_fallback() {
     server.stop().await.unwrap();
 }
 
+/// Inline turns (issue 36): on instant models a fast policy's decisions run on the
+/// arrival's task, not the worker's thread. A policy swapped in proves itself on
+/// its thread first, and one that faults (here, spins to its budget) stays there:
+/// none of its decisions runs on the runtime's threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_faulting_policy_never_decides_inline() {
+    let server = TestServer::start(CONFIG).await.unwrap();
+    let mut c = server.client().await;
+    let inline = |status: &serde_json::Value| status["counters"]["inline_decisions"].as_u64().unwrap();
+    assert_eq!(serves(&mut c, "emu", 8).await, vec!["jellyfish"; 8]);
+    let before = inline(&app_status(&mut c, "emu").await);
+    assert!(before > 0, "one request at a time, instant models, a fast policy: decided inline");
+    let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
+    assert_eq!(upload(&mut c, "spin", &bytes).await.status, 201);
+    let r = swap(&mut c, "emu", "spin", json!({ "mode": "loop" })).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let swapped = app_status(&mut c, "emu").await;
+    let policies = serves(&mut c, "emu", 6).await;
+    assert!(policies.iter().all(|p| p == "safe"), "answered by the fallback: {policies:?}");
+    let status = app_status(&mut c, "emu").await;
+    assert!(
+        status["counters"]["faults"].as_u64() > swapped["counters"]["faults"].as_u64(),
+        "the spins are faults: {status}"
+    );
+    assert_eq!(inline(&status), inline(&swapped), "no decision of the faulting policy ran inline: {status}");
+    // Back to a fast policy: it proves itself on its thread, then decides inline.
+    assert_eq!(swap(&mut c, "emu", "jellyfish", json!({})).await.status, 200);
+    assert_eq!(serves(&mut c, "emu", 8).await, vec!["jellyfish"; 8]);
+    assert!(inline(&app_status(&mut c, "emu").await) > inline(&status), "inline again once fast");
+    server.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unbind_mode_replaces_a_faulty_policy_with_the_safe_one() {
     let server = TestServer::start(CONFIG).await.unwrap();

@@ -204,6 +204,10 @@ pub struct AppCounters {
     pub swap_max_wait_ns: AtomicU64,
     /// Decisions the safe policy made while a faulted instance was re-instantiated.
     pub reviving_decisions: AtomicU64,
+    /// Decisions made in an inline turn, on an arrival's task instead of the
+    /// worker's thread (`crate::worker`'s module doc, "Inline turns"): how often the
+    /// hand-off was skipped, and a check that a slow or faulting policy is not.
+    pub inline_decisions: AtomicU64,
     /// Refused at admission because the queue ahead could not be served in time
     /// (also counted in `rejected`).
     pub rejected_overload: AtomicU64,

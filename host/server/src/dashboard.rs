@@ -164,6 +164,7 @@ pub(crate) fn app_view(state: &State, name: &str) -> Result<Value, ApiError> {
             "faults": load(&c.faults),
             "swaps": load(&c.swaps),
             "reviving_decisions": load(&c.reviving_decisions),
+            "inline_decisions": load(&c.inline_decisions),
             "rejected_overload": load(&c.rejected_overload),
         },
         // Requests admitted to check a refusal (`admission_audit`), and how many of

@@ -71,6 +71,7 @@ pub fn run_inline(app: &App, handle: &crate::app::WorkerHandle, mut turn: Turn<'
             let Some((action, formed)) = decide(app, handle, &core.models, false, &mut core.machine, true) else {
                 break;
             };
+            app.counters.inline_decisions.fetch_add(1, Ordering::Relaxed);
             match action {
                 Action::Run { model, batch } => {
                     execute(app, handle, &core.models, model, batch, formed).await;
