@@ -148,18 +148,12 @@ impl LoadedModel {
                     size = samples.len(),
                     "emulated batch start"
                 );
-                if latency >= EMULATED_TIMER_ABOVE {
-                    // All but the last ticks on tokio's timer, holding no thread.
-                    tokio::time::sleep(latency - EMULATED_TIMER_SLACK).await;
-                }
-                if !latency.is_zero() {
-                    // tokio's timer wheel has millisecond ticks: a sleep to the end
-                    // would last up to a millisecond longer than profiled, every
-                    // batch, and a busy worker's batches would drift later and later
-                    // from the simulator's (tests/live_vs_sim.rs). A blocking
-                    // thread's sleep is accurate to tens of microseconds.
-                    let _ = tokio::task::spawn_blocking(move || sleep_exact(until)).await;
-                }
+                // tokio's timer wheel has millisecond ticks: a sleep to the end
+                // would last up to a millisecond longer than profiled, every batch,
+                // and a busy worker's batches would drift later and later from the
+                // simulator's (tests/live_vs_sim.rs). So the end is a blocking
+                // thread's sleep, accurate to tens of microseconds.
+                sleep_until_exact(until, EMULATED_TIMER_ABOVE).await;
                 tracing::trace!(
                     target: "sluice_server::executor::emulated",
                     thread = std::thread::current().name().unwrap_or(""),
@@ -190,31 +184,33 @@ impl LoadedModel {
 }
 
 /// Emulated batches at least this long wait on tokio's timer for all but their last
-/// [`EMULATED_TIMER_SLACK`], so a long batch holds a blocking thread only briefly;
-/// shorter ones sleep on a blocking thread, and zero-latency ones do not wait at all.
+/// [`TIMER_SLACK`], so a long batch holds a blocking thread only briefly; shorter
+/// ones sleep on a blocking thread, and zero-latency ones do not wait at all.
 const EMULATED_TIMER_ABOVE: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// What a long emulated batch waits on a blocking thread after tokio's timer: two of
-/// the timer's millisecond ticks, as it may fire up to one late, and a descheduled
-/// runtime thread may add to that.
-const EMULATED_TIMER_SLACK: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Waits until `until` to within tens of microseconds, where `tokio::time::sleep_until`
 /// alone ends on the timer wheel's next millisecond tick (up to 1 ms late, more when
 /// the runtime's threads are busy): tokio's timer for all but the last
-/// [`PRECISE_SLACK`], holding no thread, then a blocking thread's sleep to the end.
+/// [`TIMER_SLACK`], holding no thread, then a blocking thread's sleep to the end.
 /// For the worker's `wait` decisions (`worker::run`): a policy that waits to fill a
 /// batch (nexus, proteus-batching) started every waited batch up to a millisecond
 /// later than the simulator, and on a busy worker the delays added up batch after
 /// batch (BENCHMARKS.md §8.1). Dropped early (an arrival woke the worker), the
-/// blocking sleep ends on its own within [`PRECISE_SLACK`].
+/// blocking sleep ends on its own within [`TIMER_SLACK`].
 pub async fn sleep_until_precise(until: std::time::Instant) {
-    let now = std::time::Instant::now();
-    if until <= now {
+    sleep_until_exact(until, TIMER_SLACK).await;
+}
+
+/// The one precise wait of this module (an emulated batch, a worker's `wait`): when
+/// more than `timer_above` is left, tokio's timer until [`TIMER_SLACK`] before
+/// `until`, then the rest on a blocking thread ([`sleep_exact`]).
+async fn sleep_until_exact(until: std::time::Instant, timer_above: std::time::Duration) {
+    let left = until.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
         return;
     }
-    if until - now > PRECISE_SLACK {
-        tokio::time::sleep_until((until - PRECISE_SLACK).into()).await;
+    if left >= timer_above {
+        tokio::time::sleep_until((until - TIMER_SLACK).into()).await;
     }
     if std::time::Instant::now() < until {
         let _ = tokio::task::spawn_blocking(move || sleep_exact(until)).await;
@@ -230,9 +226,8 @@ fn sleep_exact(until: std::time::Instant) {
     std::thread::sleep(until.saturating_duration_since(std::time::Instant::now()));
 }
 
-/// What [`sleep_until_precise`] leaves to a blocking thread: two of tokio's
-/// millisecond ticks, as its timer may fire up to one late and a busy runtime thread
-/// may add to that (the emulated executor's [`EMULATED_TIMER_SLACK`] reasoning).
-/// Shorter, and a late timer would end the wait late; longer holds a blocking thread
-/// longer per wait.
-const PRECISE_SLACK: std::time::Duration = std::time::Duration::from_millis(2);
+/// What a precise wait leaves to a blocking thread after tokio's timer: two of the
+/// timer's millisecond ticks, as it may fire up to one late and a busy runtime
+/// thread may add to that. Shorter, and a late timer would end the wait late;
+/// longer holds a blocking thread longer per wait.
+const TIMER_SLACK: std::time::Duration = std::time::Duration::from_millis(2);
