@@ -1161,8 +1161,8 @@ const VIOLATIONS: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "etcd-auth.yaml",
-        "printf '%s\\n' \"$SLUICE_PASSWORD\" | etcdctl user add sluice --interactive=false",
-        "etcdctl user add sluice --new-user-password=hunter2",
+        "printf '%s\\n' \"$SLUICE_PASSWORD\" | create user add sluice --interactive=false",
+        "create user add sluice --new-user-password=hunter2",
         "from a Secret",
     ),
     ("etcd-auth.yaml", "        sluice.dev/etcd-client: \"true\"\n", "", "client port"),
