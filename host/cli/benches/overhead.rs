@@ -59,7 +59,7 @@ use parking_lot::Mutex;
 use serde_json::json;
 use sluice_loadgen::Client;
 use sluice_server::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
-use sluice_server::grpc::proto::ModelInferRequest;
+use sluice_server::grpc::proto::{ModelInferRequest, ModelInferResponse};
 use tonic::transport::Channel;
 
 mod common;
@@ -122,12 +122,16 @@ struct Work {
     bin_body: Vec<u8>,
     bin_json_len: String,
     grpc: ModelInferRequest,
+    /// `grpc` encoded once, as gRPC frames a message (flag, length, bytes), for
+    /// [`RawGrpc`].
+    grpc_frame: Bytes,
 }
 
 /// A client connection of either protocol.
 enum Conn {
     Http(Client),
     Grpc(GrpcInferenceServiceClient<Channel>),
+    RawGrpc(RawGrpc),
 }
 
 async fn grpc_client(addr: SocketAddr) -> Result<GrpcInferenceServiceClient<Channel>> {
@@ -136,16 +140,105 @@ async fn grpc_client(addr: SocketAddr) -> Result<GrpcInferenceServiceClient<Chan
     Ok(GrpcInferenceServiceClient::new(channel).max_decoding_message_size(usize::MAX))
 }
 
+/// Which gRPC client the driver uses: h2's own (the default) or tonic's
+/// (`OVERHEAD_GRPC_CLIENT=tonic`), the same for both servers either way.
+fn tonic_driver() -> bool {
+    std::env::var("OVERHEAD_GRPC_CLIENT").is_ok_and(|v| v == "tonic")
+}
+
+/// A gRPC client on one HTTP/2 connection through h2's own client, the layer under
+/// tonic and hyper: it sends a `ModelInfer` encoded once ([`Work::grpc_frame`]) and
+/// decodes each answer with prost. It does what a gRPC client must (HTTP/2 framing,
+/// flow control, the status in the trailers, decoding the answer) without tonic's
+/// channel, tower buffer and codec, which cost the shared cores as much again as
+/// the server's own work: a heavier client there slows whichever server it drives
+/// and hides their difference. Clones share the connection, as a tonic channel's do.
+#[derive(Clone)]
+struct RawGrpc {
+    send: h2::client::SendRequest<Bytes>,
+    head: Arc<hyper::http::request::Parts>,
+}
+
+impl RawGrpc {
+    async fn connect(addr: SocketAddr) -> Result<RawGrpc> {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let (send, connection) = h2::client::handshake(tcp).await?;
+        // The connection's frames are read and written by a task of its own, as in
+        // any h2 client.
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let (head, ()) = hyper::http::Request::post(format!("http://{addr}/inference.GRPCInferenceService/ModelInfer"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())?
+            .into_parts();
+        Ok(RawGrpc { send, head: Arc::new(head) })
+    }
+
+    /// One call: the framed message out, the answer's message back, decoded.
+    async fn call(&mut self, frame: &Bytes) -> Result<ModelInferResponse> {
+        std::future::poll_fn(|cx| self.send.poll_ready(cx)).await?;
+        let mut req = hyper::http::Request::new(());
+        *req.method_mut() = self.head.method.clone();
+        *req.uri_mut() = self.head.uri.clone();
+        *req.headers_mut() = self.head.headers.clone();
+        let (answer, mut stream) = self.send.send_request(req, false)?;
+        stream.send_data(frame.clone(), true)?;
+        let answer = answer.await?;
+        let grpc_status = |h: &hyper::http::HeaderMap| -> Result<bool> {
+            match h.get("grpc-status") {
+                None => Ok(false),
+                Some(v) if v == "0" => Ok(true),
+                Some(v) => bail!("gRPC status {v:?}: {:?}", h.get("grpc-message")),
+            }
+        };
+        if answer.status() != 200 {
+            bail!("gRPC over HTTP {}", answer.status());
+        }
+        // A trailers-only answer (an error) carries its status in the headers.
+        grpc_status(answer.headers())?;
+        let mut body = answer.into_body();
+        let mut message: Option<Bytes> = None;
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk?;
+            let _ = body.flow_control().release_capacity(chunk.len());
+            message = Some(match message {
+                None => chunk,
+                Some(m) => [&m[..], &chunk[..]].concat().into(),
+            });
+        }
+        let ok = match body.trailers().await? {
+            Some(t) => grpc_status(&t)?,
+            None => false,
+        };
+        if !ok {
+            bail!("gRPC answer without a status");
+        }
+        let message = message.context("gRPC answer without a message")?;
+        // The length-prefixed message: compression flag 0, length, bytes.
+        if message.len() < 5 || message[0] != 0 {
+            bail!("gRPC answer not an uncompressed message");
+        }
+        let len = u32::from_be_bytes([message[1], message[2], message[3], message[4]]) as usize;
+        let bytes = message.get(5..5 + len).context("gRPC answer shorter than its length")?;
+        Ok(prost::Message::decode(bytes)?)
+    }
+}
+
 impl Conn {
     async fn open(server: &Server, proto: Proto) -> Result<Conn> {
         Ok(match proto {
             Proto::Http | Proto::HttpBin => Conn::Http(Client::connect(server.process.addr).await?),
-            Proto::Grpc => Conn::Grpc(grpc_client(server.grpc).await?),
+            Proto::Grpc if tonic_driver() => Conn::Grpc(grpc_client(server.grpc).await?),
+            Proto::Grpc => Conn::RawGrpc(RawGrpc::connect(server.grpc).await?),
         })
     }
 
     /// One inference; an error unless answered with success. The answer is parsed
-    /// (JSON; protobuf by tonic) as a client would, the same work for both servers.
+    /// (JSON; protobuf by tonic or prost) as a client would, the same work for both
+    /// servers.
     async fn call(&mut self, proto: Proto, work: &Work) -> Result<()> {
         match (self, proto) {
             (Conn::Http(c), Proto::Http) => {
@@ -170,6 +263,9 @@ impl Conn {
                 let r = c.model_infer(work.grpc.clone()).await?;
                 std::hint::black_box(r.into_inner());
             }
+            (Conn::RawGrpc(c), Proto::Grpc) => {
+                std::hint::black_box(c.call(&work.grpc_frame).await?);
+            }
             _ => bail!("a connection of another protocol"),
         }
         Ok(())
@@ -191,6 +287,8 @@ struct Phase {
     throughput: f64,
     latency_ms: BTreeMap<String, f64>,
     server_cpu_us_per_answer: f64,
+    /// The driver's own CPU time per answer (this process: clients, pacer, parsing).
+    driver_cpu_us_per_answer: f64,
     first_error: Option<String>,
 }
 
@@ -289,12 +387,19 @@ async fn closed_loop(server: &Server, proto: Proto, work: &Arc<Work>, clients: u
 async fn open_loop(server: &Server, proto: Proto, work: &Arc<Work>, rate: f64, seconds: f64) -> Result<Phase> {
     let pool: Arc<Mutex<Vec<Conn>>> = Arc::default();
     match proto {
-        Proto::Grpc => {
+        Proto::Grpc if tonic_driver() => {
             let mut channels = Vec::new();
             for _ in 0..GRPC_CHANNELS {
                 channels.push(grpc_client(server.grpc).await?);
             }
             pool.lock().extend((0..POOL).map(|i| Conn::Grpc(channels[i % GRPC_CHANNELS].clone())));
+        }
+        Proto::Grpc => {
+            let mut channels = Vec::new();
+            for _ in 0..GRPC_CHANNELS {
+                channels.push(RawGrpc::connect(server.grpc).await?);
+            }
+            pool.lock().extend((0..POOL).map(|i| Conn::RawGrpc(channels[i % GRPC_CHANNELS].clone())));
         }
         _ => {
             for _ in 0..POOL {
@@ -359,12 +464,24 @@ async fn open_loop(server: &Server, proto: Proto, work: &Arc<Work>, rate: f64, s
 async fn measure(server: &Server, proto: Proto, work: &Arc<Work>, point: Point, seconds: f64) -> Result<Phase> {
     let ticks = common::clock_ticks();
     let cpu = server.process.cpu_seconds(ticks);
+    let driver = own_cpu_seconds(ticks);
     let mut p = match point {
         Point::Closed(c) => closed_loop(server, proto, work, c, seconds).await?,
         Point::Open(r) => open_loop(server, proto, work, r, seconds).await?,
     };
     p.server_cpu_us_per_answer = (server.process.cpu_seconds(ticks) - cpu) * 1e6 / p.ok.max(1) as f64;
+    p.driver_cpu_us_per_answer = (own_cpu_seconds(ticks) - driver) * 1e6 / p.ok.max(1) as f64;
     Ok(p)
+}
+
+/// This process's user + system CPU seconds so far (`/proc/self/stat`).
+fn own_cpu_seconds(ticks_per_second: f64) -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i - 3).and_then(|x| x.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    (ticks(14) + ticks(15)) / ticks_per_second
 }
 
 #[derive(Clone, Copy)]
@@ -411,12 +528,18 @@ async fn prepare(sluice: &Server) -> Result<(Work, Vec<u8>, Vec<u8>)> {
         raw_input_contents: vec![Bytes::from(vec![0u8; 4 * n])],
         ..Default::default()
     };
+    let message = prost::Message::encode_to_vec(&grpc);
+    let mut grpc_frame = Vec::with_capacity(5 + message.len());
+    grpc_frame.push(0);
+    grpc_frame.extend_from_slice(&u32::try_from(message.len())?.to_be_bytes());
+    grpc_frame.extend_from_slice(&message);
     let work = Work {
         path: format!("/v2/models/{APP}/infer"),
         json_body,
         bin_body,
         bin_json_len: header.len().to_string(),
         grpc,
+        grpc_frame: grpc_frame.into(),
     };
     let r = c.request("POST", &work.path, &[("content-type", "application/json")], &work.json_body).await?;
     if r.status != 200 {
@@ -506,23 +629,35 @@ fn main() -> Result<()> {
             for proto in [Proto::Http, Proto::HttpBin, Proto::Grpc] {
                 for server in [&sluice, &bare] {
                     let out = Path::new(&dir).join(format!("{}-{}.perf.data", server.name, proto.name()));
-                    let mut perf = Command::new("perf")
-                        .args(["record", "-F", "1999", "-o"])
-                        .arg(&out)
-                        .args(perf_args.split_whitespace())
-                        .args(["-p", &server.process.pid().to_string()])
-                        .spawn()
-                        .context("perf record")?;
+                    // The driver too, into `driver-<server>-<proto>.perf.data`: its
+                    // client shares the cores, so its cost per answer matters as
+                    // much as the server's.
+                    let driver_out = Path::new(&dir).join(format!("driver-{}-{}.perf.data", server.name, proto.name()));
+                    let mut perfs = Vec::new();
+                    for (pid, out) in [(server.process.pid(), &out), (std::process::id(), &driver_out)] {
+                        perfs.push(
+                            Command::new("perf")
+                                .args(["record", "-F", "1999", "-o"])
+                                .arg(out)
+                                .args(perf_args.split_whitespace())
+                                .args(["-p", &pid.to_string()])
+                                .spawn()
+                                .context("perf record")?,
+                        );
+                    }
                     tokio::time::sleep(Duration::from_millis(300)).await;
                     let p = measure(server, proto, &work, Point::Closed(8), seconds).await?;
-                    Command::new("kill").args(["-INT", &perf.id().to_string()]).status()?;
-                    perf.wait()?;
+                    for perf in &mut perfs {
+                        Command::new("kill").args(["-INT", &perf.id().to_string()]).status()?;
+                        perf.wait()?;
+                    }
                     println!(
-                        "profiled {} {}: {:.0} answers/s, {:.1} µs CPU per answer -> {}",
+                        "profiled {} {}: {:.0} answers/s, {:.1} µs CPU per answer (driver {:.1}) -> {}",
                         server.name,
                         proto.name(),
                         p.throughput,
                         p.server_cpu_us_per_answer,
+                        p.driver_cpu_us_per_answer,
                         out.display()
                     );
                 }
@@ -567,10 +702,13 @@ fn main() -> Result<()> {
         "overhead: sluice (zero-latency emulated app, 4 workers) against a bare hyper/tonic server, each its own \
          process; {seconds} s per phase, {rounds} round(s), medians; load average {load_before} before, {load_after} after, {wall:.0} s"
     );
-    println!("closed loop: answers/s (server CPU µs per answer)");
     println!(
-        "{:<9} {:>5} | {:>9} {:>7} | {:>9} {:>7} | {:>7} | {:>8} {:>8}",
-        "proto", "conc", "sluice/s", "cpu µs", "bare/s", "cpu µs", "ratio", "s p50 ms", "b p50 ms"
+        "closed loop: answers/s (server CPU µs per answer; the driver's, this process's; gRPC client: {})",
+        if tonic_driver() { "tonic" } else { "h2" }
+    );
+    println!(
+        "{:<9} {:>5} | {:>9} {:>7} {:>7} | {:>9} {:>7} {:>7} | {:>7} | {:>8} {:>8}",
+        "proto", "conc", "sluice/s", "cpu µs", "drv µs", "bare/s", "cpu µs", "drv µs", "ratio", "s p50 ms", "b p50 ms"
     );
     let mut peaks: BTreeMap<Proto, (f64, f64)> = BTreeMap::new();
     for proto in [Proto::Http, Proto::HttpBin, Proto::Grpc] {
@@ -582,13 +720,15 @@ fn main() -> Result<()> {
             peak.0 = peak.0.max(s);
             peak.1 = peak.1.max(b);
             println!(
-                "{:<9} {:>5} | {:>9.0} {:>7.1} | {:>9.0} {:>7.1} | {:>6.1}% | {:>8.3} {:>8.3}",
+                "{:<9} {:>5} | {:>9.0} {:>7.1} {:>7.1} | {:>9.0} {:>7.1} {:>7.1} | {:>6.1}% | {:>8.3} {:>8.3}",
                 proto.name(),
                 c,
                 s,
                 summary("sluice", proto, &pick, &|p| p.server_cpu_us_per_answer),
+                summary("sluice", proto, &pick, &|p| p.driver_cpu_us_per_answer),
                 b,
                 summary("bare", proto, &pick, &|p| p.server_cpu_us_per_answer),
+                summary("bare", proto, &pick, &|p| p.driver_cpu_us_per_answer),
                 100.0 * s / b,
                 summary("sluice", proto, &pick, &|p| p.lat("p50")),
                 summary("bare", proto, &pick, &|p| p.lat("p50")),
