@@ -25,7 +25,8 @@
 //! to back: `SIM_BENCH_BASELINE=file` names a file holding the last (JSON) line of
 //! an earlier build's output, and each row prints its ratio to that build's row.
 //! `SIM_BENCH_ONLY=text` runs only the rows whose "case policy" contains it (for
-//! a profiler).
+//! a profiler); `SIM_BENCH_POLICY_DIR=dir` takes the components from `dir` rather
+//! than `target/policies` (a baseline build's, kept aside).
 //!
 //! `cargo bench -p sluice --bench sim`
 
@@ -171,11 +172,19 @@ fn run(dir: &Path, case: &'static str, label: &'static str, text: &str) -> Optio
     })
 }
 
+/// Where the components come from: `SIM_BENCH_POLICY_DIR`, else `target/policies`.
+/// A baseline build's components kept aside (e.g. the previous commit's
+/// `ramsis.wasm`) are measured in alternation with the current ones through it,
+/// without touching the `target/policies` the other builds of the checkout use.
+fn policy_dir(root: &Path) -> PathBuf {
+    std::env::var_os("SIM_BENCH_POLICY_DIR").map_or_else(|| root.join("target/policies"), PathBuf::from)
+}
+
 fn experiment(root: &Path, duration_s: u32, arrivals: &str, policy: &str, params_file: Option<&Path>) -> String {
     let params = params_file.map(|p| format!("params_file = \"{}\"\n", p.display())).unwrap_or_default();
     format!(
         "version = 1\nname = \"bench\"\nduration_s = {duration_s}\nbuiltin_policy_dir = \"{}\"\n[[app]]\nname = \"image\"\nslo_ms = 150\nworkers = 60\nrouter = \"round-robin\"\nprofile = \"{}\"\nmodels = {PARETO}\nmax_batch = 32\npolicy = \"{policy}\"\n{params}arrivals = {arrivals}\n",
-        root.join("target/policies").display(),
+        policy_dir(root).display(),
         root.join("profiles/ramsis-image-cpu.toml").display()
     )
 }
@@ -183,7 +192,7 @@ fn experiment(root: &Path, duration_s: u32, arrivals: &str, policy: &str, params
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = tempfile::tempdir().unwrap();
-    let built = |p: &str| root.join(format!("target/policies/{p}.wasm")).exists();
+    let built = |p: &str| policy_dir(&root).join(format!("{p}.wasm")).exists();
     let poisson = r#"{ kind = "poisson", rate_qps = 2000 }"#;
     let twitter = format!(
         r#"{{ kind = "rate-trace", file = "{}" }}"#,

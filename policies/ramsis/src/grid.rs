@@ -11,7 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::mdp::{self, Action, Problem, ProblemError, Solution};
+use crate::mdp::{self, Problem, ProblemError, Solution};
+use crate::table::Runs;
 
 /// One generated policy of a set.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -22,8 +23,8 @@ pub struct Entry {
     pub expected_accuracy: f64,
     /// Its expected SLO-violation rate (§5.1).
     pub expected_violation: f64,
-    /// Action per state, as in [`Solution::policy`].
-    pub policy: Vec<Action>,
+    /// Action per state, as in [`Solution::policy`], run-length encoded.
+    pub policy: Runs,
 }
 
 impl From<Solution> for Entry {
@@ -32,7 +33,7 @@ impl From<Solution> for Entry {
             load_qps: s.load_qps,
             expected_accuracy: s.expected_accuracy,
             expected_violation: s.expected_violation,
-            policy: s.policy,
+            policy: Runs::new(&s.policy),
         }
     }
 }
@@ -183,7 +184,7 @@ mod tests {
     use super::*;
 
     fn entry(load: f64, acc: f64) -> Entry {
-        Entry { load_qps: load, expected_accuracy: acc, expected_violation: 0.0, policy: Vec::new() }
+        Entry { load_qps: load, expected_accuracy: acc, expected_violation: 0.0, policy: Runs::default() }
     }
 
     #[test]

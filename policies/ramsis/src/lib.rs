@@ -625,7 +625,7 @@ impl Policy for Ramsis {
                     load_qps: p.load_qps,
                     expected_accuracy: p.expected_accuracy,
                     expected_violation: p.expected_violation,
-                    policy,
+                    policy: policy.into(),
                 });
             }
         } else {
@@ -782,9 +782,9 @@ mod tests {
         let json = table_to_json(&policy.space, &entry.policy);
         let table: Table = serde_json::from_value(serde_json::Value::Object(json.clone())).unwrap();
         let back = table_actions(&policy.space, &table).unwrap();
-        assert_eq!(back, entry.policy);
+        assert_eq!(back, entry.policy.to_vec());
         let compact: Table = serde_json::from_value(table_rows(&policy.space, &entry.policy)).unwrap();
-        assert_eq!(table_actions(&policy.space, &compact).unwrap(), entry.policy);
+        assert_eq!(table_actions(&policy.space, &compact).unwrap(), entry.policy.to_vec());
         let params = serde_json::json!({
             "max_queue": 12, "discretization": "fld:50",
             "policies": [{"load_qps": 200.0, "table": json}],

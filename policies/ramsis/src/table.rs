@@ -14,11 +14,20 @@
 //! ~10× smaller; every worker's instance receives the params in its own memory.
 //! [`Table`] reads both forms (and a mix).
 //!
+//! In memory a policy is [`Runs`]: its actions run-length encoded in state
+//! order, ~43 runs for the image task's 3,334 states, so the 60-worker image
+//! grid (43 policies) is 16 KB in every worker's instance rather than 0.57 MB,
+//! and a lookup is a binary search over the runs' ends.
+//!
 //! The binary form ([`encode_set`], [`decode_set`]) is how a policy set travels
 //! through the binding's shared store (`sluice_sdk::shared`): loads and
-//! expectations as little-endian `f64`, actions as two `u16`.
+//! expectations as little-endian `f64`, then the runs as they are in memory (a
+//! `u32` end and two `u16` per run). Every instance of a binding after the first
+//! reads the set from there in its `init`, so it is decoded at copy speed: no
+//! state-by-state expansion, no per-instance table of every state to page in.
 
 use std::fmt;
+use std::ops::Index;
 
 use serde::de::{self, MapAccess, Visitor};
 use serde::ser::SerializeMap;
@@ -139,11 +148,133 @@ impl<'de> Deserialize<'de> for KeyText<'de> {
     }
 }
 
+/// A policy's actions in state order, run-length encoded: run `r` gives
+/// `actions[r]` to the states `ends[r - 1]..ends[r]` (from 0 for the first).
+///
+/// A RAMSIS row (one queue length over the slack levels) changes action a few
+/// times (the compact JSON form's rows), so the runs are ~75× fewer than the
+/// states (the image grid's policies: 3,334 states, 43 runs on average). Runs are maximal (adjacent runs differ), so two policies are equal
+/// exactly when their runs are. `runs[s]` is the action of state `s`, as for a
+/// dense `Vec<Action>`, found by a binary search over the ends.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Runs {
+    /// One past the last state of each run; increasing, the last is the state count.
+    ends: Vec<u32>,
+    /// The action of each run's states.
+    actions: Vec<Action>,
+}
+
+impl Runs {
+    /// The runs of a dense policy (one action per state).
+    pub fn new(policy: &[Action]) -> Runs {
+        let mut runs = Runs::default();
+        for (s, &a) in policy.iter().enumerate() {
+            match runs.actions.last() {
+                Some(&last) if last == a => {}
+                _ if s > 0 => {
+                    runs.ends.push(s as u32);
+                    runs.actions.push(a);
+                }
+                _ => runs.actions.push(a),
+            }
+        }
+        if !policy.is_empty() {
+            runs.ends.push(policy.len() as u32);
+        }
+        runs
+    }
+
+    /// Number of states.
+    pub fn len(&self) -> usize {
+        self.ends.last().map_or(0, |&e| e as usize)
+    }
+
+    /// Whether the policy has no state.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Number of runs.
+    pub fn runs(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// The action of state `s`, `None` past the last state.
+    pub fn get(&self, s: usize) -> Option<Action> {
+        let r = self.ends.partition_point(|&e| e as usize <= s);
+        self.actions.get(r).copied()
+    }
+
+    /// The dense policy, one action per state.
+    pub fn to_vec(&self) -> Vec<Action> {
+        let mut out = Vec::with_capacity(self.len());
+        let mut start = 0usize;
+        for (&end, &a) in self.ends.iter().zip(&self.actions) {
+            out.extend(std::iter::repeat_n(a, end as usize - start));
+            start = end as usize;
+        }
+        out
+    }
+}
+
+impl From<Vec<Action>> for Runs {
+    fn from(policy: Vec<Action>) -> Runs {
+        Runs::new(&policy)
+    }
+}
+
+impl Index<usize> for Runs {
+    type Output = Action;
+
+    /// The action of state `s`; panics past the last state, as a slice does.
+    fn index(&self, s: usize) -> &Action {
+        let r = self.ends.partition_point(|&e| e as usize <= s);
+        &self.actions[r]
+    }
+}
+
+/// A policy's actions by state, dense (`[Action]`, as the generator writes them)
+/// or run-length encoded ([`Runs`]): what the table writers read.
+pub trait Actions {
+    /// Number of states.
+    fn states(&self) -> usize;
+    /// The action of state `s < states()`.
+    fn action(&self, s: usize) -> Action;
+}
+
+impl Actions for [Action] {
+    fn states(&self) -> usize {
+        self.len()
+    }
+    fn action(&self, s: usize) -> Action {
+        self[s]
+    }
+}
+
+impl Actions for Vec<Action> {
+    fn states(&self) -> usize {
+        self.len()
+    }
+    fn action(&self, s: usize) -> Action {
+        self[s]
+    }
+}
+
+impl Actions for Runs {
+    fn states(&self) -> usize {
+        self.len()
+    }
+    fn action(&self, s: usize) -> Action {
+        self[s]
+    }
+}
+
 /// The policy as a [`Table`]: `"(n, j)"` → `[model, batch]` (model 1-based in
 /// latency order), the full-queue state as `"full"`; empty queues omitted.
-pub fn table_of(space: &Space, policy: &[Action]) -> Table {
-    let mut pairs = Vec::with_capacity(policy.len());
-    for (s, a) in policy.iter().enumerate() {
+pub fn table_of<P: Actions + ?Sized>(space: &Space, policy: &P) -> Table {
+    let mut pairs = Vec::with_capacity(policy.states());
+    for s in 0..policy.states() {
+        let a = policy.action(s);
         let key = if s == space.full() {
             TableKey::Full
         } else {
@@ -159,13 +290,13 @@ pub fn table_of(space: &Space, policy: &[Action]) -> Table {
 }
 
 /// The policy table in the compact JSON form (see the module docs).
-pub fn table_rows(space: &Space, policy: &[Action]) -> serde_json::Value {
+pub fn table_rows<P: Actions + ?Sized>(space: &Space, policy: &P) -> serde_json::Value {
     let levels = space.slack_levels();
     let rows: Vec<Vec<u64>> = (1..=space.max_queue)
         .map(|n| {
             let mut row: Vec<u64> = Vec::new();
             for j in 0..levels {
-                let a = policy[space.state(n, j)];
+                let a = policy.action(space.state(n, j));
                 let (m, b) = (u64::from(a.model) + 1, u64::from(a.batch));
                 match row.len() {
                     len if len >= 3 && row[len - 3] == m && row[len - 2] == b => row[len - 1] += 1,
@@ -175,12 +306,12 @@ pub fn table_rows(space: &Space, policy: &[Action]) -> serde_json::Value {
             row
         })
         .collect();
-    let full = policy[space.full()];
+    let full = policy.action(space.full());
     serde_json::json!({ "rows": rows, "full": [u64::from(full.model) + 1, u64::from(full.batch)] })
 }
 
 /// The policy table as JSON (see [`table_of`]).
-pub fn table_to_json(space: &Space, policy: &[Action]) -> serde_json::Map<String, serde_json::Value> {
+pub fn table_to_json<P: Actions + ?Sized>(space: &Space, policy: &P) -> serde_json::Map<String, serde_json::Value> {
     match serde_json::to_value(table_of(space, policy)) {
         Ok(serde_json::Value::Object(map)) => map,
         _ => unreachable!("a table serializes to a JSON object"),
@@ -222,35 +353,45 @@ pub fn table_actions(space: &Space, table: &Table) -> Result<Vec<Action>, String
     Ok(policy)
 }
 
-/// Appends `entry` in the binary form.
+/// Appends `entry` in the binary form: load, expected accuracy and violation
+/// (`f64` each), the number of runs (`u32`), then each run's end (`u32`), model
+/// and batch (`u16` each), all little-endian.
 pub fn encode_entry(entry: &Entry, out: &mut Vec<u8>) {
     for x in [entry.load_qps, entry.expected_accuracy, entry.expected_violation] {
         out.extend_from_slice(&x.to_le_bytes());
     }
-    out.extend_from_slice(&(entry.policy.len() as u32).to_le_bytes());
-    for a in &entry.policy {
+    let runs = &entry.policy;
+    out.reserve(4 + 8 * runs.ends.len());
+    out.extend_from_slice(&(runs.ends.len() as u32).to_le_bytes());
+    for (end, a) in runs.ends.iter().zip(&runs.actions) {
+        out.extend_from_slice(&end.to_le_bytes());
         out.extend_from_slice(&a.model.to_le_bytes());
         out.extend_from_slice(&a.batch.to_le_bytes());
     }
 }
 
-/// Reads an entry of the binary form from the front of `bytes`, advancing it.
+/// Reads an entry of the binary form from the front of `bytes`, advancing it;
+/// `None` when it is truncated or its runs' ends do not increase.
 pub fn decode_entry(bytes: &mut &[u8]) -> Option<Entry> {
     let load_qps = f64::from_le_bytes(take(bytes)?);
     let expected_accuracy = f64::from_le_bytes(take(bytes)?);
     let expected_violation = f64::from_le_bytes(take(bytes)?);
     let n = u32::from_le_bytes(take(bytes)?) as usize;
-    if bytes.len() < 4 * n {
-        return None;
+    let (body, rest) = bytes.split_at_checked(n.checked_mul(8)?)?;
+    *bytes = rest;
+    let mut runs = Runs { ends: Vec::with_capacity(n), actions: Vec::with_capacity(n) };
+    let mut last = 0u32;
+    for run in body.chunks_exact(8) {
+        let end = u32::from_le_bytes([run[0], run[1], run[2], run[3]]);
+        if end <= last {
+            return None;
+        }
+        last = end;
+        runs.ends.push(end);
+        runs.actions
+            .push(Action { model: u16::from_le_bytes([run[4], run[5]]), batch: u16::from_le_bytes([run[6], run[7]]) });
     }
-    let policy = (0..n)
-        .map(|_| {
-            let model = u16::from_le_bytes(take(bytes)?);
-            let batch = u16::from_le_bytes(take(bytes)?);
-            Some(Action { model, batch })
-        })
-        .collect::<Option<Vec<_>>>()?;
-    Some(Entry { load_qps, expected_accuracy, expected_violation, policy })
+    Some(Entry { load_qps, expected_accuracy, expected_violation, policy: runs })
 }
 
 /// A policy set in the binary form.
@@ -330,7 +471,7 @@ mod tests {
             load_qps: load,
             expected_accuracy: 0.75,
             expected_violation: 1e-3,
-            policy: vec![Action { model: 2, batch: 7 }, Action::WAIT],
+            policy: vec![Action { model: 2, batch: 7 }, Action::WAIT].into(),
         };
         let mut set = PolicySet::default();
         set.insert(entry(200.0));
@@ -342,5 +483,31 @@ mod tests {
         assert!(cursor.is_empty());
         let mut short = &bytes[..bytes.len() - 1];
         assert_eq!(decode_set(&mut short), None);
+    }
+
+    #[test]
+    fn runs_look_up_as_the_dense_policy_does() {
+        let a = |model, batch| Action { model, batch };
+        let dense = vec![Action::WAIT, Action::WAIT, a(0, 1), a(0, 1), a(0, 1), a(1, 1), a(0, 2), a(0, 2), a(3, 4)];
+        let runs = Runs::new(&dense);
+        assert_eq!(runs.runs(), 5, "maximal runs");
+        assert_eq!(runs.len(), dense.len());
+        for (s, &action) in dense.iter().enumerate() {
+            assert_eq!(runs[s], action, "state {s}");
+            assert_eq!(runs.get(s), Some(action));
+            assert_eq!(runs.action(s), action);
+        }
+        assert_eq!(runs.get(dense.len()), None);
+        assert_eq!(runs.to_vec(), dense);
+        assert_eq!(Runs::new(&[]), Runs::default());
+        assert!(Runs::new(&[]).is_empty());
+        assert_eq!(Runs::new(&dense[..1]).to_vec(), vec![Action::WAIT]);
+        // Runs whose ends do not increase are refused.
+        let entry = Entry { load_qps: 1.0, expected_accuracy: 0.5, expected_violation: 0.0, policy: runs };
+        let mut bytes = Vec::new();
+        encode_entry(&entry, &mut bytes);
+        assert_eq!(decode_entry(&mut &bytes[..]).as_ref(), Some(&entry));
+        bytes[28..32].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(decode_entry(&mut &bytes[..]), None);
     }
 }
