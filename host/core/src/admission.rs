@@ -116,37 +116,57 @@ pub const MAX_DEPTH: usize = 64;
 /// Inception pair (104 + 164 ms), later than either model throughout predicted
 /// (208 or 164 ms); that 60 ms, one answer in twenty two deep, was the margin
 /// that refused every request four deep (BENCHMARKS §12).
-///
-/// The latest start of each decision is found once per depth (a decision that
-/// starts later never finishes the request sooner), so this costs the depth times
-/// the choices.
 pub fn predict_worst_us(
     running_model: &sdk::Model,
     choices: &[(&sdk::Model, u32)],
+    slowdown: f64,
+    running: (usize, u64),
+    queued: usize,
+    arrivals_per_us: f64,
+) -> f64 {
+    let each = |_: f64, visit: &mut dyn FnMut(&sdk::Model, u32)| {
+        for &(m, b) in choices {
+            visit(m, b);
+        }
+    };
+    predict_worst_with(running_model, each, slowdown, running, queued, arrivals_per_us)
+}
+
+/// As [`predict_worst_us`], with the choices of each decision its own:
+/// `choices_at(start, visit)` calls `visit` with every (model, batch size) the
+/// policy may choose at a decision `start` µs from now ([`LoadForecast`]: the load
+/// estimate it will read then). A decision soon after the arrival reads nearly the
+/// estimate of now, one 300 ms later a window mostly of arrivals still to come.
+///
+/// The latest start of each decision is found once per depth (a decision that
+/// starts later never finishes the request sooner), and its choices are those
+/// at that start, so this costs the depth times the choices.
+pub fn predict_worst_with(
+    running_model: &sdk::Model,
+    choices_at: impl Fn(f64, &mut dyn FnMut(&sdk::Model, u32)),
     slowdown: f64,
     (running, elapsed): (usize, u64),
     queued: usize,
     arrivals_per_us: f64,
 ) -> f64 {
-    let each = || {
-        choices
-            .iter()
-            .map(|&(m, b)| predict_us(running_model, m, slowdown, (running, elapsed), queued, b, arrivals_per_us))
-    };
-    if choices.len() <= 1 || queued >= MAX_DEPTH {
-        return each().fold(0.0, f64::max);
-    }
     let left = running_left_us(running_model, slowdown, (running, elapsed));
+    let mut worst: f64 = 0.0;
+    if queued >= MAX_DEPTH {
+        // Past the depth followed batch by batch: each choice alone, the latest.
+        choices_at(left, &mut |m, b| {
+            worst = worst.max(predict_us(running_model, m, slowdown, (running, elapsed), queued, b, arrivals_per_us));
+        });
+        return worst;
+    }
     // starts[k]: the latest time a decision finds `k` of those ahead still queued.
     let mut starts = [f64::NEG_INFINITY; MAX_DEPTH];
     starts[queued] = left;
-    let mut worst: f64 = 0.0;
     for k in (0..=queued).rev() {
         let start = starts[k];
         if start == f64::NEG_INFINITY {
             continue;
         }
-        for &(m, batch) in choices {
+        choices_at(start, &mut |m, batch| {
             let b = m.max_batch().min(batch).max(1) as usize;
             if b > k {
                 // Its own batch: the k ahead, itself, and what may arrive meanwhile.
@@ -154,7 +174,7 @@ pub fn predict_worst_us(
             } else {
                 starts[k - b] = starts[k - b].max(start + scaled_latency(m, b as u64, slowdown));
             }
-        }
+        });
     }
     worst
 }
@@ -219,38 +239,128 @@ pub const DEPTHS: usize = 33;
 /// head just came, with the whole SLO ahead) and is not remembered.
 pub const STRAIGHT_AFTER_US: u64 = 1_000;
 
-/// The predictor that serves the queue with the model and batch size the policy
-/// chose the last time the app's arrival rate was about what it is now
-/// ([`load_bucket`], [`nearby_buckets`]): right for a policy that picks its model and batch by load,
-/// as jellyfish does from the `load_qps` the host gives it. Under a burst it
-/// changes from ResNet-50 one by one to Inception in pairs (164 ms a pair, 60 ms
-/// more than the single ResNet-50 the last batch predicted), so the last model's
-/// prediction for a request admitted in the burst was off by 60 ms one answer in
-/// five, and its margin refused deep requests that then made their deadline.
+/// The predictor that serves each batch ahead with the model and batch size the
+/// policy chose the last times its load estimate was one that batch's decision
+/// may read ([`LoadForecast`], [`load_bucket`]), the latest finish over them
+/// counting ([`predict_worst_with`]): right for a policy that picks its model and
+/// batch by load, as jellyfish does from the `load_qps` the host gives it. Under a
+/// burst it changes from ResNet-50 one by one to Inception in pairs (164 ms a
+/// pair, 60 ms more than the single ResNet-50 the last batch predicted), so the
+/// last model's prediction for a request admitted in the burst was off by 60 ms
+/// one answer in five, and its margin refused deep requests that then made their
+/// deadline.
 pub const BY_LOAD: usize = 2;
 
-/// The buckets whose choices [`BY_LOAD`] predicts with for an arrival rate in
-/// `bucket`: that one and the two beside it (about ±19 % each), the latest finish
-/// counting. The rate a policy sees when it forms the request's batch is a later
-/// estimate than admission's (jellyfish's, over the host's 500 ms window, counts 9
-/// ± 3 arrivals at 18 req/s), so near a rate where the policy changes its choice
-/// either may serve the request: at 70 % of jellyfish's capacity the rate sits on
-/// its switch from ResNet-50 one by one to Inception in pairs, and requests
-/// predicted with one bucket's ResNet-50 finished 60 ms later in an Inception pair
-/// one time in twelve, a margin that then refused every request three deep
-/// (BENCHMARKS §12).
-pub fn nearby_buckets(bucket: usize) -> std::ops::RangeInclusive<usize> {
-    bucket.saturating_sub(1)..=(bucket + 1).min(LOAD_BUCKETS - 1)
+/// Buckets of [`load_bucket`] per doubling of the rate: steps of about 2 %, so
+/// that each count of arrivals in the host's window (500 ms: steps of 2 req/s)
+/// has a bucket of its own up to about 90 req/s, and a policy's switch from one
+/// model to another falls between two buckets. With steps of 19 % (4 a doubling)
+/// jellyfish's switch at 18.4 req/s sat in a bucket of 15–18 req/s beside one of
+/// 18–22, and the ±1 bucket around admission's estimate missed choices the
+/// policy made a few hundred ms later (BENCHMARKS §12).
+pub const BUCKETS_PER_DOUBLING: f64 = 32.0;
+
+/// How many buckets of arrival rate [`BY_LOAD`] remembers a choice for: 18
+/// doublings, the last from about 260,000 req/s up.
+pub const LOAD_BUCKETS: usize = 18 * BUCKETS_PER_DOUBLING as usize;
+
+/// The bucket of an arrival rate (req/s): ⌊32 · log2(rate + 1)⌋
+/// ([`BUCKETS_PER_DOUBLING`]), at most [`LOAD_BUCKETS`] − 1.
+pub fn load_bucket(rate: f64) -> usize {
+    let b = BUCKETS_PER_DOUBLING * (rate.max(0.0) + 1.0).log2();
+    (b as usize).min(LOAD_BUCKETS - 1)
 }
 
-/// How many buckets of arrival rate [`BY_LOAD`] remembers a choice for.
-pub const LOAD_BUCKETS: usize = 64;
+/// The load estimates a policy may read at a decision some time from now: the
+/// host's estimate is the arrivals in a sliding window (`window_us`, 500 ms by
+/// default) over its length, so at a decision `d` µs from now it counts the
+/// arrivals known now that are still in the window then (exactly: their times are
+/// known) and those still to come in the `d` µs (a Poisson count at the app's
+/// rate). [`LoadForecast::range_at`] gives the estimates between that count's
+/// 1st and 99th percentile ([`ARRIVAL_QUANTILE`]).
+///
+/// A decision soon after the arrival reads nearly today's estimate, while one
+/// 300 ms on reads a window mostly of arrivals to come. Taking the bucket of the
+/// estimate at admission and its two neighbours for every batch ahead was both
+/// too narrow and too wide: at 70 % of jellyfish's capacity the estimate crosses
+/// its switch (9 or 10 arrivals in 500 ms) batch to batch, requests two deep
+/// predicted with ResNet-50 one by one finished 43–60 ms off when the policy, a
+/// few hundred ms later, served Inception pairs, or the reverse, and those
+/// errors, one answer in thirty, became the margin of every request that deep
+/// (BENCHMARKS §12).
+#[derive(Clone, Copy, Debug)]
+pub struct LoadForecast<'a> {
+    /// The arrival times in the window now, oldest first (µs on the app's clock).
+    arrivals: &'a std::collections::VecDeque<u64>,
+    /// The estimate's window, µs.
+    window_us: u64,
+    /// Now, µs on the app's clock.
+    now: u64,
+    /// The estimate now (req/s): the rate of arrivals to come.
+    rate_qps: f64,
+}
 
-/// The bucket of an arrival rate (req/s): ⌊4 · log2(rate + 1)⌋, steps of about
-/// 19 %, the last from about 56,000 req/s up.
-pub fn load_bucket(rate: f64) -> usize {
-    let b = 4.0 * (rate.max(0.0) + 1.0).log2();
-    (b as usize).min(LOAD_BUCKETS - 1)
+impl<'a> LoadForecast<'a> {
+    /// A forecast from the `arrivals` in the estimate's window of `window_us`
+    /// ending `now`, the estimate being `rate_qps`.
+    pub fn new(
+        arrivals: &'a std::collections::VecDeque<u64>,
+        window_us: u64,
+        now: u64,
+        rate_qps: f64,
+    ) -> LoadForecast<'a> {
+        LoadForecast { arrivals, window_us: window_us.max(1), now, rate_qps }
+    }
+
+    /// The estimate now, req/s.
+    pub fn rate_qps(&self) -> f64 {
+        self.rate_qps
+    }
+
+    /// The lowest and highest estimate (req/s) a decision `after_us` µs from now
+    /// may read: the arrivals known now still in the window then, plus the 1st and
+    /// the 99th percentile of a Poisson count of those to come.
+    pub fn range_at(&self, after_us: f64) -> (f64, f64) {
+        let after = if after_us.is_finite() { after_us.max(0.0) as u64 } else { 0 };
+        let at = self.now.saturating_add(after);
+        // The host's rule (`LoadMonitor::rate`): an arrival at t counts while
+        // t + window >= the time read.
+        let known = self.arrivals.len() - self.arrivals.partition_point(|&t| t.saturating_add(self.window_us) < at);
+        let mean = self.rate_qps.max(0.0) * after.min(self.window_us) as f64 / 1e6;
+        let (low, high) = poisson_range(mean);
+        let per = 1e6 / self.window_us as f64;
+        ((known as u64 + low) as f64 * per, (known as u64 + high) as f64 * per)
+    }
+}
+
+/// The 1st and 99th percentile ([`ARRIVAL_QUANTILE`]) of a Poisson count of mean
+/// `mean`: the smallest k with at least 1 % (99 %) of the count at or below it.
+/// Past a mean of 200 the normal approximation (the exact sum's terms underflow
+/// long before they matter, and it costs a term per arrival).
+pub fn poisson_range(mean: f64) -> (u64, u64) {
+    if mean.is_nan() || mean <= 0.0 {
+        return (0, 0);
+    }
+    if mean > 200.0 {
+        // z of the 99th percentile.
+        let spread = 2.326 * mean.sqrt();
+        return ((mean - spread).floor().max(0.0) as u64, (mean + spread).ceil() as u64);
+    }
+    let (mut k, mut p) = (0u64, (-mean).exp());
+    let mut below = p;
+    let mut low = None;
+    loop {
+        if low.is_none() && below >= 1.0 - ARRIVAL_QUANTILE {
+            low = Some(k);
+        }
+        // Bounded: rounding could leave the sum a hair below the quantile.
+        if below >= ARRIVAL_QUANTILE || k > 1_000 {
+            return (low.unwrap_or(k), k);
+        }
+        k += 1;
+        p *= mean / k as f64;
+        below += p;
+    }
 }
 
 /// A model and batch size packed for an atomic (0: none known).
@@ -677,10 +787,11 @@ impl WorkerAdmission {
     ///
     /// The queue is predicted three ways: with the last model, with the choices
     /// the policy made at each depth straight after a batch (the fastest loaded
-    /// model where it made none; [`FASTEST`]), and with the models and batches the policy chose when the app's
-    /// arrival rate (`app_rate`, req/s) was about what it is now (its bucket and
-    /// the two beside it, [`nearby_buckets`]), any of them for each batch, the
-    /// latest finish counting ([`predict_worst_us`]); each is judged with its own
+    /// model where it made none; [`FASTEST`]), and with the models and batches the
+    /// policy chose at the load estimates each batch's decision may read
+    /// (`forecast`, [`LoadForecast::range_at`] at the decision's latest start),
+    /// any of them for each batch, the latest finish counting
+    /// ([`predict_worst_with`]; [`BY_LOAD`]); each is judged with its own
     /// margin ([`judge`]). A policy that picks its model by load (jellyfish serves
     /// its most accurate model while that keeps up, a faster one when the load
     /// grows) serves a longer queue faster than its last batch's model would.
@@ -695,7 +806,7 @@ impl WorkerAdmission {
         (running, queued): (usize, usize),
         now: u64,
         arrivals_per_us: f64,
-        app_rate: f64,
+        forecast: &LoadForecast<'_>,
     ) -> Option<[f64; PREDICTORS]> {
         let last_index = self.last_model.load(Ordering::Relaxed);
         let last = models.get(last_index as usize)?;
@@ -708,26 +819,20 @@ impl WorkerAdmission {
             predict_us(last, m, slowdown, (running, elapsed), queued, batch, arrivals_per_us)
         };
         let last_prediction = with(last, self.batch_of(last_index));
-        // The choices made at about this rate: the rate at each of the batches
-        // ahead may be a bucket off the one at its admission.
-        let mut choices: [(&sdk::Model, u32); 3] = [(last, 1); 3];
-        let mut n = 0;
-        for k in nearby_buckets(load_bucket(app_rate)) {
-            let Some((index, batch)) = self.by_load.get(k).and_then(|c| unpack_choice(c.load(Ordering::Relaxed)))
-            else {
-                continue;
-            };
-            let Some(model) = models.get(index as usize) else { continue };
-            if n < choices.len() && !choices[..n].iter().any(|&(m, b)| m.id == model.id && b == batch) {
-                choices[n] = (model, batch);
-                n += 1;
-            }
-        }
-        let by_load = if n == 0 {
-            last_prediction
-        } else {
-            predict_worst_us(last, &choices[..n], slowdown, (running, elapsed), queued, arrivals_per_us)
-        };
+        // The choices made at the load estimates each decision ahead may read.
+        let any = std::cell::Cell::new(false);
+        let by_load = predict_worst_with(
+            last,
+            |start, visit| {
+                let known = self.choices_at(models, forecast.range_at(start), visit);
+                any.set(any.get() | known);
+            },
+            slowdown,
+            (running, elapsed),
+            queued,
+            arrivals_per_us,
+        );
+        let by_load = if any.get() { by_load } else { last_prediction };
         let by_depth = self.by_depth_us(
             models,
             (fastest, self.batch_of(fastest_index)),
@@ -737,6 +842,48 @@ impl WorkerAdmission {
             arrivals_per_us,
         );
         Some([last_prediction, by_depth.unwrap_or_else(|| with(fastest, self.batch_of(fastest_index))), by_load])
+    }
+
+    /// Calls `visit` with each choice (model, batch size) the policy made at a load
+    /// estimate between `low` and `high` (req/s; the buckets from one's to the
+    /// other's), each once; where none is known in between, the nearest known
+    /// below and above. Whether any was visited.
+    fn choices_at(
+        &self,
+        models: &[sdk::Model],
+        (low, high): (f64, f64),
+        visit: &mut dyn FnMut(&sdk::Model, u32),
+    ) -> bool {
+        let (first, last) = (load_bucket(low), load_bucket(high).max(load_bucket(low)));
+        // The distinct choices visited: a policy has few (jellyfish two), while
+        // the buckets between may be dozens; past four, repeats are visited again
+        // (the latest finish is the same).
+        let mut seen = ([0u64; 4], 0);
+        let mut emit = |packed: u64, (seen, n): &mut ([u64; 4], usize)| {
+            if packed == 0 || seen[..*n].contains(&packed) {
+                return;
+            }
+            let Some((index, batch)) = unpack_choice(packed) else { return };
+            let Some(model) = models.get(index as usize) else { return };
+            if *n < seen.len() {
+                seen[*n] = packed;
+                *n += 1;
+            }
+            visit(model, batch);
+        };
+        let at = |k: usize| self.by_load[k].load(Ordering::Relaxed);
+        for k in first..=last {
+            emit(at(k), &mut seen);
+        }
+        if seen.1 == 0 {
+            if let Some(k) = (0..first).rev().find(|&k| at(k) != 0) {
+                emit(at(k), &mut seen);
+            }
+            if let Some(k) = (last + 1..LOAD_BUCKETS).find(|&k| at(k) != 0) {
+                emit(at(k), &mut seen);
+            }
+        }
+        seen.1 > 0
     }
 
     /// [`FASTEST`]'s prediction: the queue of `queued` and one more served batch
@@ -809,8 +956,12 @@ impl WorkerAdmission {
             batch.store(learned_batch(batch.load(Ordering::Relaxed), size, left), Ordering::Relaxed);
         }
         if let Some(choice) = self.by_load.get(load_bucket(load_qps)) {
-            let previous =
-                unpack_choice(choice.load(Ordering::Relaxed)).filter(|&(m, _)| m == model).map_or(1, |(_, b)| b);
+            // A bucket new to this model starts from the batch the policy forms
+            // with it elsewhere: with buckets of 2 %, most are first seen with one
+            // request queued, and a pair then predicted alone finished late.
+            let previous = unpack_choice(choice.load(Ordering::Relaxed))
+                .filter(|&(m, _)| m == model)
+                .map_or_else(|| self.batch_of(model), |(_, b)| b);
             choice.store(pack_choice(model, learned_batch(previous, size, left)), Ordering::Relaxed);
         }
     }
@@ -900,6 +1051,10 @@ pub struct Admission {
     /// The app's arrival rate at the last admission, req/s (f64 bits): how fast
     /// a waiting request's batch fills.
     arrival_rate: AtomicU64,
+    /// The arrival times in the host's load window (oldest first), and that
+    /// window's length (µs), as the host's estimate counts them: what
+    /// [`LoadForecast`] knows of the estimates the policy will read.
+    window: Mutex<(std::collections::VecDeque<u64>, u64)>,
     /// Per worker.
     workers: Box<[WorkerAdmission]>,
 }
@@ -918,6 +1073,7 @@ impl Admission {
             edge_us: AtomicU64::new(0),
             last_finished: AtomicU64::new(0),
             arrival_rate: AtomicU64::new(0),
+            window: Mutex::new((std::collections::VecDeque::new(), 500_000)),
             workers: workers.into_boxed_slice(),
         }
     }
@@ -927,10 +1083,21 @@ impl Admission {
         &self.workers[w]
     }
 
-    /// The app's arrival rate (req/s, the load estimate with this arrival counted)
-    /// at an admission: later predictions fill a waiting batch at this rate.
-    pub fn set_rate(&self, rate_qps: f64) {
+    /// An arrival at `now` (µs on the app's clock), counted in the host's load
+    /// estimate over a window of `window_us`, which is `rate_qps` (req/s) with it
+    /// counted: later predictions fill a waiting batch at this rate, and forecast
+    /// the estimates the policy will read from the arrival times in the window
+    /// ([`LoadForecast`]). Called once per arrival that reaches admission, as the
+    /// host's estimate records it (`sluice_core::router::LoadMonitor::record`).
+    pub fn arrived(&self, now: u64, rate_qps: f64, window_us: u64) {
         self.arrival_rate.store(rate_qps.to_bits(), Ordering::Relaxed);
+        let mut window = self.window.lock();
+        let (times, length) = &mut *window;
+        *length = window_us.max(1);
+        times.push_back(now);
+        while times.front().is_some_and(|&t| t.saturating_add(*length) < now) {
+            times.pop_front();
+        }
     }
 
     /// The rate of the last [`Admission::set_rate`], req/s.
@@ -952,8 +1119,10 @@ impl Admission {
         };
         let app_rate = self.rate();
         let per_worker = app_rate / 1e6 / k as f64;
+        let window = self.window.lock();
+        let forecast = LoadForecast::new(&window.0, window.1, place.now, app_rate);
         let predicted =
-            self.workers[place.worker].predicted_us(place.models, (running, queued), place.now, per_worker, app_rate);
+            self.workers[place.worker].predicted_us(place.models, (running, queued), place.now, per_worker, &forecast);
         (running + queued, predicted.unwrap_or_default())
     }
 
@@ -1246,20 +1415,102 @@ mod tests {
     }
 
     #[test]
-    fn load_buckets_are_steps_of_a_fifth() {
+    fn load_buckets_are_steps_of_two_percent() {
         assert_eq!(load_bucket(0.0), 0);
         assert_eq!(load_bucket(-3.0), 0);
         assert_eq!(load_bucket(f64::NAN), 0);
-        // jellyfish's switch to its faster model at 23.6 req/s on two workers
-        // falls between 18 and 26 req/s.
-        assert!(load_bucket(18.0) < load_bucket(26.0));
+        // jellyfish's switch to its faster model at 18.4 req/s on two workers: 9
+        // and 10 arrivals in the 500 ms window are buckets apart.
+        assert!(load_bucket(18.0) < load_bucket(20.0));
+        // Every count of arrivals in a 500 ms window has its own bucket up to 90 req/s.
+        for count in 1..45 {
+            assert!(load_bucket(2.0 * count as f64) < load_bucket(2.0 * (count + 1) as f64), "{count}");
+        }
         assert_eq!(load_bucket(1e12), LOAD_BUCKETS - 1);
         assert_eq!(unpack_choice(pack_choice(3, 4)), Some((3, 4)));
         assert_eq!(unpack_choice(pack_choice(0, 1)), Some((0, 1)));
         assert_eq!(unpack_choice(0), None);
-        assert_eq!(nearby_buckets(17), 16..=18);
-        assert_eq!(nearby_buckets(0), 0..=1);
-        assert_eq!(nearby_buckets(LOAD_BUCKETS - 1), LOAD_BUCKETS - 2..=LOAD_BUCKETS - 1);
+    }
+
+    #[test]
+    fn a_poisson_count_lies_between_its_1st_and_99th_percentile() {
+        assert_eq!(poisson_range(0.0), (0, 0));
+        assert_eq!(poisson_range(f64::NAN), (0, 0));
+        // A mean of 1: P(N = 0) = 0.37 (past 1 %), P(N <= 3) = 0.981, P(N <= 4) = 0.996.
+        assert_eq!(poisson_range(1.0), (0, 4));
+        // A mean of 9.35 (18.7 req/s over 500 ms): 3 to 17.
+        assert_eq!(poisson_range(9.35), (3, 17));
+        // Large means: the normal approximation, about the mean.
+        let (low, high) = poisson_range(1_000.0);
+        assert!((920..=930).contains(&low) && (1_070..=1_080).contains(&high), "{low} {high}");
+    }
+
+    #[test]
+    fn the_forecast_keeps_the_arrivals_still_in_the_window_and_adds_those_to_come() {
+        // Ten arrivals, at 10, 20, ..., 100 ms, in a 500 ms window; now is 100 ms,
+        // the estimate 20 req/s.
+        let times: std::collections::VecDeque<u64> = (1..=10).map(|k| k * 10_000).collect();
+        let f = LoadForecast::new(&times, 500_000, 100_000, 20.0);
+        // Now: exactly the ten.
+        assert_eq!(f.range_at(0.0), (20.0, 20.0));
+        // 450 ms on, the first four have left (10 + 500 < 550), and 9 arrivals are
+        // expected meanwhile (0.45 s at 20 req/s): 1st percentile 3, 99th 17.
+        let (low, high) = poisson_range(9.0);
+        assert_eq!(f.range_at(450_000.0), ((6 + low) as f64 * 2.0, (6 + high) as f64 * 2.0));
+        // A window later every known one has gone: only those to come.
+        let (low, high) = poisson_range(10.0);
+        assert_eq!(f.range_at(2_000_000.0), (low as f64 * 2.0, high as f64 * 2.0));
+    }
+
+    /// Issue 39: jellyfish at 70 % of its capacity switches between ResNet-50 one
+    /// by one (9 arrivals or fewer in its 500 ms window) and Inception in pairs (10
+    /// or more) batch to batch. Each batch ahead is predicted with the choices of
+    /// the estimates its decision may read, on a virtual clock.
+    #[test]
+    fn each_decision_ahead_is_predicted_with_the_choices_of_the_load_it_may_read() {
+        use crate::clock::{Clock as _, VirtualClock};
+        // The test models' profiles in ms (104 ms for ResNet-50 alone): the
+        // decisions ahead then come as far apart as the arrivals do.
+        let ms = |m: sdk::Model| sdk::Model { latency: m.latency.iter().map(|l| l * 1_000).collect(), ..m };
+        let models = [ms(cpu()), ms(inception())];
+        let clock = VirtualClock::default();
+        let w = WorkerAdmission::new(&models, &[0, 1]);
+        // What the policy showed: ResNet-50 alone at 10 and 18 req/s, Inception
+        // pairs at 20 and 40.
+        clock.set(1_000_000);
+        for (model, size, left, rate) in [(0, 1, 2, 10.0), (0, 1, 1, 18.0), (1, 2, 1, 20.0), (1, 2, 3, 40.0)] {
+            w.start_batch(model, size, left, clock.now(), rate);
+        }
+        // A ResNet-50 batch starts now, one request queued behind it, this one
+        // next; two workers share the arrivals.
+        w.start_batch(0, 1, 1, clock.now(), 18.0);
+        let by_load = |times: &std::collections::VecDeque<u64>| {
+            let rate = times.len() as f64 * 2.0;
+            let f = LoadForecast::new(times, 500_000, clock.now(), rate);
+            w.predicted_us(&models, (1, 1), clock.now(), rate / 2.0 / 1e6, &f).unwrap()[BY_LOAD] / 1e3
+        };
+        // Ten arrivals in the last 18 ms: at the next decision (104 ms on) all ten
+        // are still in the window, so the policy reads 20 req/s or more: Inception,
+        // the one queued and this one as a pair. ResNet-50 cannot come then (it
+        // would make this one finish at 312 ms or later).
+        let recent: std::collections::VecDeque<u64> = (0..10).map(|k| clock.now() - 2_000 * k).rev().collect();
+        assert_eq!(by_load(&recent), 104.0 + 164.0);
+        // Nine just now: the tenth may come before either decision, so both
+        // choices, the latest finish counting: ResNet-50 for the one ahead, then
+        // this one in an Inception pair with a later arrival.
+        let nine: std::collections::VecDeque<u64> = (0..9).map(|k| clock.now() - 1_000 * k).rev().collect();
+        assert_eq!(by_load(&nine), 104.0 + 104.0 + 164.0);
+        // Eight 400–470 ms ago have left the window by the next decision, and at
+        // 16 req/s fewer than ten come in 208 ms (the 99th percentile is 8):
+        // ResNet-50 one by one. The same eight just now may reach the switch.
+        assert_eq!(poisson_range(16.0 * 0.208).1, 8);
+        let old: std::collections::VecDeque<u64> = (0..8).map(|k| clock.now() - 400_000 - 10_000 * k).rev().collect();
+        assert_eq!(by_load(&old), 3.0 * 104.0);
+        let eight: std::collections::VecDeque<u64> = nine.iter().skip(1).copied().collect();
+        assert_eq!(by_load(&eight), 104.0 + 104.0 + 164.0);
+        // Two, long below any switch: the nearest choice known, ResNet-50.
+        let two: std::collections::VecDeque<u64> = [clock.now() - 1_000, clock.now()].into();
+        assert_eq!(by_load(&two), 3.0 * 104.0);
     }
 
     #[test]
@@ -1465,14 +1716,16 @@ mod tests {
         let models = [cpu(), inception()];
         let clock = VirtualClock::default();
         let w = WorkerAdmission::new(&models, &[0, 1]);
+        let none = std::collections::VecDeque::new();
+        let at = |rate: f64| LoadForecast::new(&none, 500_000, clock.now(), rate);
         // Before any batch: the fastest loaded model (Inception, 81) alone.
-        assert_eq!(w.predicted_us(&models, (0, 0), clock.now(), 0.0, 0.0), Some([81.0, 81.0, 81.0]));
+        assert_eq!(w.predicted_us(&models, (0, 0), clock.now(), 0.0, &at(0.0)), Some([81.0, 81.0, 81.0]));
         // The policy forms a ResNet-50 batch of 1 with two left queued at 10 req/s:
         // it predicts with ResNet-50 one by one now, what is left of the batch first.
         clock.set(1_000);
         w.start_batch(0, 1, 2, clock.now(), 10.0);
         clock.set(1_060);
-        let p = w.predicted_us(&models, (1, 2), clock.now(), 0.0, 10.0).unwrap();
+        let p = w.predicted_us(&models, (1, 2), clock.now(), 0.0, &at(10.0)).unwrap();
         assert_eq!(p[LAST], 44.0 + 3.0 * 104.0);
         // The fastest predicts Inception (one by one: it has not batched it).
         assert_eq!(p[FASTEST], 44.0 + 3.0 * 81.0);
@@ -1485,15 +1738,15 @@ mod tests {
         // An Inception pair that took the whole queue at 40 req/s: pairs from now
         // on with Inception, and the by-load choice there.
         w.start_batch(1, 2, 0, clock.now(), 40.0);
-        let p = w.predicted_us(&models, (2, 1), clock.now(), 0.0, 40.0).unwrap();
+        let p = w.predicted_us(&models, (2, 1), clock.now(), 0.0, &at(40.0)).unwrap();
         // The running pair, then the one queued and this one as a pair.
         assert!((p[LAST] - 2.0 * 1.3 * 164.0).abs() < 1e-9, "{}", p[LAST]);
         // Models changed: the fastest is the one set.
         w.set_fastest(0);
-        let p = w.predicted_us(&models, (0, 0), clock.now(), 0.0, 0.0).unwrap();
+        let p = w.predicted_us(&models, (0, 0), clock.now(), 0.0, &at(0.0)).unwrap();
         assert!((p[FASTEST] - 1.3 * 104.0).abs() < 1e-9, "{}", p[FASTEST]);
         // A last model not among the models: no prediction.
-        assert_eq!(w.predicted_us(&models[..1], (0, 0), 0, 0.0, 0.0), None);
+        assert_eq!(w.predicted_us(&models[..1], (0, 0), 0, 0.0, &at(0.0)), None);
     }
 
     fn one_worker(slo_us: u64, audit: f64) -> (Admission, Vec<sdk::Model>) {
@@ -1558,8 +1811,15 @@ mod tests {
         assert_eq!(sampled, [false, false, false, true, false, false, false, true]);
         let (none, _) = one_worker(400, 0.0);
         assert!(!(0..100).any(|_| none.audits()));
-        none.set_rate(12.5);
+        none.arrived(0, 12.5, 500_000);
         assert_eq!(none.rate(), 12.5);
+        // The arrivals kept are those the host's estimate counts: an arrival at t
+        // while t + window >= now.
+        none.arrived(400_000, 4.0, 500_000);
+        none.arrived(500_000, 6.0, 500_000);
+        assert_eq!(none.window.lock().0, [0, 400_000, 500_000]);
+        none.arrived(500_001, 6.0, 500_000);
+        assert_eq!(none.window.lock().0, [400_000, 500_000, 500_001]);
     }
 
     #[test]

@@ -749,7 +749,7 @@ impl App {
         let arrival = arrived.map_or(now, |t| now.saturating_sub(t.elapsed().as_micros() as u64));
 
         self.load.record(now);
-        self.admission.set_rate(self.load.rate(now));
+        self.admission.arrived(now, self.load.rate(now), self.config.load_window_ms * 1000);
         if self.device_models.is_some() {
             self.demand.record(now);
         }

@@ -168,7 +168,7 @@ impl AppState {
     fn admit(&mut self, w: usize, at: usize, request: &SimRequest, now: u64) -> Option<Refusal> {
         let (admission, predicted) = self.admission.as_mut()?;
         // The load estimate with this arrival counted, as the host's.
-        admission.set_rate(self.load.rate(now));
+        admission.arrived(now, self.load.rate(now), self.spec.load_window_ms * 1000);
         let workers = &self.workers;
         let place = Place {
             worker: w,
