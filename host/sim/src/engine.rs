@@ -839,7 +839,7 @@ impl Simulation {
                 }
                 let sampler = &app.latency[w.min(app.latency.len() - 1)];
                 let latency = sampler.latency(model as usize, batch.len(), &mut self.rng);
-                app.stats.batch(&app.models[model as usize].name, batch.len());
+                app.stats.batch(model, batch.len());
                 self.schedule_worker(a, w, now + latency, Pending::Done { model, batch, started: now });
             }
             Action::Wait(t) | Action::Idle { expire_at: Some(t) } => self.schedule_worker(a, w, t, Pending::Timer),
@@ -872,8 +872,14 @@ impl Simulation {
         }
         let worker = &mut app.workers[w];
         worker.busy = 0;
-        // The simulated policy is never swapped while its batch runs.
-        if done.observe(&batch, Some(&mut worker.policy)).is_err() {
+        // The simulated policy is never swapped while its batch runs. A component
+        // that does not observe (RAMSIS) is not told: `PolicyInstance::observe`
+        // would return at once, after the batch's misses were counted for it.
+        let observes = match &worker.policy {
+            WorkerPolicy::Wasm(instance) => instance.binding().compiled.observes,
+            WorkerPolicy::Safe => false,
+        };
+        if observes && done.observe(&batch, Some(&mut worker.policy)).is_err() {
             app.stats.faults += 1;
         }
     }

@@ -50,8 +50,13 @@ pub struct Stats {
     fates: Vec<Fate>,
     arrivals: Vec<u64>,
     accuracy: Vec<f64>,
-    batch_sizes: BTreeMap<usize, u64>,
-    model_mix: BTreeMap<String, u64>,
+    /// Batches run per batch size (index: the size), counted densely: a map entry
+    /// per batch was a measurable share of a run's event loop. [`Stats::batch_sizes`]
+    /// gives the map the results hold.
+    batches: Vec<u64>,
+    /// Requests served per variant (index into `model_names`), counted densely as
+    /// `batches`; [`Stats::model_mix`] gives the map by name.
+    served: Vec<u64>,
     /// Per request: arrival to completion, µs (served ones).
     latency_us: Vec<u64>,
     /// Per request: when a worker took it or the host dropped it, µs (`u64::MAX`:
@@ -94,8 +99,8 @@ impl Stats {
             model: vec![NONE; n],
             model_names: Vec::new(),
             queues: 0,
-            batch_sizes: BTreeMap::new(),
-            model_mix: BTreeMap::new(),
+            batches: Vec::new(),
+            served: Vec::new(),
             faults: 0,
             decide_calls: 0,
             decide_seconds: 0.0,
@@ -113,6 +118,7 @@ impl Stats {
     /// Names the app's variants (in the order [`Stats::served_by`] numbers them) and
     /// its number of queues, for the per-window variant mix and queue lengths.
     pub fn with_models(mut self, names: Vec<String>, queues: usize) -> Stats {
+        self.served = vec![0; names.len()];
         self.model_names = names;
         self.queues = queues;
         self
@@ -146,11 +152,14 @@ impl Stats {
                 self.taken[id] = other.taken[id];
             }
         }
-        for (size, n) in &other.batch_sizes {
-            *self.batch_sizes.entry(*size).or_default() += n;
+        if self.batches.len() < other.batches.len() {
+            self.batches.resize(other.batches.len(), 0);
         }
-        for (model, n) in &other.model_mix {
-            *self.model_mix.entry(model.clone()).or_default() += n;
+        for (mine, n) in self.batches.iter_mut().zip(&other.batches) {
+            *mine += n;
+        }
+        for (mine, n) in self.served.iter_mut().zip(&other.served) {
+            *mine += n;
         }
         self.faults += other.faults;
         self.decide_calls += other.decide_calls;
@@ -195,17 +204,32 @@ impl Stats {
         Some(area / (to - from) as f64)
     }
 
-    /// A batch of `size` ran on `model`.
-    pub fn batch(&mut self, model: &str, size: usize) {
-        *self.batch_sizes.entry(size).or_default() += 1;
-        // Looked up by `&str` first: a `String` per batch was a measurable share of a
-        // million-request replay.
-        match self.model_mix.get_mut(model) {
-            Some(n) => *n += size as u64,
-            None => {
-                self.model_mix.insert(model.to_string(), size as u64);
+    /// A batch of `size` ran on variant `model` (its index among the app's
+    /// variants, [`Stats::with_models`]).
+    pub fn batch(&mut self, model: u32, size: usize) {
+        if size >= self.batches.len() {
+            self.batches.resize(size + 1, 0);
+        }
+        self.batches[size] += 1;
+        if let Some(n) = self.served.get_mut(model as usize) {
+            *n += size as u64;
+        }
+    }
+
+    /// Batches run per size (sizes that ran at least once).
+    pub fn batch_sizes(&self) -> BTreeMap<usize, u64> {
+        self.batches.iter().enumerate().filter(|(_, &n)| n > 0).map(|(size, &n)| (size, n)).collect()
+    }
+
+    /// Requests served per variant, by name (variants that served at least one).
+    pub fn model_mix(&self) -> BTreeMap<String, u64> {
+        let mut mix = BTreeMap::new();
+        for (name, &n) in self.model_names.iter().zip(&self.served) {
+            if n > 0 {
+                *mix.entry(name.clone()).or_default() += n;
             }
         }
+        mix
     }
 
     /// The deterministic result, and the time series by arrival window.
@@ -296,8 +320,8 @@ impl Stats {
             reference_accuracy,
             reference_violation_rate,
             throughput_qps: (on_time + late) as f64 / (duration_us as f64 / 1e6),
-            batch_sizes: self.batch_sizes.clone(),
-            model_mix: self.model_mix.clone(),
+            batch_sizes: self.batch_sizes(),
+            model_mix: self.model_mix(),
             max_consecutive_misses: longest(Fate::missed),
             max_consecutive_drops: longest(Fate::dropped),
             weakly_hard,
