@@ -168,6 +168,118 @@ async fn a_faulting_policy_never_decides_inline() {
     server.stop().await.unwrap();
 }
 
+/// Two single-worker apps on instant models: `turns`, whose policy the test makes
+/// slow for a while (its decide budget far above the slow decisions, so they are
+/// slow, not faults), and `other`, which must not notice.
+const TURNS: &str = r#"
+[[app]]
+name = "turns"
+slo_ms = 5000
+workers = 1
+executor = "emulated"
+profile = "{dir}/zero.toml"
+policy = "jellyfish"
+decide_budget_ms = 5000
+input = { name = "x", datatype = "FP32", shape = [4] }
+
+[[app]]
+name = "other"
+slo_ms = 5000
+workers = 1
+executor = "emulated"
+profile = "{dir}/zero.toml"
+policy = "jellyfish"
+input = { name = "x", datatype = "FP32", shape = [4] }
+"#;
+
+/// Inline turns (issue 36) for a policy that is fast at first and turns slow
+/// mid-run (`misbehave` `slow`: its decisions `FAST..FAST + SLOW` spin for tens of
+/// milliseconds and are valid): its fast decisions run inline; the first slow one
+/// may (it was not known to be slow before it ran: what a policy can cost the
+/// runtime is one decision), and after it none runs inline until one is fast
+/// again on the worker's thread; then inline again. No request is lost or
+/// answered twice, and the other app is served inline meanwhile, while a slow
+/// decision holds the first app's worker. A mutation that ignores the fast flag
+/// (`Inline::claim`) or never clears it (`worker::decide`) fails the per-decision
+/// check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_turning_slow_decides_on_its_thread_until_fast_again() {
+    const FAST: usize = 6;
+    const SLOW: usize = 4;
+    const AFTER: usize = 5;
+    // ~0.17 s per slow decision in a component (0.86 ns an iteration on the 2-core
+    // VM): past the inline threshold (200 µs) by hundreds of times, far longer than
+    // the other app's four answers (each well under a millisecond), far below the
+    // budget (5 s).
+    const SPIN: u64 = 200_000_000;
+    let server = TestServer::start(TURNS).await.unwrap();
+    let mut c = server.client().await;
+    let counter = |status: &serde_json::Value, name: &str| status["counters"][name].as_u64().unwrap();
+    let bytes = std::fs::read(fixtures_dir().join("misbehave.wasm")).unwrap();
+    assert_eq!(upload(&mut c, "turning", &bytes).await.status, 201);
+    let params = json!({ "mode": "slow", "after": FAST, "count": SLOW, "spin": SPIN });
+    let r = swap(&mut c, "turns", "turning", params).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let before = app_status(&mut c, "turns").await;
+    let other_before = app_status(&mut c, "other").await;
+
+    // One request at a time, so request k is the policy's decision k (an empty queue
+    // asks the policy nothing), each after a pause that lets the worker's thread go
+    // back to waiting (an arrival takes the turn only from a waiting thread).
+    let mut inline = Vec::new();
+    let mut other_answers = Vec::new();
+    for k in 0..FAST + SLOW + AFTER {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let was = counter(&app_status(&mut c, "turns").await, "inline_decisions");
+        let id = k as u64;
+        let addr = server.addr;
+        let sent = tokio::spawn(async move {
+            let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+            c.post_json("/v2/models/turns/infer", &small_infer(id)).await.unwrap()
+        });
+        if k == FAST + 1 {
+            // A slow decision on the worker's thread: the other app's requests are
+            // answered meanwhile, by its own policy, on its own turns.
+            for i in 0..4 {
+                let r = c.post_json("/v2/models/other/infer", &small_infer(100 + i)).await.unwrap();
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                other_answers.push(r.json()["parameters"]["policy"].as_str().unwrap().to_string());
+            }
+            assert!(!sent.is_finished(), "the other app's answers came while the slow decision ran");
+        }
+        let r = sent.await.unwrap();
+        assert_eq!(r.status, 200, "request {k}: {}", String::from_utf8_lossy(&r.body));
+        let answer = r.json();
+        assert_eq!(answer["id"], json!(id.to_string()), "request {k} got its own answer: {answer}");
+        assert_eq!(answer["parameters"]["policy"], json!("turning"), "request {k}: slow, not a fault: {answer}");
+        inline.push(counter(&app_status(&mut c, "turns").await, "inline_decisions") - was);
+    }
+    // Decision 0 is the swapped-in policy's first, on its thread.
+    assert_eq!(inline[0], 0, "{inline:?}");
+    assert!(inline[1..FAST].iter().sum::<u64>() > 0, "fast at first: decided inline: {inline:?}");
+    assert_eq!(
+        &inline[FAST + 1..=FAST + SLOW],
+        &[0; SLOW][..],
+        "after the first slow decision none runs inline, the first fast one after them neither: {inline:?}"
+    );
+    assert!(inline[FAST + SLOW + 1..].iter().sum::<u64>() > 0, "inline again once fast: {inline:?}");
+
+    let after = app_status(&mut c, "turns").await;
+    let sent = (FAST + SLOW + AFTER) as u64;
+    for (name, more) in [("accepted", sent), ("served", sent), ("dropped", 0), ("late", 0), ("faults", 0)] {
+        assert_eq!(counter(&after, name) - counter(&before, name), more, "{name}: {after}");
+    }
+    assert_eq!(after["queued"], json!(0), "{after}");
+    let other = app_status(&mut c, "other").await;
+    assert_eq!(other_answers, vec!["jellyfish"; 4]);
+    assert!(
+        counter(&other, "inline_decisions") > counter(&other_before, "inline_decisions"),
+        "the other app decided inline while the first was slow: {other}"
+    );
+    assert_eq!(counter(&other, "served") - counter(&other_before, "served"), 4, "{other}");
+    server.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unbind_mode_replaces_a_faulty_policy_with_the_safe_one() {
     let server = TestServer::start(CONFIG).await.unwrap();
