@@ -37,7 +37,8 @@
 //! request admitted, as in the simulator, which has no admission; the default is
 //! the peers run's config, whose admission refuses requests it predicts late),
 //! `LIMIT_SERVER_LOG` (the live server's `RUST_LOG`, its log on this stderr; e.g.
-//! `sluice_server::executor::emulated=trace` for each batch's start and overrun). Prints a table, a line
+//! `sluice_server::executor::emulated=trace` for each batch's start and overrun),
+//! `SLUICE_BENCH_EXE` (another build of `sluice` to serve: an A/B of two builds). Prints a table, a line
 //! `limit: bound X req/s (exact), best sim P at Y, best live P at Z (Z/X %)`, then
 //! one JSON line.
 
@@ -235,7 +236,9 @@ impl Live {
             // The server's own log filter (the default start silences it to `warn`):
             // a trace of its batches to set against the table.
             Some(filter) => {
-                let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+                // `SLUICE_BENCH_EXE`, as `common::start_server`: another build (an A/B).
+                let exe = std::env::var_os("SLUICE_BENCH_EXE").unwrap_or_else(|| env!("CARGO_BIN_EXE_sluice").into());
+                let mut command = std::process::Command::new(exe);
                 command.arg("serve").arg("--config").arg(&path).args(["--listen", "127.0.0.1:0"]);
                 command.env("RUST_LOG", filter);
                 common::start_process(command)?

@@ -32,6 +32,14 @@
 //! can cost the runtime this way is one decision: the one that turns out slow or
 //! faulty sends the worker back to its thread until a decision there is fast again.
 //!
+//! **Answers after the next start.** On the worker's thread a batch's answers
+//! leave once the next batch has started ([`execute`] polls it once, then sends
+//! them), or before the thread waits. An answer wakes the front's task on another
+//! thread; on a busy machine that thread took the worker's core there and then, and
+//! the next batch started ~0.2 ms late, every batch (BENCHMARKS.md §8.1: the
+//! simulator starts it at once). The answers wait one decision for it. Instant
+//! models' answers (inline turns too) leave at once: their batches take no time.
+//!
 //! [`Executor::instant`]: sluice_core::executor::Executor::instant
 
 use std::sync::atomic::Ordering;
@@ -46,6 +54,17 @@ use sluice_core::executor::ModelSet;
 use sluice_core::queue::{DropReason, Reply, Request, Served};
 use sluice_core::runtime::PolicyFault;
 use sluice_core::worker::{self, Action, Finished, Machine, Report};
+
+/// Answers a turn made but has not sent yet (module doc, "Answers after the next
+/// start"): counted already, sent by [`send`].
+type Outbox = Vec<(Request, Reply)>;
+
+/// Sends the answers held in `outbox`.
+fn send(outbox: &mut Outbox) {
+    for (r, reply) in outbox.drain(..) {
+        r.answer(reply);
+    }
+}
 
 /// How a turn formed its batch, for the batch's record and its answers.
 struct Formed {
@@ -66,15 +85,20 @@ struct Formed {
 /// cannot be made here or leaves a timer or a queue behind.
 pub fn run_inline(app: &App, handle: &crate::app::WorkerHandle, mut turn: Turn<'_>) {
     let core = turn.core();
+    // Instant models: each turn's answers leave at its end, as its batch finished.
+    let mut outbox = Outbox::new();
     let turns = async {
         for _ in 0..MAX_INLINE_TURNS {
-            let Some((action, formed)) = decide(app, handle, &core.models, false, &mut core.machine, true) else {
+            let decided = decide(app, handle, &core.models, false, &mut core.machine, true, &mut outbox);
+            send(&mut outbox);
+            let Some((action, formed)) = decided else {
                 break;
             };
             app.counters.inline_decisions.fetch_add(1, Ordering::Relaxed);
             match action {
                 Action::Run { model, batch } => {
-                    execute(app, handle, &core.models, model, batch, formed).await;
+                    execute(app, handle, &core.models, model, batch, formed, &mut outbox).await;
+                    send(&mut outbox);
                 }
                 // Nothing left to do and nothing to wake for: the thread, waiting
                 // on the queue, wakes at the next push as it would have.
@@ -125,8 +149,12 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
         core.models = models;
     }
     app.register_inline(run_inline);
+    // The last batch's answers, sent once the next batch has started or before the
+    // thread waits (module doc).
+    let mut outbox = Outbox::new();
     loop {
         if app.aborted.load(Ordering::Acquire) {
+            send(&mut outbox);
             return;
         }
         // Register interest in wake-ups *before* looking at the queue, so a push
@@ -146,14 +174,21 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
                     WorkerControl::Install(set, done) => install(&app, &handle, core, set, done),
                 }
             }
-            let (action, formed) = decide(&app, &handle, &core.models, draining, &mut core.machine, false)
+            let (action, formed) = decide(&app, &handle, &core.models, draining, &mut core.machine, false, &mut outbox)
                 .expect("a turn on the worker's thread always decides");
             if let Action::Run { model, batch } = action {
-                execute(&app, &handle, &core.models, model, batch, formed).await;
+                execute(&app, &handle, &core.models, model, batch, formed, &mut outbox).await;
+                if core.instant {
+                    // Nothing to start ahead of them: the next batch would be done
+                    // at its first poll too.
+                    send(&mut outbox);
+                }
                 continue;
             }
             action
         };
+        // No batch to start: the answers leave before the thread waits.
+        send(&mut outbox);
         // The turn is free while the thread waits: an arrival may take it.
         match action {
             Action::Run { .. } => unreachable!("executed above"),
@@ -243,7 +278,8 @@ impl worker::Driver<Request> for Answers<'_> {
 /// against the plan's. Pipelines' task apps drop late at batch formation
 /// (`drop_late_at_batch`): the head is judged by the loaded variant's table in that
 /// view (`flow::batch_formation_table`, already cut at the plan's batch).
-/// Answers what left unserved, and says what to do next. An `inline` turn
+/// Counts what left unserved and puts its answers in `outbox`, and says what to do
+/// next. An `inline` turn
 /// ([`run_inline`]) decides nothing (None) where the worker's thread must: a swap
 /// pending (the new policy proves itself fast there first) or a WASI component
 /// (its calls leave the runtime's context: `outside_runtime` in sluice-core).
@@ -254,6 +290,7 @@ fn decide(
     draining: bool,
     machine: &mut Machine,
     inline: bool,
+    outbox: &mut Outbox,
 ) -> Option<(Action<Request>, Formed)> {
     let mut retired = None;
     let wait_started = Instant::now();
@@ -328,19 +365,23 @@ fn decide(
             DropReason::EarlyAtBatch => ("it would finish past its task deadline", "host"),
             DropReason::Policy | DropReason::ExecutorError => ("dropped by the policy", decided_by(by_safe)),
         };
-        answer_dropped(app, r, reason, detail, by);
+        outbox.push(answer_dropped(app, r, reason, detail, by));
     }
     let formed =
         Formed { left: turn.left, load_qps: cx.load_qps, policy: decided_by(turn.by_safe).to_string(), generation };
     Some((turn.action, formed))
 }
 
-fn answer_dropped(app: &App, r: Request, reason: DropReason, detail: &str, policy: &str) {
+/// Counts a request dropped and makes its answer (for an [`Outbox`]).
+fn answer_dropped(app: &App, r: Request, reason: DropReason, detail: &str, policy: &str) -> (Request, Reply) {
     app.counters.dropped.fetch_add(1, Ordering::Relaxed);
     app.metrics.request(app.name(), "", &format!("dropped-{}", reason.as_str()));
-    r.answer(Reply::Dropped { reason, detail: detail.to_string(), policy: policy.to_string() });
+    (r, Reply::Dropped { reason, detail: detail.to_string(), policy: policy.to_string() })
 }
 
+/// Runs a batch and judges it. Once the batch has started (its first poll), sends
+/// what `outbox` holds (the last batch's answers, this turn's drops); the batch's
+/// own answers go into `outbox` for the caller to send (module doc).
 async fn execute(
     app: &App,
     handle: &crate::app::WorkerHandle,
@@ -348,6 +389,7 @@ async fn execute(
     model: u32,
     batch: Vec<Request>,
     Formed { left, load_qps, policy, generation }: Formed,
+    outbox: &mut Outbox,
 ) {
     let policy = policy.as_str();
     let size = batch.len();
@@ -375,10 +417,15 @@ async fn execute(
             Err(e) => Err(e),
         }
     };
+    let mut run = std::pin::pin!(run);
+    // One poll starts the batch (the emulated executor fixes its end and yields; ONNX
+    // hands it to a blocking thread); then the held answers leave.
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(run.as_mut(), cx))).await;
+    send(outbox);
     // At the end of a shutdown's grace the batch is abandoned (the executor's thread
     // finishes on its own) and its requests get the documented 503, counted.
     let result = tokio::select! {
-        r = run => r,
+        r = async { match first { std::task::Poll::Ready(r) => r, std::task::Poll::Pending => run.await } } => r,
         _ = app.wait_aborted() => {
             handle.in_flight.store(0, Ordering::Relaxed);
             for r in requests {
@@ -430,13 +477,19 @@ async fn execute(
                     batch_size: size,
                     worker: handle.index,
                 };
-                r.answer(Reply::Served(Box::new(served)));
+                outbox.push((r, Reply::Served(Box::new(served))));
             }
         }
         Err(e) => {
             tracing::error!(app = app.name(), worker = handle.index, model = %variant, "batch failed: {e}");
             for r in requests {
-                answer_dropped(app, r, DropReason::ExecutorError, &format!("the executor failed: {e}"), policy);
+                outbox.push(answer_dropped(
+                    app,
+                    r,
+                    DropReason::ExecutorError,
+                    &format!("the executor failed: {e}"),
+                    policy,
+                ));
             }
         }
     }

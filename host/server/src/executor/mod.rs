@@ -142,12 +142,26 @@ impl LoadedModel {
             LoadedModel::Emulated(table) => {
                 let latency = emulated::batch_latency(table, samples.len());
                 let until = std::time::Instant::now() + latency;
+                let size = samples.len();
                 tracing::trace!(
                     target: "sluice_server::executor::emulated",
                     thread = std::thread::current().name().unwrap_or(""),
-                    size = samples.len(),
+                    size,
                     "emulated batch start"
                 );
+                if !latency.is_zero() {
+                    // The batch has started (its end is fixed): one yield, so a
+                    // worker that polls a batch once to start it answers the last
+                    // batch's requests now (`worker::execute`), before the outputs.
+                    tokio::task::yield_now().await;
+                }
+                // The outputs within the batch's time, as a model computes them: after
+                // the wait they cost ~160 µs a 602 KB image (a sum of 150,528
+                // elements) between one batch's end and the next's start on the
+                // 2-core VM, every batch (BENCHMARKS.md §8.1). A zero-latency batch
+                // answers at its first poll all the same (`Executor::instant`).
+                let outputs = samples.iter().map(|s| vec![emulated::output_for(model_id, s)]).collect();
+                drop(samples);
                 // tokio's timer wheel has millisecond ticks: a sleep to the end
                 // would last up to a millisecond longer than profiled, every batch,
                 // and a busy worker's batches would drift later and later from the
@@ -157,12 +171,12 @@ impl LoadedModel {
                 tracing::trace!(
                     target: "sluice_server::executor::emulated",
                     thread = std::thread::current().name().unwrap_or(""),
-                    size = samples.len(),
+                    size,
                     profiled_us = latency.as_micros() as u64,
                     over_us = std::time::Instant::now().saturating_duration_since(until).as_micros() as u64,
                     "emulated batch done"
                 );
-                Ok(samples.iter().map(|s| vec![emulated::output_for(model_id, s)]).collect())
+                Ok(outputs)
             }
             LoadedModel::Onnx(session) => {
                 let session = session.clone();
