@@ -20,26 +20,30 @@
 //! The load comes from this process (its own multi-threaded runtime), the same
 //! driver for both servers:
 //! - **closed loop** at concurrency 1, 2, 4, 8, 16: that many clients, each on its
-//!   own connection ([`sluice_loadgen::Client`] for HTTP, a tonic channel for gRPC),
+//!   own connection ([`sluice_loadgen::Client`] for HTTP; for gRPC h2's own client
+//!   sending a pre-encoded `ModelInfer` and decoding each answer with prost,
+//!   [`RawGrpc`], or a tonic channel with `OVERHEAD_GRPC_CLIENT=tonic`),
 //!   sending back to back; throughput is answers per second, for HTTP with a JSON
 //!   body (`http`), HTTP with the binary-tensor extension (`http-bin`) and gRPC
 //!   with `raw_input_contents` (`grpc`, as tritonclient sends);
 //! - **open loop** at 1k, 5k and 10k requests/s over a pool of 64 requests in
-//!   flight (64 HTTP connections; 64 gRPC calls over 4 channels), arrivals paced by
+//!   flight (64 HTTP connections; 64 gRPC calls over 4 HTTP/2 connections), arrivals paced by
 //!   a thread of their own (`std::thread::sleep`, tens of µs late at worst, where
 //!   tokio's 1 ms timer would send bursts of ten at 10k/s); client-observed
 //!   latency percentiles.
 //!
 //! Every point runs both servers back to back, in alternating order, so that
 //! whatever else the machine does falls on both alike. Beside each figure: the
-//! server process's CPU time per answer (`/proc/<pid>/stat`).
+//! server process's CPU time per answer (`/proc/<pid>/stat`), and the driver's own
+//! (this process's: the clients share the 2 cores with the server).
 //!
 //! Run: `cargo bench -p sluice --bench overhead` (needs `cargo xtask policies`).
 //! `OVERHEAD_SECONDS` (default 3) sets a phase's length, `OVERHEAD_ROUNDS`
 //! (default 1) how many times the whole grid runs (figures: the medians);
 //! `OVERHEAD_PERF=DIR` profiles instead (`perf record -g` on each server under 8
-//! clients per protocol, into `DIR/<server>-<proto>.perf.data`, DIR relative to
-//! the workspace root; `OVERHEAD_PERF_ARGS` replaces `-g`); `OVERHEAD_SLUICE=EXE`
+//! clients per protocol, into `DIR/<server>-<proto>.perf.data`, and the driver
+//! meanwhile into `DIR/driver-<server>-<proto>.perf.data`, DIR relative to the
+//! workspace root; `OVERHEAD_PERF_ARGS` replaces `-g`); `OVERHEAD_SLUICE=EXE`
 //! runs another build of sluice (an A/B against the same baseline). Prints
 //! the tables, one JSON line, and last
 //! `overhead: http peak X % of bare, grpc peak Y % of bare, added p99 Z ms at 10k req/s`
