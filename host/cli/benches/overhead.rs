@@ -1023,7 +1023,25 @@ mod bare {
             let service = GrpcInferenceServiceServer::new(Bare { answer: grpc_answer })
                 .max_decoding_message_size(usize::MAX)
                 .max_encoding_message_size(usize::MAX);
-            tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(grpc));
+            // `OVERHEAD_BARE_GRPC` (an A/B of tonic's HTTP/2 settings on the bare
+            // server alone): any of `adaptive` (BDP-sized windows), `windows`
+            // (4 MiB per stream, 8 MiB per connection), `frame` (1 MiB frames),
+            // `streams` (1,000 concurrent streams); unset, tonic's defaults.
+            let tuned = std::env::var("OVERHEAD_BARE_GRPC").unwrap_or_default();
+            let mut builder = tonic::transport::Server::builder();
+            if tuned.contains("adaptive") {
+                builder = builder.http2_adaptive_window(Some(true));
+            }
+            if tuned.contains("windows") {
+                builder = builder.initial_stream_window_size(4 << 20).initial_connection_window_size(8 << 20);
+            }
+            if tuned.contains("frame") {
+                builder = builder.max_frame_size(1 << 20);
+            }
+            if tuned.contains("streams") {
+                builder = builder.max_concurrent_streams(1000);
+            }
+            tokio::spawn(builder.add_service(service).serve_with_incoming(grpc));
             loop {
                 let (stream, _) = http.accept().await?;
                 let _ = stream.set_nodelay(true);
