@@ -1100,7 +1100,7 @@ impl Admission {
         }
     }
 
-    /// The rate of the last [`Admission::set_rate`], req/s.
+    /// The rate of the last [`Admission::arrived`], req/s.
     pub fn rate(&self) -> f64 {
         f64::from_bits(self.arrival_rate.load(Ordering::Relaxed))
     }
