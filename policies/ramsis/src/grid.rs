@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::mdp::{self, Problem, ProblemError, Solution};
-use crate::table::Runs;
+use crate::runs::Runs;
 
 /// One generated policy of a set.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -25,6 +25,7 @@
 pub mod grid;
 pub mod latency;
 pub mod mdp;
+pub mod runs;
 pub mod sharing;
 pub mod sim;
 pub mod table;
