@@ -1016,10 +1016,16 @@ impl PolicyInstance {
         }
     }
 
+    /// Whether the component uses `observe` ([`CompiledPolicy::observes`]): a driver
+    /// need not work out a batch's feedback for one that does not.
+    pub fn observes(&self) -> bool {
+        self.binding.compiled.observes
+    }
+
     /// Tells the policy how a batch went (unless it declared that it does not use
     /// it: [`CompiledPolicy::observes`]).
     pub fn observe(&mut self, outcome: &sdk::Outcome) -> Result<(), PolicyFault> {
-        if !self.binding.compiled.observes {
+        if !self.observes() {
             return Ok(());
         }
         match self.ensure_live() {

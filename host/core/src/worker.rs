@@ -311,14 +311,17 @@ impl Finished {
     }
 
     /// Gives the policy that formed the batch its feedback ([`Finished::feedback`],
-    /// worked out only for a policy that can use it). `policy` is None when the
-    /// driver says that policy is gone (a swap replaced it while the batch ran): the
-    /// new one is told nothing about a batch it did not form. True when a component
-    /// was told; its fault when `observe` failed.
+    /// worked out only for a component that observes: RAMSIS does not, and the
+    /// simulator's Twitter run worked out 216k feedbacks for it to throw away).
+    /// `policy` is None when the driver says that policy is gone (a swap replaced it
+    /// while the batch ran): the new one is told nothing about a batch it did not
+    /// form. True when a component was told; its fault when `observe` failed.
     pub fn observe<Q: Queued>(&self, batch: &[Q], policy: Option<&mut WorkerPolicy>) -> Result<bool, PolicyFault> {
         match policy {
-            Some(p @ WorkerPolicy::Wasm(_)) => observe(Some(p), &self.feedback(batch)),
-            Some(WorkerPolicy::Safe) | None => Ok(false),
+            Some(WorkerPolicy::Wasm(instance)) if instance.observes() => {
+                instance.observe(&self.feedback(batch)).map(|()| true)
+            }
+            Some(WorkerPolicy::Wasm(_) | WorkerPolicy::Safe) | None => Ok(false),
         }
     }
 }

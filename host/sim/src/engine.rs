@@ -872,14 +872,8 @@ impl Simulation {
         }
         let worker = &mut app.workers[w];
         worker.busy = 0;
-        // The simulated policy is never swapped while its batch runs. A component
-        // that does not observe (RAMSIS) is not told: `PolicyInstance::observe`
-        // would return at once, after the batch's misses were counted for it.
-        let observes = match &worker.policy {
-            WorkerPolicy::Wasm(instance) => instance.binding().compiled.observes,
-            WorkerPolicy::Safe => false,
-        };
-        if observes && done.observe(&batch, Some(&mut worker.policy)).is_err() {
+        // The simulated policy is never swapped while its batch runs.
+        if done.observe(&batch, Some(&mut worker.policy)).is_err() {
             app.stats.faults += 1;
         }
     }
