@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 use sluice_sdk as sdk;
 
 use crate::queue::Prediction;
+use crate::router::LoadWindow;
 
 /// The batch size admission assumes after a policy formed a batch of `size` with
 /// `left` requests staying queued, having assumed `previous` before: `size` when
@@ -984,7 +985,8 @@ impl WorkerAdmission {
 
 /// Where a request would join, as admission predicts it: the worker, the models
 /// as that worker sees them, whether the app's workers share one queue, how many
-/// requests each worker is running (`in_flight(w)`), and the time.
+/// requests each worker is running (`in_flight(w)`), the host's load estimate,
+/// and the time.
 pub struct Place<'a, F: Fn(usize) -> usize> {
     /// The worker the router picked.
     pub worker: usize,
@@ -994,6 +996,10 @@ pub struct Place<'a, F: Fn(usize) -> usize> {
     pub shared: bool,
     /// Requests in the batch worker `w` is running (0 when idle).
     pub in_flight: F,
+    /// The host's load estimate, borrowed (live under `LoadMonitor`'s lock), with
+    /// this arrival counted: how fast a waiting batch fills, and what the
+    /// decisions ahead will read ([`LoadForecast`]).
+    pub load: &'a LoadWindow,
     /// µs on the app's clock.
     pub now: u64,
 }
@@ -1048,13 +1054,6 @@ pub struct Admission {
     /// The latest end of a batch [`Admission::learn`] saw (the app clock's µs):
     /// the time `edges` age by.
     last_finished: AtomicU64,
-    /// The app's arrival rate at the last admission, req/s (f64 bits): how fast
-    /// a waiting request's batch fills.
-    arrival_rate: AtomicU64,
-    /// The arrival times in the host's load window (oldest first), and that
-    /// window's length (µs), as the host's estimate counts them: what
-    /// [`LoadForecast`] knows of the estimates the policy will read.
-    window: Mutex<(std::collections::VecDeque<u64>, u64)>,
     /// Per worker.
     workers: Box<[WorkerAdmission]>,
 }
@@ -1072,8 +1071,6 @@ impl Admission {
             edges: Mutex::new(Default::default()),
             edge_us: AtomicU64::new(0),
             last_finished: AtomicU64::new(0),
-            arrival_rate: AtomicU64::new(0),
-            window: Mutex::new((std::collections::VecDeque::new(), 500_000)),
             workers: workers.into_boxed_slice(),
         }
     }
@@ -1081,28 +1078,6 @@ impl Admission {
     /// Worker `w`'s part.
     pub fn worker(&self, w: usize) -> &WorkerAdmission {
         &self.workers[w]
-    }
-
-    /// An arrival at `now` (µs on the app's clock), counted in the host's load
-    /// estimate over a window of `window_us`, which is `rate_qps` (req/s) with it
-    /// counted: later predictions fill a waiting batch at this rate, and forecast
-    /// the estimates the policy will read from the arrival times in the window
-    /// ([`LoadForecast`]). Called once per arrival that reaches admission, as the
-    /// host's estimate records it (`sluice_core::router::LoadMonitor::record`).
-    pub fn arrived(&self, now: u64, rate_qps: f64, window_us: u64) {
-        self.arrival_rate.store(rate_qps.to_bits(), Ordering::Relaxed);
-        let mut window = self.window.lock();
-        let (times, length) = &mut *window;
-        *length = window_us.max(1);
-        times.push_back(now);
-        while times.front().is_some_and(|&t| t.saturating_add(*length) < now) {
-            times.pop_front();
-        }
-    }
-
-    /// The rate of the last [`Admission::arrived`], req/s.
-    pub fn rate(&self) -> f64 {
-        f64::from_bits(self.arrival_rate.load(Ordering::Relaxed))
     }
 
     /// Requests ahead on `place`'s worker with `queued` in its queue, and each
@@ -1117,10 +1092,9 @@ impl Admission {
         } else {
             ((place.in_flight)(place.worker), queued)
         };
-        let app_rate = self.rate();
+        let app_rate = place.load.rate_at(place.now);
         let per_worker = app_rate / 1e6 / k as f64;
-        let window = self.window.lock();
-        let forecast = LoadForecast::new(&window.0, window.1, place.now, app_rate);
+        let forecast = LoadForecast::new(place.load.arrivals(), place.load.window_us(), place.now, app_rate);
         let predicted =
             self.workers[place.worker].predicted_us(place.models, (running, queued), place.now, per_worker, &forecast);
         (running + queued, predicted.unwrap_or_default())
@@ -1758,8 +1732,15 @@ mod tests {
     #[test]
     fn a_request_is_admitted_when_it_and_those_behind_make_their_deadlines() {
         let (a, models) = one_worker(400, 0.0);
-        let place =
-            |now, running| Place { worker: 0, models: &models, shared: false, in_flight: move |_| running, now };
+        let load = LoadWindow::new(500_000);
+        let place = |now, running| Place {
+            worker: 0,
+            models: &models,
+            shared: false,
+            in_flight: move |_| running,
+            load: &load,
+            now,
+        };
         // Idle: 104 µs, well within 400.
         let v = a.verdict(&place(1_000, 0), 0, (1_400, 1_000), []);
         assert!(v.admitted && v.on_time);
@@ -1778,7 +1759,7 @@ mod tests {
         // Shared queue: two workers' running batches counted as queued, halved.
         let two =
             Admission::new(400, 0.0, vec![WorkerAdmission::new(&models, &[0]), WorkerAdmission::new(&models, &[0])]);
-        let shared = Place { worker: 0, models: &models, shared: true, in_flight: |_| 1, now: 0 };
+        let shared = Place { worker: 0, models: &models, shared: true, in_flight: |_| 1, load: &load, now: 0 };
         assert_eq!(two.prediction(&shared, 2).0, 2);
     }
 
@@ -1791,7 +1772,8 @@ mod tests {
         a.learn(10_000, [late(7_000), late(7_000)].into_iter());
         assert_eq!(a.margin_us(), 3_000.0);
         // The margin counts in the wait of a request with nobody ahead.
-        let place = Place { worker: 0, models: &models, shared: false, in_flight: |_| 0, now: 0 };
+        let load = LoadWindow::new(500_000);
+        let place = Place { worker: 0, models: &models, shared: false, in_flight: |_| 0, load: &load, now: 0 };
         let v = a.verdict(&place, 0, (400_000, 0), []);
         assert_eq!(v.judged, Judged { wait_us: 104.0 + 3_000.0, margin_us: 3_000.0 });
         // Requests admission did not predict teach nothing.
@@ -1805,21 +1787,12 @@ mod tests {
     }
 
     #[test]
-    fn the_audit_admits_every_kth_refusal_and_the_rate_fills_batches() {
+    fn the_audit_admits_every_kth_refusal() {
         let (a, _) = one_worker(400, 0.25);
         let sampled: Vec<bool> = (0..8).map(|_| a.audits()).collect();
         assert_eq!(sampled, [false, false, false, true, false, false, false, true]);
         let (none, _) = one_worker(400, 0.0);
         assert!(!(0..100).any(|_| none.audits()));
-        none.arrived(0, 12.5, 500_000);
-        assert_eq!(none.rate(), 12.5);
-        // The arrivals kept are those the host's estimate counts: an arrival at t
-        // while t + window >= now.
-        none.arrived(400_000, 4.0, 500_000);
-        none.arrived(500_000, 6.0, 500_000);
-        assert_eq!(none.window.lock().0, [0, 400_000, 500_000]);
-        none.arrived(500_001, 6.0, 500_000);
-        assert_eq!(none.window.lock().0, [400_000, 500_000, 500_001]);
     }
 
     #[test]

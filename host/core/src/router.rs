@@ -158,34 +158,89 @@ pub fn check_weights(weights: &[f64], workers: usize) -> Result<(), WeightsError
     Ok(())
 }
 
-/// Arrival-rate estimate over a sliding window (RAMSIS §6: 500 ms by default).
-pub struct LoadMonitor {
+/// The arrivals in a sliding window and the rate they give: the host's load
+/// estimate (RAMSIS §6: 500 ms by default). One value, read by the policies (the
+/// rate), by admission (the arrival times, which say what the policies will read
+/// next: `crate::admission::LoadForecast`), live behind [`LoadMonitor`]'s lock
+/// and in the simulator on its one thread.
+#[derive(Clone, Debug)]
+pub struct LoadWindow {
     window_us: u64,
-    arrivals: Mutex<VecDeque<u64>>,
+    /// Arrival times, oldest first (µs on the app's clock); those older than the
+    /// window leave at the next record or [`LoadWindow::rate`].
+    arrivals: VecDeque<u64>,
+}
+
+impl LoadWindow {
+    /// An empty window of `window_us`.
+    pub fn new(window_us: u64) -> LoadWindow {
+        LoadWindow { window_us, arrivals: VecDeque::new() }
+    }
+
+    /// Records an arrival at `now`.
+    pub fn record(&mut self, now: u64) {
+        self.arrivals.push_back(now);
+        self.expire(now);
+    }
+
+    /// Requests per second over the window ending at `now`, dropping the arrivals
+    /// that left it.
+    pub fn rate(&mut self, now: u64) -> f64 {
+        self.expire(now);
+        self.arrivals.len() as f64 * 1e6 / self.window_us as f64
+    }
+
+    /// As [`LoadWindow::rate`], for a reader that only borrows the window: the
+    /// arrivals at `t` with `t + window >= now`.
+    pub fn rate_at(&self, now: u64) -> f64 {
+        let gone = self.arrivals.partition_point(|&t| t.saturating_add(self.window_us) < now);
+        (self.arrivals.len() - gone) as f64 * 1e6 / self.window_us as f64
+    }
+
+    /// The arrival times still kept, oldest first (µs on the app's clock).
+    pub fn arrivals(&self) -> &VecDeque<u64> {
+        &self.arrivals
+    }
+
+    /// The window's length, µs.
+    pub fn window_us(&self) -> u64 {
+        self.window_us
+    }
+
+    fn expire(&mut self, now: u64) {
+        while self.arrivals.front().is_some_and(|t| t.saturating_add(self.window_us) < now) {
+            self.arrivals.pop_front();
+        }
+    }
+}
+
+/// The live host's [`LoadWindow`], shared by the threads that record arrivals
+/// and those that read the rate or, for admission, the window itself.
+pub struct LoadMonitor {
+    window: Mutex<LoadWindow>,
 }
 
 impl LoadMonitor {
     /// A monitor over `window_us`.
     pub fn new(window_us: u64) -> LoadMonitor {
-        LoadMonitor { window_us, arrivals: Mutex::new(VecDeque::new()) }
+        LoadMonitor { window: Mutex::new(LoadWindow::new(window_us)) }
     }
 
     /// Records an arrival at `now`.
     pub fn record(&self, now: u64) {
-        let mut a = self.arrivals.lock();
-        a.push_back(now);
-        while a.front().is_some_and(|t| *t + self.window_us < now) {
-            a.pop_front();
-        }
+        self.window.lock().record(now);
     }
 
     /// Requests per second over the window ending at `now`.
     pub fn rate(&self, now: u64) -> f64 {
-        let mut a = self.arrivals.lock();
-        while a.front().is_some_and(|t| *t + self.window_us < now) {
-            a.pop_front();
-        }
-        a.len() as f64 * 1e6 / self.window_us as f64
+        self.window.lock().rate(now)
+    }
+
+    /// The window, held until the guard drops: admission reads it while it
+    /// judges a request (under the worker queue's lock, which is always taken
+    /// first: nothing takes a queue's lock while holding this one).
+    pub fn window(&self) -> parking_lot::MutexGuard<'_, LoadWindow> {
+        self.window.lock()
     }
 }
 
@@ -199,6 +254,25 @@ mod tests {
             c[r.pick(|_| 0)] += 1;
         }
         c
+    }
+
+    #[test]
+    fn the_window_keeps_what_the_estimate_counts_and_both_rates_agree() {
+        let mut load = LoadWindow::new(500_000);
+        load.record(0);
+        assert_eq!((load.rate_at(0), load.clone().rate(0)), (2.0, 2.0));
+        // An arrival at t counts while t + window >= now.
+        load.record(400_000);
+        load.record(500_000);
+        assert_eq!(load.arrivals(), &[0, 400_000, 500_000]);
+        load.record(500_001);
+        assert_eq!(load.arrivals(), &[400_000, 500_000, 500_001]);
+        // Borrowed, the rate counts as the expiring one does, and expires nothing.
+        for now in [500_001, 900_000, 900_001, 1_000_002] {
+            assert_eq!(load.rate_at(now), load.clone().rate(now), "at {now}");
+        }
+        assert_eq!(load.rate_at(900_001), 6.0);
+        assert_eq!(load.arrivals().len(), 3);
     }
 
     #[test]

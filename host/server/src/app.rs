@@ -23,7 +23,7 @@ use sluice_core::decision::{WorkerPolicy, SAFE_POLICY};
 use sluice_core::demand::DemandMonitor;
 use sluice_core::executor::ModelSet;
 use sluice_core::queue::{Head, Prediction, Reply, Request, WorkQueue};
-use sluice_core::router::{LoadMonitor, Router, RouterMode};
+use sluice_core::router::{LoadMonitor, LoadWindow, Router, RouterMode};
 use sluice_core::runtime::{
     Binding, CompiledPolicy, PolicyEngine, PolicyError, PolicyInstance, SharedStore, WorkerView,
 };
@@ -599,8 +599,9 @@ impl App {
     /// (as shortest-queue routing would; at most [`MAX_PLACED`] are placed).
     fn best_prediction(&self, extra: usize) -> Option<(usize, admission::Judged)> {
         let now = self.clock.now();
+        let load = self.load.window();
         let judged = |w: usize, queued: usize| {
-            let (ahead, predicted) = self.admission.prediction(&self.place(w, now), queued);
+            let (ahead, predicted) = self.admission.prediction(&self.place(w, &load, now), queued);
             (ahead, self.admission.judge(predicted, ahead))
         };
         let best = |queued: &[usize]| {
@@ -622,13 +623,14 @@ impl App {
     }
 
     /// Worker `w` as admission predicts it at `now`: its models, the router's
-    /// queue sharing, and each worker's running batch.
-    fn place(&self, w: usize, now: u64) -> Place<'_, impl Fn(usize) -> usize + '_> {
+    /// queue sharing, each worker's running batch, and the `load` estimate.
+    fn place<'a>(&'a self, w: usize, load: &'a LoadWindow, now: u64) -> Place<'a, impl Fn(usize) -> usize + 'a> {
         Place {
             worker: w,
             models: self.models_of(w as u32),
             shared: self.config.router == RouterMode::Shared,
             in_flight: move |i: usize| self.workers[i].in_flight.load(Ordering::Acquire),
+            load,
             now,
         }
     }
@@ -749,7 +751,6 @@ impl App {
         let arrival = arrived.map_or(now, |t| now.saturating_sub(t.elapsed().as_micros() as u64));
 
         self.load.record(now);
-        self.admission.arrived(now, self.load.rate(now), self.config.load_window_ms * 1000);
         if self.device_models.is_some() {
             self.demand.record(now);
         }
@@ -790,12 +791,9 @@ impl App {
                 let pushed = self.workers[w].queue.push_if_then(request, !quiet, |at, request, behind| {
                     // It must make its deadline, and so must every request it would
                     // push back by one place (`Admission::verdict`).
-                    let v = self.admission.verdict(
-                        &self.place(w, self.clock.now()),
-                        at,
-                        (deadline, now),
-                        behind.iter().map(|r| r.deadline),
-                    );
+                    let load = self.load.window();
+                    let place = self.place(w, &load, self.clock.now());
+                    let v = self.admission.verdict(&place, at, (deadline, now), behind.iter().map(|r| r.deadline));
                     request.predicted = v.prediction(now);
                     tracing::trace!(
                         app = self.name(),
@@ -806,7 +804,7 @@ impl App {
                         margin_ms = v.judged.margin_us / 1e3,
                         wait_ms = v.judged.wait_us / 1e3,
                         slack_ms = (deadline as f64 - now as f64) / 1e3,
-                        rate = self.admission.rate(),
+                        rate = load.rate_at(place.now),
                         admitted = v.admitted,
                         "admission"
                     );

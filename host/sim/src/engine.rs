@@ -28,7 +28,7 @@ use sluice_core::demand::DemandMonitor;
 use sluice_core::outcome::{Outcome, Refusal};
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::queue::{deadline_position, DropReason, Prediction};
-use sluice_core::router::{Router, RouterMode};
+use sluice_core::router::{LoadWindow, Router, RouterMode};
 use sluice_core::runtime::{Binding, PolicyInstance};
 use sluice_core::whatif::ReplayControl;
 use sluice_core::worker::{self, Action, Finished, Report};
@@ -93,39 +93,6 @@ struct SimWorker {
     pending: Pending<SimRequest>,
 }
 
-/// The app's arrival-rate estimate: the same count over the same sliding window as
-/// `sluice_core::router::LoadMonitor` (RAMSIS §6), without its lock, which the
-/// simulator's one thread does not need and which cost one lock per arrival and
-/// per decision.
-struct Load {
-    window_us: u64,
-    arrivals: VecDeque<u64>,
-}
-
-impl Load {
-    fn new(window_us: u64) -> Load {
-        Load { window_us, arrivals: VecDeque::new() }
-    }
-
-    /// As `LoadMonitor::record`.
-    fn record(&mut self, now: u64) {
-        self.arrivals.push_back(now);
-        self.expire(now);
-    }
-
-    /// As `LoadMonitor::rate`: requests per second over the window ending at `now`.
-    fn rate(&mut self, now: u64) -> f64 {
-        self.expire(now);
-        self.arrivals.len() as f64 * 1e6 / self.window_us as f64
-    }
-
-    fn expire(&mut self, now: u64) {
-        while self.arrivals.front().is_some_and(|t| *t + self.window_us < now) {
-            self.arrivals.pop_front();
-        }
-    }
-}
-
 struct AppState {
     spec: SimApp,
     arrival_spec: ArrivalSpec,
@@ -145,7 +112,7 @@ struct AppState {
     next_refused: usize,
     queues: Vec<Vec<SimRequest>>,
     workers: Vec<SimWorker>,
-    load: Load,
+    load: LoadWindow,
     router: Router,
     slo_us: u64,
     expire_us: u64,
@@ -167,14 +134,14 @@ impl AppState {
     /// admission). An admitted request keeps its prediction for its answer.
     fn admit(&mut self, w: usize, at: usize, request: &SimRequest, now: u64) -> Option<Refusal> {
         let (admission, predicted) = self.admission.as_mut()?;
-        // The load estimate with this arrival counted, as the host's.
-        admission.arrived(now, self.load.rate(now), self.spec.load_window_ms * 1000);
         let workers = &self.workers;
         let place = Place {
             worker: w,
             models: self.device_models.as_ref().map_or(&self.models[..], |d| &d[w][..]),
             shared: self.spec.router == RouterMode::Shared,
             in_flight: |i: usize| workers[i].busy,
+            // The load estimate with this arrival counted, as the host's.
+            load: &self.load,
             now,
         };
         let v = admission.verdict(&place, at, (request.deadline, now), self.queues[w][at..].iter().map(|r| r.deadline));
@@ -440,7 +407,7 @@ impl Simulation {
                 // An experiment's default is one SLO (the papers' simulators count
                 // late answers); the conversion is the host's (`AppConfig::expire_us_or`).
                 expire_us: spec.expire_us_or(slo_us),
-                load: Load::new(spec.load_window_ms * 1000),
+                load: LoadWindow::new(spec.load_window_ms * 1000),
                 router: Router::new(spec.router, spec.workers as usize, spec.weights.as_deref())
                     .with_context(|| format!("app {}: weights", spec.name))?,
                 spec: spec.clone(),

@@ -113,7 +113,7 @@ impl<'a> PipelineSim<'a> {
             window_acc: Vec::new(),
             overloaded: None,
             reroutes: HashMap::new(),
-            loads: (0..n).map(|_| LoadMonitor::new(flow::LOAD_WINDOW_US)).collect(),
+            loads: (0..n).map(|_| LoadWindow::new(flow::LOAD_WINDOW_US)).collect(),
             outcomes: None,
         };
         // The first plan: the demand of the first second of arrivals (a warm start:

@@ -60,7 +60,7 @@ use sluice_core::pipeline::{
 };
 use sluice_core::profile::{Percentile, Profile};
 use sluice_core::queue::{insert_by_deadline, DropReason};
-use sluice_core::router::LoadMonitor;
+use sluice_core::router::LoadWindow;
 use sluice_core::runtime::{Binding, Limits, PolicyInstance};
 use sluice_core::worker;
 use sluice_core::workload::{ArrivalSpec, Spacing};
@@ -264,7 +264,7 @@ struct PipelineSim<'a> {
     /// is gone.
     reroutes: HashMap<u64, Vec<(usize, usize)>>,
     /// Per task, its arrival rate as its workers' policies see it (`load_qps`).
-    loads: Vec<LoadMonitor>,
+    loads: Vec<LoadWindow>,
     /// Per client request, how it ended (kept only for [`replay`]).
     outcomes: Option<Vec<flow::PipelineOutcome>>,
 }
