@@ -48,11 +48,16 @@ fn perf_analyzer() -> (PathBuf, PathBuf) {
 /// arguments; returns its output, failing with all of it if it did not exit 0.
 async fn run(model: &str, protocol: &str, url: &str, extra: &[&str]) -> String {
     let (bin, lib) = perf_analyzer();
-    // Short windows; a run that cannot settle within them is reported, not
-    // retried: the test is about conformance, so stability is loosened to
-    // what any working server reaches on a busy machine.
-    let mut args = vec!["-m", model, "-i", protocol, "-u", url, "--measurement-interval", "500", "--max-trials", "5"];
-    args.extend(["--stability-percentage", "100"]);
+    // Short windows: the test is about conformance, not figures, so
+    // perf_analyzer's stability check is turned off. It takes the last three
+    // windows as stable when the largest is below (1 + s) times their mean for
+    // both throughput and latency; that largest is never 3 times the mean, so s
+    // = 300 % always passes. At 100 % one window stalled by the machine (a
+    // mean latency several times the others', seen in the full suite at load 5
+    // over gRPC) failed the run. What is left to fail is a window with no answer
+    // at all, which perf_analyzer measures again, up to ten times.
+    let mut args = vec!["-m", model, "-i", protocol, "-u", url, "--measurement-interval", "500", "--max-trials", "10"];
+    args.extend(["--stability-percentage", "300"]);
     args.extend(extra);
     let child = tokio::process::Command::new(&bin).args(&args).env("LD_LIBRARY_PATH", &lib).kill_on_drop(true).output();
     let out = tokio::time::timeout(Duration::from_secs(180), child)
