@@ -3,10 +3,10 @@
 //!
 //! For every crate under `host/`, `sdk/` and `policies/`, the graph of its top-level
 //! modules (a file `src/x.rs` or a folder `src/x/`) with an edge `a → b` wherever
-//! `a`'s code names `crate::b`. Comments are left out (a doc link is not a
-//! dependency), and so is a file's `#[cfg(test)] mod tests` (a test may reach
-//! across). A strongly connected set of more than one module is a circle; the test
-//! names every one it finds.
+//! `a`'s code names `crate::b` (or `super::b` from a top-level file). Comments are
+//! left out (a doc link is not a dependency), and so is a file's `#[cfg(test)] mod
+//! tests` (a test may reach across). A strongly connected set of more than one
+//! module is a circle; the test names every one it finds.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -47,13 +47,21 @@ fn code_of(source: &str) -> String {
     out
 }
 
-/// The modules `code` names as `crate::x`, and those it names inside a
-/// `use crate::{x, y::z}` group.
-fn named_modules(code: &str) -> BTreeSet<String> {
+/// The modules `code` names as `crate::x` (or as `<up>x`, where `up` is the
+/// `super::` path that leads from the file to the crate's root), and those it names
+/// inside a `use crate::{x, y::z}` group.
+fn named_modules(code: &str, up: &str) -> BTreeSet<String> {
     let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
     let mut names = BTreeSet::new();
-    for (at, _) in code.match_indices("crate::") {
-        let after = &code[at + "crate::".len()..];
+    let mut found: Vec<(usize, usize)> = code.match_indices("crate::").map(|(at, m)| (at, m.len())).collect();
+    // A top-level file's `super::x` is `crate::x` (host/sim/src/engine.rs's
+    // `use super::stats`); a `super::` that stops below the root names a sibling
+    // inside the module, no edge. The character before must not continue a path.
+    let starts_path =
+        |at: usize| code[..at].chars().next_back().is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'));
+    found.extend(code.match_indices(up).filter(|&(at, _)| starts_path(at)).map(|(at, m)| (at, m.len())));
+    for (at, len) in found {
+        let after = &code[at + len..];
         if let Some(group) = after.strip_prefix('{') {
             let end = group.find('}').unwrap_or(group.len());
             for item in group[..end].split(',') {
@@ -82,7 +90,10 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     for f in &files {
         let Some(from) = top(f) else { continue };
         let code = code_of(&std::fs::read_to_string(f).expect("readable source"));
-        for to in named_modules(&code) {
+        // The file's depth below the root in modules (`x.rs`, `x/mod.rs`: 1).
+        let rel = f.strip_prefix(src).expect("under src");
+        let depth = rel.components().count() - usize::from(rel.ends_with("mod.rs"));
+        for to in named_modules(&code, &"super::".repeat(depth)) {
             if to != from && modules.contains(&to) {
                 g.get_mut(&from).expect("every module is a node").insert(to);
             }
@@ -157,14 +168,18 @@ fn the_check_finds_a_circle_and_ignores_comments_and_tests() {
     let dir = std::env::temp_dir().join(format!("sluice-modules-{}", std::process::id()));
     let src = dir.join("src");
     std::fs::create_dir_all(src.join("c")).unwrap();
-    std::fs::write(src.join("lib.rs"), "pub mod a; pub mod b; pub mod c;").unwrap();
+    std::fs::write(src.join("lib.rs"), "pub mod a; pub mod b; pub mod c; pub mod d; pub mod e;").unwrap();
     std::fs::write(src.join("a.rs"), "use crate::{b, c::X};\n// crate::z\n").unwrap();
     std::fs::write(src.join("b.rs"), "fn f() { crate::a::g() }\n#[cfg(test)]\nmod tests { use crate::c; }\n").unwrap();
     std::fs::write(src.join("c").join("mod.rs"), "/// [`crate::a`]\npub struct X;\n").unwrap();
+    std::fs::write(src.join("c").join("inner.rs"), "use super::X;\nfn f() { super::super::e::g() }\n").unwrap();
+    std::fs::write(src.join("d.rs"), "use super::{a, c::X};\n").unwrap();
+    std::fs::write(src.join("e.rs"), "pub fn g() {}\n").unwrap();
     let g = graph(&src);
     assert_eq!(g["a"], BTreeSet::from(["b".to_string(), "c".to_string()]));
     assert_eq!(g["b"], BTreeSet::from(["a".to_string()]), "its tests' `crate::c` is no dependency");
-    assert!(g["c"].is_empty(), "a doc link is no dependency");
+    assert_eq!(g["c"], BTreeSet::from(["e".to_string()]), "a doc link is no dependency; `super::super::e` is");
+    assert_eq!(g["d"], BTreeSet::from(["a".to_string(), "c".to_string()]), "a top-level file's `super::`");
     assert_eq!(circles(&g), vec![vec!["a".to_string(), "b".to_string()]]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
