@@ -12,9 +12,12 @@
   const POLL_MS = 500;
   /** Points kept per app: five minutes at POLL_MS. */
   const KEEP = 600;
-  /** Outcomes drawn in the drops chart (sluice_requests_total's), then faults. */
-  const REASONS = ['dropped-policy', 'dropped-expired', 'dropped-executor-error', 'dropped-early-drop-batch-formation',
-    'rejected-queue-full', 'rejected-overload', 'rejected-shutdown'];
+  /**
+   * Outcomes drawn in the drops chart (sluice_requests_total's), then faults: the
+   * host's list (the snapshot's unserved_outcomes, rendered from its drop and
+   * refusal types), read at each poll so the page names no outcome itself.
+   */
+  let reasons = [];
   const COUNTERS = ['accepted', 'served', 'late', 'dropped', 'rejected', 'faults', 'swaps'];
 
   let token = null;
@@ -104,6 +107,7 @@
 
   function render(s) {
     const t = s.unix_ms / 1000;
+    reasons = s.unserved_outcomes;
     for (const a of s.apps) renderApp(a, t);
     for (const e of s.events) {
       since = Math.max(since, e.seq);
@@ -173,8 +177,10 @@
     $('apps').appendChild(card);
     const models = a.models.map(m => m.name);
     const workers = a.workers.map(w => w.index);
-    const charts = new C.AppCharts(card, models, workers, REASONS.concat(['policy faults']));
-    const entry = { card, f, events, charts, models, points: [], markers: [], prev: null };
+    // An app's chart keeps the outcomes it was created with: its series are fixed.
+    const drawn = reasons.slice();
+    const charts = new C.AppCharts(card, models, workers, drawn.concat(['policy faults']));
+    const entry = { card, f, events, charts, models, reasons: drawn, points: [], markers: [], prev: null };
     apps.set(a.app, entry);
     return entry;
   }
@@ -210,7 +216,7 @@
       p99_ms: q(0.99),
       mix: byModel.map(x => x / dt),
       queue: a.queue_lengths,
-      drops: REASONS.map(r => out(r) / dt).concat([d('faults') / dt]),
+      drops: e.reasons.map(r => out(r) / dt).concat([d('faults') / dt]),
     });
     if (e.points.length > KEEP) e.points.shift();
   }

@@ -1,6 +1,7 @@
 //! What the HTTP front and the admin API share at the edge: the response body type,
 //! the one error type [`ApiError`] (a status and an `{"error": "..."}` body; client
-//! errors echo what was wrong, server errors log the cause and say nothing more),
+//! errors echo what was wrong, server errors log the cause and say nothing more;
+//! refusals add their typed `reason`, [`ApiError::refused`]),
 //! and the helpers that read bodies and find apps.
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use serde_json::{json, Value};
 
 use crate::app::App;
 use crate::state::State;
+use sluice_core::outcome::Refusal;
 use sluice_core::registry::RegistryError;
 
 impl From<crate::binary::BinaryError> for ApiError {
@@ -70,6 +72,22 @@ impl ApiError {
     pub(crate) fn internal(cause: impl std::fmt::Display) -> ApiError {
         tracing::error!("internal error: {cause}");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal server error (see the server log)")
+    }
+
+    /// A request refused for `refusal`, in `message`'s words: 429 for an overload
+    /// or a full queue (retry later), 503 at shutdown. The body adds
+    /// `"refused": true` and `"reason"`: [`Refusal::as_str`], the one spelling a
+    /// client can match on (`error` stays words for people; tritonclient shows
+    /// it). A drop's body has `"dropped": true` and its reason the same way.
+    pub(crate) fn refused(refusal: Refusal, message: impl Into<String>) -> ApiError {
+        let status = match refusal {
+            Refusal::Overload | Refusal::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        ApiError {
+            extra: Some(json!({ "refused": true, "reason": refusal.as_str() })),
+            ..ApiError::new(status, message)
+        }
     }
 
     /// Adds the `Allow` header (for a 405).

@@ -22,7 +22,8 @@ use sluice_core::clock::{Clock as _, WallClock};
 use sluice_core::decision::{WorkerPolicy, SAFE_POLICY};
 use sluice_core::demand::DemandMonitor;
 use sluice_core::executor::ModelSet;
-use sluice_core::queue::{Head, Prediction, Reply, Request, WorkQueue};
+use sluice_core::outcome::{Outcome, Refusal};
+use sluice_core::queue::{DropReason, Head, Prediction, Reply, Request, WorkQueue};
 use sluice_core::router::{LoadMonitor, LoadWindow, Router, RouterMode};
 use sluice_core::runtime::{
     Binding, CompiledPolicy, PolicyEngine, PolicyError, PolicyInstance, SharedStore, WorkerView,
@@ -68,8 +69,7 @@ pub enum AdmitError {
 impl AdmitError {
     /// Its typed reason, as a request's outcome records it
     /// ([`sluice_core::outcome::Outcome::Refused`]; the simulator's refusals too).
-    pub fn refusal(&self) -> sluice_core::outcome::Refusal {
-        use sluice_core::outcome::Refusal;
+    pub fn refusal(&self) -> Refusal {
         match self {
             AdmitError::QueueFull { .. } => Refusal::QueueFull,
             AdmitError::ShuttingDown(_) => Refusal::ShuttingDown,
@@ -692,8 +692,7 @@ impl App {
     }
 
     fn queue_full(&self) -> AdmitError {
-        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        self.metrics.request(self.name(), "", "rejected-queue-full");
+        self.record_refusal(Refusal::QueueFull);
         AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue }
     }
 
@@ -704,11 +703,10 @@ impl App {
             ahead,
             wait_ms = judged.wait_us / 1e3,
             margin_ms = judged.margin_us / 1e3,
+            reason = Refusal::Overload.as_str(),
             "refused: would miss its deadline"
         );
-        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        self.counters.rejected_overload.fetch_add(1, Ordering::Relaxed);
-        self.metrics.request(self.name(), "", "rejected-overload");
+        self.record_refusal(Refusal::Overload);
         AdmitError::WouldMissDeadline {
             app: self.name().to_string(),
             ahead,
@@ -899,8 +897,7 @@ impl App {
     /// Answers an accepted request that shutdown left unserved: 503, counted as
     /// rejected.
     pub fn reject_at_shutdown(&self, r: Request) {
-        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        self.metrics.request(self.name(), "", "rejected-shutdown");
+        self.record_refusal(Refusal::ShuttingDown);
         r.answer(Reply::Rejected { message: "server shut down before the request could be served".into() });
     }
 
@@ -908,8 +905,94 @@ impl App {
     /// answers it with the shutdown's 503): rejected, as at shutdown.
     pub fn count_unanswered(&self) {
         tracing::error!(app = self.name(), "a worker stopped without answering a request");
+        self.record_refusal(Refusal::ShuttingDown);
+    }
+
+    // What the app counts. Every counter and metric an app's requests and its
+    // workers move is moved here, so each metric's name and each outcome's label
+    // are written once (the labels from the types: [`Outcome::metric_label`]).
+
+    /// Counts a refused request: in `rejected` (and `rejected_overload` for an
+    /// overload) and in `sluice_requests_total` under [`Refusal::metric_label`].
+    /// A request rejected after it was accepted (at shutdown) counts as a
+    /// shutdown refusal: its client gets the same 503 ([`Outcome::metric_label`]).
+    fn record_refusal(&self, refusal: Refusal) {
         self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        self.metrics.request(self.name(), "", "rejected-shutdown");
+        if refusal == Refusal::Overload {
+            self.counters.rejected_overload.fetch_add(1, Ordering::Relaxed);
+        }
+        self.metrics.request(self.name(), "", refusal.metric_label());
+    }
+
+    /// Counts a request dropped for `reason`: in `dropped` and in
+    /// `sluice_requests_total` as `dropped-<reason>`.
+    pub fn record_drop(&self, reason: DropReason) {
+        self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        self.metrics.request(self.name(), "", &Outcome::Dropped(reason).metric_label());
+    }
+
+    /// Records a batch of `size` requests formed for `variant` (`sluice_batch_size`).
+    pub fn record_batch(&self, variant: &str, size: usize) {
+        self.metrics.record("sluice_batch_size", &[("app", self.name()), ("model", variant)], size as f64);
+    }
+
+    /// Counts the `requests` of a batch of `variant` that started at `started`
+    /// and finished at `finished`, all served; `on_time(deadline)` says whether a
+    /// request with that deadline made it. `sluice_requests_total` (`served`,
+    /// `late`) is counted once per batch, one lock per family rather than per
+    /// answer; then the queueing and latency histograms and the admin counters.
+    /// Call it before any of the answers leaves, so a client that reads the
+    /// metrics after its answer finds itself counted.
+    pub fn record_served(
+        &self,
+        variant: &str,
+        requests: &[Request],
+        started: u64,
+        finished: u64,
+        on_time: impl Fn(u64) -> bool,
+    ) {
+        let size = requests.len() as u64;
+        let (mut met, mut audited_met) = (0, 0);
+        for r in requests.iter().filter(|r| on_time(r.deadline)) {
+            met += 1;
+            // Admitted to check a refusal, and on time: the refusal was false.
+            audited_met += u64::from(r.audit);
+        }
+        self.metrics.requests_n(self.name(), variant, Outcome::METRIC_SERVED, met);
+        self.metrics.requests_n(self.name(), variant, Outcome::METRIC_LATE, size - met);
+        let queue_s = requests.iter().map(|r| (started - r.arrival.min(started)) as f64 / 1e6);
+        self.metrics.record_all("sluice_queue_seconds", &[("app", self.name())], queue_s);
+        let latency_s = requests.iter().map(|r| finished.saturating_sub(r.arrival) as f64 / 1e6);
+        self.metrics.record_all("sluice_latency_seconds", &[("app", self.name())], latency_s);
+        if size > met {
+            self.counters.late.fetch_add(size - met, Ordering::Relaxed);
+        }
+        if audited_met > 0 {
+            self.counters.audited_met.fetch_add(audited_met, Ordering::Relaxed);
+        }
+        self.counters.served.fetch_add(size, Ordering::Relaxed);
+    }
+
+    /// Records the time of one policy `decide` call (`sluice_policy_decide_seconds`).
+    pub fn record_decide_time(&self, t: Duration) {
+        self.metrics.record("sluice_policy_decide_seconds", &[("app", self.name())], t.as_secs_f64());
+    }
+
+    /// Counts a decision made in an inline turn ([`AppCounters::inline_decisions`]).
+    pub fn record_inline_decision(&self) {
+        self.counters.inline_decisions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a decision the safe policy made while a faulted instance was
+    /// re-instantiated ([`AppCounters::reviving_decisions`]).
+    pub fn record_reviving_decision(&self) {
+        self.counters.reviving_decisions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A worker waited `waited` for its slot to install a swap's policy: keeps the
+    /// longest ([`AppCounters::swap_max_wait_ns`]).
+    pub fn record_swap_wait(&self, waited: Duration) {
+        self.counters.swap_max_wait_ns.fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Wakes every worker so it re-decides (after a swap, a model change or at shutdown).

@@ -27,6 +27,7 @@ use crate::config::InputSpec;
 use crate::pipeline::PipelineApp;
 use crate::state::State;
 use sluice_core::executor::OUTPUT_NAME;
+use sluice_core::outcome::Refusal;
 use sluice_core::queue::{DropReason, Reply, Served};
 use sluice_core::tensor::{DataType, Tensor, TensorData};
 
@@ -149,14 +150,10 @@ pub(crate) fn target(state: &State, name: &str) -> Result<Target, ApiError> {
     Ok(Target::App(app_of(state, name)?.clone()))
 }
 
-/// The status of a refusal at admission: 429 for overload (retry later), 503 at
-/// shutdown.
+/// The answer to a refusal at admission ([`ApiError::refused`]: 429 for overload
+/// or a full queue, 503 at shutdown, with its typed reason).
 pub(crate) fn admit_error(e: AdmitError) -> ApiError {
-    match e {
-        AdmitError::QueueFull { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
-        AdmitError::ShuttingDown(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        AdmitError::WouldMissDeadline { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
-    }
+    ApiError::refused(e.refusal(), e.to_string())
 }
 
 /// The refusal of a version-pinned inference: the policy picks the variant.
@@ -492,8 +489,8 @@ async fn app_infer(
             Err(_) => {
                 app.count_unanswered();
                 if failed.is_none() {
-                    failed = Some(ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
+                    failed = Some(ApiError::refused(
+                        Refusal::ShuttingDown,
                         "the request's worker stopped before serving it",
                     ));
                 }
@@ -568,7 +565,7 @@ fn reply_error(app: &App, reply: Reply, id: Option<&str>) -> ApiError {
             extra: Some(with_id(json!({ "dropped": true, "reason": reason.as_str(), "policy": policy }), id)),
             allow: None,
         },
-        Reply::Rejected { message } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
+        Reply::Rejected { message } => ApiError::refused(Refusal::ShuttingDown, message),
     }
 }
 
@@ -597,8 +594,8 @@ async fn pipeline_infer(p: &Arc<PipelineApp>, tensor: Tensor, id: Option<&str>) 
     });
     if answer.paths.is_empty() {
         let Some((task, reason)) = answer.first_drop() else {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
+            return Err(ApiError::refused(
+                Refusal::ShuttingDown,
                 format!("pipeline {}: the server shut down before the request could be served", p.name()),
             ));
         };
@@ -1079,6 +1076,40 @@ pub(crate) fn labels_in(dir: &std::path::Path) -> Option<Arc<Vec<String>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refusal's answer keeps its words in `error` and adds its typed reason,
+    /// with the status it always had; the gRPC status carries the same message.
+    #[test]
+    fn refusals_answer_their_typed_reason() {
+        let overload = AdmitError::WouldMissDeadline {
+            app: "emu".into(),
+            ahead: 3,
+            wait_ms: 120.0,
+            margin_ms: 20.0,
+            slo_ms: 100.0,
+            pushes_back: false,
+        };
+        let cases = [
+            (AdmitError::QueueFull { app: "emu".into(), limit: 5 }, 429, "queue-full", "queue full"),
+            (overload, 429, "overload", "overloaded"),
+            (AdmitError::ShuttingDown("emu".into()), 503, "shutting-down", "shutting down"),
+        ];
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        for (e, status, reason, words) in cases {
+            let text = e.to_string();
+            assert!(text.contains(words), "{text}");
+            let r = admit_error(e).into_response();
+            assert_eq!(r.status().as_u16(), status, "{reason}");
+            let body = runtime.block_on(http_body_util::BodyExt::collect(r.into_body())).unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body, json!({ "error": text, "refused": true, "reason": reason }));
+        }
+        let grpc = crate::grpc::status(admit_error(AdmitError::QueueFull { app: "emu".into(), limit: 5 }));
+        assert_eq!(grpc.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(grpc.message(), "app emu: queue full (5 requests waiting); retry later");
+        let trailer = grpc.metadata().get("sluice-drop-reason").map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(trailer.as_deref(), Some("queue-full"));
+    }
 
     #[test]
     fn values_that_do_not_fit_the_datatype_are_named() {

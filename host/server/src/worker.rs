@@ -4,7 +4,8 @@
 //! decision, when to decide again), then the batch it forms executed and judged
 //! ([`Finished`]). The rules are the machine's, the same in the simulator; this
 //! file holds what is live: the slot lock and swaps, the wall clock and the
-//! executor, counters, metrics and answers.
+//! executor, answers, and what is counted (through the app's `record_*` methods,
+//! which hold the metrics' names).
 //!
 //! Every request that enters a worker's queue leaves it exactly once: taken into a
 //! batch (and answered when the batch finishes), dropped by the policy, expired by
@@ -94,7 +95,7 @@ pub fn run_inline(app: &App, handle: &crate::app::WorkerHandle, mut turn: Turn<'
             let Some((action, formed)) = decided else {
                 break;
             };
-            app.counters.inline_decisions.fetch_add(1, Ordering::Relaxed);
+            app.record_inline_decision();
             match action {
                 Action::Run { model, batch } => {
                     execute(app, handle, &core.models, model, batch, formed, &mut outbox).await;
@@ -260,7 +261,7 @@ impl worker::Driver<Request> for Answers<'_> {
 
     fn decided(&mut self, _policy: &mut WorkerPolicy, report: Report) {
         if let Some(t) = report.decide_time {
-            self.app.metrics.record("sluice_policy_decide_seconds", &[("app", self.app.name())], t.as_secs_f64());
+            self.app.record_decide_time(t);
             self.called = true;
             self.slow |= t > INLINE_DECIDE_MAX;
         }
@@ -302,8 +303,7 @@ fn decide(
         handle.inline.fast.store(false, Ordering::Release);
         retired = Some(std::mem::replace(&mut slot.current, bound));
         slot.generation = generation;
-        let waited = wait_started.elapsed();
-        app.counters.swap_max_wait_ns.fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
+        app.record_swap_wait(wait_started.elapsed());
     }
     let unbind = app.unbind_generation.load(Ordering::Acquire);
     if unbind != 0 && unbind == slot.generation && !matches!(slot.current, WorkerPolicy::Safe) {
@@ -350,9 +350,7 @@ fn decide(
     for fault in answers.faults {
         match fault {
             // The fault that made the instance re-instantiate was counted when it happened.
-            PolicyFault::Reviving => {
-                app.counters.reviving_decisions.fetch_add(1, Ordering::Relaxed);
-            }
+            PolicyFault::Reviving => app.record_reviving_decision(),
             fault => {
                 app.record_fault(&policy_name, fault.kind(), generation, &fault.to_string());
             }
@@ -374,8 +372,7 @@ fn decide(
 
 /// Counts a request dropped and makes its answer (for an [`Outbox`]).
 fn answer_dropped(app: &App, r: Request, reason: DropReason, detail: &str, policy: &str) -> (Request, Reply) {
-    app.counters.dropped.fetch_add(1, Ordering::Relaxed);
-    app.metrics.request(app.name(), "", &format!("dropped-{}", reason.as_str()));
+    app.record_drop(reason);
     (r, Reply::Dropped { reason, detail: detail.to_string(), policy: policy.to_string() })
 }
 
@@ -396,7 +393,7 @@ async fn execute(
     let variant = app.models[model as usize].name.clone();
     let started = app.clock.now();
     app.start_batch(handle, model, size, left, started, load_qps);
-    app.metrics.record("sluice_batch_size", &[("app", app.name()), ("model", &variant)], size as f64);
+    app.record_batch(&variant, size);
     let (requests, samples): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .map(|mut r| {
@@ -445,26 +442,10 @@ async fn execute(
     let feedback = done.feedback(&requests);
     match result {
         Ok(outputs) => {
-            // Counted per batch, under one lock per family (not per answer), and
-            // before any answer leaves, so a client that reads the metrics after its
-            // answer finds itself counted.
-            let on_time = requests.iter().filter(|r| done.on_time(r.deadline)).count() as u64;
-            app.metrics.requests_n(app.name(), &variant, "served", on_time);
-            app.metrics.requests_n(app.name(), &variant, "late", size as u64 - on_time);
-            let queue_s = requests.iter().map(|r| (started - r.arrival.min(started)) as f64 / 1e6);
-            app.metrics.record_all("sluice_queue_seconds", &[("app", app.name())], queue_s);
-            let latency_s = requests.iter().map(|r| finished.saturating_sub(r.arrival) as f64 / 1e6);
-            app.metrics.record_all("sluice_latency_seconds", &[("app", app.name())], latency_s);
+            // Counted before any answer leaves (they wait in `outbox`).
+            app.record_served(&variant, &requests, started, finished, |deadline| done.on_time(deadline));
             for (r, outputs) in requests.into_iter().zip(outputs) {
                 let met = done.on_time(r.deadline);
-                if !met {
-                    app.counters.late.fetch_add(1, Ordering::Relaxed);
-                }
-                if r.audit && met {
-                    // Admitted to check a refusal, and on time: the refusal was false.
-                    app.counters.audited_met.fetch_add(1, Ordering::Relaxed);
-                }
-                app.counters.served.fetch_add(1, Ordering::Relaxed);
                 let latency_us = finished.saturating_sub(r.arrival);
                 let served = Served {
                     variant: variant.clone(),
