@@ -180,6 +180,22 @@ pub enum FailMode {
     Unbind,
 }
 
+/// `unbind_after` when a config leaves it out: what every app takes by default,
+/// and the value a pipeline's task workers use in the simulator (its task apps
+/// take the app defaults live).
+pub const DEFAULT_UNBIND_AFTER: u64 = 10;
+
+impl FailMode {
+    /// Whether the policy that has just made its `faults`-th fault (counted per
+    /// app) is replaced by the safe one: under `unbind` at `unbind_after` faults,
+    /// under `fallback` never (each faulting decision is answered by the safe
+    /// policy and the component kept). The one rule of the live host's apps and the
+    /// simulator's pipeline task workers.
+    pub fn unbinds(self, faults: u64, unbind_after: u64) -> bool {
+        self == FailMode::Unbind && faults >= unbind_after
+    }
+}
+
 fn default_percentile() -> Percentile {
     Percentile::P95
 }
@@ -190,7 +206,7 @@ fn default_load_window() -> u64 {
     500
 }
 fn default_unbind_after() -> u64 {
-    10
+    DEFAULT_UNBIND_AFTER
 }
 fn default_decide_budget() -> u64 {
     10
@@ -567,5 +583,17 @@ mod tests {
         let e = app("router = \"weighted\"\nweights = [1, 1]").validate().unwrap_err();
         assert_eq!(e.to_string(), "app.a.weights: expected 3 weights (one per worker), got 2");
         assert!(app("router = \"weighted\"\nweights = [0, 1, 2]").validate().is_ok());
+    }
+
+    #[test]
+    fn a_policy_is_unbound_at_unbind_after_faults_only_under_unbind() {
+        let a = app("");
+        assert_eq!((a.fail_mode, a.unbind_after), (FailMode::Fallback, DEFAULT_UNBIND_AFTER));
+        assert!(!FailMode::Fallback.unbinds(100, DEFAULT_UNBIND_AFTER));
+        assert!(!FailMode::Unbind.unbinds(9, 10));
+        assert!(FailMode::Unbind.unbinds(10, 10));
+        assert!(FailMode::Unbind.unbinds(11, 10));
+        let a = app("fail_mode = \"unbind\"\nunbind_after = 3");
+        assert!(a.fail_mode.unbinds(3, a.unbind_after) && !a.fail_mode.unbinds(2, a.unbind_after));
     }
 }

@@ -42,7 +42,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 use sluice_alloc::loki::routing::{
-    most_accurate_first_filling, queue_aware_root, Backup, DropCause, Hop, Replica, RootQueue, Route, RoutingTables,
+    most_accurate_first_filling, queue_aware_root, Backup, Hop, Replica, RootQueue, Route, RoutingTables,
 };
 use sluice_alloc::loki::{self, Plan};
 use sluice_core::clock::{Clock as _, WallClock};
@@ -51,7 +51,7 @@ use sluice_core::demand::{Forecaster as _, WindowPeak};
 use sluice_core::pipeline::flow::{self, PathEnd};
 use sluice_core::pipeline::{fanout_count, slo_per_stage_us, EarlyDrop, Pipeline, RootDispatch};
 use sluice_core::queue::Reply;
-use sluice_core::router::{LoadMonitor, Router, RouterMode};
+use sluice_core::router::{check_weights, LoadMonitor};
 use sluice_core::tensor::Tensor;
 
 use crate::app::{AdmitError, App};
@@ -100,22 +100,29 @@ pub struct Routing {
     pickers: Vec<Vec<Option<Picker>>>,
 }
 
-/// A routing table as a smooth weighted round-robin (`router::smooth_pick`) over its entries: each entry
-/// gets its probability's share of the requests, evenly spread.
+/// A routing table drawn from by `flow::LIVE_ROUTING_DRAW` (the simulator's
+/// `routing = "smooth"`): each entry gets its probability's share of the requests,
+/// evenly spread.
 struct Picker {
     nodes: Vec<usize>,
-    router: Router,
+    weights: Vec<f64>,
+    /// The draw's smooth credits, one per entry; fresh with every build of the tables.
+    credit: Mutex<Vec<f64>>,
 }
 
 impl Picker {
+    /// None: a table no request can be sent by (empty, or no usable weights).
     fn new(routes: &[Route]) -> Option<Picker> {
         let weights: Vec<f64> = routes.iter().map(|r| r.probability).collect();
-        let router = Router::new(RouterMode::Weighted, routes.len(), Some(&weights)).ok()?;
-        Some(Picker { nodes: routes.iter().map(|r| r.node).collect(), router })
+        check_weights(&weights, routes.len()).ok()?;
+        let credit = Mutex::new(vec![0.0; weights.len()]);
+        Some(Picker { nodes: routes.iter().map(|r| r.node).collect(), weights, credit })
     }
 
     fn pick(&self) -> usize {
-        self.nodes[self.router.pick(|_| 0)]
+        // The live draw is smooth: it takes no uniform.
+        let k = flow::LIVE_ROUTING_DRAW.pick(&self.weights, &mut self.credit.lock(), || 0.0);
+        self.nodes[k.unwrap_or(0)]
     }
 }
 
@@ -173,7 +180,7 @@ impl Routing {
         let mut backup = self.backup.lock();
         // The tables as built, with the backup capacity left now.
         // The rule reads the nodes' latencies and the backup tables only.
-        let left = RoutingTables {
+        let mut left = RoutingTables {
             frontend: Vec::new(),
             nodes: Vec::new(),
             passthrough: Vec::new(),
@@ -182,17 +189,10 @@ impl Routing {
             latency_us: self.tables.latency_us.clone(),
         };
         let hop = left.hop(mode, child, child_is_sink, assigned, over_us, now, deadline);
-        *backup = left.backup;
-        if let (Hop::Rerouted(node), Some(list)) = (hop, backup.get_mut(child)) {
-            if let Some(k) = list.iter().position(|b| b.node == node) {
-                match flow::spend_backup(list[k].leftover_qps) {
-                    Some(l) => list[k].leftover_qps = l,
-                    None => {
-                        list.remove(k);
-                    }
-                }
-            }
+        if let Hop::Rerouted(node) = hop {
+            left.spend_backup(child, node);
         }
+        *backup = left.backup;
         hop
     }
 
@@ -734,9 +734,9 @@ impl PipelineApp {
                         Hop::Drop(cause) => {
                             // Counted where it was bound; reported as dropped by the task
                             // it overran (per-task) or could not enter in time.
-                            let by = if cause == DropCause::OverBudget { task } else { child };
+                            let by = if cause == flow::EarlyCause::OverBudget { task } else { child };
                             this.task_counters[child].lock().created += 1;
-                            answer.merge(this.drop_at(child, by, flow::Drop::Early(early_cause(cause))));
+                            answer.merge(this.drop_at(child, by, flow::Drop::Early(cause)));
                             continue;
                         }
                     };
@@ -770,15 +770,6 @@ impl PipelineApp {
             }
             answer
         })
-    }
-}
-
-/// The load balancer's cause as the shared drop reason.
-fn early_cause(cause: DropCause) -> flow::EarlyCause {
-    match cause {
-        DropCause::OverBudget => flow::EarlyCause::OverBudget,
-        DropCause::NoTimeLeft => flow::EarlyCause::NoTimeLeft,
-        DropCause::NoFasterWorker => flow::EarlyCause::NoFasterWorker,
     }
 }
 
@@ -1075,14 +1066,17 @@ impl PipelineApp {
             }
             if let Some(app) = &self.tasks[o.task] {
                 let worker = &app.workers[d];
-                let bound = Duration::from_micros(flow::retire_bound_us(self.slo_us, app.expire_us));
-                let end = tokio::time::Instant::now() + bound;
+                // Served out by `flow::retired`: idle, or at the bound.
+                let since = tokio::time::Instant::now();
                 // Requests routed by the old tables just before the switch land
                 // within microseconds: give them that before watching the queue.
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                while (!worker.queue.is_empty() || worker.in_flight.load(Ordering::Acquire) > 0)
-                    && tokio::time::Instant::now() < end
-                {
+                while !flow::retired(
+                    worker.queue.is_empty() && worker.in_flight.load(Ordering::Acquire) == 0,
+                    since.elapsed().as_micros() as u64,
+                    self.slo_us,
+                    app.expire_us,
+                ) {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             }
@@ -1356,6 +1350,9 @@ pub fn task_app_config(
         p
     }));
     app.input = input.cloned();
+    // The window the simulator measures a task's load over (`flow::LOAD_WINDOW_US`),
+    // not whatever the app default becomes.
+    app.load_window_ms = flow::LOAD_WINDOW_MS;
     app.validate().map_err(|e| anyhow::anyhow!("pipeline {}: task {}: {e}", config.name, task.name))?;
     Ok(app)
 }

@@ -21,6 +21,7 @@
 //! front end that fans a request out (Loki's `source`) routes like a worker.
 
 use serde::Serialize;
+use sluice_core::pipeline::flow::{self, EarlyCause};
 use sluice_core::pipeline::{EarlyDrop, Pipeline};
 
 /// A hosted (task, variant) replica: one worker as the load balancer sees it.
@@ -85,32 +86,9 @@ pub enum Hop {
     Assigned(usize),
     /// To a faster node from the backup table (opportunistic rerouting).
     Rerouted(usize),
-    /// Dropped: it cannot make its deadline.
-    Drop(DropCause),
-}
-
-/// Why early dropping dropped a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DropCause {
-    /// It spent longer than its budget at the task it just left (`per-task`).
-    OverBudget,
-    /// The time left before the deadline is less than the last task's execution time
-    /// (`last-task`).
-    NoTimeLeft,
-    /// It is behind and no downstream worker with capacity left is fast enough
-    /// (`rerouting`).
-    NoFasterWorker,
-}
-
-impl DropCause {
-    /// A short label for responses and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DropCause::OverBudget => "over-budget",
-            DropCause::NoTimeLeft => "no-time-left",
-            DropCause::NoFasterWorker => "no-faster-worker",
-        }
-    }
+    /// Dropped: it cannot make its deadline, for the cause the live host and the
+    /// simulator count it under (`flow::Drop::Early`).
+    Drop(EarlyCause),
 }
 
 impl RoutingTables {
@@ -130,6 +108,23 @@ impl RoutingTables {
                     .then(b.node.cmp(&a.node))
             })
             .map(|b| b.node)
+    }
+
+    /// One request rerouted to backup `node` of `task`: its leftover capacity
+    /// shrinks by one request, and it leaves the backup table when used up
+    /// ([`flow::spend_backup`]). The one walk of the backup list the live host and
+    /// the simulator share after a [`Hop::Rerouted`]; a node not in the table is
+    /// left alone.
+    pub fn spend_backup(&mut self, task: usize, node: usize) {
+        let Some(list) = self.backup.get_mut(task) else { return };
+        if let Some(k) = list.iter().position(|b| b.node == node) {
+            match flow::spend_backup(list[k].leftover_qps) {
+                Some(left) => list[k].leftover_qps = left,
+                None => {
+                    list.remove(k);
+                }
+            }
+        }
     }
 
     /// Early dropping (§5.2) for one intermediate request bound for `child`, whose
@@ -159,12 +154,12 @@ impl RoutingTables {
     ) -> Hop {
         match mode {
             EarlyDrop::None => Hop::Assigned(assigned),
-            EarlyDrop::PerTask if over_us > 0 => Hop::Drop(DropCause::OverBudget),
+            EarlyDrop::PerTask if over_us > 0 => Hop::Drop(EarlyCause::OverBudget),
             EarlyDrop::PerTask => Hop::Assigned(assigned),
             EarlyDrop::LastTask => {
                 let need = self.latency_us.get(assigned).copied().unwrap_or(0);
                 if child_is_sink && now.saturating_add(need) > deadline {
-                    Hop::Drop(DropCause::NoTimeLeft)
+                    Hop::Drop(EarlyCause::NoTimeLeft)
                 } else {
                     Hop::Assigned(assigned)
                 }
@@ -175,7 +170,7 @@ impl RoutingTables {
                 let within = y - over_us;
                 match (within >= 0).then(|| self.reroute(child, within as u64)).flatten() {
                     Some(node) => Hop::Rerouted(node),
-                    None => Hop::Drop(DropCause::NoFasterWorker),
+                    None => Hop::Drop(EarlyCause::NoFasterWorker),
                 }
             }
         }
@@ -534,17 +529,42 @@ mod tests {
         let hop = |mode, sink, over, deadline| t.hop(mode, 1, sink, 2, over, 100, deadline);
         let far = u64::MAX;
         assert_eq!(hop(EarlyDrop::None, true, 1_000_000, 0), Hop::Assigned(2));
-        assert_eq!(hop(EarlyDrop::PerTask, false, 1, far), Hop::Drop(DropCause::OverBudget));
+        assert_eq!(hop(EarlyDrop::PerTask, false, 1, far), Hop::Drop(EarlyCause::OverBudget));
         assert_eq!(hop(EarlyDrop::PerTask, false, 0, far), Hop::Assigned(2));
         assert_eq!(hop(EarlyDrop::LastTask, true, 50_000, 20_100), Hop::Assigned(2));
-        assert_eq!(hop(EarlyDrop::LastTask, true, 0, 20_099), Hop::Drop(DropCause::NoTimeLeft));
+        assert_eq!(hop(EarlyDrop::LastTask, true, 0, 20_099), Hop::Drop(EarlyCause::NoTimeLeft));
         assert_eq!(hop(EarlyDrop::LastTask, false, 0, 0), Hop::Assigned(2));
         // Behind by 5 ms on a 20 ms worker: the 10 ms one (within 15 ms) saves it.
         assert_eq!(hop(EarlyDrop::Rerouting, true, 5_000, far), Hop::Rerouted(1));
         assert_eq!(hop(EarlyDrop::Rerouting, true, 10_000, far), Hop::Rerouted(1));
-        assert_eq!(hop(EarlyDrop::Rerouting, true, 10_001, far), Hop::Drop(DropCause::NoFasterWorker));
-        assert_eq!(hop(EarlyDrop::Rerouting, true, 25_000, far), Hop::Drop(DropCause::NoFasterWorker));
+        assert_eq!(hop(EarlyDrop::Rerouting, true, 10_001, far), Hop::Drop(EarlyCause::NoFasterWorker));
+        assert_eq!(hop(EarlyDrop::Rerouting, true, 25_000, far), Hop::Drop(EarlyCause::NoFasterWorker));
         assert_eq!(hop(EarlyDrop::Rerouting, true, -5, far), Hop::Assigned(2));
+    }
+
+    #[test]
+    fn rerouting_uses_up_a_backup_one_request_at_a_time() {
+        // Idle: the classify workers keep 5 and 15 req/s as backups.
+        let workers = [w(0, 1, 0.9, 6.0), w(1, 0, 0.7, 5.0), w(1, 1, 0.95, 15.0)];
+        let mut t = most_accurate_first(&pipeline(), &workers, 0.0);
+        let left = |t: &RoutingTables, node| t.backup[1].iter().find(|b| b.node == node).map(|b| b.leftover_qps);
+        assert_eq!(left(&t, 1), Some(5.0));
+        t.spend_backup(1, 1);
+        assert_eq!(left(&t, 1), Some(4.0));
+        for _ in 0..4 {
+            t.spend_backup(1, 1);
+        }
+        // Used up: it leaves the table, and behind by 5 ms nothing saves a request.
+        assert_eq!(left(&t, 1), None);
+        assert_eq!(left(&t, 2), Some(15.0));
+        assert_eq!(
+            t.hop(EarlyDrop::Rerouting, 1, true, 2, 5_000, 100, u64::MAX),
+            Hop::Drop(EarlyCause::NoFasterWorker)
+        );
+        // A node or task not in the tables: nothing to spend.
+        t.spend_backup(1, 7);
+        t.spend_backup(9, 1);
+        assert_eq!(t.backup[1].len(), 1);
     }
 
     /// Worked by hand. A (acc 0.9, 10 req/s) has 3 queued whose head waited 200 ms:

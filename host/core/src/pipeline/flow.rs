@@ -13,11 +13,18 @@
 //!   a pass-through task.
 //! - [`DECIDES_ON_ARRIVAL`]: an idle worker decides when a request reaches it.
 //! - [`spend_backup`]: how opportunistic rerouting uses up a backup worker's
-//!   leftover capacity.
+//!   leftover capacity (applied to the backup table by
+//!   `sluice_alloc::loki::routing::RoutingTables::spend_backup`, both sides).
+//! - [`EarlyCause`]: why early dropping at a hop dropped a request, carried by the
+//!   load balancer's `Hop::Drop` itself.
 //! - [`PathEnd`]: which ends of a request's tree count in the path accuracy (sinks)
 //!   and which only in its completion (every end).
-//! - [`retire_bound_us`] and [`RETIRING_AS_SHUTDOWN`]: how a worker leaving a task serves out its queue.
-//! - [`unbind_after_fault`]: what a policy fault does to a task worker's policy.
+//! - [`RoutingDraw`]: how a routing table is turned into one child worker
+//!   ([`LIVE_ROUTING_DRAW`] live; the simulator's `routing` key).
+//! - [`retired`] (with [`retire_bound_us`]) and [`RETIRING_AS_SHUTDOWN`]: how a
+//!   worker leaving a task serves out its queue.
+//! - A policy fault in a task worker: [`crate::app_config::FailMode::unbinds`] with the app defaults
+//!   ([`crate::app_config::DEFAULT_UNBIND_AFTER`]), the same rule as any app's.
 //! - [`Drop`]: one label per reason an intermediate request did not get served.
 //! - [`TaskCounters`]: what became of a task's intermediate requests.
 
@@ -25,8 +32,9 @@ use std::collections::BTreeMap;
 
 use sluice_sdk as sdk;
 
+use serde::{Deserialize, Serialize};
+
 use super::EarlyDrop;
-use crate::app_config::FailMode;
 use crate::queue::DropReason;
 
 /// What a task worker's policy is given: the task's variants with the served
@@ -62,10 +70,15 @@ pub fn task_view(models: &[sdk::Model], variant: usize, batch: u32, budget_us: u
 }
 
 /// The window a task's `load_qps` is measured over, µs: the host's default
-/// `load_window_ms` (RAMSIS §6's 500 ms), the same live (the task app's
-/// `LoadMonitor`) and simulated (one `LoadMonitor` per task on the virtual clock).
-/// The simulator used to give 0.
+/// `load_window_ms` (RAMSIS §6's 500 ms), the same live (a task app's
+/// `load_window_ms` is set from it, `sluice_server::pipeline::task_app_config`) and
+/// simulated (one `LoadWindow` per task on the virtual clock). The simulator used
+/// to give 0; the live task apps took the app default, which is this value today
+/// but was not tied to it.
 pub const LOAD_WINDOW_US: u64 = 500_000;
+
+/// [`LOAD_WINDOW_US`] in ms, as an app's `load_window_ms` takes it.
+pub const LOAD_WINDOW_MS: u64 = LOAD_WINDOW_US / 1000;
 
 /// The latency table (µs per batch size) the head of a queue is judged by at batch
 /// formation: the worker's variant's, ending at the plan's `batch` (at least one
@@ -144,26 +157,86 @@ impl PathEnd {
 /// How long a worker that left a task (a re-plan gave its device another task or
 /// none) may take to serve its queue before its variant is unloaded, µs: two SLOs
 /// and the expiry (every queued request is then past its end-to-end deadline and
-/// expired) plus a second of slack. Live, the pipeline waits that long at most; in
-/// virtual time expiry empties the queue within it.
+/// expired) plus a second of slack.
 pub fn retire_bound_us(slo_us: u64, expire_us: u64) -> u64 {
     2 * slo_us + expire_us + 1_000_000
+}
+
+/// Whether a worker that left a task `waited_us` ago is done serving out its queue
+/// and may be freed (its variant unloaded): when it is `idle` (its queue empty and
+/// no batch running), or at [`retire_bound_us`] whatever it still holds. Until then
+/// it serves its queue with its own policy ([`RETIRING_AS_SHUTDOWN`]) and gets no
+/// new requests. The live host waits by this rule after a re-plan
+/// (`PipelineApp::replan`); the simulator frees a retiring worker by it when the
+/// worker idles (`PipelineSim::free_idle`). Past the bound every request still
+/// queued is past its expiry (it entered before the worker retired, with at most
+/// one SLO to its deadline), so the simulator drops what is left as expired; in
+/// virtual time expiry empties the queue before the bound. The simulator used to
+/// wait for an empty queue with no bound.
+pub fn retired(idle: bool, waited_us: u64, slo_us: u64, expire_us: u64) -> bool {
+    idle || waited_us >= retire_bound_us(slo_us, expire_us)
 }
 
 /// Whether a retiring worker (one serving out its queue after a re-plan) decides
 /// under the host's shutdown rule (`Context::draining`): no. It gets no new
 /// requests, but the ones it has keep their task deadlines, which the policy may
 /// still meet by batching; draining is the host's shutdown, where the safe rule
-/// serves whatever a policy holds back. The simulator used to say yes.
+/// serves whatever a policy holds back. Live, a task worker's `draining` is the
+/// host's shutdown only; the simulator used to say yes.
 pub const RETIRING_AS_SHUTDOWN: bool = false;
 
-/// Whether a task worker's policy is replaced by the safe one after its `faults`-th
-/// fault (counted per app, as the host does): with `fail_mode = "unbind"` at
-/// `unbind_after`; with `fallback` never (each faulting decision is answered by the
-/// safe policy). A pipeline's task apps take the app defaults; the simulator used to
-/// neither count faults nor unbind.
-pub fn unbind_after_fault(mode: FailMode, faults: u64, unbind_after: u64) -> bool {
-    mode == FailMode::Unbind && faults >= unbind_after
+/// How a routing table (child workers with probabilities) is turned into one
+/// destination: the rule of a task's fan-out to its child's workers, live and
+/// simulated (`routing = "sampled"` | `"smooth"` in a simulated system).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RoutingDraw {
+    /// A draw from a seeded uniform over the table's probabilities: the Loki
+    /// artifact samples, so the simulator's reproductions of it draw from the run's
+    /// rng (the simulator's default).
+    #[default]
+    Sampled,
+    /// Smooth weighted round robin over the probabilities (nginx's,
+    /// [`crate::router::smooth_pick`]): the same proportions with the smallest
+    /// spread. The live host's ([`LIVE_ROUTING_DRAW`]).
+    Smooth,
+}
+
+/// The live host's draw: [`RoutingDraw::Smooth`]. A sampled draw live would only add
+/// variance: there is no seeded run to reproduce, and smooth gives every worker its
+/// share over any stretch of requests (docs/simulator.md, live and simulated).
+pub const LIVE_ROUTING_DRAW: RoutingDraw = RoutingDraw::Smooth;
+
+impl RoutingDraw {
+    /// The index of the entry of a table with probabilities `weights` that gets the
+    /// next request (None: an empty table). `credit` is the table's smooth state
+    /// (one entry per route, kept by the caller between picks and cleared when
+    /// the tables are rebuilt; resized here to the table's length); `uniform` gives a draw in
+    /// [0, 1) and is called only by [`RoutingDraw::Sampled`] (a smooth run takes
+    /// nothing from its rng).
+    pub fn pick(self, weights: &[f64], credit: &mut Vec<f64>, uniform: impl FnOnce() -> f64) -> Option<usize> {
+        if weights.is_empty() {
+            return None;
+        }
+        match self {
+            RoutingDraw::Sampled => {
+                let u = uniform();
+                let mut acc = 0.0;
+                for (k, p) in weights.iter().enumerate() {
+                    acc += p;
+                    if u < acc {
+                        return Some(k);
+                    }
+                }
+                // Rounding left the sum under u: the last entry that gets any.
+                weights.iter().rposition(|&p| p > 0.0)
+            }
+            RoutingDraw::Smooth => {
+                credit.resize(weights.len(), 0.0);
+                Some(crate::router::smooth_pick(weights, credit))
+            }
+        }
+    }
 }
 
 /// Why early dropping at a hop dropped a request (`RoutingTables::hop`'s causes).
@@ -358,12 +431,46 @@ mod tests {
     }
 
     #[test]
-    fn retiring_faults_and_labels() {
+    fn a_task_measures_its_load_over_the_app_default_window() {
+        let app = crate::app_config::AppConfig::new("p.t".into(), 100.0, 1, "p.toml".into(), "fixed".into());
+        assert_eq!(app.load_window_ms, LOAD_WINDOW_MS);
+        assert_eq!(LOAD_WINDOW_MS * 1000, LOAD_WINDOW_US);
+    }
+
+    #[test]
+    fn a_retiring_worker_is_freed_when_idle_or_at_the_bound() {
         assert_eq!(retire_bound_us(100_000, 100_000), 1_300_000);
-        const { assert!(!RETIRING_AS_SHUTDOWN && DECIDES_ON_ARRIVAL) };
-        assert!(!unbind_after_fault(FailMode::Fallback, 100, 10));
-        assert!(!unbind_after_fault(FailMode::Unbind, 9, 10));
-        assert!(unbind_after_fault(FailMode::Unbind, 10, 10));
+        assert!(retired(true, 0, 100_000, 100_000));
+        assert!(!retired(false, 1_299_999, 100_000, 100_000));
+        assert!(retired(false, 1_300_000, 100_000, 100_000));
+        const { assert!(!RETIRING_AS_SHUTDOWN) };
+    }
+
+    #[test]
+    fn routing_draws_sampled_by_the_uniform_and_smooth_by_credit() {
+        let w = [0.5, 0.25, 0.25];
+        let at = |u: f64| RoutingDraw::Sampled.pick(&w, &mut Vec::new(), || u);
+        let drawn: Vec<Option<usize>> = [0.0, 0.49, 0.5, 0.74, 0.75, 0.999].into_iter().map(at).collect();
+        assert_eq!(drawn, [Some(0), Some(0), Some(1), Some(1), Some(2), Some(2)]);
+        // Probabilities that round below the draw: the last entry that gets any.
+        assert_eq!(RoutingDraw::Sampled.pick(&[0.4, 0.4, 0.0], &mut Vec::new(), || 0.9), Some(1));
+        // Smooth takes no draw and gives 2:1:1 over every 4 picks, spread out.
+        let mut credit = Vec::new();
+        let picks: Vec<usize> = (0..8)
+            .map(|_| RoutingDraw::Smooth.pick(&w, &mut credit, || unreachable!("smooth draws nothing")).unwrap())
+            .collect();
+        assert_eq!(picks, [0, 1, 2, 0, 0, 1, 2, 0]);
+        // Credits follow the table's length; an empty table has no pick.
+        assert_eq!(RoutingDraw::Smooth.pick(&[1.0], &mut credit, || 0.0), Some(0));
+        assert_eq!(credit.len(), 1);
+        assert_eq!(RoutingDraw::Smooth.pick(&[], &mut credit, || 0.0), None);
+        assert_eq!(LIVE_ROUTING_DRAW, RoutingDraw::Smooth);
+        assert_eq!(RoutingDraw::default(), RoutingDraw::Sampled);
+    }
+
+    #[test]
+    fn arrival_decisions_and_labels() {
+        const { assert!(DECIDES_ON_ARRIVAL) };
         let labels: Vec<&str> = [
             Drop::NoWorker,
             Drop::QueueFull,

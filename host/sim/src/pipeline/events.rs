@@ -323,12 +323,12 @@ impl<'a> PipelineSim<'a> {
 
     /// A fault of worker `i`'s policy: counted for its task (as the host counts a
     /// task app's), and with `fail_mode = "unbind"` the task's policies are unbound
-    /// at `unbind_after` faults (`flow::unbind_after_fault`; a pipeline's task apps
+    /// at `unbind_after` faults (`FailMode::unbinds`; a pipeline's task apps
     /// take the app defaults). True when it unbound them.
     pub(super) fn fault(&mut self, i: usize) -> bool {
         let task = self.task_workers[i].task;
         self.counters[task].policy_faults += 1;
-        if !flow::unbind_after_fault(FailMode::default(), self.counters[task].policy_faults, TASK_UNBIND_AFTER) {
+        if !FailMode::default().unbinds(self.counters[task].policy_faults, DEFAULT_UNBIND_AFTER) {
             return false;
         }
         for s in self.task_workers.iter_mut().filter(|s| s.task == task) {

@@ -201,18 +201,9 @@ pub enum Branching {
 /// Requests a worker's branching is measured over ([`Branching::Measured`]).
 pub(super) const BRANCHING_HISTORY: usize = 50;
 
-/// How a worker's routing table is turned into one destination.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum RoutingDraw {
-    /// A draw from the run's rng over the table's probabilities (the reference
-    /// samples too).
-    #[default]
-    Sampled,
-    /// Smooth weighted round robin over the probabilities (nginx's): the same
-    /// proportions with the smallest spread.
-    Smooth,
-}
+/// How a worker's routing table is turned into one destination: the pipeline rule
+/// of `sluice_core::pipeline::flow`, here for `routing = "sampled"` | `"smooth"`.
+pub use sluice_core::pipeline::flow::RoutingDraw;
 
 /// A serving system: `[pipeline.system]` merged with a sweep system's keys.
 #[derive(Clone, Debug, Deserialize, Serialize)]

@@ -45,12 +45,12 @@ use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 use sluice_alloc::ladder::Ladder;
 use sluice_alloc::loki::routing::{
-    most_accurate_first_filling, queue_aware_root, Backup, DropCause, Hop, RootQueue, Route, RoutingTables,
+    most_accurate_first_filling, queue_aware_root, Backup, Hop, RootQueue, Route, RoutingTables,
 };
 use sluice_alloc::loki::{self, Scaling};
 use sluice_alloc::proteus;
 use sluice_alloc::solver::SolverSettings;
-use sluice_core::app_config::FailMode;
+use sluice_core::app_config::{FailMode, DEFAULT_UNBIND_AFTER};
 use sluice_core::decision::{self, Context, Queued, WorkerPolicy};
 use sluice_core::demand::{Ewma, Forecaster as _};
 use sluice_core::pipeline::flow;
@@ -161,6 +161,8 @@ struct TaskWorker {
     pending: Pending<Req>,
     /// Its node in the current routing tables.
     node: Option<usize>,
+    /// When it last left its task (`Retiring`), µs: `flow::retired` frees it.
+    retiring_since: u64,
     /// Per child task, the requests it sent there per request served, the last
     /// [`BRANCHING_HISTORY`] ([`Branching::Measured`] only; emptied when the worker
     /// takes another (task, variant)).
@@ -185,10 +187,6 @@ struct Deployment {
     shares: Option<Vec<f64>>,
     shed: f64,
 }
-
-/// A task app's `unbind_after` when its config does not say (the app default a
-/// pipeline's task apps take, `AppConfig::unbind_after`).
-const TASK_UNBIND_AFTER: u64 = 10;
 
 /// (task, variant, batch, budget µs): what a worker's policy binding depends on.
 type BindingKey = (usize, usize, u32, u64);

@@ -268,10 +268,13 @@ impl<'a> PipelineSim<'a> {
             }
             assigned.push(mine);
         }
-        // Workers no longer placed retire (serve out their queues, then free).
+        // Workers no longer placed retire (serve out their queues, then free:
+        // `flow::retired`).
+        let now = self.now;
         for (i, s) in self.task_workers.iter_mut().enumerate() {
             if !taken[i] && s.state == TaskWorkerState::Active {
                 s.state = TaskWorkerState::Retiring;
+                s.retiring_since = now;
             }
             s.node = None;
         }
@@ -296,6 +299,7 @@ impl<'a> PipelineSim<'a> {
                             busy: false,
                             pending: Pending::None,
                             node: None,
+                            retiring_since: 0,
                             branching: Vec::new(),
                         });
                         taken.push(false);
@@ -432,15 +436,27 @@ impl<'a> PipelineSim<'a> {
         }
     }
 
-    /// Retiring workers with nothing left to do are freed.
+    /// Retiring workers done serving out their queues are freed ([`flow::retired`],
+    /// the live host's rule: idle, or at the bound, checked when a worker idles; a
+    /// batch running finishes first). What one still holds at the bound is past its
+    /// expiry and dropped so.
     pub(super) fn free_idle(&mut self) {
         let mut changed = false;
+        let mut left = Vec::new();
         for s in &mut self.task_workers {
-            if s.state == TaskWorkerState::Retiring && !s.busy && s.queue.is_empty() {
+            if s.state != TaskWorkerState::Retiring || s.busy {
+                continue;
+            }
+            let waited = self.now.saturating_sub(s.retiring_since);
+            if flow::retired(s.queue.is_empty(), waited, self.slo_us, self.expire_us) {
+                left.append(&mut s.queue);
                 s.state = TaskWorkerState::Free;
                 s.policy = WorkerPolicy::Safe;
                 changed = true;
             }
+        }
+        for r in left {
+            self.drop_req(r, flow::Drop::Worker(DropReason::Expired));
         }
         if changed {
             self.account_workers();

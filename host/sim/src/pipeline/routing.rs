@@ -51,26 +51,16 @@ impl<'a> PipelineSim<'a> {
         if routes.is_empty() {
             return None;
         }
-        match self.run.system.routing {
-            RoutingDraw::Sampled => {
-                let u = self.rng.uniform();
-                let mut acc = 0.0;
-                for r in routes {
-                    acc += r.probability;
-                    if u < acc {
-                        return Some(r.node);
-                    }
-                }
-                routes.iter().rev().find(|r| r.probability > 0.0).map(|r| r.node)
-            }
-            RoutingDraw::Smooth => {
-                let credit = self.smooth.entry((from, child)).or_default();
-                // A table rebuilt with another length starts its credits afresh.
-                credit.resize(routes.len(), 0.0);
-                let weights: Vec<f64> = routes.iter().map(|r| r.probability).collect();
-                Some(routes[sluice_core::router::smooth_pick(&weights, credit)].node)
-            }
-        }
+        let draw = self.run.system.routing;
+        let weights: Vec<f64> = routes.iter().map(|r| r.probability).collect();
+        // Smooth credits per table; a sampled draw keeps none.
+        let mut no_credit = Vec::new();
+        let credit = match draw {
+            RoutingDraw::Smooth => self.smooth.entry((from, child)).or_default(),
+            RoutingDraw::Sampled => &mut no_credit,
+        };
+        let rng = &mut self.rng;
+        draw.pick(&weights, credit, || rng.uniform()).map(|k| routes[k].node)
     }
 
     /// Sends a request that entered its task now to `node` (a worker or a
@@ -222,10 +212,10 @@ impl<'a> PipelineSim<'a> {
                     Hop::Assigned(n) => self.deliver(child_req, Some(n)),
                     Hop::Rerouted(n) => {
                         self.counters[child].rerouted += 1;
-                        spend_backup(&mut self.tables.backup[child], n);
+                        self.tables.spend_backup(child, n);
                         self.deliver(child_req, Some(n));
                     }
-                    Hop::Drop(cause) => self.drop_req(child_req, flow::Drop::Early(early_cause(cause))),
+                    Hop::Drop(cause) => self.drop_req(child_req, flow::Drop::Early(cause)),
                 }
             }
         }
@@ -249,28 +239,6 @@ impl<'a> PipelineSim<'a> {
         }
         self.clients[client].dropped = true;
         self.done_one(client);
-    }
-}
-
-/// One request rerouted to backup `node` of a task: its leftover capacity shrinks,
-/// and it leaves the table when used up (`flow::spend_backup`).
-pub(super) fn spend_backup(backups: &mut Vec<Backup>, node: usize) {
-    if let Some(k) = backups.iter().position(|b| b.node == node) {
-        match flow::spend_backup(backups[k].leftover_qps) {
-            Some(left) => backups[k].leftover_qps = left,
-            None => {
-                backups.remove(k);
-            }
-        }
-    }
-}
-
-/// The load balancer's cause as the shared drop reason.
-pub(super) fn early_cause(cause: DropCause) -> flow::EarlyCause {
-    match cause {
-        DropCause::OverBudget => flow::EarlyCause::OverBudget,
-        DropCause::NoTimeLeft => flow::EarlyCause::NoTimeLeft,
-        DropCause::NoFasterWorker => flow::EarlyCause::NoFasterWorker,
     }
 }
 
