@@ -17,7 +17,7 @@ use sluice_sdk as sdk;
 
 use crate::metrics::Metrics;
 use sluice_core::admission::{self, Admission, Place, WorkerAdmission};
-use sluice_core::app_config::{AppConfig, FailMode, InputSpec};
+use sluice_core::app_config::{AppConfig, InputSpec};
 use sluice_core::clock::{Clock as _, WallClock};
 use sluice_core::decision::{WorkerPolicy, SAFE_POLICY};
 use sluice_core::demand::DemandMonitor;
@@ -1151,7 +1151,7 @@ impl App {
                 "policy fault answered by the safe policy: {detail} ({suppressed} more faults since the last line)"
             )
         });
-        if self.config.fail_mode == FailMode::Unbind && n >= self.config.unbind_after {
+        if self.config.fail_mode.unbinds(n, self.config.unbind_after) {
             let mut b = self.binding.lock();
             if b.generation == generation && b.unbound_reason.is_none() {
                 b.unbound_reason = Some(format!("{n} faults (last: {kind}: {detail})"));

@@ -4,7 +4,7 @@
 //! `.wasm` instances), all from `sluice_core`. The loop owns the clock, the
 //! latency sampler and the stats; the machine says what each worker does.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
