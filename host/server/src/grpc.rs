@@ -247,9 +247,17 @@ pub fn status(e: ApiError) -> Status {
         _ => Code::Unknown,
     };
     let mut status = Status::new(code, e.message);
-    if let Some(reason) = e.extra.as_ref().and_then(|x| x.get("reason")).and_then(Value::as_str) {
-        if let Ok(v) = reason.parse() {
-            status.metadata_mut().insert("sluice-drop-reason", v);
+    if let Some(extra) = e.extra.as_ref() {
+        // A refusal's reason and a drop's are different kinds (one name, one
+        // meaning): each has its own trailer, as its HTTP body says `refused` or
+        // `dropped`.
+        let key = if extra.get("refused").and_then(Value::as_bool) == Some(true) {
+            "sluice-refusal-reason"
+        } else {
+            "sluice-drop-reason"
+        };
+        if let Some(Ok(v)) = extra.get("reason").and_then(Value::as_str).map(str::parse) {
+            status.metadata_mut().insert(key, v);
         }
     }
     status

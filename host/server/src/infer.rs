@@ -1107,8 +1107,9 @@ mod tests {
         let grpc = crate::grpc::status(admit_error(AdmitError::QueueFull { app: "emu".into(), limit: 5 }));
         assert_eq!(grpc.code(), tonic::Code::ResourceExhausted);
         assert_eq!(grpc.message(), "app emu: queue full (5 requests waiting); retry later");
-        let trailer = grpc.metadata().get("sluice-drop-reason").map(|v| v.to_str().unwrap().to_string());
+        let trailer = grpc.metadata().get("sluice-refusal-reason").map(|v| v.to_str().unwrap().to_string());
         assert_eq!(trailer.as_deref(), Some("queue-full"));
+        assert!(grpc.metadata().get("sluice-drop-reason").is_none(), "a refusal is not a drop");
     }
 
     #[test]
