@@ -394,6 +394,29 @@ pub struct Agreement {
     pub calm: usize,
     /// Of those, ending the same.
     pub calm_agree: usize,
+    /// Client requests that differ only in which of their children were dropped
+    /// at batch formation ([`sibling_order_only`]).
+    pub sibling_order: usize,
+}
+
+/// Whether two ends of one client request differ only in intermediate requests
+/// dropped at batch formation, the root served alike: whether an idle worker
+/// decided at a request's first child or once its siblings had come. Live that
+/// is the wall clock's race between the siblings' pushes (each request's
+/// children queued by its own task) and the worker's turn (an inline turn
+/// decides at the first push); the simulator decides at the first, as live does
+/// when it wins. Making the simulator wait for a batch's siblings instead only
+/// turned the difference around (the same share, live dropping where the
+/// simulator served, 2026-11-26), so it is a race, not a rule that differs.
+fn sibling_order_only(
+    live: &sluice_core::pipeline::flow::PipelineOutcome,
+    sim: &sluice_core::pipeline::flow::PipelineOutcome,
+) -> bool {
+    use sluice_core::pipeline::flow::Drop;
+    let at_batch = |o: &sluice_core::pipeline::flow::PipelineOutcome| {
+        o.drops.keys().all(|d| *d == Drop::Worker(sluice_core::queue::DropReason::EarlyAtBatch))
+    };
+    at_batch(live) && at_batch(sim) && live.variants.get("detect") == sim.variants.get("detect")
 }
 
 /// Serves the trace live (in-process, `PipelineApp::infer`) as `case` says, replays
@@ -457,7 +480,7 @@ pub async fn compare_pipeline(case: PipelineCase) -> Agreement {
 
     let mut summary = std::collections::BTreeMap::<(&str, &str), usize>::new();
     let mut agree = 0;
-    let (mut calm, mut calm_agree) = (0, 0);
+    let (mut calm, mut calm_agree, mut sibling_order) = (0, 0, 0);
     let round = pipeline_round().len();
     let mut shown = 0;
     for (i, (l, s)) in live.iter().zip(&sim).enumerate() {
@@ -466,9 +489,12 @@ pub async fn compare_pipeline(case: PipelineCase) -> Agreement {
         if l == s {
             agree += 1;
             calm_agree += usize::from(is_calm);
-        } else if shown < 20 {
-            shown += 1;
-            eprintln!("{name}: request {i} (sent at {} µs): live {l:?}, simulated {s:?}", sent[i]);
+        } else {
+            sibling_order += usize::from(sibling_order_only(l, s));
+            if shown < 20 {
+                shown += 1;
+                eprintln!("{name}: request {i} (sent at {} µs): live {l:?}, simulated {s:?}", sent[i]);
+            }
         }
         *summary.entry((l.label(), s.label())).or_default() += 1;
     }
@@ -480,7 +506,7 @@ pub async fn compare_pipeline(case: PipelineCase) -> Agreement {
         live.len(),
         100.0 * agree as f64 / live.len() as f64
     );
-    Agreement { sent: live.len(), agree, calm, calm_agree }
+    Agreement { sent: live.len(), agree, calm, calm_agree, sibling_order }
 }
 
 /// The cases run one after another (not as tests of their own, which `cargo test`
@@ -492,7 +518,20 @@ async fn one_trace_through_a_pipeline_ends_the_same_live_and_simulated() {
     let mut missed = Vec::new();
     for case in PIPELINE_CASES {
         let name = case.label.unwrap_or("pipeline");
-        let Agreement { sent, agree, calm, calm_agree } = compare_pipeline(case).await;
+        let Agreement { sent, agree, calm, calm_agree, sibling_order } = compare_pipeline(case).await;
+        if case.early_drop_at == "batch" {
+            // At batch formation a request's end also depends on the race
+            // [`sibling_order_only`] names: every difference must be of that kind,
+            // and no other. `cargo xtask live-vs-sim` still counts them as
+            // differences in its figure.
+            if agree + sibling_order != sent {
+                missed.push(format!(
+                    "{name}: {} of {sent} client requests differ in more than which children batch formation dropped",
+                    sent - agree - sibling_order
+                ));
+            }
+            continue;
+        }
         // Away from the budgets every request ends the same; in the overload
         // bursts a root batch can end within wall-clock jitter of its budget on a
         // loaded machine, so per-task dropping drops its children on one side only:
