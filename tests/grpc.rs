@@ -220,11 +220,21 @@ async fn typed_contents_versions_and_framing_errors() {
     }
     let e = client.model_infer(request(vec![typed(vec![1, 4], vec![1., 2., 3., 4.])], vec![])).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "{}", e.message());
+    let reason = e.metadata().get("sluice-refusal-reason").map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(reason.as_deref(), Some("shutting-down"), "a refusal names its reason");
     for app in server.state.apps.values() {
         app.accepting.store(true, Ordering::Release);
     }
     let c = &server.state.apps["emu"].counters;
     assert_eq!(c.accepted.load(Ordering::Relaxed), c.served.load(Ordering::Relaxed));
+    // Refused at admission, and counted as the client was answered: 503, rejected.
+    let rejected = c.rejected.load(Ordering::Relaxed);
+    assert!(rejected >= 1, "the refusal at shutdown is counted ({rejected})");
+    let metrics = server.state.metrics.render();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("sluice_requests_total{") && l.contains("rejected-shutdown")),
+        "sluice_requests_total counts the 503:\n{metrics}"
+    );
     server.stop().await.unwrap();
 }
 

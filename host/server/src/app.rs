@@ -575,7 +575,7 @@ impl App {
     /// [`Incoming`] until the request is submitted or refused.
     pub fn precheck(&self) -> Result<Incoming, AdmitError> {
         if !self.accepting.load(Ordering::Acquire) {
-            return Err(AdmitError::ShuttingDown(self.name().to_string()));
+            return Err(self.shutting_down());
         }
         let incoming = self.incoming.load(Ordering::Acquire);
         if self.queued.load(Ordering::Acquire) + incoming >= self.config.max_queue {
@@ -691,6 +691,14 @@ impl App {
         self.admission.learn(finished, requests.iter().map(|r| r.predicted));
     }
 
+    /// A refusal at admission while the app shuts down (503), counted as the
+    /// rejections after acceptance are (`rejected-shutdown`): the client got a 503
+    /// either way, and `sluice_requests_total` counts answers by their status.
+    fn shutting_down(&self) -> AdmitError {
+        self.record_refusal(Refusal::ShuttingDown);
+        AdmitError::ShuttingDown(self.name().to_string())
+    }
+
     fn queue_full(&self) -> AdmitError {
         self.record_refusal(Refusal::QueueFull);
         AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue }
@@ -738,7 +746,7 @@ impl App {
         audited: bool,
     ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
         if !self.accepting.load(Ordering::Acquire) {
-            return Err(AdmitError::ShuttingDown(self.name().to_string()));
+            return Err(self.shutting_down());
         }
         // Reserve a place first so concurrent submits cannot overshoot the bound.
         if self.queued.fetch_add(1, Ordering::AcqRel) >= self.config.max_queue {
