@@ -118,9 +118,12 @@ pub struct Request {
 }
 
 impl Request {
-    /// Sends the answer; a client that went away is not an error.
-    pub fn answer(self, reply: Reply) {
-        let _ = self.reply.send(reply);
+    /// Sends the answer; a client that went away is not an error. True when the
+    /// answer reached its receiver (false: it had gone away, and the answer was
+    /// dropped with the channel), for an answer whose receiver must act on it
+    /// (a pipeline's routing step, `sluice_server`'s `step` module).
+    pub fn answer(self, reply: Reply) -> bool {
+        self.reply.send(reply).is_ok()
     }
 }
 

@@ -289,6 +289,10 @@ pub struct App {
     /// The recent arrivals what-if evaluations replay (`arrival_ring`; set by
     /// [`crate::state::State::build`] for the config's apps).
     pub ring: std::sync::OnceLock<ArrivalRing>,
+    /// A pipeline's task app: the pipeline's routing step, which its workers count
+    /// their served answers into and wait on before deciding (`crate::step`; set by
+    /// `PipelineApp::new`).
+    pub(crate) step: std::sync::OnceLock<Arc<crate::step::Step>>,
 }
 
 /// Entries of one lazily allocated chunk of an [`ArrivalRing`] (512 KiB): the ring
@@ -532,6 +536,7 @@ impl App {
             engine,
             recorder: std::sync::OnceLock::new(),
             ring: std::sync::OnceLock::new(),
+            step: std::sync::OnceLock::new(),
         });
         Ok((app, starts))
     }
@@ -551,7 +556,7 @@ impl App {
 
     /// Admits a request and routes it to a worker queue; the receiver yields its one answer.
     pub fn submit(&self, input: Tensor) -> Result<oneshot::Receiver<Reply>, AdmitError> {
-        self.admit(input, None, None, None, false)
+        self.admit(input, None, None, None, false).map(|(_, rx)| rx)
     }
 
     /// As [`App::submit`], for a request whose head arrived at `arrived`: its
@@ -563,7 +568,7 @@ impl App {
         arrived: Instant,
         audited: bool,
     ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
-        self.admit(input, None, None, Some(arrived), audited)
+        self.admit(input, None, None, Some(arrived), audited).map(|(_, rx)| rx)
     }
 
     /// Whether a request arriving now would be admitted, asked before its body is
@@ -727,16 +732,20 @@ impl App {
 
     /// Admits an intermediate request of a pipeline onto worker `worker`'s queue with
     /// its own `deadline` (the task's budget), bypassing the app's router (the
-    /// pipeline's routing tables chose the worker).
+    /// pipeline's routing tables chose the worker). Returns the request's id with
+    /// its receiver: the routing step finds its place in its batch by it
+    /// (`crate::step`).
     pub fn submit_to(
         &self,
         worker: usize,
         input: Tensor,
         deadline: u64,
-    ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
+    ) -> Result<(u64, oneshot::Receiver<Reply>), AdmitError> {
         self.admit(input, Some(worker.min(self.workers.len() - 1)), Some(deadline), None, false)
     }
 
+    /// Admits a request onto a queue (a client request judged by admission first);
+    /// its id and the receiver of its one answer.
     fn admit(
         &self,
         input: Tensor,
@@ -744,7 +753,7 @@ impl App {
         deadline: Option<u64>,
         arrived: Option<Instant>,
         audited: bool,
-    ) -> Result<oneshot::Receiver<Reply>, AdmitError> {
+    ) -> Result<(u64, oneshot::Receiver<Reply>), AdmitError> {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(self.shutting_down());
         }
@@ -761,8 +770,9 @@ impl App {
             self.demand.record(now);
         }
         let (tx, rx) = oneshot::channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let request = Request {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            id,
             arrival,
             deadline: deadline.unwrap_or(arrival + self.slo_us),
             predicted: Prediction::default(),
@@ -862,7 +872,7 @@ impl App {
         if let (Some((w, turn)), Some(run)) = (inline, self.inline_runner.get()) {
             run(self, &self.workers[w], turn);
         }
-        Ok(rx)
+        Ok((id, rx))
     }
 
     /// Worker `worker`'s own queue as a queue-aware dispatcher sees it: its length

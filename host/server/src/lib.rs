@@ -32,6 +32,7 @@ pub mod pipeline;
 pub mod profiling;
 pub mod server;
 pub mod state;
+pub(crate) mod step;
 pub mod throttle;
 pub(crate) mod turn;
 pub(crate) mod worker;

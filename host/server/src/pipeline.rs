@@ -465,6 +465,12 @@ impl PipelineApp {
             .collect();
         let period = Duration::from_millis(config.routing_period_ms.max(1000));
         let slo_us = (problem.slo_ms * 1000.0).round() as u64;
+        // One routing step for all the task apps (`crate::step`): a batch's
+        // children are queued together, whichever tasks they go to.
+        let step = crate::step::Step::new();
+        for app in tasks.iter().flatten() {
+            let _ = app.step.set(step.clone());
+        }
         let p = Arc::new(PipelineApp {
             slo_us,
             stage_us: slo_per_stage_us(slo_us, graph.depth()),
@@ -643,8 +649,8 @@ impl PipelineApp {
         this.device_requests[device].fetch_add(1, Ordering::Relaxed);
         let entered = this.clock.now();
         let budget = this.budget_us(task, assignment.latency_us);
-        let rx = match app.submit_to(device, (*input).clone(), entered + budget) {
-            Ok(rx) => rx,
+        let (id, rx) = match app.submit_to(device, (*input).clone(), entered + budget) {
+            Ok(submitted) => submitted,
             Err(AdmitError::QueueFull { .. }) => return ready(this.drop_at(task, task, flow::Drop::QueueFull)),
             // Not raised for intermediate requests (submit_to skips the
             // prediction); named here so a change there cannot go unanswered.
@@ -653,13 +659,15 @@ impl PipelineApp {
             }
             Err(AdmitError::ShuttingDown(_)) => return ready(this.reject_at(task)),
         };
+        let awaited = crate::step::Awaited::new(rx, id, app.step.get().cloned());
         Box::pin(async move {
             // Workers answer every request; a closed channel means the worker was
-            // stopped at the end of the shutdown grace.
-            let served = match rx.await {
-                Ok(Reply::Served(s)) => s,
-                Ok(Reply::Dropped { reason, .. }) => return this.drop_at(task, task, flow::Drop::Worker(reason)),
-                Ok(Reply::Rejected { .. }) | Err(_) => return this.reject_at(task),
+            // stopped at the end of the shutdown grace. A served answer holds the
+            // routing step until its children are queued (`crate::step`).
+            let (served, routing_step) = match awaited.reply().await {
+                Ok((Reply::Served(s), hold)) => (s, hold),
+                Ok((Reply::Dropped { reason, .. }, _)) => return this.drop_at(task, task, flow::Drop::Worker(reason)),
+                Ok((Reply::Rejected { .. }, _)) | Err(_) => return this.reject_at(task),
             };
             let finished = this.clock.now();
             let t = &this.graph.tasks[task];
@@ -668,9 +676,11 @@ impl PipelineApp {
             this.task_counters[task].lock().served(Some((this.accuracy[task][variant], on_time)));
             let accuracy = accuracy * this.accuracy[task][variant];
             let over = finished.saturating_sub(entered) as i64 - budget as i64;
-            let mut answer = this
-                .fan_out(this.routing(), task, Some(device), variant, input, over, finished, deadline, accuracy)
-                .await;
+            let children =
+                this.fan_out(this.routing(), task, Some(device), variant, input, over, finished, deadline, accuracy);
+            // Queued, all of them: the next task's workers may decide.
+            drop(routing_step);
+            let mut answer = children.await;
             *answer.variants.entry(t.name.clone()).or_default().entry(served.variant.clone()).or_default() += 1;
             if t.is_sink() {
                 answer.outputs.entry(t.name.clone()).or_default().extend(served.outputs);
@@ -680,7 +690,9 @@ impl PipelineApp {
     }
 
     /// The children of a request served at `task` (by `variant` on `device`; a
-    /// pass-through task has neither), `over_us` past its budget, at `now`.
+    /// pass-through task has neither), `over_us` past its budget, at `now`: queued
+    /// when this is called (through a pass-through child too), answered when the
+    /// future resolves.
     #[allow(clippy::too_many_arguments)]
     fn fan_out(
         self: &Arc<Self>,
@@ -695,70 +707,70 @@ impl PipelineApp {
         accuracy: f64,
     ) -> BoxFuture<PipelineAnswer> {
         let this = self.clone();
-        Box::pin(async move {
-            let t = &this.graph.tasks[task];
-            if t.is_passthrough() {
-                let mut c = this.task_counters[task].lock();
-                c.created += 1;
-                c.served(None);
-            }
-            let sender = routing.sender(task, device);
-            // A pass-through carries the mode on at no lateness (`flow::after_passthrough`).
-            let (mode, over_us) = flow::after_passthrough(t.is_passthrough(), this.config.serving.early_drop, over_us);
-            let mut children = Vec::new();
-            let mut created = 0;
-            let mut answer = PipelineAnswer::default();
-            for (ci, &child) in t.children.iter().enumerate() {
-                let expected = t.fanout.get(variant).and_then(|f| f.get(ci)).copied().unwrap_or(1.0);
-                let n = fanout_count(expected, uniform(this.draws.fetch_add(1, Ordering::Relaxed)));
-                let (parents, made) = &this.fanout[task][variant.min(this.fanout[task].len() - 1)][ci];
-                parents.fetch_add(1, Ordering::Relaxed);
-                made.fetch_add(n as u64, Ordering::Relaxed);
-                created += u64::from(n);
-                let picker = sender.and_then(|s| routing.pickers[s][ci].as_ref());
-                let child_sink = this.graph.tasks[child].is_sink();
-                for _ in 0..n {
-                    let Some(assigned) = picker.map(Picker::pick) else {
+        let t = &this.graph.tasks[task];
+        if t.is_passthrough() {
+            let mut c = this.task_counters[task].lock();
+            c.created += 1;
+            c.served(None);
+        }
+        let sender = routing.sender(task, device);
+        // A pass-through carries the mode on at no lateness (`flow::after_passthrough`).
+        let (mode, over_us) = flow::after_passthrough(t.is_passthrough(), this.config.serving.early_drop, over_us);
+        let mut children = Vec::new();
+        let mut created = 0;
+        let mut answer = PipelineAnswer::default();
+        for (ci, &child) in t.children.iter().enumerate() {
+            let expected = t.fanout.get(variant).and_then(|f| f.get(ci)).copied().unwrap_or(1.0);
+            let n = fanout_count(expected, uniform(this.draws.fetch_add(1, Ordering::Relaxed)));
+            let (parents, made) = &this.fanout[task][variant.min(this.fanout[task].len() - 1)][ci];
+            parents.fetch_add(1, Ordering::Relaxed);
+            made.fetch_add(n as u64, Ordering::Relaxed);
+            created += u64::from(n);
+            let picker = sender.and_then(|s| routing.pickers[s][ci].as_ref());
+            let child_sink = this.graph.tasks[child].is_sink();
+            for _ in 0..n {
+                let Some(assigned) = picker.map(Picker::pick) else {
+                    this.task_counters[child].lock().created += 1;
+                    answer.merge(this.drop_at(child, child, flow::Drop::NoWorker));
+                    continue;
+                };
+                let hop = routing.hop(mode, child, child_sink, assigned, over_us, now, deadline);
+                let node = match hop {
+                    Hop::Assigned(node) => node,
+                    Hop::Rerouted(node) => {
+                        this.task_counters[child].lock().rerouted += 1;
+                        *answer.rerouted.entry(this.graph.tasks[child].name.clone()).or_default() += 1;
+                        node
+                    }
+                    Hop::Drop(cause) => {
+                        // Counted where it was bound; reported as dropped by the task
+                        // it overran (per-task) or could not enter in time.
+                        let by = if cause == flow::EarlyCause::OverBudget { task } else { child };
                         this.task_counters[child].lock().created += 1;
-                        answer.merge(this.drop_at(child, child, flow::Drop::NoWorker));
+                        answer.merge(this.drop_at(child, by, flow::Drop::Early(cause)));
                         continue;
-                    };
-                    let hop = routing.hop(mode, child, child_sink, assigned, over_us, now, deadline);
-                    let node = match hop {
-                        Hop::Assigned(node) => node,
-                        Hop::Rerouted(node) => {
-                            this.task_counters[child].lock().rerouted += 1;
-                            *answer.rerouted.entry(this.graph.tasks[child].name.clone()).or_default() += 1;
-                            node
-                        }
-                        Hop::Drop(cause) => {
-                            // Counted where it was bound; reported as dropped by the task
-                            // it overran (per-task) or could not enter in time.
-                            let by = if cause == flow::EarlyCause::OverBudget { task } else { child };
-                            this.task_counters[child].lock().created += 1;
-                            answer.merge(this.drop_at(child, by, flow::Drop::Early(cause)));
-                            continue;
-                        }
-                    };
-                    let next = if this.graph.tasks[child].is_passthrough() {
-                        this.fan_out(routing.clone(), child, None, 0, input.clone(), 0, now, deadline, accuracy)
-                    } else {
-                        this.at_task(routing.clone(), child, node, input.clone(), deadline, accuracy)
-                    };
-                    children.push(next);
-                }
+                    }
+                };
+                let next = if this.graph.tasks[child].is_passthrough() {
+                    this.fan_out(routing.clone(), child, None, 0, input.clone(), 0, now, deadline, accuracy)
+                } else {
+                    this.at_task(routing.clone(), child, node, input.clone(), deadline, accuracy)
+                };
+                children.push(next);
             }
-            if let Some(end) = PathEnd::of(t.is_sink(), created) {
-                // The branch ends here: a sink (a path, with its accuracy), or a task
-                // that made no intermediate request (complete, no path accuracy).
-                match end {
-                    PathEnd::Sink => answer.paths.push(accuracy),
-                    PathEnd::Early => answer.early_ends += 1,
-                }
-                if now > deadline {
-                    answer.late_paths += 1;
-                }
+        }
+        if let Some(end) = PathEnd::of(t.is_sink(), created) {
+            // The branch ends here: a sink (a path, with its accuracy), or a task
+            // that made no intermediate request (complete, no path accuracy).
+            match end {
+                PathEnd::Sink => answer.paths.push(accuracy),
+                PathEnd::Early => answer.early_ends += 1,
             }
+            if now > deadline {
+                answer.late_paths += 1;
+            }
+        }
+        Box::pin(async move {
             // Each child runs as its own task: one that is still queued when the
             // client goes away is answered and counted all the same.
             let handles: Vec<_> = children.into_iter().map(tokio::spawn).collect();

@@ -60,11 +60,11 @@ use sluice_core::worker::{self, Action, Finished, Machine, Report};
 /// start"): counted already, sent by [`send`].
 type Outbox = Vec<(Request, Reply)>;
 
-/// Sends the answers held in `outbox`.
-fn send(outbox: &mut Outbox) {
-    for (r, reply) in outbox.drain(..) {
-        r.answer(reply);
-    }
+/// Sends the answers held in `outbox`: one batch's (and the drops of the turn that
+/// started the next), counted into a pipeline's routing step first
+/// (`crate::step::send_counted`).
+fn send(app: &App, outbox: &mut Outbox) {
+    crate::step::send_counted(app.step.get().map(|s| &**s), outbox.drain(..));
 }
 
 /// How a turn formed its batch, for the batch's record and its answers.
@@ -91,7 +91,7 @@ pub fn run_inline(app: &App, handle: &crate::app::WorkerHandle, mut turn: Turn<'
     let turns = async {
         for _ in 0..MAX_INLINE_TURNS {
             let decided = decide(app, handle, &core.models, false, &mut core.machine, true, &mut outbox);
-            send(&mut outbox);
+            send(app, &mut outbox);
             let Some((action, formed)) = decided else {
                 break;
             };
@@ -99,7 +99,7 @@ pub fn run_inline(app: &App, handle: &crate::app::WorkerHandle, mut turn: Turn<'
             match action {
                 Action::Run { model, batch } => {
                     execute(app, handle, &core.models, model, batch, formed, &mut outbox).await;
-                    send(&mut outbox);
+                    send(app, &mut outbox);
                 }
                 // Nothing left to do and nothing to wake for: the thread, waiting
                 // on the queue, wakes at the next push as it would have.
@@ -155,7 +155,7 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
     let mut outbox = Outbox::new();
     loop {
         if app.aborted.load(Ordering::Acquire) {
-            send(&mut outbox);
+            send(&app, &mut outbox);
             return;
         }
         // Register interest in wake-ups *before* looking at the queue, so a push
@@ -164,6 +164,14 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
         tokio::pin!(notified);
         notified.as_mut().enable();
 
+        // A pipeline's task app decides once the children of the batches just
+        // answered are queued, all of them (`crate::step`): at most
+        // `STEP_WAIT_MAX`, and nothing to wait for almost always.
+        if let Some(step) = app.step.get() {
+            if !step.settled(crate::step::STEP_WAIT_MAX).await {
+                tracing::debug!(app = app.name(), routing = step.routing(), "decided before the routing step settled");
+            }
+        }
         let draining = app.draining.load(Ordering::Acquire);
         let action = {
             // Waits for an inline turn in progress, if any (microseconds: its
@@ -182,14 +190,14 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
                 if core.instant {
                     // Nothing to start ahead of them: the next batch would be done
                     // at its first poll too.
-                    send(&mut outbox);
+                    send(&app, &mut outbox);
                 }
                 continue;
             }
             action
         };
         // No batch to start: the answers leave before the thread waits.
-        send(&mut outbox);
+        send(&app, &mut outbox);
         // The turn is free while the thread waits: an arrival may take it.
         match action {
             Action::Run { .. } => unreachable!("executed above"),
@@ -418,7 +426,7 @@ async fn execute(
     // One poll starts the batch (the emulated executor fixes its end and yields; ONNX
     // hands it to a blocking thread); then the held answers leave.
     let first = std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(run.as_mut(), cx))).await;
-    send(outbox);
+    send(app, outbox);
     // At the end of a shutdown's grace the batch is abandoned (the executor's thread
     // finishes on its own) and its requests get the documented 503, counted.
     let result = tokio::select! {

@@ -115,6 +115,7 @@ impl<'a> PipelineSim<'a> {
             reroutes: HashMap::new(),
             loads: (0..n).map(|_| LoadWindow::new(flow::LOAD_WINDOW_US)).collect(),
             outcomes: None,
+            step: None,
         };
         // The first plan: the demand of the first second of arrivals (a warm start:
         // the reference starts from a fixed allocation and its clamp of 50 req/s).
@@ -352,6 +353,9 @@ impl<'a> PipelineSim<'a> {
             let t = self.task_workers[i].task;
             (0..self.node_worker.len()).find(|&n| self.node_worker[n].is_some_and(|s| self.task_workers[s].task == t))
         });
+        // The batch's children are queued in one step; the idle workers they reach
+        // decide after it, in the order reached (`flow::CHILDREN_IN_ONE_STEP`).
+        let outer = self.step.replace(Vec::new());
         for r in batch {
             let Some(node) = node else {
                 // The task has no worker any more: its descendants cannot be served.
@@ -359,6 +363,12 @@ impl<'a> PipelineSim<'a> {
                 continue;
             };
             self.served(r, model as usize, accuracy, node, Some(i), now);
+        }
+        let reached = std::mem::replace(&mut self.step, outer).unwrap_or_default();
+        for w in reached {
+            if !self.task_workers[w].busy && self.overloaded.is_none() {
+                self.decide(w);
+            }
         }
     }
 

@@ -84,9 +84,15 @@ impl<'a> PipelineSim<'a> {
                 ));
                 return;
             }
-            // An idle worker decides at once (`flow::DECIDES_ON_ARRIVAL`).
+            // An idle worker decides at once (`flow::DECIDES_ON_ARRIVAL`), or once
+            // the finished batch whose child this is has queued all of its children
+            // (`flow::CHILDREN_IN_ONE_STEP`).
             if !self.task_workers[worker].busy {
-                self.decide(worker);
+                match self.step.as_mut() {
+                    Some(reached) if !reached.contains(&worker) => reached.push(worker),
+                    Some(_) => {}
+                    None => self.decide(worker),
+                }
             }
         } else {
             // A pass-through task: served at once, fans out with its node's table.
