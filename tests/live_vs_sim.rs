@@ -459,7 +459,7 @@ pub async fn compare_pipeline(case: PipelineCase) -> Agreement {
     std::fs::write(d.join("arrivals.csv"), log).unwrap();
     let duration_s = sent.last().copied().unwrap_or(0) as f64 / 1e6 + 1.0;
     let exp = format!(
-        "version = 1\nname = \"live-vs-sim-pipeline\"\nduration_s = {duration_s}\nbuiltin_policy_dir = \"{}\"\nprofile = \"profile.toml\"\n[pipeline]\nslo_ms = {PIPELINE_SLO_MS}\nworkers = 3\npercentile = \"p50\"\nbatch_sizes = [{PIPELINE_BATCH}]\narrivals = {{ kind = \"recorded\", file = \"arrivals.csv\" }}\n{}[pipeline.system]\nallocator = \"loki\"\nearly_drop = \"per-task\"\nearly_drop_at = \"{early_drop_at}\"\npolicy = \"fixed\"\nparams = {{ allocated = true }}\nsolve_interval_s = 0\n",
+        "version = 1\nname = \"live-vs-sim-pipeline\"\nduration_s = {duration_s}\nbuiltin_policy_dir = \"{}\"\nprofile = \"profile.toml\"\n[pipeline]\nslo_ms = {PIPELINE_SLO_MS}\nworkers = 3\npercentile = \"p50\"\nbatch_sizes = [{PIPELINE_BATCH}]\narrivals = {{ kind = \"recorded\", file = \"arrivals.csv\" }}\n{}[pipeline.system]\nallocator = \"loki\"\nearly_drop = \"per-task\"\nearly_drop_at = \"{early_drop_at}\"\npolicy = \"fixed\"\nparams = {{ allocated = true }}\nsolve_interval_s = 0\nchildren = \"together\"\n",
         policies_dir().display(),
         pipeline_graph("pipeline.", passthrough)
     );
@@ -507,7 +507,7 @@ async fn one_trace_through_a_pipeline_ends_the_same_live_and_simulated() {
         let Agreement { sent, agree, calm, calm_agree } = compare_pipeline(case).await;
         // Away from the budgets every request ends the same; in the overload
         // bursts a batch can end within wall-clock jitter of its budget on a
-        // loaded machine (the nearest, 2.5 ms), so early dropping drops on one side
+        // loaded machine (the closest worked out, 2.5 ms), so early dropping drops on one side
         // only: 78 of 78 agreed in each case on 2026-11-27, the children of a
         // batch queued in one step and in its order (docs/simulator.md,
         // "Pipelines, live and simulated").

@@ -121,7 +121,7 @@ impl Request {
     /// Sends the answer; a client that went away is not an error. True when the
     /// answer reached its receiver (false: it had gone away, and the answer was
     /// dropped with the channel), for an answer whose receiver must act on it
-    /// (a pipeline's routing step, `sluice_server`'s `step` module).
+    /// (a pipeline's handoff, `sluice_server`'s `handoff` module).
     pub fn answer(self, reply: Reply) -> bool {
         self.reply.send(reply).is_ok()
     }

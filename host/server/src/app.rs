@@ -289,10 +289,10 @@ pub struct App {
     /// The recent arrivals what-if evaluations replay (`arrival_ring`; set by
     /// [`crate::state::State::build`] for the config's apps).
     pub ring: std::sync::OnceLock<ArrivalRing>,
-    /// A pipeline's task app: the pipeline's routing step, which its workers count
-    /// their served answers into and wait on before deciding (`crate::step`; set by
-    /// `PipelineApp::new`).
-    pub(crate) step: std::sync::OnceLock<Arc<crate::step::Step>>,
+    /// A pipeline's task app: the pipeline's handoff, which its workers count
+    /// their served answers into and wait on before deciding (`crate::handoff`; set
+    /// by `PipelineApp::new`).
+    pub(crate) handoff: std::sync::OnceLock<Arc<crate::handoff::Handoff>>,
 }
 
 /// Entries of one lazily allocated chunk of an [`ArrivalRing`] (512 KiB): the ring
@@ -536,7 +536,7 @@ impl App {
             engine,
             recorder: std::sync::OnceLock::new(),
             ring: std::sync::OnceLock::new(),
-            step: std::sync::OnceLock::new(),
+            handoff: std::sync::OnceLock::new(),
         });
         Ok((app, starts))
     }
@@ -733,8 +733,8 @@ impl App {
     /// Admits an intermediate request of a pipeline onto worker `worker`'s queue with
     /// its own `deadline` (the task's budget), bypassing the app's router (the
     /// pipeline's routing tables chose the worker). Returns the request's id with
-    /// its receiver: the routing step finds its place in its batch by it
-    /// (`crate::step`).
+    /// its receiver: the pipeline's handoff finds its place in its batch by it
+    /// (`crate::handoff`).
     pub fn submit_to(
         &self,
         worker: usize,

@@ -465,11 +465,12 @@ impl PipelineApp {
             .collect();
         let period = Duration::from_millis(config.routing_period_ms.max(1000));
         let slo_us = (problem.slo_ms * 1000.0).round() as u64;
-        // One routing step for all the task apps (`crate::step`): a batch's
-        // children are queued together, whichever tasks they go to.
-        let step = crate::step::Step::new();
+        // One handoff for all the task apps (`crate::handoff`,
+        // `flow::LIVE_CHILD_ARRIVAL`): a batch's children are queued together,
+        // whichever tasks they go to.
+        let handoff = crate::handoff::Handoff::new();
         for app in tasks.iter().flatten() {
-            let _ = app.step.set(step.clone());
+            let _ = app.handoff.set(handoff.clone());
         }
         let p = Arc::new(PipelineApp {
             slo_us,
@@ -659,12 +660,12 @@ impl PipelineApp {
             }
             Err(AdmitError::ShuttingDown(_)) => return ready(this.reject_at(task)),
         };
-        let awaited = crate::step::Awaited::new(rx, id, app.step.get().cloned());
+        let awaited = crate::handoff::Awaited::new(rx, id, app.handoff.get().cloned());
         Box::pin(async move {
             // Workers answer every request; a closed channel means the worker was
             // stopped at the end of the shutdown grace. A served answer holds the
-            // routing step until its children are queued (`crate::step`).
-            let (served, routing_step) = match awaited.reply().await {
+            // handoff until its children are queued (`crate::handoff`).
+            let (served, hold) = match awaited.reply().await {
                 Ok((Reply::Served(s), hold)) => (s, hold),
                 Ok((Reply::Dropped { reason, .. }, _)) => return this.drop_at(task, task, flow::Drop::Worker(reason)),
                 Ok((Reply::Rejected { .. }, _)) | Err(_) => return this.reject_at(task),
@@ -679,7 +680,7 @@ impl PipelineApp {
             let children =
                 this.fan_out(this.routing(), task, Some(device), variant, input, over, finished, deadline, accuracy);
             // Queued, all of them: the next task's workers may decide.
-            drop(routing_step);
+            drop(hold);
             let mut answer = children.await;
             *answer.variants.entry(t.name.clone()).or_default().entry(served.variant.clone()).or_default() += 1;
             if t.is_sink() {

@@ -61,10 +61,10 @@ use sluice_core::worker::{self, Action, Finished, Machine, Report};
 type Outbox = Vec<(Request, Reply)>;
 
 /// Sends the answers held in `outbox`: one batch's (and the drops of the turn that
-/// started the next), counted into a pipeline's routing step first
-/// (`crate::step::send_counted`).
+/// started the next), counted into a pipeline's handoff first
+/// (`crate::handoff::send_answers`).
 fn send(app: &App, outbox: &mut Outbox) {
-    crate::step::send_counted(app.step.get().map(|s| &**s), outbox.drain(..));
+    crate::handoff::send_answers(app.handoff.get().map(|h| &**h), outbox.drain(..));
 }
 
 /// How a turn formed its batch, for the batch's record and its answers.
@@ -165,11 +165,11 @@ pub async fn run(app: Arc<App>, start: WorkerStart) {
         notified.as_mut().enable();
 
         // A pipeline's task app decides once the children of the batches just
-        // answered are queued, all of them (`crate::step`): at most
-        // `STEP_WAIT_MAX`, and nothing to wait for almost always.
-        if let Some(step) = app.step.get() {
-            if !step.settled(crate::step::STEP_WAIT_MAX).await {
-                tracing::debug!(app = app.name(), routing = step.routing(), "decided before the routing step settled");
+        // answered are queued, all of them (`crate::handoff`): at most
+        // `HANDOFF_WAIT_MAX`, and nothing to wait for almost always.
+        if let Some(handoff) = app.handoff.get() {
+            if !handoff.settled(crate::handoff::HANDOFF_WAIT_MAX).await {
+                tracing::debug!(app = app.name(), routing = handoff.routing(), "decided before the handoff settled");
             }
         }
         let draining = app.draining.load(Ordering::Acquire);

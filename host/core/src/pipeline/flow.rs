@@ -12,7 +12,8 @@
 //! - [`after_passthrough`]: the early-drop mode and lateness a request carries out of
 //!   a pass-through task.
 //! - [`DECIDES_ON_ARRIVAL`]: an idle worker decides when a request reaches it, and
-//!   [`CHILDREN_IN_ONE_STEP`]: once every child of the batch it came from is queued.
+//!   [`ChildArrival`] ([`LIVE_CHILD_ARRIVAL`] live): at a batch's first child or once
+//!   all are queued.
 //! - [`spend_backup`]: how opportunistic rerouting uses up a backup worker's
 //!   leftover capacity (applied to the backup table by
 //!   `sluice_alloc::loki::routing::RoutingTables::spend_backup`, both sides).
@@ -106,23 +107,42 @@ pub fn after_passthrough(passthrough: bool, mode: EarlyDrop, over_us: i64) -> (E
 }
 
 /// Whether an idle worker decides as soon as a request reaches it: yes, live and
-/// simulated, for a client request at the root; an intermediate request as soon as
-/// its step is over ([`CHILDREN_IN_ONE_STEP`]).
+/// simulated; for a batch's children, at the first or once all are queued
+/// ([`ChildArrival`]).
 pub const DECIDES_ON_ARRIVAL: bool = true;
 
-/// Whether the children of one finished batch are queued in one step, before an
-/// idle worker they reach decides: yes, live and simulated, so that such a worker
-/// batches siblings together instead of running the first alone. The simulator
-/// queues them all at the batch's finish and then lets the workers they reached
-/// decide, in the order reached. Live, each served request's own task queues its
-/// children, and the worker that answered the batch counts its served answers into
-/// the pipeline's routing step before the first leaves; a task app's worker waits
-/// for the step to settle before it decides (`sluice_server`'s `step` module, at
-/// most `STEP_WAIT_MAX`). Until 2026-11-27 the live worker woke at the first child
-/// and decided with whichever siblings were queued by then, and the simulator
-/// decided at the first: the differential test agreed on 85.9 % of its requests at
-/// batch formation (docs/simulator.md).
-pub const CHILDREN_IN_ONE_STEP: bool = true;
+/// How the children of one finished batch reach an idle worker: all queued before
+/// it decides, or one at a time, deciding at each (`children = "together"` |
+/// `"one-by-one"` in a simulated system).
+///
+/// Live, they arrive together ([`LIVE_CHILD_ARRIVAL`]): each served request's own
+/// task queues its children, in its turn in the batch's order, and the worker that
+/// answered the batch counts its served answers into the pipeline's handoff before
+/// the first leaves; a task app's worker waits for the handoff to settle before it
+/// decides (`sluice_server`'s `handoff` module, at most `HANDOFF_WAIT_MAX`). Until
+/// 2026-11-27 the live worker woke at the first child and decided with whichever
+/// siblings were queued by then, a race: the differential test agreed on 85.9 % of
+/// its requests at batch formation (docs/simulator.md).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChildArrival {
+    /// Each child is queued on its own and an idle worker decides at the first,
+    /// running it alone; its siblings wait for the next batch. The Loki artifact's
+    /// rule (each child a `START_REQUEST` event, and `enqueue_request` starts a
+    /// batch on an idle predictor at once), so the simulator's default, which its
+    /// reproductions of the artifact keep.
+    #[default]
+    OneByOne,
+    /// Every child of the batch is queued, in the batch's order, before an idle
+    /// worker they reach decides; the workers then decide in the order reached. The
+    /// live host's.
+    Together,
+}
+
+/// The live host's arrival of a batch's children: [`ChildArrival::Together`]. One
+/// at a time would make an idle worker run a batch of one while its siblings are
+/// µs behind, and live it was a race, not a rule.
+pub const LIVE_CHILD_ARRIVAL: ChildArrival = ChildArrival::Together;
 
 /// The leftover capacity, requests/s, a backup worker keeps after one request is
 /// rerouted to it (None: used up, it leaves the backup table). Loki §5.2 reroutes
@@ -481,7 +501,9 @@ mod tests {
 
     #[test]
     fn arrival_decisions_and_labels() {
-        const { assert!(DECIDES_ON_ARRIVAL && CHILDREN_IN_ONE_STEP) };
+        const { assert!(DECIDES_ON_ARRIVAL) };
+        assert_eq!(LIVE_CHILD_ARRIVAL, ChildArrival::Together);
+        assert_eq!(ChildArrival::default(), ChildArrival::OneByOne);
         let labels: Vec<&str> = [
             Drop::NoWorker,
             Drop::QueueFull,

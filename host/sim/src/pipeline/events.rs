@@ -115,7 +115,7 @@ impl<'a> PipelineSim<'a> {
             reroutes: HashMap::new(),
             loads: (0..n).map(|_| LoadWindow::new(flow::LOAD_WINDOW_US)).collect(),
             outcomes: None,
-            step: None,
+            handoff: None,
         };
         // The first plan: the demand of the first second of arrivals (a warm start:
         // the reference starts from a fixed allocation and its clamp of 50 req/s).
@@ -353,9 +353,11 @@ impl<'a> PipelineSim<'a> {
             let t = self.task_workers[i].task;
             (0..self.node_worker.len()).find(|&n| self.node_worker[n].is_some_and(|s| self.task_workers[s].task == t))
         });
-        // The batch's children are queued in one step; the idle workers they reach
-        // decide after it, in the order reached (`flow::CHILDREN_IN_ONE_STEP`).
-        let outer = self.step.replace(Vec::new());
+        // With `children = "together"` the batch's children are all queued before
+        // the idle workers they reach decide, in the order reached
+        // (`flow::ChildArrival`); one by one, each decides at its first.
+        let together = self.run.system.children == flow::ChildArrival::Together;
+        let outer = if together { self.handoff.replace(Vec::new()) } else { self.handoff.take() };
         for r in batch {
             let Some(node) = node else {
                 // The task has no worker any more: its descendants cannot be served.
@@ -364,7 +366,7 @@ impl<'a> PipelineSim<'a> {
             };
             self.served(r, model as usize, accuracy, node, Some(i), now);
         }
-        let reached = std::mem::replace(&mut self.step, outer).unwrap_or_default();
+        let reached = std::mem::replace(&mut self.handoff, outer).unwrap_or_default();
         for w in reached {
             if !self.task_workers[w].busy && self.overloaded.is_none() {
                 self.decide(w);

@@ -205,6 +205,10 @@ pub(super) const BRANCHING_HISTORY: usize = 50;
 /// of `sluice_core::pipeline::flow`, here for `routing = "sampled"` | `"smooth"`.
 pub use sluice_core::pipeline::flow::RoutingDraw;
 
+/// How a finished batch's children reach an idle worker: the pipeline rule of
+/// `sluice_core::pipeline::flow`, here for `children = "one-by-one"` | `"together"`.
+pub use sluice_core::pipeline::flow::ChildArrival;
+
 /// A serving system: `[pipeline.system]` merged with a sweep system's keys.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -253,6 +257,11 @@ pub struct SystemSpec {
     /// `routing = "sampled"` | `"smooth"`.
     #[serde(default)]
     pub routing: RoutingDraw,
+    /// `children = "one-by-one"` | `"together"`: whether an idle worker decides at
+    /// a finished batch's first child or once all of them are queued
+    /// ([`ChildArrival`]; the live host's is `together`).
+    #[serde(default)]
+    pub children: ChildArrival,
     /// `fill_cluster = true` (proteus-per-task only): every worker hosts a variant;
     /// the ones the MILP leaves idle host the most accurate variant of the most
     /// loaded task (`proteus::Plan::upgrade_idle`, the Loki artifact's Proteus

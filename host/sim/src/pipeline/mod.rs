@@ -265,10 +265,10 @@ struct PipelineSim<'a> {
     loads: Vec<LoadWindow>,
     /// Per client request, how it ended (kept only for [`replay`]).
     outcomes: Option<Vec<flow::PipelineOutcome>>,
-    /// While a finished batch's children are being queued, the idle workers they
-    /// reached, in the order reached: they decide once all are queued
-    /// (`flow::CHILDREN_IN_ONE_STEP`). None outside that step.
-    step: Option<Vec<usize>>,
+    /// While a finished batch's children are being queued with `children =
+    /// "together"`, the idle workers they reached, in the order reached: they decide
+    /// once all are queued (`flow::ChildArrival`). None otherwise.
+    handoff: Option<Vec<usize>>,
 }
 
 /// Runs the experiment's first run and returns how each client request ended, in

@@ -84,11 +84,11 @@ impl<'a> PipelineSim<'a> {
                 ));
                 return;
             }
-            // An idle worker decides at once (`flow::DECIDES_ON_ARRIVAL`), or once
-            // the finished batch whose child this is has queued all of its children
-            // (`flow::CHILDREN_IN_ONE_STEP`).
+            // An idle worker decides at once (`flow::DECIDES_ON_ARRIVAL`), or, with
+            // `children = "together"`, once the finished batch whose child this is
+            // has queued all of its children (`flow::ChildArrival`).
             if !self.task_workers[worker].busy {
-                match self.step.as_mut() {
+                match self.handoff.as_mut() {
                     Some(reached) if !reached.contains(&worker) => reached.push(worker),
                     Some(_) => {}
                     None => self.decide(worker),

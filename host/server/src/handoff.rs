@@ -1,23 +1,24 @@
-//! A pipeline's routing step (issue 35): the children of one finished batch enter
+//! A pipeline's handoff (issue 35): the children of one finished batch enter
 //! their queues together, before the next task's worker decides
-//! (`sluice_core::pipeline::flow::CHILDREN_IN_ONE_STEP`, the simulator's rule).
+//! (`sluice_core::pipeline::flow::LIVE_CHILD_ARRIVAL`; the simulator's
+//! `children = "together"`).
 //!
 //! Live, a batch's answers leave its worker together ([`crate::worker`]'s `send`),
 //! and each intermediate request's own task routes its children
 //! (`PipelineApp::at_task`), on the runtime's threads. An idle worker of the next
-//! task wakes at the first child pushed; without the step it decided then, with
+//! task wakes at the first child pushed; without the handoff it decided then, with
 //! whichever siblings happened to be queued (a race the live-vs-sim test measured:
 //! 85.9 % agreement at batch formation). So the sending worker counts its batch's
-//! served answers into the pipeline's [`Step`] before the first leaves, each
-//! request's task leaves it once its children are queued ([`Routing`]), and a task
-//! app's worker waits for the step to settle before it decides
-//! ([`Step::settled`]). The tasks also take turns in the batch's order
+//! served answers into the pipeline's [`Handoff`] before the first leaves, each
+//! request's task leaves it once its children are queued ([`Hold`]), and a task
+//! app's worker waits for the handoff to settle before it decides
+//! ([`Handoff::settled`]). The tasks also take turns in the batch's order
 //! ([`Awaited::reply`]), so that the children are queued in the order the
 //! simulator queues them: the batch's first request's children first. (Each task
 //! ran when the runtime got to it: among children due at the same time, the ones a
 //! worker took first and the ones it dropped were the runtime's choice.)
 //!
-//! Routing a child takes microseconds; the wait is bounded by [`STEP_WAIT_MAX`], so
+//! Routing a child takes microseconds; the wait is bounded by [`HANDOFF_WAIT_MAX`], so
 //! that a runtime starved of threads (or a count a bug left behind) delays a
 //! decision by at most that, never stalls it. Apart from `worker` and `pipeline` so
 //! that both can name it without naming each other.
@@ -31,15 +32,15 @@ use parking_lot::Mutex;
 use sluice_core::queue::{Reply, Request};
 use tokio::sync::{oneshot, Notify};
 
-/// The longest a task app's worker waits for a step to settle before it decides
+/// The longest a task app's worker waits for a handoff to settle before it decides
 /// all the same: well above the microseconds a child's routing takes, well below
 /// any task's budget.
-pub const STEP_WAIT_MAX: Duration = Duration::from_millis(5);
+pub const HANDOFF_WAIT_MAX: Duration = Duration::from_millis(5);
 
 /// The served answers of a pipeline's task apps whose children are not queued yet.
-/// One per pipeline, shared by its task apps (`App::step`).
+/// One per pipeline, shared by its task apps (`App::handoff`).
 #[derive(Default)]
-pub struct Step {
+pub struct Handoff {
     routing: AtomicUsize,
     settled: Notify,
     /// Served answers sent and not taken yet, by request id: their place in their
@@ -92,10 +93,10 @@ impl Order {
     }
 }
 
-impl Step {
-    /// A step with nothing being routed.
-    pub fn new() -> Arc<Step> {
-        Arc::new(Step::default())
+impl Handoff {
+    /// A handoff with nothing being routed.
+    pub fn new() -> Arc<Handoff> {
+        Arc::new(Handoff::default())
     }
 
     /// The served answers to requests `ids`, one batch's in its order, are about
@@ -152,50 +153,50 @@ impl Step {
     }
 }
 
-/// The answer of intermediate request `id` bound for a task app with a [`Step`]. A
-/// served answer comes with its [`Routing`], which leaves the step when dropped; one
+/// The answer of intermediate request `id` bound for a task app with a [`Handoff`]. A
+/// served answer comes with its [`Hold`], which leaves the handoff when dropped; one
 /// that arrives after this is dropped (its task ended, at the runtime's shutdown)
 /// leaves it here, so the count never keeps an answer nobody routes.
 pub struct Awaited {
     rx: oneshot::Receiver<Reply>,
     id: u64,
-    step: Option<Arc<Step>>,
+    handoff: Option<Arc<Handoff>>,
     taken: bool,
 }
 
-/// A served answer in the step, its turn come: dropped once its children are
+/// A served answer in the handoff, its turn come: dropped once its children are
 /// queued.
-#[must_use = "dropping it leaves the step: hold it until the children are queued"]
-pub struct Routing {
-    step: Option<Arc<Step>>,
+#[must_use = "dropping it leaves the handoff: hold it until the children are queued"]
+pub struct Hold {
+    handoff: Option<Arc<Handoff>>,
     place: Option<Place>,
 }
 
-impl Drop for Routing {
+impl Drop for Hold {
     fn drop(&mut self) {
-        if let Some(step) = self.step.take() {
-            step.leave(self.place.take());
+        if let Some(handoff) = self.handoff.take() {
+            handoff.leave(self.place.take());
         }
     }
 }
 
 impl Awaited {
     /// The answer on `rx` of request `id`, queued at a task app whose served answers
-    /// are counted in `step` (None: not counted).
-    pub fn new(rx: oneshot::Receiver<Reply>, id: u64, step: Option<Arc<Step>>) -> Awaited {
-        Awaited { rx, id, step, taken: false }
+    /// are counted in `handoff` (None: not counted).
+    pub fn new(rx: oneshot::Receiver<Reply>, id: u64, handoff: Option<Arc<Handoff>>) -> Awaited {
+        Awaited { rx, id, handoff, taken: false }
     }
 
-    /// The answer, with the step's hold for a served one once its turn in the
+    /// The answer, with the handoff's hold for a served one once its turn in the
     /// batch's order has come; Err when the worker went away without answering
     /// (stopped at the end of a shutdown).
-    pub async fn reply(mut self) -> Result<(Reply, Routing), oneshot::error::RecvError> {
+    pub async fn reply(mut self) -> Result<(Reply, Hold), oneshot::error::RecvError> {
         let reply = (&mut self.rx).await;
         self.taken = true;
         let reply = reply?;
-        let hold = match (&reply, &self.step) {
-            (Reply::Served(_), Some(step)) => Routing { step: Some(step.clone()), place: step.take(self.id) },
-            _ => Routing { step: None, place: None },
+        let hold = match (&reply, &self.handoff) {
+            (Reply::Served(_), Some(handoff)) => Hold { handoff: Some(handoff.clone()), place: handoff.take(self.id) },
+            _ => Hold { handoff: None, place: None },
         };
         // Held while waiting: a task that ends here passes its turn on.
         if let Some(p) = &hold.place {
@@ -207,22 +208,22 @@ impl Awaited {
 
 impl Drop for Awaited {
     fn drop(&mut self) {
-        let Some(step) = self.step.as_ref().filter(|_| !self.taken) else { return };
-        // Closed first: a send after this fails (and the sender leaves the step);
+        let Some(handoff) = self.handoff.as_ref().filter(|_| !self.taken) else { return };
+        // Closed first: a send after this fails (and the sender leaves the handoff);
         // one before it is taken here.
         self.rx.close();
         if let Ok(Reply::Served(_)) = self.rx.try_recv() {
-            step.leave(step.take(self.id));
+            handoff.leave(handoff.take(self.id));
         }
     }
 }
 
 /// Sends `answers`, one batch's in its order (and the drops of the turn that
-/// started the next); for a pipeline's task app (`step`), the served ones counted
-/// into its routing step and given their places first. A served answer whose
-/// receiver had gone leaves the step again.
-pub fn send_counted(step: Option<&Step>, answers: impl Iterator<Item = (Request, Reply)>) {
-    let Some(step) = step else {
+/// started the next); for a pipeline's task app (`handoff`), the served ones counted
+/// into its handoff and given their places first. A served answer whose
+/// receiver had gone leaves the handoff again.
+pub fn send_answers(handoff: Option<&Handoff>, answers: impl Iterator<Item = (Request, Reply)>) {
+    let Some(handoff) = handoff else {
         for (r, reply) in answers {
             r.answer(reply);
         }
@@ -231,11 +232,11 @@ pub fn send_counted(step: Option<&Step>, answers: impl Iterator<Item = (Request,
     let answers: Vec<_> = answers.collect();
     let served: Vec<u64> =
         answers.iter().filter(|(_, reply)| matches!(reply, Reply::Served(_))).map(|(r, _)| r.id).collect();
-    step.enter(&served);
+    handoff.enter(&served);
     for (r, reply) in answers {
         let (id, served) = (r.id, matches!(reply, Reply::Served(_)));
         if !r.answer(reply) && served {
-            step.leave(step.take(id));
+            handoff.leave(handoff.take(id));
         }
     }
 }
@@ -275,8 +276,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_step_settles_when_every_served_answer_is_routed_or_gone() {
-        let step = Step::new();
+    async fn the_handoff_settles_when_every_served_answer_is_routed_or_gone() {
+        let handoff = Handoff::new();
         let (a, rx_a) = request(1);
         let (b, rx_b) = request(2);
         let (c, rx_c) = request(3);
@@ -284,38 +285,38 @@ mod tests {
         // `d`'s task went away before the answer: it leaves at once.
         drop(rx_d);
         let dropped = Reply::Dropped { reason: DropReason::Expired, detail: String::new(), policy: "p".into() };
-        send_counted(Some(&step), vec![(a, served()), (b, served()), (c, dropped), (d, served())].into_iter());
-        assert_eq!(step.routing(), 2, "two served answers with a receiver");
+        send_answers(Some(&handoff), vec![(a, served()), (b, served()), (c, dropped), (d, served())].into_iter());
+        assert_eq!(handoff.routing(), 2, "two served answers with a receiver");
         // Not settled while `a` and `b` are being routed: the wait gives up at its bound.
-        assert!(!step.settled(Duration::from_millis(1)).await);
-        let (reply, hold) = Awaited::new(rx_a, 1, Some(step.clone())).reply().await.unwrap();
+        assert!(!handoff.settled(Duration::from_millis(1)).await);
+        let (reply, hold) = Awaited::new(rx_a, 1, Some(handoff.clone())).reply().await.unwrap();
         assert!(matches!(reply, Reply::Served(_)));
-        assert_eq!(step.routing(), 2, "held until its children are queued");
+        assert_eq!(handoff.routing(), 2, "held until its children are queued");
         drop(hold);
-        assert_eq!(step.routing(), 1);
+        assert_eq!(handoff.routing(), 1);
         // `b`'s task ends without taking its answer: the answer leaves on its drop.
-        drop(Awaited::new(rx_b, 2, Some(step.clone())));
-        assert_eq!(step.routing(), 0);
-        assert!(step.settled(Duration::from_millis(1)).await);
-        assert!(step.places.lock().is_empty(), "every place taken");
+        drop(Awaited::new(rx_b, 2, Some(handoff.clone())));
+        assert_eq!(handoff.routing(), 0);
+        assert!(handoff.settled(Duration::from_millis(1)).await);
+        assert!(handoff.places.lock().is_empty(), "every place taken");
         // A dropped answer carries no hold.
-        let (reply, _hold) = Awaited::new(rx_c, 3, Some(step.clone())).reply().await.unwrap();
+        let (reply, _hold) = Awaited::new(rx_c, 3, Some(handoff.clone())).reply().await.unwrap();
         assert!(matches!(reply, Reply::Dropped { .. }));
-        assert_eq!(step.routing(), 0);
+        assert_eq!(handoff.routing(), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_batch_is_routed_in_its_order_whichever_task_runs_first() {
-        let step = Step::new();
+        let handoff = Handoff::new();
         let (reqs, rxs): (Vec<_>, Vec<_>) = (1..=3).map(request).unzip();
-        send_counted(Some(&step), reqs.into_iter().map(|r| (r, served())));
+        send_answers(Some(&handoff), reqs.into_iter().map(|r| (r, served())));
         let routed = Arc::new(Mutex::new(Vec::new()));
         // The tasks start last first; each records its id when its turn comes.
         let mut tasks = Vec::new();
         for (i, rx) in rxs.into_iter().enumerate().rev() {
-            let (step, routed) = (step.clone(), routed.clone());
+            let (handoff, routed) = (handoff.clone(), routed.clone());
             tasks.push(tokio::spawn(async move {
-                let (_, hold) = Awaited::new(rx, i as u64 + 1, Some(step)).reply().await.unwrap();
+                let (_, hold) = Awaited::new(rx, i as u64 + 1, Some(handoff)).reply().await.unwrap();
                 routed.lock().push(i + 1);
                 drop(hold);
             }));
@@ -325,44 +326,44 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*routed.lock(), [1, 2, 3]);
-        assert_eq!(step.routing(), 0);
+        assert_eq!(handoff.routing(), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_gone_place_passes_its_turn_on() {
-        let step = Step::new();
+        let handoff = Handoff::new();
         let (reqs, mut rxs): (Vec<_>, Vec<_>) = (1..=2).map(request).unzip();
-        send_counted(Some(&step), reqs.into_iter().map(|r| (r, served())));
+        send_answers(Some(&handoff), reqs.into_iter().map(|r| (r, served())));
         let second = rxs.pop().unwrap();
         let waiting = tokio::spawn({
-            let step = step.clone();
-            async move { Awaited::new(second, 2, Some(step)).reply().await.map(|_| ()) }
+            let handoff = handoff.clone();
+            async move { Awaited::new(second, 2, Some(handoff)).reply().await.map(|_| ()) }
         });
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "the first is not routed yet");
         // The first's task ends without taking its answer.
-        drop(Awaited::new(rxs.pop().unwrap(), 1, Some(step.clone())));
+        drop(Awaited::new(rxs.pop().unwrap(), 1, Some(handoff.clone())));
         waiting.await.unwrap().unwrap();
-        assert_eq!(step.routing(), 0, "the second's hold dropped with its task's result");
+        assert_eq!(handoff.routing(), 0, "the second's hold dropped with its task's result");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_waiting_worker_wakes_at_the_last_leave() {
-        let step = Step::new();
+        let handoff = Handoff::new();
         let (reqs, rxs): (Vec<_>, Vec<_>) = (1..=2).map(request).unzip();
-        send_counted(Some(&step), reqs.into_iter().map(|r| (r, served())));
+        send_answers(Some(&handoff), reqs.into_iter().map(|r| (r, served())));
         let waiter = {
-            let step = step.clone();
-            tokio::spawn(async move { step.settled(STEP_WAIT_MAX).await })
+            let handoff = handoff.clone();
+            tokio::spawn(async move { handoff.settled(HANDOFF_WAIT_MAX).await })
         };
         tokio::task::yield_now().await;
         let mut rxs = rxs.into_iter().enumerate();
         let (i, rx) = rxs.next().unwrap();
-        drop(Awaited::new(rx, i as u64 + 1, Some(step.clone())).reply().await.unwrap());
+        drop(Awaited::new(rx, i as u64 + 1, Some(handoff.clone())).reply().await.unwrap());
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "one answer still being routed");
         let (i, rx) = rxs.next().unwrap();
-        drop(Awaited::new(rx, i as u64 + 1, Some(step.clone())).reply().await.unwrap());
+        drop(Awaited::new(rx, i as u64 + 1, Some(handoff.clone())).reply().await.unwrap());
         assert!(waiter.await.unwrap(), "settled, not given up");
     }
 }
