@@ -1,8 +1,9 @@
 //! Connections as the fronts hold them: the table of slots every front shares, with
 //! each client's share of them ([`Connections`]), a connection's activity
-//! ([`Activity`]), and the two socket wrappers: [`Tracked`] for HTTP/1 (idle when no
-//! byte moves) and [`Counted`] for gRPC (idle when no call is in progress, since
-//! HTTP/2's keep-alive pings move bytes). A leaf below the fronts
+//! ([`Activity`]), and the one socket wrapper both fronts serve through
+//! ([`Socket`]), with the two rules of idleness ([`Idleness`]): for HTTP/1 no byte
+//! moved (its front closes the idle), for gRPC no call in progress (HTTP/2's
+//! keep-alive pings move bytes; the socket itself ends). A leaf below the fronts
 //! ([`crate::server`], [`crate::grpc`]): it knows the config and the metrics only.
 
 use std::collections::HashMap;
@@ -279,66 +280,32 @@ impl Drop for InFlight {
     }
 }
 
-/// A socket that records when it last moved a byte.
-pub(crate) struct Tracked {
-    /// The socket.
-    pub(crate) inner: TcpStream,
-    /// Its connection's activity, touched on every byte moved.
-    pub(crate) activity: Arc<Activity>,
-}
-
-impl AsyncRead for Tracked {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.activity.touch();
-        }
-        r
-    }
-}
-
-impl AsyncWrite for Tracked {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        r
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        r
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// A connection that holds its slot and counts as open until dropped, and ends
-/// (its reads see the end of the stream, so hyper closes it) once no call has been
-/// in progress on it for `idle_timeout_ms`. hyper has no idle timeout for HTTP/2,
-/// and the keep-alive pings move bytes, so idleness is judged by calls, as
-/// grpc-go's `MaxConnectionIdle` does.
-pub(crate) struct Counted {
+/// A connection's socket as a front serves it: the stream, its [`Activity`], and
+/// its rule of idleness. One type for both fronts, so that what moving a byte or
+/// ending a connection means is written once.
+pub(crate) struct Socket {
     inner: TcpStream,
+    activity: Arc<Activity>,
+    idleness: Idleness,
+}
+
+/// When a connection is idle, and who ends it then.
+pub(crate) enum Idleness {
+    /// HTTP/1: every byte moved either way is activity, and the front closes a
+    /// connection idle too long or asked for its slot (`crate::server::serve`,
+    /// which holds the slot and counts the connection).
+    Bytes,
+    /// HTTP/2 (gRPC): activity is calls only (the keep-alive pings move bytes),
+    /// and the socket ends itself ([`Ending`]).
+    Calls(Box<Ending>),
+}
+
+/// How a gRPC connection ends: it holds its slot and counts as open until dropped,
+/// and ends (its reads see the end of the stream, so hyper closes it) once no call
+/// has been in progress on it for `idle_timeout_ms`. hyper has no idle timeout for
+/// HTTP/2, and the keep-alive pings move bytes, so idleness is judged by calls, as
+/// grpc-go's `MaxConnectionIdle` does.
+pub(crate) struct Ending {
     /// Its place in the connection table, given back when dropped.
     _slot: ConnectionPermit,
     /// Resolves when the table asks for the slot back (another client needs it).
@@ -346,7 +313,6 @@ pub(crate) struct Counted {
     /// Set once asked: it ends as soon as no call is in progress.
     giving_up: bool,
     metrics: Arc<Metrics>,
-    activity: Arc<Activity>,
     idle: std::time::Duration,
     /// Set once it was found idle: its reads stay at the end of the stream.
     ended: bool,
@@ -361,113 +327,152 @@ pub(crate) struct ConnInfo {
     pub(crate) activity: Arc<Activity>,
 }
 
-impl Drop for Counted {
+impl Drop for Ending {
     fn drop(&mut self) {
         self.metrics.connections.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-impl Connected for Counted {
+impl Connected for Socket {
     type ConnectInfo = ConnInfo;
     fn connect_info(&self) -> Self::ConnectInfo {
         ConnInfo { activity: self.activity.clone() }
     }
 }
 
-impl AsyncRead for Counted {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let this = &mut *self;
-        if this.ended {
-            return Poll::Ready(Ok(()));
+impl Socket {
+    /// An HTTP/1 connection's socket: idle when no byte moves ([`Idleness::Bytes`]).
+    pub(crate) fn bytes(inner: TcpStream, activity: Arc<Activity>) -> Socket {
+        Socket { inner, activity, idleness: Idleness::Bytes }
+    }
+
+    /// A gRPC connection admitted to `slot`, ending once no call was in progress on
+    /// it for `idle` (or once its slot is asked back and no call is in progress).
+    pub(crate) fn calls(
+        inner: TcpStream,
+        slot: ConnectionPermit,
+        metrics: Arc<Metrics>,
+        activity: Arc<Activity>,
+        idle: Duration,
+    ) -> Socket {
+        let close = slot.close.clone();
+        let ending = Ending {
+            _slot: slot,
+            asked: Box::pin(async move { close.asked().await }),
+            giving_up: false,
+            metrics,
+            idle,
+            ended: false,
+            timer: Box::pin(tokio::time::sleep(idle)),
+        };
+        Socket { inner, activity, idleness: Idleness::Calls(Box::new(ending)) }
+    }
+
+    /// Bytes moved: activity, where bytes count.
+    fn moved(&self, n: usize) {
+        if n > 0 && matches!(self.idleness, Idleness::Bytes) {
+            self.activity.touch();
         }
-        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if read.is_ready() {
-            return read;
-        }
-        // Nothing to read: end the connection if it is idle or gives its slot up,
-        // else look again when it could first be.
+    }
+}
+
+impl Ending {
+    /// With nothing to read: whether the connection ends now (idle, or giving its
+    /// slot up between calls); else the timer is set to look again when it could
+    /// first be, and Pending.
+    fn poll_end(&mut self, activity: &Activity, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            if !this.giving_up && this.asked.as_mut().poll(cx).is_ready() {
-                this.giving_up = true;
+            if !self.giving_up && self.asked.as_mut().poll(cx).is_ready() {
+                self.giving_up = true;
             }
             // Asked for its slot (counted by the table): it ends between calls.
-            if this.giving_up && !this.activity.busy() {
-                this.ended = true;
-                return Poll::Ready(Ok(()));
+            if self.giving_up && !activity.busy() {
+                self.ended = true;
+                return Poll::Ready(());
             }
-            if this.activity.idle(this.idle) {
-                this.ended = true;
-                this.metrics.connections.idle_closed.fetch_add(1, Ordering::Relaxed);
-                return Poll::Ready(Ok(()));
+            if activity.idle(self.idle) {
+                self.ended = true;
+                self.metrics.connections.idle_closed.fetch_add(1, Ordering::Relaxed);
+                return Poll::Ready(());
             }
             // A call in progress touches the activity when it ends; until then
             // look again a whole period later (soon, when giving the slot up).
-            let left = if this.giving_up {
+            let left = if self.giving_up {
                 std::time::Duration::from_millis(10)
-            } else if this.activity.busy() {
-                this.idle
+            } else if activity.busy() {
+                self.idle
             } else {
-                this.idle.saturating_sub(this.activity.idle_for())
+                self.idle.saturating_sub(activity.idle_for())
             };
             let left = left.max(std::time::Duration::from_millis(10));
             let at = tokio::time::Instant::now() + left;
             // A pending read comes once per call or more: the timer is re-armed only
             // when it has fired or must fire sooner. One set later than needed would
             // find the connection idle late; one set sooner only looks again early.
-            if this.timer.is_elapsed() || at < this.timer.deadline() {
-                this.timer.as_mut().reset(at);
+            if self.timer.is_elapsed() || at < self.timer.deadline() {
+                self.timer.as_mut().reset(at);
             }
-            if this.timer.as_mut().poll(cx).is_pending() {
+            if self.timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
         }
     }
 }
 
-impl AsyncWrite for Counted {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+impl AsyncRead for Socket {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if let Idleness::Calls(ending) = &this.idleness {
+            if ending.ended {
+                return Poll::Ready(Ok(()));
+            }
+        }
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if read.is_ready() {
+            this.moved(buf.filled().len() - before);
+            return read;
+        }
+        // Nothing to read: a gRPC connection ends here if it is idle or gives its
+        // slot up.
+        match &mut this.idleness {
+            Idleness::Bytes => Poll::Pending,
+            Idleness::Calls(ending) => ending.poll_end(&this.activity, cx).map(Ok),
+        }
     }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.moved(n);
+        }
+        r
+    }
+
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            self.moved(n);
+        }
+        r
     }
+
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
     }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_flush(cx)
     }
+
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-impl Counted {
-    /// A connection admitted to `slot`, ending once no call was in progress on it
-    /// for `idle` (or once its slot is asked back and no call is in progress).
-    pub(crate) fn new(
-        inner: TcpStream,
-        slot: ConnectionPermit,
-        metrics: Arc<Metrics>,
-        activity: Arc<Activity>,
-        idle: Duration,
-    ) -> Counted {
-        let close = slot.close.clone();
-        Counted {
-            inner,
-            _slot: slot,
-            asked: Box::pin(async move { close.asked().await }),
-            giving_up: false,
-            metrics,
-            activity,
-            idle,
-            ended: false,
-            timer: Box::pin(tokio::time::sleep(idle)),
-        }
     }
 }
 

@@ -28,7 +28,7 @@ use tonic::codec::CompressionEncoding;
 use tonic::{Code, Request, Response, Status};
 
 use crate::api::ApiError;
-use crate::conn::{ConnInfo, Counted};
+use crate::conn::{ConnInfo, Socket};
 use crate::infer::{self, pinned_version, target, Data, Input, Output, Target, Unsupported};
 use crate::state::State;
 use sluice_core::tensor::{DataType, Tensor, TensorData};
@@ -56,7 +56,7 @@ pub(crate) async fn serve(
     slots: Arc<crate::conn::Connections>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Counted>>(16);
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Socket>>(16);
     let metrics = state.metrics.clone();
     let idle = std::time::Duration::from_millis(state.config.idle_timeout_ms.max(1));
     // The accept loop: tonic takes connections from a stream; this one applies the
@@ -81,7 +81,7 @@ pub(crate) async fn serve(
                 continue;
             };
             metrics.connections.open.fetch_add(1, Ordering::Relaxed);
-            let conn = Counted::new(stream, slot, metrics.clone(), activity, idle);
+            let conn = Socket::calls(stream, slot, metrics.clone(), activity, idle);
             if tx.send(Ok(conn)).await.is_err() {
                 break;
             }
@@ -91,7 +91,7 @@ pub(crate) async fn serve(
     let service = Budgeted { inner: Service::new(state.clone()), state: state.clone() };
     let result = tonic::transport::Server::builder()
         // Dead peers are found by keep-alive pings; a connection with no call in
-        // progress for `idle_timeout_ms` is closed (`Counted`), and every connection
+        // progress for `idle_timeout_ms` is closed (`conn::Idleness::Calls`), and every connection
         // is retired (GOAWAY) at its age bound.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .max_connection_age(std::time::Duration::from_millis(config.idle_timeout_ms.max(1000) * 10))
@@ -224,10 +224,10 @@ where
 }
 
 /// The connections the accept loop admitted, as tonic takes them.
-struct Incoming(tokio::sync::mpsc::Receiver<std::io::Result<Counted>>);
+struct Incoming(tokio::sync::mpsc::Receiver<std::io::Result<Socket>>);
 
 impl tokio_stream::Stream for Incoming {
-    type Item = std::io::Result<Counted>;
+    type Item = std::io::Result<Socket>;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.0.poll_recv(cx)
     }

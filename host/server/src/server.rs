@@ -32,7 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::conn::{share_of, Activity, ConnectionPermit, Connections, Tracked};
+use crate::conn::{share_of, Activity, ConnectionPermit, Connections, Socket};
 use crate::state::State;
 
 /// Refusals of connections over the limit in progress at once; beyond them a
@@ -227,7 +227,7 @@ async fn serve(
     let Conn { peer, via_admin, slot, activity } = conn;
     let metrics = state.metrics.clone();
     metrics.connections.open.fetch_add(1, Ordering::Relaxed);
-    let io = TokioIo::new(Tracked { inner: stream, activity: activity.clone() });
+    let io = TokioIo::new(Socket::bytes(stream, activity.clone()));
     let busy = activity.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(crate::api::Peer(peer));
