@@ -355,9 +355,13 @@ impl<'a> PipelineSim<'a> {
         });
         // With `children = "together"` the batch's children are all queued before
         // the idle workers they reach decide, in the order reached
-        // (`flow::ChildArrival`); one by one, each decides at its first.
-        let together = self.run.system.children == flow::ChildArrival::Together;
-        let outer = if together { self.handoff.replace(Vec::new()) } else { self.handoff.take() };
+        // (`flow::ChildArrival`); one by one, each decides at its first. Only a
+        // finish queues children, and a decision queues none, so no handoff is
+        // open here.
+        debug_assert!(self.handoff.is_none());
+        if self.run.system.children == flow::ChildArrival::Together {
+            self.handoff = Some(Vec::new());
+        }
         for r in batch {
             let Some(node) = node else {
                 // The task has no worker any more: its descendants cannot be served.
@@ -366,7 +370,7 @@ impl<'a> PipelineSim<'a> {
             };
             self.served(r, model as usize, accuracy, node, Some(i), now);
         }
-        let reached = std::mem::replace(&mut self.handoff, outer).unwrap_or_default();
+        let reached = self.handoff.take().unwrap_or_default();
         for w in reached {
             if !self.task_workers[w].busy && self.overloaded.is_none() {
                 self.decide(w);
