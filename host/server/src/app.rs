@@ -589,6 +589,15 @@ impl App {
         let audited = match self.best_prediction(incoming) {
             Some((ahead, judged)) if judged.wait_us > self.slo_us as f64 => {
                 if !self.admission.audits() {
+                    // An arrival all the same: counted in the load the policies
+                    // and admission read, as a refusal once parsed is and as the
+                    // simulator counts every arrival its admission judges. Left
+                    // out, 5x overload read as the ~1x that passed, and jellyfish
+                    // switched to its slow model while the queue it had been
+                    // admitted for was still full (BENCHMARKS.md §7).
+                    let now = self.clock.now();
+                    self.count_arrival(now);
+                    self.record_refused(now);
                     return Err(self.would_miss(ahead, judged, false));
                 }
                 true
@@ -704,6 +713,32 @@ impl App {
         AdmitError::ShuttingDown(self.name().to_string())
     }
 
+    /// Counts a client's arrival at `now` in the host's load estimates: the rate
+    /// the policies read and admission forecasts from, and the allocator's demand.
+    /// Every arrival admission judges, admitted or refused, at its precheck or once
+    /// parsed; not one refused by the queue's bound, which the simulator does not
+    /// count either (`sluice_sim::engine`).
+    fn count_arrival(&self, now: u64) {
+        self.load.record(now);
+        if self.device_models.is_some() {
+            self.demand.record(now);
+        }
+    }
+
+    /// Records an arrival at `arrival` that admission refused, for replays: marked
+    /// in the arrival log, so a replay without admission counts it in the load its
+    /// policies see (it was in the host's) and queues it not, and one with
+    /// admission judges it again; in the what-if window too, where a replay judges
+    /// every arrival with its own admission (docs/simulator.md).
+    fn record_refused(&self, arrival: u64) {
+        if let Some(log) = self.recorder.get() {
+            log.record(self.name(), arrival, true);
+        }
+        if let Some(ring) = self.ring.get() {
+            ring.record(arrival);
+        }
+    }
+
     fn queue_full(&self) -> AdmitError {
         self.record_refusal(Refusal::QueueFull);
         AdmitError::QueueFull { app: self.name().to_string(), limit: self.config.max_queue }
@@ -765,10 +800,7 @@ impl App {
         let now = self.clock.now();
         let arrival = arrived.map_or(now, |t| now.saturating_sub(t.elapsed().as_micros() as u64));
 
-        self.load.record(now);
-        if self.device_models.is_some() {
-            self.demand.record(now);
-        }
+        self.count_arrival(now);
         let (tx, rx) = oneshot::channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let request = Request {
@@ -833,17 +865,7 @@ impl App {
                     Err(mut request) => {
                         if !audited && !self.admission.audits() {
                             self.queued.fetch_sub(1, Ordering::AcqRel);
-                            // Marked, so a replay without admission counts it in the
-                            // load its policies see (it was in the host's) and queues
-                            // it not, and one with admission judges it again.
-                            if let Some(log) = self.recorder.get() {
-                                log.record(self.name(), arrival, true);
-                            }
-                            // In the what-if window too: a replay judges every
-                            // arrival with its own admission (docs/simulator.md).
-                            if let Some(ring) = self.ring.get() {
-                                ring.record(arrival);
-                            }
+                            self.record_refused(arrival);
                             let v = refused.expect("push_if judged it");
                             return Err(self.would_miss(v.ahead, v.judged, v.on_time));
                         }
