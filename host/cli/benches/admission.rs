@@ -22,7 +22,11 @@
 //! `ADMISSION_BENCH_ONLY=<policy>` runs one policy's phases only, and
 //! `ADMISSION_BENCH_AUDIT=<share>` audits another share of would-be refusals
 //! (larger samples for a diagnosis; the load then differs more from the one
-//! admission alone would leave).
+//! admission alone would leave). `ADMISSION_BENCH_SEED=<n>` draws the arrivals
+//! from seeds n, n + 1, n + 2 for the three utilisations (default 7): one seed
+//! gives the same arrivals, the same refusals and the same audited requests in
+//! every run, so runs pooled over one seed re-measure a handful of requests
+//! (six audited at 70 %), while runs over different seeds sample new ones.
 //! Prints a table, then one JSON line, then the summary line
 //! `admission: false refusals X % at 90 % utilisation (refusals Y %)`.
 
@@ -43,6 +47,9 @@ use image_app::{scenarios, Server, SLO_MS};
 const SECONDS: f64 = 40.0;
 /// The share of would-be refusals admitted to check them.
 const AUDIT: f64 = 0.1;
+/// The arrivals' first seed (`ADMISSION_BENCH_SEED`); the utilisations take it and
+/// the next two.
+const SEED: u64 = 7;
 const TOKEN: &str = "admission-bench";
 const UTILISATIONS: [f64; 3] = [0.5, 0.7, 0.9];
 
@@ -140,12 +147,16 @@ fn main() -> Result<()> {
         Ok(v) => v.parse().context("ADMISSION_BENCH_AUDIT")?,
         Err(_) => AUDIT,
     };
+    let seed: u64 = match std::env::var("ADMISSION_BENCH_SEED") {
+        Ok(v) => v.parse().context("ADMISSION_BENCH_SEED")?,
+        Err(_) => SEED,
+    };
     let mut rows = Vec::new();
     for s in scenarios.iter().filter(|s| only.as_deref().is_none_or(|p| p == s.policy)) {
         let server =
             Server::spawn(s, &format!("admin_token = \"{TOKEN}\"\n"), &format!("admission_audit = {audit}\n"))?;
         for (k, u) in UTILISATIONS.iter().enumerate() {
-            let p = runtime.block_on(phase(&server, &body, s.capacity, *u, 7 + k as u64)).context(s.policy)?;
+            let p = runtime.block_on(phase(&server, &body, s.capacity, *u, seed + k as u64)).context(s.policy)?;
             rows.push((s.policy, p));
         }
     }
@@ -174,7 +185,7 @@ fn main() -> Result<()> {
     let phases: Vec<Value> = rows.iter().map(|(policy, p)| json!({ "policy": policy, "phase": p })).collect();
     println!(
         "{}",
-        json!({ "bench": "admission", "slo_ms": SLO_MS, "seconds": SECONDS, "audit": audit, "phases": phases })
+        json!({ "bench": "admission", "slo_ms": SLO_MS, "seconds": SECONDS, "audit": audit, "seed": seed, "phases": phases })
     );
     // The worst policy at the highest utilisation below capacity.
     let at90: Vec<&Phase> = rows.iter().map(|(_, p)| p).filter(|p| p.utilisation == 0.9).collect();
