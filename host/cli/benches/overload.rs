@@ -46,7 +46,9 @@
 //! about 5 minutes. To shorten it: `OVERLOAD_SECONDS` (each phase, default 10),
 //! `OVERLOAD_BACKGROUND` (the background loads, % of one core, default `0,50,100`),
 //! `OVERLOAD_POLICIES` (default `fixed,jellyfish`), `OVERLOAD_BODIES` (default
-//! `json,binary`). Prints a table, then one JSON line, then the summary line
+//! `json,binary`). `OVERLOAD_SEED` (default 1) moves the arrivals' seeds: each row
+//! takes the next two after the previous row's, so runs on one seed replay the
+//! same arrivals and runs on several sample new ones. Prints a table, then one JSON line, then the summary line
 //! `overload: worst 5x/1x goodput X, worst late share Y % (JSON and binary, idle and loaded); from the actual send Z %, by the server's clock W %`
 //! (Y from the scheduled send, as before issue 40's split).
 
@@ -124,6 +126,8 @@ struct Settings {
     policies: Vec<String>,
     /// The bodies to send.
     bodies: Vec<Body>,
+    /// The seed the first row's arrivals follow (`OVERLOAD_SEED`).
+    seed: u64,
 }
 
 impl Settings {
@@ -156,7 +160,8 @@ impl Settings {
         if let Some(p) = policies.iter().find(|p| !known.contains(&p.as_str())) {
             bail!("OVERLOAD_POLICIES: expected some of {known:?}, got {p:?}");
         }
-        Ok(Settings { seconds, backgrounds, policies, bodies })
+        let seed = var("OVERLOAD_SEED", "1").parse().context("OVERLOAD_SEED: expected a whole number")?;
+        Ok(Settings { seconds, backgrounds, policies, bodies, seed })
     }
 }
 
@@ -556,7 +561,7 @@ fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let load_at_start = load_average();
     let mut rows = Vec::new();
-    let mut seed = 1;
+    let mut seed = settings.seed;
     for s in scenarios().into_iter().filter(|s| settings.policies.iter().any(|p| p == s.policy)) {
         let server = Server::spawn(&s, "", "")?;
         let start_rss = server.rss_mib();
