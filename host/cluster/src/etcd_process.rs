@@ -37,8 +37,28 @@ pub struct EtcdCluster {
     extra_args: Vec<String>,
 }
 
+/// How many times [`EtcdCluster::start_with`] starts a cluster whose member exited
+/// before answering (see [`free_port`]).
+const START_TRIES: usize = 3;
+
+/// Why a just-spawned cluster is not ready ([`EtcdCluster::wait_started`]).
+enum Started {
+    /// A member's process ended: worth another try on new ports.
+    Exited(anyhow::Error),
+    /// A member runs and does not answer in time.
+    Silent(anyhow::Error),
+}
+
+/// The last lines of a member's log (at most 2 KB), for an error.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let tail = &text[text.len().saturating_sub(2048)..];
+    String::from_utf8_lossy(tail).into_owned()
+}
+
 /// A free TCP port on 127.0.0.1 (bound, read, released: another process could take
-/// it in between, which a test would see as a member that does not start).
+/// it in between, which a test would see as a member that does not start; a
+/// cluster's start tries again then, [`EtcdCluster::start_with`]).
 pub fn free_port() -> std::io::Result<u16> {
     free_port_on(std::net::Ipv4Addr::LOCALHOST.into())
 }
@@ -73,6 +93,29 @@ impl EtcdCluster {
         anyhow::ensure!(n >= 1, "an etcd cluster needs at least one member");
         let bin = etcd_binary();
         anyhow::ensure!(bin.exists(), "etcd not found at {} (install etcd-server, or set ETCD_BIN)", bin.display());
+        // A member whose port another process took between `free_port` and its own
+        // bind exits at once (a full test run once waited 30 s on one): such a start
+        // is tried again on new ports and fresh data directories.
+        let mut tries = 1;
+        loop {
+            let mut cluster = Self::spawn_all(dir, n, also_on, extra_args)?;
+            match cluster.wait_started(Duration::from_secs(30)).await {
+                Ok(()) => return Ok(cluster),
+                Err(Started::Exited(e)) if tries < START_TRIES => {
+                    tracing::warn!("etcd start, try {tries} of {START_TRIES}: {e:#}; again on new ports");
+                    drop(cluster);
+                    for i in 0..n {
+                        let _ = std::fs::remove_dir_all(dir.join(format!("m{i}.etcd")));
+                    }
+                    tries += 1;
+                }
+                Err(Started::Exited(e) | Started::Silent(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// Spawns `n` new members under `dir` on free ports (see [`EtcdCluster::start_with`]).
+    fn spawn_all(dir: &Path, n: usize, also_on: &[std::net::IpAddr], extra_args: &[&str]) -> anyhow::Result<Self> {
         let mut members = Vec::new();
         for i in 0..n {
             let name = format!("m{i}");
@@ -96,8 +139,42 @@ impl EtcdCluster {
         for i in 0..n {
             cluster.spawn(i, "new")?;
         }
-        cluster.wait_ready(Duration::from_secs(30)).await?;
         Ok(cluster)
+    }
+
+    /// As [`EtcdCluster::wait_ready`] for a cluster just spawned, telling a member
+    /// whose process ended (a port taken, a bad flag: its log's last lines in the
+    /// error) from one that runs and does not answer.
+    async fn wait_started(&mut self, within: Duration) -> Result<(), Started> {
+        let deadline = tokio::time::Instant::now() + within;
+        for i in 0..self.members.len() {
+            loop {
+                let m = &mut self.members[i];
+                let ok = match EtcdStore::connect(std::slice::from_ref(&m.client_url)).await {
+                    Ok(s) => s.get("/sluice/health").await.is_ok(),
+                    Err(_) => false,
+                };
+                if ok {
+                    break;
+                }
+                if let Some(Ok(Some(status))) = m.child.as_mut().map(Child::try_wait) {
+                    return Err(Started::Exited(anyhow::anyhow!(
+                        "etcd member {} exited ({status}) before it answered; its log ends:\n{}",
+                        m.name,
+                        log_tail(&m.log)
+                    )));
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(Started::Silent(anyhow::anyhow!(
+                        "etcd member {} did not answer within {within:?}; its log ends:\n{}",
+                        m.name,
+                        log_tail(&m.log)
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
     }
 
     fn spawn(&mut self, i: usize, state: &str) -> anyhow::Result<()> {

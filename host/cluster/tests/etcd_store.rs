@@ -218,3 +218,18 @@ async fn a_mirror_relists_when_its_watch_revision_was_compacted() {
         mirror.stats.compactions.load(Ordering::Relaxed)
     );
 }
+
+/// A member whose process ends before it answers (here a flag etcd does not know;
+/// in a full test run once, a port taken between `free_port` and etcd's bind) is
+/// reported at once, with its log, after the start's tries on new ports, instead
+/// of a 30 s wait on a member that is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_exits_at_start_is_reported_with_its_log_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = match EtcdCluster::start_with(dir.path(), 1, &[], &["--no-such-flag"]).await {
+        Ok(_) => panic!("etcd started with an unknown flag"),
+        Err(e) => format!("{e:#}"),
+    };
+    // "exited", not "did not answer within 30s": the exit was seen, not waited out.
+    assert!(err.contains("exited") && err.contains("no-such-flag"), "{err}");
+}
