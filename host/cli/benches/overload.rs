@@ -48,7 +48,8 @@
 //! `OVERLOAD_POLICIES` (default `fixed,jellyfish`), `OVERLOAD_BODIES` (default
 //! `json,binary`). `OVERLOAD_SEED` (default 1) moves the arrivals' seeds: each row
 //! takes the next two after the previous row's, so runs on one seed replay the
-//! same arrivals and runs on several sample new ones. Prints a table, then one JSON line, then the summary line
+//! same arrivals and runs on several sample new ones. Prints a table, then one
+//! JSON line, then the summary line
 //! `overload: worst 5x/1x goodput X, worst late share Y % (JSON and binary, idle and loaded); from the actual send Z %, by the server's clock W %`
 //! (Y from the scheduled send, as before issue 40's split).
 

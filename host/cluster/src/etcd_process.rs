@@ -103,9 +103,10 @@ impl EtcdCluster {
                 Ok(()) => return Ok(cluster),
                 Err(Started::Exited(e)) if tries < START_TRIES => {
                     tracing::warn!("etcd start, try {tries} of {START_TRIES}: {e:#}; again on new ports");
+                    let data_dirs: Vec<PathBuf> = cluster.members.iter().map(|m| m.data_dir.clone()).collect();
                     drop(cluster);
-                    for i in 0..n {
-                        let _ = std::fs::remove_dir_all(dir.join(format!("m{i}.etcd")));
+                    for d in data_dirs {
+                        let _ = std::fs::remove_dir_all(d);
                     }
                     tries += 1;
                 }
@@ -142,12 +143,15 @@ impl EtcdCluster {
         Ok(cluster)
     }
 
-    /// As [`EtcdCluster::wait_ready`] for a cluster just spawned, telling a member
+    /// Waits until a read through every live member succeeds, telling a member
     /// whose process ended (a port taken, a bad flag: its log's last lines in the
     /// error) from one that runs and does not answer.
     async fn wait_started(&mut self, within: Duration) -> Result<(), Started> {
         let deadline = tokio::time::Instant::now() + within;
         for i in 0..self.members.len() {
+            if self.members[i].child.is_none() {
+                continue;
+            }
             loop {
                 let m = &mut self.members[i];
                 let ok = match EtcdStore::connect(std::slice::from_ref(&m.client_url)).await {
@@ -244,25 +248,10 @@ impl EtcdCluster {
         Ok(())
     }
 
-    /// Waits until a read through every live member succeeds.
-    pub async fn wait_ready(&self, within: Duration) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + within;
-        for m in self.members.iter().filter(|m| m.child.is_some()) {
-            loop {
-                let ok = match EtcdStore::connect(std::slice::from_ref(&m.client_url)).await {
-                    Ok(s) => s.get("/sluice/health").await.is_ok(),
-                    Err(_) => false,
-                };
-                if ok {
-                    break;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    anyhow::bail!("etcd member {} did not answer within {within:?} (log: {})", m.name, m.log.display());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        Ok(())
+    /// Waits until a read through every live member succeeds (at most `within`);
+    /// the error names a member that exited or did not answer, with its log's end.
+    pub async fn wait_ready(&mut self, within: Duration) -> anyhow::Result<()> {
+        self.wait_started(within).await.map_err(|(Started::Exited(e) | Started::Silent(e))| e)
     }
 
     /// The index of the member that leads now.
