@@ -297,6 +297,49 @@ async fn overload_is_refused_at_admission_and_what_is_admitted_is_on_time() {
     server.stop().await.unwrap();
 }
 
+/// `admission_audit` admits a share of the requests admission would refuse, marks
+/// their answers (`parameters.admission_audit`, so a client can judge by its own
+/// clock whether the refusal was false) and counts them, and those served by
+/// their deadline; admission's own answers carry no mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audited_refusals_are_admitted_marked_and_counted() {
+    let slow = tempfile::tempdir().unwrap();
+    std::fs::write(slow.path().join("slow.toml"), emulated_profile(100.0)).unwrap();
+    let config = format!(
+        "[[app]]\nname = \"emu\"\nexecutor = \"emulated\"\nprofile = \"{}\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nworkers = 1\npolicy = \"fixed\"\nparams = {{ model = \"small\" }}\nmax_batch = 1\nslo_ms = 450\nadmission_audit = 0.5\n",
+        slow.path().join("slow.toml").display()
+    );
+    let server = TestServer::start(&config).await.unwrap();
+    let responses = burst(server.addr, 12).await;
+    let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
+    let of = |code: u16| statuses.iter().filter(|&&s| s == code).count();
+    // Admitted and on time, refused, or audited: served late, or dropped once
+    // expired (the fixed policy drops what its deadline passed).
+    assert_eq!(of(200) + of(429) + of(504), 12, "{statuses:?}");
+    let ok: Vec<_> = responses.iter().filter(|r| r.status == 200).map(|r| r.json()).collect();
+    let (marked, admitted): (Vec<_>, Vec<_>) =
+        ok.iter().partition(|a| a["parameters"]["admission_audit"] == json!(true));
+    let emu = &server.state.apps["emu"];
+    let audited = emu.counters.audited.load(Ordering::Relaxed) as usize;
+    assert_eq!(audited, marked.len() + of(504), "every audit is served marked or dropped: {statuses:?}");
+    // Every other would-be refusal admitted: as many audited as refused, give or
+    // take the one drawn last.
+    assert!(audited > 0 && audited.abs_diff(of(429)) <= 1, "{audited} audited, {statuses:?}");
+    assert!(!admitted.is_empty());
+    // (Not all on time: an audit whose body was read last but whose deadline is
+    // earlier is queued ahead of them, and pushes one back.)
+    for a in &admitted {
+        assert_eq!(a["parameters"].get("admission_audit"), None, "only audits are marked: {a}");
+    }
+    // The fifth place starts 400 ms in, inside a 450 ms deadline: an audit's,
+    // or an admitted request's that an audit was queued ahead of. Either way one
+    // audit is served, marked.
+    assert!(!marked.is_empty(), "{statuses:?}");
+    let met = marked.iter().filter(|a| a["parameters"]["deadline_met"] == json!(true)).count();
+    assert_eq!(emu.counters.audited_met.load(Ordering::Relaxed), met as u64);
+    server.stop().await.unwrap();
+}
+
 /// Request bodies being read at once are bounded in bytes: one that does not fit
 /// is refused with a 503 at once instead of growing memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,6 +58,9 @@ pub struct Served {
     pub batch_size: usize,
     /// The worker that served it.
     pub worker: u32,
+    /// Admitted as an audit of a refusal (`admission_audit`): admission predicted
+    /// it would miss its deadline.
+    pub audited: bool,
 }
 
 /// The one answer an accepted request gets.

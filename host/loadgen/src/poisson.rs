@@ -89,6 +89,9 @@ pub struct Record {
     /// The size of the batch that served it (a sluice answer's
     /// `parameters.batch_size`).
     pub server_batch: Option<u32>,
+    /// A sluice answer admitted as an audit of a refusal (its
+    /// `parameters.admission_audit`).
+    pub audited: bool,
     /// For a sluice 429 refused as overloaded: the margin admission added to its
     /// prediction, ms (the message's "+ M ms margin for prediction errors and
     /// answering").
@@ -115,6 +118,7 @@ impl Record {
             server_ms: None,
             server_queue_ms: None,
             server_batch: None,
+            audited: false,
             refusal_margin_ms: None,
         }
     }
@@ -129,6 +133,8 @@ struct ServerTiming {
     /// Head arrival to batch start, µs.
     queue_us: Option<f64>,
     batch_size: Option<u32>,
+    /// Admitted as an audit of a refusal.
+    admission_audit: Option<bool>,
 }
 
 #[derive(serde::Deserialize)]
@@ -255,6 +261,7 @@ pub async fn run_poisson(args: PoissonArgs) -> Result<Vec<Record>> {
                 record.server_ms = server.latency_us.map(|us| us / 1e3);
                 record.server_queue_ms = server.queue_us.map(|us| us / 1e3);
                 record.server_batch = server.batch_size;
+                record.audited = server.admission_audit.unwrap_or(false);
             }
             match keep {
                 Some(c) => idle.lock().push(c),
@@ -358,12 +365,16 @@ mod tests {
         for r in &records {
             assert_eq!(r.status, 200, "{r:?}");
             assert_eq!((r.server_ms, r.server_queue_ms, r.server_batch), (Some(1.5), Some(0.5), Some(2)), "{r:?}");
+            assert!(!r.audited, "{r:?}");
             let (send, written) = (r.send_ms.expect("sent"), r.written_ms.expect("written"));
             assert!(0.0 <= send && send <= written && written <= r.latency_ms, "{r:?}");
             let from_send = r.latency_from_send_ms().expect("sent");
             assert!((20.0..=r.latency_ms).contains(&from_send), "{r:?}");
         }
         assert_eq!(server_timing(br#"{"outputs":[]}"#).latency_us, None);
+        assert_eq!(server_timing(br#"{"outputs":[]}"#).admission_audit, None);
+        let audit = br#"{"outputs":[],"parameters":{"latency_us":9,"admission_audit":true}}"#;
+        assert_eq!(server_timing(audit).admission_audit, Some(true));
         assert_eq!(server_timing(b"not json").latency_us, None);
         let refusal = br#"{"error":"app img: overloaded: behind 3 requests it would be answered in about 512 ms (431 ms predicted + 81 ms margin for prediction errors and answering), past its 400 ms deadline; retry later"}"#;
         assert_eq!(refusal_margin_ms(refusal), Some(81.0));

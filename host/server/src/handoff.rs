@@ -258,6 +258,7 @@ mod tests {
             deadline_met: true,
             batch_size: 1,
             worker: 0,
+            audited: false,
         }))
     }
 

@@ -518,6 +518,12 @@ async fn app_infer(
         "deadline_us": first.slo_us,
         "deadline_met": served.iter().all(|s| s.deadline_met),
     });
+    // Only on an audit's answer (`admission_audit`): a client, or a benchmark,
+    // can then judge by its own clock whether the refusal it stood in for was
+    // false.
+    if served.iter().any(|s| s.audited) {
+        parameters["admission_audit"] = json!(true);
+    }
     if served.len() > 1 {
         parameters["samples"] = json!(served.len());
         parameters["variants"] = json!(served.iter().map(|s| s.variant.as_str()).collect::<Vec<_>>());

@@ -465,6 +465,7 @@ async fn execute(
                     deadline_met: met,
                     batch_size: size,
                     worker: handle.index,
+                    audited: r.audit,
                 };
                 outbox.push((r, Reply::Served(Box::new(served))));
             }
