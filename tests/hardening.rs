@@ -8,6 +8,18 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sluice_e2e::*;
 
+/// An emulated app `name` of one worker serving the `fixed` policy's `small`
+/// model, its profile the synthetic one at `scale` (`small`: `scale` ms at batch
+/// 1) written into `dir`, then the `extra` TOML lines (SLO, batch, audit).
+fn slow_fixed_app(dir: &std::path::Path, name: &str, scale: f64, extra: &str) -> String {
+    let profile = dir.join("slow.toml");
+    std::fs::write(&profile, emulated_profile(scale)).unwrap();
+    format!(
+        "[[app]]\nname = \"{name}\"\nexecutor = \"emulated\"\nprofile = \"{}\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nworkers = 1\npolicy = \"fixed\"\nparams = {{ model = \"small\" }}\n{extra}\n",
+        profile.display()
+    )
+}
+
 /// A policy whose re-instantiation after a fault spins in `init` used to run that
 /// `init` on the runtime's async threads under the worker's queue lock, with the
 /// 60 s init budget: the whole server froze. Now it runs on a thread of its own with
@@ -104,11 +116,7 @@ async fn a_reinit_that_spins_stalls_nothing_but_its_own_policy() {
 async fn requests_left_when_the_grace_runs_out_get_503_and_are_counted() {
     let slow = tempfile::tempdir().unwrap();
     // Every batch takes at least a second.
-    std::fs::write(slow.path().join("slow.toml"), emulated_profile(1000.0)).unwrap();
-    let config = format!(
-        "shutdown_grace_ms = 300\n[[app]]\nname = \"emu\"\nexecutor = \"emulated\"\nprofile = \"{}\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nworkers = 1\npolicy = \"fixed\"\nparams = {{ model = \"small\" }}\nslo_ms = 20000\n",
-        slow.path().join("slow.toml").display()
-    );
+    let config = format!("shutdown_grace_ms = 300\n{}", slow_fixed_app(slow.path(), "emu", 1000.0, "slo_ms = 20000"));
     let server = TestServer::start(&config).await.unwrap();
     let addr = server.addr;
     let clients = tokio::spawn(async move { burst(addr, 6).await });
@@ -260,11 +268,7 @@ async fn slow_idle_and_excess_connections_are_cut_off() {
 async fn overload_is_refused_at_admission_and_what_is_admitted_is_on_time() {
     let slow = tempfile::tempdir().unwrap();
     // small: 100 ms at batch 1, +25 ms per extra request.
-    std::fs::write(slow.path().join("slow.toml"), emulated_profile(100.0)).unwrap();
-    let config = format!(
-        "[[app]]\nname = \"emu\"\nexecutor = \"emulated\"\nprofile = \"{}\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nworkers = 1\npolicy = \"fixed\"\nparams = {{ model = \"small\" }}\nmax_batch = 1\nslo_ms = 450\n",
-        slow.path().join("slow.toml").display()
-    );
+    let config = slow_fixed_app(slow.path(), "emu", 100.0, "max_batch = 1\nslo_ms = 450");
     let server = TestServer::start(&config).await.unwrap();
     let t = Instant::now();
     let responses = burst(server.addr, 24).await;
@@ -304,11 +308,7 @@ async fn overload_is_refused_at_admission_and_what_is_admitted_is_on_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audited_refusals_are_admitted_marked_and_counted() {
     let slow = tempfile::tempdir().unwrap();
-    std::fs::write(slow.path().join("slow.toml"), emulated_profile(100.0)).unwrap();
-    let config = format!(
-        "[[app]]\nname = \"emu\"\nexecutor = \"emulated\"\nprofile = \"{}\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nworkers = 1\npolicy = \"fixed\"\nparams = {{ model = \"small\" }}\nmax_batch = 1\nslo_ms = 450\nadmission_audit = 0.5\n",
-        slow.path().join("slow.toml").display()
-    );
+    let config = slow_fixed_app(slow.path(), "emu", 100.0, "max_batch = 1\nslo_ms = 450\nadmission_audit = 0.5");
     let server = TestServer::start(&config).await.unwrap();
     let responses = burst(server.addr, 12).await;
     let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
@@ -529,11 +529,10 @@ async fn refusals_from_the_head_come_instead_of_100_continue() {
     use tokio::io::AsyncWriteExt as _;
     let slow = tempfile::tempdir().unwrap();
     // `slow` serves one request in 100 ms at best: nothing meets its 50 ms SLO.
-    std::fs::write(slow.path().join("slow.toml"), emulated_profile(100.0)).unwrap();
     let config = format!(
-        "{}[[app]]\nname = \"slow\"\nexecutor = \"emulated\"\nprofile = \"{}\"\ninput = {{ name = \"x\", datatype = \"FP32\", shape = [4] }}\nworkers = 1\npolicy = \"fixed\"\nparams = {{ model = \"small\" }}\nslo_ms = 50\n",
+        "{}{}",
         emu_app("zero", "slo_ms = 200\nworkers = 1\npolicy = \"jellyfish\""),
-        slow.path().join("slow.toml").display()
+        slow_fixed_app(slow.path(), "slow", 100.0, "slo_ms = 50")
     );
     let server = TestServer::start(&config).await.unwrap();
     let token = format!("authorization: Bearer {TOKEN}\r\n");
