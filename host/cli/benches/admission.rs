@@ -74,8 +74,9 @@ struct Phase {
     rate: f64,
     sent: u64,
     ok: u64,
-    /// Answers other than 200.
-    other: u64,
+    /// Every answer by status (the loadgen's codes below 100 for a transport
+    /// error or a timeout), so a 5xx never hides among the refusals.
+    statuses: std::collections::BTreeMap<u16, u64>,
     /// Answers 200 after the SLO by the client's clock, audited ones included.
     late: u64,
     /// Served after their deadline by the server's clock among the requests
@@ -143,7 +144,10 @@ async fn phase(server: &Server, body: &Arc<Vec<u8>>, capacity: f64, utilisation:
         rate,
         sent: records.len() as u64,
         ok,
-        other: records.len() as u64 - ok,
+        statuses: records.iter().fold(Default::default(), |mut by, r| {
+            *by.entry(r.status).or_default() += 1;
+            by
+        }),
         late,
         late_admitted,
         refused,
@@ -156,19 +160,24 @@ async fn phase(server: &Server, body: &Arc<Vec<u8>>, capacity: f64, utilisation:
     })
 }
 
+/// The environment variable `name` parsed, or `default` when it is not set.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    match std::env::var(name) {
+        Ok(v) => v.parse().context(name.to_string()),
+        Err(_) => Ok(default),
+    }
+}
+
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let scenarios = scenarios();
     let body = Arc::new(serde_json::to_vec(&infer_body("data_0", &[1, 3, 224, 224], &vec![0.0; 3 * 224 * 224]))?);
     let only = std::env::var("ADMISSION_BENCH_ONLY").ok();
-    let audit: f64 = match std::env::var("ADMISSION_BENCH_AUDIT") {
-        Ok(v) => v.parse().context("ADMISSION_BENCH_AUDIT")?,
-        Err(_) => AUDIT,
-    };
-    let seed: u64 = match std::env::var("ADMISSION_BENCH_SEED") {
-        Ok(v) => v.parse().context("ADMISSION_BENCH_SEED")?,
-        Err(_) => SEED,
-    };
+    let audit: f64 = env_or("ADMISSION_BENCH_AUDIT", AUDIT)?;
+    let seed: u64 = env_or("ADMISSION_BENCH_SEED", SEED)?;
     let mut rows = Vec::new();
     for s in scenarios.iter().filter(|s| only.as_deref().is_none_or(|p| p == s.policy)) {
         let server =
@@ -179,19 +188,19 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "| policy | utilisation | rate req/s | sent | 200 | late 200s (client) | late admitted (server) | other | would refuse | audited | met (server) | met (client) | false refusals (est.) | false / sent (goal ≤ 1 %) | false / sent, client's clock |"
+        "| policy | utilisation | rate req/s | sent | 200 | late 200s (client) | late admitted (server) | statuses | would refuse | audited | met (server) | met (client) | false refusals (est.) | false / sent (goal ≤ 1 %) | false / sent, client's clock |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (policy, p) in &rows {
         println!(
-            "| {policy} | {:.0} % | {:.1} | {} | {} | {} | {} | {} | {} ({:.2} %) | {} | {} | {} | {:.1} | {:.2} % | {:.2} % |",
+            "| {policy} | {:.0} % | {:.1} | {} | {} | {} | {} | {:?} | {} ({:.2} %) | {} | {} | {} | {:.1} | {:.2} % | {:.2} % |",
             p.utilisation * 100.0,
             p.rate,
             p.sent,
             p.ok,
             p.late,
             p.late_admitted,
-            p.other,
+            p.statuses,
             p.would_refuse,
             p.share(p.would_refuse as f64) * 100.0,
             p.audited,
