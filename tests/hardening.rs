@@ -340,6 +340,56 @@ async fn audited_refusals_are_admitted_marked_and_counted() {
     server.stop().await.unwrap();
 }
 
+/// Shortest-queue routing counts requests, and two workers with one request each
+/// can be most of a batch apart. A request the router sent to the one that frees
+/// later, past its deadline there, was refused with 429 although the other worker
+/// would serve it in time (the precheck, which looks at every worker, had let it
+/// in). Now the router's other workers are asked before a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_picked_worker_would_miss_goes_to_one_that_makes_it() {
+    let slow = tempfile::tempdir().unwrap();
+    // 1 s per request, one at a time; a 1.7 s SLO.
+    let config = slow_fixed_app(slow.path(), "emu", 1000.0, "max_batch = 1\nslo_ms = 1700\nrouter = \"shortest-queue\"")
+        .replace("workers = 1", "workers = 2");
+    let server = TestServer::start(&config).await.unwrap();
+    let emu = server.state.apps["emu"].clone();
+    let accepted = |n: u64| {
+        let emu = emu.clone();
+        move || emu.counters.accepted.load(Ordering::Relaxed) >= n
+    };
+    let send = |i: u64| {
+        let addr = server.addr;
+        tokio::spawn(async move {
+            let mut c = sluice_loadgen::Client::connect(addr).await.unwrap();
+            c.post_json("/v2/models/emu/infer", &small_infer(i)).await.unwrap()
+        })
+    };
+    let start = Instant::now();
+    // A to worker 0 (ends at ~1 s), B 0.4 s later to the idle worker 1 (~1.4 s).
+    let a = send(0);
+    assert!(eventually(Duration::from_secs(5), accepted(1)).await);
+    tokio::time::sleep(Duration::from_millis(400).saturating_sub(start.elapsed())).await;
+    let b = send(1);
+    assert!(eventually(Duration::from_secs(5), accepted(2)).await);
+    // Once A is answered, C goes to worker 0, now idle, and ends at ~2 s.
+    let a = a.await.unwrap();
+    assert_eq!(a.status, 200, "{}", a.text());
+    let c = send(2);
+    assert!(eventually(Duration::from_secs(5), accepted(3)).await);
+    // Both workers have one request: the router picks worker 0, where E would end
+    // at ~3 s, 2 s after it came; worker 1 ends it at ~2.4 s, within 1.7 s.
+    let e = send(3).await.unwrap();
+    assert_eq!(e.status, 200, "admitted at the worker that makes its deadline: {}", e.text());
+    let e = e.json();
+    assert_eq!(e["parameters"]["worker"], json!(1), "{e}");
+    assert_eq!(e["parameters"]["deadline_met"], json!(true), "{e}");
+    for r in [b.await.unwrap(), c.await.unwrap()] {
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(emu.counters.rejected_overload.load(Ordering::Relaxed), 0);
+    server.stop().await.unwrap();
+}
+
 /// Request bodies being read at once are bounded in bytes: one that does not fit
 /// is refused with a 503 at once instead of growing memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -128,6 +128,28 @@ impl Router {
         }
     }
 
+    /// The workers to ask, in turn, after `picked` would refuse a request (admission
+    /// by deadline): in `shortest-queue` mode the others, least queued and in flight
+    /// first (`load_of`), the lowest index on ties; none in the other modes.
+    ///
+    /// Shortest-queue routing counts requests, and two workers with as many ahead
+    /// can be a batch apart: one whose pair just started, one whose pair is about
+    /// to end. Judged at the first alone, a request was refused while the other
+    /// would have served it by its deadline (BENCHMARKS §12). Round-robin and
+    /// weighted routing keep their assignment: a worker's share of the arrivals is
+    /// what RAMSIS's policy was solved for and what the allocator placed, and a
+    /// simulated run split by worker relies on it ([`RouterMode`]); `shared` has
+    /// one queue.
+    pub fn fallbacks(&self, picked: usize, load_of: impl Fn(usize) -> usize) -> Vec<usize> {
+        if self.mode != RouterMode::ShortestQueue {
+            return Vec::new();
+        }
+        let mut others: Vec<usize> = (0..self.workers).filter(|&w| w != picked).collect();
+        // Stable: ties keep the lowest index first.
+        others.sort_by_key(|&w| load_of(w));
+        others
+    }
+
     /// Replaces the weights (weighted mode): takes effect from the next arrival.
     /// Credits restart, so a new plan's shares hold from its first request.
     pub fn set_weights(&self, weights: &[f64]) -> Result<(), WeightsError> {
@@ -290,6 +312,16 @@ mod tests {
         let r = Router::new(RouterMode::ShortestQueue, 3, None).unwrap();
         assert_eq!(r.pick(|w| [4, 1, 1][w]), 1);
         assert_eq!(Router::new(RouterMode::Shared, 3, None).unwrap().pick(|_| 0), 0);
+    }
+
+    #[test]
+    fn only_shortest_queue_falls_back_to_the_others_least_loaded_first() {
+        let r = Router::new(RouterMode::ShortestQueue, 4, None).unwrap();
+        assert_eq!(r.fallbacks(1, |w| [3, 1, 0, 3][w]), vec![2, 0, 3]);
+        assert_eq!(Router::new(RouterMode::ShortestQueue, 1, None).unwrap().fallbacks(0, |_| 0), Vec::<usize>::new());
+        for mode in [RouterMode::RoundRobin, RouterMode::Shared, RouterMode::Weighted] {
+            assert!(Router::new(mode, 4, None).unwrap().fallbacks(0, |_| 0).is_empty(), "{mode:?}");
+        }
     }
 
     #[test]

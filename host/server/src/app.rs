@@ -821,56 +821,88 @@ impl App {
             // early dropping.
             Some(w) => self.workers[w].queue.push(request),
             // A client request goes to the worker the router picks, and only if that
-            // worker can serve it by its deadline, judged under the queue's lock.
+            // worker can serve it by its deadline, judged under the queue's lock;
+            // refused there, to the first the router falls back to that can.
             None => {
-                let w = self.router.pick(|i| {
+                let load_of = |i: usize| {
                     let w = &self.workers[i];
                     w.queue.len() + w.in_flight.load(Ordering::Relaxed)
-                });
-                let mut refused = None;
+                };
+                let picked = self.router.pick(load_of);
                 let deadline = arrival + self.slo_us;
                 let open = !self.draining.load(Ordering::Acquire) && !self.aborted.load(Ordering::Acquire);
-                let turn = match self.inline_runner.get() {
-                    Some(_) => self.workers[w].inline.claim(open),
-                    None => None,
+                // The picked worker, then the others the router falls back to
+                // (`Router::fallbacks`, worked out only after a refusal): a request
+                // is refused only if none of them can serve it by its deadline.
+                let mut request = request;
+                // The picked worker's verdict (an audit keeps its prediction) and
+                // the soonest of all (the refusal names it).
+                let (mut first, mut soonest): (Option<admission::Verdict>, Option<admission::Verdict>) = (None, None);
+                let (mut w, mut fallbacks, mut tried) = (picked, None, 0);
+                let pending = loop {
+                    let turn = match self.inline_runner.get() {
+                        Some(_) => self.workers[w].inline.claim(open),
+                        None => None,
+                    };
+                    let quiet = turn.is_some();
+                    let mut verdict = None;
+                    let pushed = self.workers[w].queue.push_if_then(request, !quiet, |at, request, behind| {
+                        // It must make its deadline, and so must every request it
+                        // would push back by one place (`Admission::verdict`).
+                        let load = self.load.window();
+                        let place = self.place(w, &load, self.clock.now());
+                        let v = self.admission.verdict(&place, at, (deadline, now), behind.iter().map(|r| r.deadline));
+                        request.predicted = v.prediction(now);
+                        tracing::trace!(
+                            app = self.name(),
+                            worker = w,
+                            ahead = v.ahead,
+                            last_ms = v.predicted[admission::LAST] / 1e3,
+                            fastest_ms = v.predicted[admission::FASTEST] / 1e3,
+                            by_load_ms = v.predicted[admission::BY_LOAD] / 1e3,
+                            margin_ms = v.judged.margin_us / 1e3,
+                            wait_ms = v.judged.wait_us / 1e3,
+                            slack_ms = (deadline as f64 - now as f64) / 1e3,
+                            rate = load.rate_at(place.now),
+                            admitted = v.admitted,
+                            "admission"
+                        );
+                        verdict = Some(v);
+                        v.admitted
+                    });
+                    match pushed {
+                        Ok(()) => {
+                            inline = turn.map(|t| (w, t));
+                            break None;
+                        }
+                        Err(refused) => {
+                            let v = verdict.expect("push_if judged it");
+                            first.get_or_insert(v);
+                            if soonest.is_none_or(|s| v.judged.wait_us < s.judged.wait_us) {
+                                soonest = Some(v);
+                            }
+                            let others = fallbacks.get_or_insert_with(|| self.router.fallbacks(picked, load_of));
+                            let Some(&next) = others.get(tried) else { break Some(refused) };
+                            (w, request, tried) = (next, refused, tried + 1);
+                        }
+                    }
                 };
-                let quiet = turn.is_some();
-                inline = turn.map(|t| (w, t));
-                let pushed = self.workers[w].queue.push_if_then(request, !quiet, |at, request, behind| {
-                    // It must make its deadline, and so must every request it would
-                    // push back by one place (`Admission::verdict`).
-                    let load = self.load.window();
-                    let place = self.place(w, &load, self.clock.now());
-                    let v = self.admission.verdict(&place, at, (deadline, now), behind.iter().map(|r| r.deadline));
-                    request.predicted = v.prediction(now);
-                    tracing::trace!(
-                        app = self.name(),
-                        ahead = v.ahead,
-                        last_ms = v.predicted[admission::LAST] / 1e3,
-                        fastest_ms = v.predicted[admission::FASTEST] / 1e3,
-                        by_load_ms = v.predicted[admission::BY_LOAD] / 1e3,
-                        margin_ms = v.judged.margin_us / 1e3,
-                        wait_ms = v.judged.wait_us / 1e3,
-                        slack_ms = (deadline as f64 - now as f64) / 1e3,
-                        rate = load.rate_at(place.now),
-                        admitted = v.admitted,
-                        "admission"
-                    );
-                    refused = Some(v);
-                    v.admitted
-                });
-                let audit = match pushed {
-                    Ok(()) => audited,
+                let audit = match pending {
+                    None => audited,
                     // Audited at its precheck: admitted as that audit, not drawn again.
-                    Err(mut request) => {
+                    Some(mut request) => {
                         if !audited && !self.admission.audits() {
                             self.queued.fetch_sub(1, Ordering::AcqRel);
                             self.record_refused(arrival);
-                            let v = refused.expect("push_if judged it");
+                            let v = soonest.expect("every worker tried judged it");
                             return Err(self.would_miss(v.ahead, v.judged, v.on_time));
                         }
+                        // At the router's pick, with the prediction made there.
+                        if let Some(v) = first {
+                            request.predicted = v.prediction(now);
+                        }
                         request.audit = true;
-                        self.workers[w].queue.push(request);
+                        self.workers[picked].queue.push(request);
                         true
                     }
                 };

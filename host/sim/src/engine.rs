@@ -129,28 +129,46 @@ struct AppState {
 
 impl AppState {
     /// Admission, as the live host's (`sluice_server::app::App::submit`), for
-    /// `request` arriving at `now` to join worker `w`'s queue at index `at`: the
-    /// reason it is refused, or None when it is admitted (always, without
-    /// admission). An admitted request keeps its prediction for its answer.
-    fn admit(&mut self, w: usize, at: usize, request: &SimRequest, now: u64) -> Option<Refusal> {
-        let (admission, predicted) = self.admission.as_mut()?;
-        let workers = &self.workers;
-        let place = Place {
-            worker: w,
-            models: self.device_models.as_ref().map_or(&self.models[..], |d| &d[w][..]),
-            shared: self.spec.router == RouterMode::Shared,
-            in_flight: |i: usize| workers[i].busy,
-            // The load estimate with this arrival counted, as the host's.
-            load: &self.load,
-            now,
-        };
-        let v = admission.verdict(&place, at, (request.deadline, now), self.queues[w][at..].iter().map(|r| r.deadline));
-        // A refusal `admission_audit` samples is admitted anyway, as live.
-        if !v.admitted && !admission.audits() {
-            return Some(Refusal::Overload);
+    /// `request` arriving at `now`, which the router sent to worker `picked`: the
+    /// worker whose queue it joins and its index there (deadline order, as live: a
+    /// trace's own budgets make a later arrival due earlier), or the reason it is
+    /// refused. Judged at `picked`, then at each worker the router falls back to
+    /// ([`Router::fallbacks`]), the first that can serve it by its deadline
+    /// taking it; at `picked` always without admission, and for a refusal
+    /// `admission_audit` samples. An admitted request keeps its prediction for its
+    /// answer (an audit, the one made at `picked`).
+    fn admit(&mut self, picked: usize, request: &SimRequest, now: u64) -> Result<(usize, usize), Refusal> {
+        let at_picked = deadline_position(&self.queues[picked], request.deadline);
+        let Some((admission, predicted)) = self.admission.as_mut() else { return Ok((picked, at_picked)) };
+        let (queues, workers) = (&self.queues, &self.workers);
+        let others = self.router.fallbacks(picked, |w| queues[w].len() + workers[w].busy);
+        let mut first = None;
+        for w in std::iter::once(picked).chain(others) {
+            let place = Place {
+                worker: w,
+                models: self.device_models.as_ref().map_or(&self.models[..], |d| &d[w][..]),
+                shared: self.spec.router == RouterMode::Shared,
+                in_flight: |i: usize| workers[i].busy,
+                // The load estimate with this arrival counted, as the host's.
+                load: &self.load,
+                now,
+            };
+            let at = deadline_position(&queues[w], request.deadline);
+            let v = admission.verdict(&place, at, (request.deadline, now), queues[w][at..].iter().map(|r| r.deadline));
+            if v.admitted {
+                predicted[request.id as usize] = v.prediction(now);
+                return Ok((w, at));
+            }
+            first.get_or_insert(v);
         }
-        predicted[request.id as usize] = v.prediction(now);
-        None
+        // A refusal `admission_audit` samples is admitted anyway, as live.
+        if !admission.audits() {
+            return Err(Refusal::Overload);
+        }
+        if let Some(v) = first {
+            predicted[request.id as usize] = v.prediction(now);
+        }
+        Ok((picked, at_picked))
     }
 
     /// Whether the app's bounded queue (`max_queue`, over all its workers) is
@@ -724,15 +742,17 @@ impl Simulation {
         let shared = app.spec.router == RouterMode::Shared;
         // In deadline order, as live: a trace's own budgets make a later arrival due
         // earlier, and the decision core expires a prefix of the queue.
-        let at = deadline_position(&app.queues[target], request.deadline);
-        if let Some(refusal) = app.admit(target, at, &request, now) {
-            app.stats.finish(request.id, Fate::Refused, 0.0);
-            note(&mut app.outcomes, request.id, || Outcome::Refused(refusal));
-            if let Some(next) = next {
-                self.schedule_arrival(a, next);
+        let (target, at) = match app.admit(target, &request, now) {
+            Ok(placed) => placed,
+            Err(refusal) => {
+                app.stats.finish(request.id, Fate::Refused, 0.0);
+                note(&mut app.outcomes, request.id, || Outcome::Refused(refusal));
+                if let Some(next) = next {
+                    self.schedule_arrival(a, next);
+                }
+                return;
             }
-            return;
-        }
+        };
         app.stats.queued(request.id, target);
         app.queues[target].insert(at, request);
         if app.queues[target].len() > self.max_queue {

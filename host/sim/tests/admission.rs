@@ -117,3 +117,33 @@ arrivals = {{ kind = "poisson", rate_qps = 2000 }}
     let admitted = r.requests - refused;
     assert!(r.on_time * 100 >= admitted * 99, "{} of {admitted} admitted on time: {r:?}", r.on_time);
 }
+
+/// As live (`tests/hardening.rs`,
+/// `a_request_the_picked_worker_would_miss_goes_to_one_that_makes_it`): with
+/// shortest-queue routing a request that the picked worker would finish past its
+/// deadline joins another that makes it, in virtual time. Two workers of `fixed`
+/// (10 ms a request), budgets of 17 ms: A at 0 ms to worker 0, B at 4 ms to worker
+/// 1, C at 10.1 ms to worker 0 (idle again), then E at 10.2 ms, which the router
+/// sends to worker 0 (one request each, the lowest index) where it would end at
+/// 30.1 ms, 19.9 ms after it came; worker 1 ends it at 24 ms.
+#[test]
+fn a_request_the_picked_worker_would_miss_joins_one_that_makes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("r.txt"), "0,0,17\n4,0,17\n10.1,0,17\n10.2,0,17\n").unwrap();
+    let body = r#"duration_s = 1
+admission = true
+[[app]]
+name = "a"
+slo_ms = 17
+workers = 2
+router = "shortest-queue"
+max_batch = 1
+profile = "p.toml"
+policy = "fixed"
+params = { model = "m" }
+arrivals = { kind = "requests", file = "r.txt" }
+"#;
+    let (e, base) = experiment(dir.path(), body);
+    let r = &run_experiment(&e, &base, false).unwrap().results[0];
+    assert_eq!((r.requests, r.refused, r.on_time), (4, Some(0), 4), "{r:?}");
+}
