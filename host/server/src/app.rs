@@ -835,9 +835,9 @@ impl App {
                 // (`Router::fallbacks`, worked out only after a refusal): a request
                 // is refused only if none of them can serve it by its deadline.
                 let mut request = request;
-                // The picked worker's verdict (an audit keeps its prediction) and
-                // the soonest of all (the refusal names it).
-                let (mut first, mut soonest): (Option<admission::Verdict>, Option<admission::Verdict>) = (None, None);
+                // The worker that would serve it soonest and its verdict: a refusal
+                // names it, an audit joins it.
+                let mut soonest: Option<(usize, admission::Verdict)> = None;
                 let (mut w, mut fallbacks, mut tried) = (picked, None, 0);
                 let pending = loop {
                     let turn = match self.inline_runner.get() {
@@ -877,9 +877,8 @@ impl App {
                         }
                         Err(refused) => {
                             let v = verdict.expect("push_if judged it");
-                            first.get_or_insert(v);
-                            if soonest.is_none_or(|s| v.judged.wait_us < s.judged.wait_us) {
-                                soonest = Some(v);
+                            if soonest.is_none_or(|(_, s)| v.judged.wait_us < s.judged.wait_us) {
+                                soonest = Some((w, v));
                             }
                             let others = fallbacks.get_or_insert_with(|| self.router.fallbacks(picked, load_of));
                             let Some(&next) = others.get(tried) else { break Some(refused) };
@@ -891,18 +890,18 @@ impl App {
                     None => audited,
                     // Audited at its precheck: admitted as that audit, not drawn again.
                     Some(mut request) => {
+                        let (w, v) = soonest.expect("every worker tried judged it");
                         if !audited && !self.admission.audits() {
                             self.queued.fetch_sub(1, Ordering::AcqRel);
                             self.record_refused(arrival);
-                            let v = soonest.expect("every worker tried judged it");
                             return Err(self.would_miss(v.ahead, v.judged, v.on_time));
                         }
-                        // At the router's pick, with the prediction made there.
-                        if let Some(v) = first {
-                            request.predicted = v.prediction(now);
-                        }
+                        // Where it would have had its best chance, with the
+                        // prediction made there: an audit asks whether the server
+                        // could have served it by its deadline.
+                        request.predicted = v.prediction(now);
                         request.audit = true;
-                        self.workers[picked].queue.push(request);
+                        self.workers[w].queue.push(request);
                         true
                     }
                 };

@@ -19,7 +19,7 @@ use sluice_alloc::config::{AllocatorConfig, DevicePool};
 use sluice_alloc::planner::Planner;
 use sluice_alloc::proteus;
 use sluice_alloc::SolverSettings;
-use sluice_core::admission::{Admission, Place, WorkerAdmission};
+use sluice_core::admission::{Admission, Place, Verdict, WorkerAdmission};
 use sluice_core::app_config::AppConfig as SimApp;
 use sluice_core::clock::{Clock as _, VirtualClock};
 use sluice_core::decision::WorkerPolicy;
@@ -134,15 +134,15 @@ impl AppState {
     /// trace's own budgets make a later arrival due earlier), or the reason it is
     /// refused. Judged at `picked`, then at each worker the router falls back to
     /// ([`Router::fallbacks`]), the first that can serve it by its deadline
-    /// taking it; at `picked` always without admission, and for a refusal
-    /// `admission_audit` samples. An admitted request keeps its prediction for its
-    /// answer (an audit, the one made at `picked`).
+    /// taking it; at `picked` always without admission. A refusal
+    /// `admission_audit` samples joins the worker judged to serve it soonest. An
+    /// admitted request keeps its prediction for its answer.
     fn admit(&mut self, picked: usize, request: &SimRequest, now: u64) -> Result<(usize, usize), Refusal> {
         let at_picked = deadline_position(&self.queues[picked], request.deadline);
         let Some((admission, predicted)) = self.admission.as_mut() else { return Ok((picked, at_picked)) };
         let (queues, workers) = (&self.queues, &self.workers);
         let others = self.router.fallbacks(picked, |w| queues[w].len() + workers[w].busy);
-        let mut first = None;
+        let mut soonest: Option<(usize, usize, Verdict)> = None;
         for w in std::iter::once(picked).chain(others) {
             let place = Place {
                 worker: w,
@@ -159,16 +159,14 @@ impl AppState {
                 predicted[request.id as usize] = v.prediction(now);
                 return Ok((w, at));
             }
-            first.get_or_insert(v);
+            if soonest.is_none_or(|(_, _, s)| v.judged.wait_us < s.judged.wait_us) {
+                soonest = Some((w, at, v));
+            }
         }
         // A refusal `admission_audit` samples is admitted anyway, as live.
-        if !admission.audits() {
-            return Err(Refusal::Overload);
-        }
-        if let Some(v) = first {
-            predicted[request.id as usize] = v.prediction(now);
-        }
-        Ok((picked, at_picked))
+        let Some((w, at, v)) = soonest.filter(|_| admission.audits()) else { return Err(Refusal::Overload) };
+        predicted[request.id as usize] = v.prediction(now);
+        Ok((w, at))
     }
 
     /// Whether the app's bounded queue (`max_queue`, over all its workers) is
