@@ -73,6 +73,13 @@ pub struct ProfileArgs {
     /// ONNX Runtime shared library (default: `ORT_DYLIB_PATH`, then the project's `.venv`).
     #[arg(long)]
     pub onnxruntime: Option<PathBuf>,
+    /// Run the models on ONNX Runtime's CUDA execution provider (a sluice built
+    /// with `--features cuda`, `onnxruntime-gpu`'s library and the CUDA libraries
+    /// it loads). A model CUDA cannot take is an error, not a fallback to CPU as
+    /// in `sluice serve`: a CPU profile labelled with a GPU would mislead the
+    /// allocator.
+    #[arg(long)]
+    pub cuda: bool,
 }
 
 #[derive(Deserialize)]
@@ -168,7 +175,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     }
 
     let lib = onnx::init_runtime(args.onnxruntime.as_deref())?;
-    let options = OnnxOptions { intra_threads: args.threads.max(1), cuda: false };
+    let options = OnnxOptions { intra_threads: args.threads.max(1), cuda: args.cuda };
 
     let per_step = u64::from(args.warmup + args.runs);
     let bar = ProgressBar::new(selected.len() as u64 * args.batch_sizes.len() as u64 * per_step);
@@ -183,6 +190,12 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     for m in &selected {
         let path = args.models.join(&m.file);
         let mut model = OnnxModel::load(&path, &options).with_context(|| format!("model `{}`", m.name))?;
+        ensure!(
+            !args.cuda || model.execution_provider() == "CUDA",
+            "model `{}`: --cuda, but its session runs on {} (the warning above says why)",
+            m.name,
+            model.execution_provider()
+        );
         if model.input_shape() != m.input.shape.as_slice() || model.input_name() != m.input.name {
             bail!(
                 "model `{}`: manifest says input {}{:?} but the model has {}{:?}",
@@ -289,12 +302,16 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     }
     let profile = Profile {
         name: args.out.file_stem().map_or_else(|| "profile".into(), |s| s.to_string_lossy().into_owned()),
-        device: format!(
-            "cpu: {} ({} cores visible), {threads} intra-op thread{}",
-            cpu_model(),
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
-            if threads == 1 { "" } else { "s" }
-        ),
+        device: if args.cuda {
+            format!("cuda: {} (ONNX Runtime's CUDA execution provider; host CPU {})", gpu_model(), cpu_model())
+        } else {
+            format!(
+                "cpu: {} ({} cores visible), {threads} intra-op thread{}",
+                cpu_model(),
+                std::thread::available_parallelism().map_or(0, |n| n.get()),
+                if threads == 1 { "" } else { "s" }
+            )
+        },
         source,
         models: profiles,
     };
@@ -384,6 +401,22 @@ fn cpu_model() -> String {
                 .map(|(_, v)| v.split_whitespace().collect::<Vec<_>>().join(" "))
         })
         .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// The first NVIDIA GPU's model as its driver reports it (`NVIDIA H200`), from
+/// `/proc/driver/nvidia/gpus/*/information`.
+fn gpu_model() -> String {
+    // One folder per GPU, named by its PCI address: the first in bus order.
+    let mut gpus: Vec<PathBuf> =
+        std::fs::read_dir("/proc/driver/nvidia/gpus").into_iter().flatten().flatten().map(|g| g.path()).collect();
+    gpus.sort();
+    gpus.iter()
+        .find_map(|gpu| {
+            let info = std::fs::read_to_string(gpu.join("information")).ok()?;
+            let line = info.lines().find(|l| l.starts_with("Model:"))?;
+            Some(line.trim_start_matches("Model:").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown NVIDIA GPU".into())
 }
 
 /// `1.31.1` from `.../libonnxruntime.so.1.31.1`, else the file name.

@@ -423,7 +423,7 @@ pub fn resolve_models(app: &AppConfig) -> anyhow::Result<(Vec<sdk::Model>, AppSo
                 ModelSource::Onnx(OnnxSource {
                     path: dir.join(file),
                     options: OnnxOptions { intra_threads: app.intra_threads, cuda: app.cuda },
-                    warm_batch: 1,
+                    warm_up_to: model.max_batch() as usize,
                 })
             }
         });
@@ -441,7 +441,7 @@ fn check_inputs(
     loaded: &[BTreeMap<u32, LoadedModel>],
 ) -> anyhow::Result<()> {
     for (id, m) in loaded.iter().flatten() {
-        if let LoadedModel::Onnx(session) = m {
+        if let LoadedModel::Onnx(session, _) = m {
             let s = session.lock();
             let datatype = s.input_datatype().oip_name();
             if s.input_shape() != input.shape.as_slice() || datatype != input.datatype {

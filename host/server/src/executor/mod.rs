@@ -26,8 +26,49 @@ pub enum LoadedModel {
     /// Waits the profiled latency (dense table, µs by batch size).
     Emulated(Arc<Vec<u64>>),
     /// An ONNX Runtime session. `run` needs `&mut`, and one worker runs one batch at
-    /// a time, so the mutex is never contended on the hot path.
-    Onnx(Arc<Mutex<OnnxModel>>),
+    /// a time, so the mutex is never contended on the hot path. A CUDA session runs
+    /// every batch on a thread of its own ([`SessionThread`]); a CPU one on the
+    /// runtime's blocking pool.
+    Onnx(Arc<Mutex<OnnxModel>>, Option<Arc<SessionThread>>),
+}
+
+/// The one thread that runs a CUDA session's batches, its warm-up included.
+///
+/// ONNX Runtime's CUDA provider keeps its cuBLAS and cuDNN handles per thread,
+/// made at a thread's first run. On the blocking pool each batch lands on any of
+/// its threads (those parsing request bodies too), and each new one paid that
+/// first run: on an H200 (BENCHMARKS §16) the light ResNet-50, 1.4 ms a batch once
+/// warm, answered 8 clients in ~200 ms, most requests expired and the policy was
+/// faulted for letting them. Triton gives each model instance a thread too.
+pub struct SessionThread {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl SessionThread {
+    /// Starts the thread; it ends once the last handle to it is dropped.
+    fn start(label: &str) -> std::io::Result<SessionThread> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        std::thread::Builder::new().name(format!("onnx-cuda {label}")).spawn(move || {
+            while let Ok(job) = queue.recv() {
+                job();
+            }
+        })?;
+        Ok(SessionThread { jobs })
+    }
+
+    /// Runs `job` on the thread; its result, or None when the thread is gone.
+    async fn run<T: Send + 'static>(&self, job: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.jobs.send(Box::new(move || drop(tx.send(job())))).ok()?;
+        rx.await.ok()
+    }
+
+    /// As [`SessionThread::run`], blocking the caller (loading, on a blocking thread).
+    fn run_blocking<T: Send + 'static>(&self, job: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.jobs.send(Box::new(move || drop(tx.send(job())))).ok()?;
+        rx.recv().ok()
+    }
 }
 
 /// How an app's models are (re)loaded.
@@ -65,16 +106,36 @@ pub struct OnnxSource {
     pub path: PathBuf,
     /// Session options.
     pub options: OnnxOptions,
-    /// Batch size to warm the session with after loading.
-    pub warm_batch: usize,
+    /// The largest batch a policy may form with it: on CUDA every size up to it is
+    /// run once after loading ([`LoadedModel::load_onnx`]).
+    pub warm_up_to: usize,
 }
 
 impl LoadedModel {
-    /// Loads and warms an ONNX model (blocking: call from a blocking thread).
+    /// Loads and warms an ONNX model (blocking: call from a blocking thread): on
+    /// CPU one run of batch 1 (a session's first run pays ONNX Runtime's lazy
+    /// allocations); on CUDA one run of every batch size up to `warm_up_to`, on the
+    /// session's own thread ([`SessionThread`]).
+    ///
+    /// cuDNN picks each convolution's algorithm the first time a session sees an
+    /// input shape (ONNX Runtime's exhaustive search by default): on an H200 each
+    /// size's first run took ~0.6 s (BENCHMARKS §16), where a warm batch of the
+    /// light ResNet-50 took 1.4–2.5 ms, and a policy forms batches of any size up
+    /// to its largest. Triton's answer is the same: model warm-up at load.
     pub fn load_onnx(src: &OnnxSource) -> Result<LoadedModel, ExecError> {
         let mut model = OnnxModel::load(&src.path, &src.options).map_err(|e| ExecError::Onnx(e.to_string()))?;
-        model.warm(src.warm_batch.max(1));
-        Ok(LoadedModel::Onnx(Arc::new(Mutex::new(model))))
+        if model.execution_provider() != "CUDA" {
+            model.warm(1);
+            return Ok(LoadedModel::Onnx(Arc::new(Mutex::new(model)), None));
+        }
+        let label = src.path.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+        let thread = SessionThread::start(&label).map_err(|e| ExecError::Onnx(format!("{label}: its thread: {e}")))?;
+        let session = Arc::new(Mutex::new(model));
+        let (warmed, largest) = (session.clone(), src.warm_up_to.max(1));
+        thread
+            .run_blocking(move || (1..=largest).for_each(|batch| warmed.lock().warm(batch)))
+            .ok_or_else(|| ExecError::Onnx(format!("{label}: its thread ended while warming up")))?;
+        Ok(LoadedModel::Onnx(session, Some(Arc::new(thread))))
     }
 }
 
@@ -178,23 +239,30 @@ impl LoadedModel {
                 );
                 Ok(outputs)
             }
-            LoadedModel::Onnx(session) => {
+            LoadedModel::Onnx(session, thread) => {
                 let session = session.clone();
-                let n = samples.len();
-                tokio::task::spawn_blocking(move || -> Result<Vec<Vec<Tensor>>, ExecError> {
-                    let refs: Vec<&Tensor> = samples.iter().collect();
-                    let batch = Tensor::concat(&refs).map_err(|e| ExecError::Onnx(e.to_string()))?;
-                    let outputs = session.lock().run(&batch).map_err(|e| ExecError::Onnx(e.to_string()))?;
-                    let first =
-                        outputs.into_iter().next().ok_or_else(|| ExecError::Onnx("the model has no output".into()))?;
-                    let parts = app_output(first).split(n).map_err(|e| ExecError::Onnx(e.to_string()))?;
-                    Ok(parts.into_iter().map(|p| vec![p]).collect())
-                })
-                .await
-                .map_err(|e| ExecError::Join(e.to_string()))?
+                let job = move || run_session(&session, samples);
+                match thread {
+                    Some(thread) => {
+                        thread.run(job).await.ok_or_else(|| ExecError::Join("the session's thread ended".into()))?
+                    }
+                    None => tokio::task::spawn_blocking(job).await.map_err(|e| ExecError::Join(e.to_string()))?,
+                }
             }
         }
     }
+}
+
+/// Runs one batch of `samples` through `session`: concatenated along dimension 0,
+/// the first output split back per sample.
+fn run_session(session: &Mutex<OnnxModel>, samples: Vec<Tensor>) -> Result<Vec<Vec<Tensor>>, ExecError> {
+    let n = samples.len();
+    let refs: Vec<&Tensor> = samples.iter().collect();
+    let batch = Tensor::concat(&refs).map_err(|e| ExecError::Onnx(e.to_string()))?;
+    let outputs = session.lock().run(&batch).map_err(|e| ExecError::Onnx(e.to_string()))?;
+    let first = outputs.into_iter().next().ok_or_else(|| ExecError::Onnx("the model has no output".into()))?;
+    let parts = app_output(first).split(n).map_err(|e| ExecError::Onnx(e.to_string()))?;
+    Ok(parts.into_iter().map(|p| vec![p]).collect())
 }
 
 /// Emulated batches at least this long wait on tokio's timer for all but their last

@@ -535,6 +535,7 @@ mod cuda {
         Ort(String),
         /// sluice was built without the `cuda` feature.
         #[error("this build of sluice has no CUDA support (build with `--features cuda`)")]
+        #[cfg_attr(feature = "cuda", allow(dead_code))]
         NotBuilt,
     }
 
