@@ -37,9 +37,10 @@ pub enum LoadedModel {
 /// ONNX Runtime's CUDA provider keeps its cuBLAS and cuDNN handles per thread,
 /// made at a thread's first run. On the blocking pool each batch lands on any of
 /// its threads (those parsing request bodies too), and each new one paid that
-/// first run: on an H200 (BENCHMARKS §16) the light ResNet-50, 1.4 ms a batch once
-/// warm, answered 8 clients in ~200 ms, most requests expired and the policy was
-/// faulted for letting them. Triton gives each model instance a thread too.
+/// first run: on an H200 (BENCHMARKS §16) one client's requests to the light
+/// ResNet-50 (1.4 ms a batch once warm) were answered in p50 7.9 ms at 124 req/s,
+/// and on the session's own thread in 5.3 ms at 177 req/s. Triton gives each model
+/// instance a thread too.
 pub struct SessionThread {
     jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
 }
@@ -119,7 +120,7 @@ impl LoadedModel {
     ///
     /// cuDNN picks each convolution's algorithm the first time a session sees an
     /// input shape (ONNX Runtime's exhaustive search by default): on an H200 each
-    /// size's first run took ~0.6 s (BENCHMARKS §16), where a warm batch of the
+    /// size's first run took ~0.3–0.6 s (BENCHMARKS §16), where a warm batch of the
     /// light ResNet-50 took 1.4–2.5 ms, and a policy forms batches of any size up
     /// to its largest. Triton's answer is the same: model warm-up at load.
     pub fn load_onnx(src: &OnnxSource) -> Result<LoadedModel, ExecError> {
