@@ -150,6 +150,39 @@ impl Router {
         others
     }
 
+    /// Offers an arrival to worker `picked`, then to each of [`Router::fallbacks`]
+    /// in turn (worked out only after `picked` refused it, with `load_of`), until
+    /// one takes it. `offer(w, item)` takes the item (`Ok`, with what taking it
+    /// gave) or hands it back with its refusal (`Err`). The worker that took it,
+    /// or the item back with the worker whose refusal had the least `wait` (the
+    /// first on ties) and that refusal. The live host (under each queue's lock)
+    /// and the simulator place a client request with it.
+    pub fn offer<I, T, R>(
+        &self,
+        picked: usize,
+        load_of: impl Fn(usize) -> usize,
+        item: I,
+        mut offer: impl FnMut(usize, I) -> Result<T, (I, R)>,
+        wait: impl Fn(&R) -> f64,
+    ) -> Result<(usize, T), (I, usize, R)> {
+        let (mut item, mut soonest) = match offer(picked, item) {
+            Ok(taken) => return Ok((picked, taken)),
+            Err((item, refusal)) => (item, (picked, refusal)),
+        };
+        for w in self.fallbacks(picked, load_of) {
+            match offer(w, item) {
+                Ok(taken) => return Ok((w, taken)),
+                Err((back, refusal)) => {
+                    item = back;
+                    if wait(&refusal) < wait(&soonest.1) {
+                        soonest = (w, refusal);
+                    }
+                }
+            }
+        }
+        Err((item, soonest.0, soonest.1))
+    }
+
     /// Replaces the weights (weighted mode): takes effect from the next arrival.
     /// Credits restart, so a new plan's shares hold from its first request.
     pub fn set_weights(&self, weights: &[f64]) -> Result<(), WeightsError> {
@@ -322,6 +355,36 @@ mod tests {
         for mode in [RouterMode::RoundRobin, RouterMode::Shared, RouterMode::Weighted] {
             assert!(Router::new(mode, 4, None).unwrap().fallbacks(0, |_| 0).is_empty(), "{mode:?}");
         }
+    }
+
+    #[test]
+    fn an_arrival_goes_to_the_first_that_takes_it_else_back_with_the_soonest_refusal() {
+        let r = Router::new(RouterMode::ShortestQueue, 3, None).unwrap();
+        let load = |w: usize| [1, 2, 0][w];
+        // Worker 0 picked and refusing: worker 2 (least loaded) is asked next.
+        let mut asked = Vec::new();
+        let taken = r.offer(
+            0,
+            load,
+            "req",
+            |w, i| {
+                asked.push(w);
+                if w == 1 {
+                    Ok(w * 10)
+                } else {
+                    Err((i, 5.0))
+                }
+            },
+            |&x| x,
+        );
+        assert_eq!((taken, asked), (Ok((1, 10)), vec![0, 2, 1]));
+        // Nobody takes it: back with the least wait, the first on ties.
+        let waits = [3.0, 1.0, 1.0];
+        let back = r.offer(0, load, "req", |w, i| Err::<(), _>((i, waits[w])), |&x| x);
+        assert_eq!(back, Err(("req", 2, 1.0)));
+        // Taken by the pick: the fallbacks are not worked out.
+        let taken = r.offer(0, |_| unreachable!("no fallback needed"), (), |w, ()| Ok::<_, ((), f64)>(w), |&x| x);
+        assert_eq!(taken, Ok((0, 0)));
     }
 
     #[test]

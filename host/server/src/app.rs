@@ -781,6 +781,10 @@ impl App {
 
     /// Admits a request onto a queue (a client request judged by admission first);
     /// its id and the receiver of its one answer.
+    // A refused request travels back by value to be offered to the next worker, as
+    // `WorkQueue::push_if_then` hands it back (a box per refusal would allocate
+    // under overload, where most arrivals are refused).
+    #[allow(clippy::result_large_err)]
     fn admit(
         &self,
         input: Tensor,
@@ -832,65 +836,61 @@ impl App {
                 let deadline = arrival + self.slo_us;
                 let open = !self.draining.load(Ordering::Acquire) && !self.aborted.load(Ordering::Acquire);
                 // The picked worker, then the others the router falls back to
-                // (`Router::fallbacks`, worked out only after a refusal): a request
-                // is refused only if none of them can serve it by its deadline.
-                let mut request = request;
-                // The worker that would serve it soonest and its verdict: a refusal
-                // names it, an audit joins it.
-                let mut soonest: Option<(usize, admission::Verdict)> = None;
-                let (mut w, mut fallbacks, mut tried) = (picked, None, 0);
-                let pending = loop {
-                    let turn = match self.inline_runner.get() {
-                        Some(_) => self.workers[w].inline.claim(open),
-                        None => None,
-                    };
-                    let quiet = turn.is_some();
-                    let mut verdict = None;
-                    let pushed = self.workers[w].queue.push_if_then(request, !quiet, |at, request, behind| {
-                        // It must make its deadline, and so must every request it
-                        // would push back by one place (`Admission::verdict`).
-                        let load = self.load.window();
-                        let place = self.place(w, &load, self.clock.now());
-                        let v = self.admission.verdict(&place, at, (deadline, now), behind.iter().map(|r| r.deadline));
-                        request.predicted = v.prediction(now);
-                        tracing::trace!(
-                            app = self.name(),
-                            worker = w,
-                            ahead = v.ahead,
-                            last_ms = v.predicted[admission::LAST] / 1e3,
-                            fastest_ms = v.predicted[admission::FASTEST] / 1e3,
-                            by_load_ms = v.predicted[admission::BY_LOAD] / 1e3,
-                            margin_ms = v.judged.margin_us / 1e3,
-                            wait_ms = v.judged.wait_us / 1e3,
-                            slack_ms = (deadline as f64 - now as f64) / 1e3,
-                            rate = load.rate_at(place.now),
-                            admitted = v.admitted,
-                            "admission"
-                        );
-                        verdict = Some(v);
-                        v.admitted
-                    });
-                    match pushed {
-                        Ok(()) => {
-                            inline = turn.map(|t| (w, t));
-                            break None;
-                        }
-                        Err(refused) => {
-                            let v = verdict.expect("push_if judged it");
-                            if soonest.is_none_or(|(_, s)| v.judged.wait_us < s.judged.wait_us) {
-                                soonest = Some((w, v));
-                            }
-                            let others = fallbacks.get_or_insert_with(|| self.router.fallbacks(picked, load_of));
-                            let Some(&next) = others.get(tried) else { break Some(refused) };
-                            (w, request, tried) = (next, refused, tried + 1);
-                        }
+                // (`Router::offer`): a request is refused only if none of them can
+                // serve it by its deadline.
+                let offered = self.router.offer(
+                    picked,
+                    load_of,
+                    request,
+                    |w, request| {
+                        let turn = match self.inline_runner.get() {
+                            Some(_) => self.workers[w].inline.claim(open),
+                            None => None,
+                        };
+                        let mut verdict = None;
+                        let pushed =
+                            self.workers[w].queue.push_if_then(request, turn.is_none(), |at, request, behind| {
+                                // It must make its deadline, and so must every request it
+                                // would push back by one place (`Admission::verdict`).
+                                let load = self.load.window();
+                                let place = self.place(w, &load, self.clock.now());
+                                let v = self.admission.verdict(
+                                    &place,
+                                    at,
+                                    (deadline, now),
+                                    behind.iter().map(|r| r.deadline),
+                                );
+                                request.predicted = v.prediction(now);
+                                tracing::trace!(
+                                    app = self.name(),
+                                    worker = w,
+                                    ahead = v.ahead,
+                                    last_ms = v.predicted[admission::LAST] / 1e3,
+                                    fastest_ms = v.predicted[admission::FASTEST] / 1e3,
+                                    by_load_ms = v.predicted[admission::BY_LOAD] / 1e3,
+                                    margin_ms = v.judged.margin_us / 1e3,
+                                    wait_ms = v.judged.wait_us / 1e3,
+                                    slack_ms = (deadline as f64 - now as f64) / 1e3,
+                                    rate = load.rate_at(place.now),
+                                    admitted = v.admitted,
+                                    "admission"
+                                );
+                                verdict = Some(v);
+                                v.admitted
+                            });
+                        // A refused push gives its turn back (dropped here).
+                        pushed.map(|()| turn).map_err(|request| (request, verdict.expect("push_if judged it")))
+                    },
+                    |v: &admission::Verdict| v.judged.wait_us,
+                );
+                let audit = match offered {
+                    Ok((w, turn)) => {
+                        inline = turn.map(|t| (w, t));
+                        audited
                     }
-                };
-                let audit = match pending {
-                    None => audited,
+                    // Refused at every worker, the soonest's verdict in hand.
                     // Audited at its precheck: admitted as that audit, not drawn again.
-                    Some(mut request) => {
-                        let (w, v) = soonest.expect("every worker tried judged it");
+                    Err((mut request, w, v)) => {
                         if !audited && !self.admission.audits() {
                             self.queued.fetch_sub(1, Ordering::AcqRel);
                             self.record_refused(arrival);

@@ -133,38 +133,46 @@ impl AppState {
     /// worker whose queue it joins and its index there (deadline order, as live: a
     /// trace's own budgets make a later arrival due earlier), or the reason it is
     /// refused. Judged at `picked`, then at each worker the router falls back to
-    /// ([`Router::fallbacks`]), the first that can serve it by its deadline
+    /// ([`Router::offer`], as live), the first that can serve it by its deadline
     /// taking it; at `picked` always without admission. A refusal
     /// `admission_audit` samples joins the worker judged to serve it soonest. An
     /// admitted request keeps its prediction for its answer.
     fn admit(&mut self, picked: usize, request: &SimRequest, now: u64) -> Result<(usize, usize), Refusal> {
-        let at_picked = deadline_position(&self.queues[picked], request.deadline);
-        let Some((admission, predicted)) = self.admission.as_mut() else { return Ok((picked, at_picked)) };
         let (queues, workers) = (&self.queues, &self.workers);
-        let others = self.router.fallbacks(picked, |w| queues[w].len() + workers[w].busy);
-        let mut soonest: Option<(usize, usize, Verdict)> = None;
-        for w in std::iter::once(picked).chain(others) {
-            let place = Place {
-                worker: w,
-                models: self.device_models.as_ref().map_or(&self.models[..], |d| &d[w][..]),
-                shared: self.spec.router == RouterMode::Shared,
-                in_flight: |i: usize| workers[i].busy,
-                // The load estimate with this arrival counted, as the host's.
-                load: &self.load,
-                now,
-            };
-            let at = deadline_position(&queues[w], request.deadline);
-            let v = admission.verdict(&place, at, (request.deadline, now), queues[w][at..].iter().map(|r| r.deadline));
-            if v.admitted {
-                predicted[request.id as usize] = v.prediction(now);
-                return Ok((w, at));
-            }
-            if soonest.is_none_or(|(_, _, s)| v.judged.wait_us < s.judged.wait_us) {
-                soonest = Some((w, at, v));
-            }
-        }
-        // A refusal `admission_audit` samples is admitted anyway, as live.
-        let Some((w, at, v)) = soonest.filter(|_| admission.audits()) else { return Err(Refusal::Overload) };
+        let Some((admission, predicted)) = self.admission.as_mut() else {
+            return Ok((picked, deadline_position(&queues[picked], request.deadline)));
+        };
+        let offered = self.router.offer(
+            picked,
+            |w| queues[w].len() + workers[w].busy,
+            (),
+            |w, ()| {
+                let place = Place {
+                    worker: w,
+                    models: self.device_models.as_ref().map_or(&self.models[..], |d| &d[w][..]),
+                    shared: self.spec.router == RouterMode::Shared,
+                    in_flight: |i: usize| workers[i].busy,
+                    // The load estimate with this arrival counted, as the host's.
+                    load: &self.load,
+                    now,
+                };
+                let at = deadline_position(&queues[w], request.deadline);
+                let v =
+                    admission.verdict(&place, at, (request.deadline, now), queues[w][at..].iter().map(|r| r.deadline));
+                if v.admitted {
+                    Ok((at, v))
+                } else {
+                    Err(((), (at, v)))
+                }
+            },
+            |(_, v): &(usize, Verdict)| v.judged.wait_us,
+        );
+        let (w, (at, v)) = match offered {
+            Ok(taken) => taken,
+            // A refusal `admission_audit` samples is admitted anyway, as live.
+            Err(((), w, refused)) if admission.audits() => (w, refused),
+            Err(_) => return Err(Refusal::Overload),
+        };
         predicted[request.id as usize] = v.prediction(now);
         Ok((w, at))
     }
