@@ -169,8 +169,13 @@ impl AppState {
         );
         let (w, (at, v)) = match offered {
             Ok(taken) => taken,
-            // A refusal `admission_audit` samples is admitted anyway, as live.
-            Err(((), w, refused)) if admission.audits() => (w, refused),
+            // A refusal `admission_audit` samples is admitted anyway, as live, and
+            // counted: whether it makes its deadline says whether the refusal
+            // would have been false.
+            Err(((), w, refused)) if admission.audits() => {
+                self.stats.audited(request.id);
+                (w, refused)
+            }
             Err(_) => return Err(Refusal::Overload),
         };
         predicted[request.id as usize] = v.prediction(now);
@@ -422,7 +427,9 @@ impl Simulation {
                 stats: {
                     let stats = Stats::new(arrivals.iter().map(|a| a.at).collect())
                         .with_models(models.iter().map(|m| m.name.clone()).collect(), queues);
-                    if exp.admission {
+                    if exp.admission && spec.admission_audit > 0.0 {
+                        stats.admitting().auditing()
+                    } else if exp.admission {
                         stats.admitting()
                     } else {
                         stats

@@ -82,6 +82,9 @@ pub struct Stats {
     /// Whether the run admits ([`Stats::admitting`]): its result then counts the
     /// refused requests.
     admitting: bool,
+    /// Per request, whether admission would have refused it and `admission_audit`
+    /// admitted it anyway ([`Stats::audited`]); empty when the run audits none.
+    audited: Vec<bool>,
 }
 
 impl Stats {
@@ -105,6 +108,7 @@ impl Stats {
             decide_calls: 0,
             decide_seconds: 0.0,
             admitting: false,
+            audited: Vec::new(),
         }
     }
 
@@ -113,6 +117,21 @@ impl Stats {
     pub fn admitting(mut self) -> Stats {
         self.admitting = true;
         self
+    }
+
+    /// Marks a run whose admission audits a share of its refusals
+    /// (`admission_audit`): its result counts them and how many made their
+    /// deadline, the simulated twin of the admin view's `admission_audit`.
+    pub fn auditing(mut self) -> Stats {
+        self.audited = vec![false; self.fates.len()];
+        self
+    }
+
+    /// Request `id` was admitted as an audit of a refusal ([`Stats::auditing`]).
+    pub fn audited(&mut self, id: u64) {
+        if let Some(a) = self.audited.get_mut(id as usize) {
+            *a = true;
+        }
     }
 
     /// Names the app's variants (in the order [`Stats::served_by`] numbers them) and
@@ -160,6 +179,9 @@ impl Stats {
         }
         for (mine, n) in self.served.iter_mut().zip(&other.served) {
             *mine += n;
+        }
+        for (mine, theirs) in self.audited.iter_mut().zip(&other.audited) {
+            *mine |= theirs;
         }
         self.faults += other.faults;
         self.decide_calls += other.decide_calls;
@@ -311,6 +333,10 @@ impl Stats {
             dropped_by_reason: BTreeMap::from([(DropReason::Policy, dropped), (DropReason::Expired, expired)]),
             unfinished: pending,
             refused: self.admitting.then(|| count(Fate::Refused)),
+            audited: (!self.audited.is_empty()).then(|| self.audited.iter().filter(|&&a| a).count() as u64),
+            audited_met: (!self.audited.is_empty()).then(|| {
+                self.audited.iter().zip(&self.fates).filter(|&(&a, &f)| a && f == Fate::OnTime).count() as u64
+            }),
             accuracy,
             violation_rate,
             accounting,
@@ -579,6 +605,15 @@ pub struct RunResult {
     /// they count as misses in `violation_rate`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<u64>,
+    /// Of the requests admission would have refused, those `admission_audit`
+    /// admitted anyway (runs that audit only; not counted in `refused`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audited: Option<u64>,
+    /// Of `audited`, those served by their deadline: each a refusal that would
+    /// have been false, so false refusals ≈ (`refused` + `audited`) × `audited_met`
+    /// / `audited` (docs/simulator.md, "Admission").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audited_met: Option<u64>,
     /// Mean accuracy per satisfied (on-time) query, 0–1, in the experiment's
     /// `accounting`.
     pub accuracy: f64,
