@@ -12,7 +12,9 @@
 //! own). The false refusals are estimated as the would-be refusals (refused, plus
 //! audited) times the share of the audited that met their deadline. Poisson
 //! arrivals (the peers benchmark's schedule) at 50 %, 70 % and 90 % of the
-//! capacity the profile gives, `SECONDS` each, for `fixed` and `jellyfish`.
+//! capacity the profile gives for what the policy serves (`fixed`: ResNet-50 one
+//! by one; jellyfish: Inception pairs, its SLO/2 rule; `common/image_app.rs`),
+//! `SECONDS` each, for `fixed` and `jellyfish`.
 //!
 //! The figure: false refusals / requests sent (goal ≤ 1 % below 90 % utilisation),
 //! against the baseline of the same run: every refusal admission would make, true

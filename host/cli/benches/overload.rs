@@ -11,7 +11,9 @@
 //! background load (none, and a process burning a fixed duty cycle of 50 % and
 //! 100 % of one core at nice 0, started by the bench; its CPU share is measured
 //! from `/proc` and printed), it drives the server with Poisson arrivals for 10 s
-//! at the capacity the profile gives, then 10 s at five times that, and reports:
+//! at the capacity the profile gives for what the policy serves (jellyfish:
+//! Inception pairs, its SLO/2 rule; `common/image_app.rs`), then 10 s at five
+//! times that, and reports:
 //! - on-time goodput (answers 200 within the SLO at the client, per second) at 5×
 //!   against the goodput at 1× in the same run (goal ≥ 0.9);
 //! - the share of answers 200 that came after the SLO at 5×, three ways (issue

@@ -493,12 +493,32 @@ impl BandedErrors {
         self.dirty |= 1 << band;
     }
 
-    /// Lets every band's errors older than [`ERROR_AGE_US`] at `now` go, marking
-    /// the bands that lost some for [`BandedErrors::margins`].
+    /// Lets the errors older than [`ERROR_AGE_US`] at `now` go, the oldest of
+    /// every band first, while more than [`ERROR_AGE_FLOOR`] stay in the bands
+    /// together, marking the bands that lost some for [`BandedErrors::margins`].
+    ///
+    /// The floor counts the bands together: a margin is taken from a band pooled
+    /// with its neighbours until it has enough errors ([`MIN_SAMPLES`]), so a
+    /// sparse band need not keep its own. Each band's own floor kept every error
+    /// of a band that had fewer than 200 in all, however old: the deep bands below
+    /// capacity (50–80 answers four deep in a 40 s phase at 90 % of jellyfish's
+    /// capacity), where one answer 43 ms late when the load stepped up (the policy
+    /// served ResNet-50 alone while the estimate caught up) set the largest error,
+    /// and so the margin, of every request four deep for the rest of the run, and
+    /// refused requests predicted to the millisecond to make their deadline
+    /// (BENCHMARKS §12).
     pub fn expire(&mut self, now: u64) {
-        for (b, errors) in self.bands.iter_mut().enumerate() {
-            if errors.expire(now) {
-                self.dirty |= 1 << b;
+        let mut kept: usize = self.bands.iter().map(|b| b.ring.len()).sum();
+        while kept > ERROR_AGE_FLOOR {
+            let oldest =
+                self.bands.iter().enumerate().filter_map(|(b, e)| Some((b, e.oldest()?))).min_by_key(|&(_, at)| at);
+            match oldest {
+                Some((b, at)) if now.saturating_sub(at) > ERROR_AGE_US => {
+                    self.bands[b].pop_oldest();
+                    self.dirty |= 1 << b;
+                    kept -= 1;
+                }
+                _ => break,
             }
         }
     }
@@ -590,8 +610,9 @@ pub const ERROR_WINDOW: usize = 512;
 /// overload bench's higher rates [`ERROR_WINDOW`] binds first, as before.
 pub const ERROR_AGE_US: u64 = 10_000_000;
 
-/// The fewest errors a window keeps however old they are: ageing never leaves a
-/// margin taken from fewer. Aged down to what 10 s held, a window at the
+/// The fewest errors a window keeps however old they are (a predictor's bands
+/// together, [`BandedErrors::expire`]; the answering times' one window): ageing
+/// never leaves a margin taken from fewer. Aged down to what 10 s held, a window at the
 /// admission bench's low rates (9.7–24 req/s on two workers, BENCHMARKS §12) held
 /// ~100–240 answers, fewer than 100 below ~10 req/s, and a margin became their
 /// largest error: beside builds, `fixed` at 70 % was refused 14–19 times in 40 s
@@ -666,16 +687,27 @@ impl PredictionErrors {
     /// more than [`ERROR_AGE_FLOOR`] are kept; whether any went.
     pub fn expire(&mut self, now: u64) -> bool {
         let mut any = false;
-        while let Some(&(at, old)) = self.ring.front() {
+        while let Some(at) = self.oldest() {
             if now.saturating_sub(at) <= ERROR_AGE_US || self.ring.len() <= ERROR_AGE_FLOOR {
                 break;
             }
-            self.ring.pop_front();
-            let gone = self.sorted.partition_point(|&x| x < old);
-            self.sorted.remove(gone);
+            self.pop_oldest();
             any = true;
         }
         any
+    }
+
+    /// When its oldest error was recorded (None when it holds none).
+    fn oldest(&self) -> Option<u64> {
+        self.ring.front().map(|&(at, _)| at)
+    }
+
+    /// Lets its oldest error go.
+    fn pop_oldest(&mut self) {
+        if let Some((_, old)) = self.ring.pop_front() {
+            let gone = self.sorted.partition_point(|&x| x < old);
+            self.sorted.remove(gone);
+        }
     }
 
     /// The current margin (µs).
@@ -1538,6 +1570,50 @@ mod tests {
             e.record(3, 2_000, 0);
         }
         assert_eq!(e.margins()[3], 60_000);
+    }
+
+    /// The floor counts a predictor's bands together: a sparse band's old error
+    /// leaves with the age once the bands hold more than the floor of younger
+    /// ones, where its own floor kept it for as long as the band had fewer than
+    /// 200 (the whole of a 40 s phase four deep below capacity).
+    #[test]
+    fn a_sparse_bands_old_error_ages_out_while_the_bands_hold_the_floor() {
+        let mut e = BandedErrors::default();
+        // Four deep: 40 answers on time and one 43 ms late, at 0 s.
+        for _ in 0..40 {
+            e.record(4, 1_000, 0);
+        }
+        e.record(4, 43_000, 0);
+        assert_eq!(e.margins()[4], 43_000, "its largest error: fewer than MIN_SAMPLES");
+        // Within the age it stays, however many come in the other bands.
+        let young = ERROR_AGE_US;
+        for _ in 0..300 {
+            e.record(1, 0, young);
+        }
+        for _ in 0..40 {
+            e.record(4, 1_000, young);
+        }
+        e.expire(young);
+        assert_eq!(e.margins()[4], 43_000);
+        // Past it, the bands together hold more than the floor of younger errors:
+        // the old ones go, and band 4's margin is its 40 young errors' (more than
+        // OWN_SAMPLES, so no shallower band's).
+        e.expire(young + 1);
+        assert_eq!(e.bands[4].ring.len(), 40);
+        assert_eq!(e.margins()[4], 1_000);
+        // Below the floor nothing ages: a band alone keeps its old errors.
+        let mut e = BandedErrors::default();
+        for _ in 0..ERROR_AGE_FLOOR {
+            e.record(4, 1_000, 0);
+        }
+        e.record(4, 43_000, 0);
+        for _ in 0..ERROR_AGE_FLOOR / 2 {
+            e.record(1, 0, 3 * ERROR_AGE_US);
+        }
+        e.expire(3 * ERROR_AGE_US);
+        let kept: usize = e.bands.iter().map(|b| b.ring.len()).sum();
+        assert_eq!(kept, ERROR_AGE_FLOOR, "the oldest go down to the floor, no further");
+        assert_eq!(e.bands[4].ring.len(), ERROR_AGE_FLOOR / 2);
     }
 
     #[test]

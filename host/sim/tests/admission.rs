@@ -147,3 +147,53 @@ arrivals = { kind = "requests", file = "r.txt" }
     let r = &run_experiment(&e, &base, false).unwrap().results[0];
     assert_eq!((r.requests, r.refused, r.on_time), (4, Some(0), 4), "{r:?}");
 }
+
+/// `admission_audit` in virtual time, as the live admin view counts it: the
+/// refusals it samples are admitted anyway and counted (`audited`, not in
+/// `refused`), with those then served by their deadline (`audited_met`), the
+/// false refusals. One worker of `fixed` (10 ms a request), budgets of 17 ms: A at
+/// 0 ms ends at 10 ms; B at 1 ms would end at 20 ms, 19 ms after it came, so it
+/// is refused, and audited (every refusal, at a share of 1) it ends late.
+#[test]
+fn audited_refusals_are_counted_with_those_that_made_their_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("r.txt"), "0,0,17\n1,0,17\n").unwrap();
+    let body = |audit: f64| {
+        format!(
+            r#"duration_s = 1
+admission = true
+[[app]]
+name = "a"
+slo_ms = 17
+workers = 1
+max_batch = 1
+profile = "p.toml"
+policy = "fixed"
+params = {{ model = "m" }}
+admission_audit = {audit}
+arrivals = {{ kind = "requests", file = "r.txt" }}
+"#
+        )
+    };
+    let (e, base) = experiment(dir.path(), &body(1.0));
+    let r = &run_experiment(&e, &base, false).unwrap().results[0];
+    assert_eq!((r.refused, r.audited, r.audited_met, r.on_time, r.late), (Some(0), Some(1), Some(0), 1, 1), "{r:?}");
+    let (e, base) = experiment(dir.path(), &body(0.0));
+    let r = &run_experiment(&e, &base, false).unwrap().results[0];
+    assert_eq!((r.refused, r.audited, r.audited_met, r.on_time), (Some(1), None, None, 1), "{r:?}");
+    let json = serde_json::to_value(r).unwrap();
+    assert!(json.get("audited").is_none(), "a run that audits nothing has no audit counts: {json}");
+
+    // Under overload a quarter of the would-be refusals are audited, and an
+    // audit that made its deadline is counted as met.
+    let dir = tempfile::tempdir().unwrap();
+    let (e, base) = experiment(
+        dir.path(),
+        &overload(true).replace("expire_after_ms = 0\n", "expire_after_ms = 0\nadmission_audit = 0.25\n"),
+    );
+    let r = &run_experiment(&e, &base, false).unwrap().results[0];
+    let (refused, audited, met) = (r.refused.unwrap(), r.audited.unwrap(), r.audited_met.unwrap());
+    eprintln!("audited a quarter: {refused} refused, {audited} audited, {met} of them on time, of {}", r.requests);
+    assert!(audited * 5 > refused && audited * 3 < refused, "about a quarter of {} audited: {r:?}", refused + audited);
+    assert!(met <= audited && met <= r.on_time, "{r:?}");
+}
