@@ -502,9 +502,8 @@ impl BandedErrors {
     /// sparse band need not keep its own. Each band's own floor kept every error
     /// of a band that had fewer than 200 in all, however old: the deep bands below
     /// capacity (50–80 answers four deep in a 40 s phase at 90 % of jellyfish's
-    /// capacity), where one answer 43 ms late when the load stepped up (the policy
-    /// served ResNet-50 alone while the estimate caught up) set the largest error,
-    /// and so the margin, of every request four deep for the rest of the run, and
+    /// capacity), where one answer 43 ms late, served alone as the load stepped
+    /// up, set the largest error, and so the margin, of every request four deep for the rest of the run, and
     /// refused requests predicted to the millisecond to make their deadline
     /// (BENCHMARKS §12).
     pub fn expire(&mut self, now: u64) {
