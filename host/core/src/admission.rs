@@ -486,10 +486,11 @@ impl Default for BandedErrors {
 }
 
 impl BandedErrors {
-    /// Records one answer's error in `band` at `now` (µs on the app's clock).
+    /// Records one answer's error in `band` at `now` (µs on the app's clock);
+    /// [`BandedErrors::expire`] ages the bands.
     pub fn record(&mut self, band: usize, error: i64, now: u64) {
         let band = band.min(BANDS - 1);
-        self.bands[band].record(now, [error]);
+        self.bands[band].insert(now, [error]);
         self.dirty |= 1 << band;
     }
 
@@ -503,9 +504,9 @@ impl BandedErrors {
     /// of a band that had fewer than 200 in all, however old: the deep bands below
     /// capacity (50–80 answers four deep in a 40 s phase at 90 % of jellyfish's
     /// capacity), where one answer 43 ms late, served alone as the load stepped
-    /// up, set the largest error, and so the margin, of every request four deep for the rest of the run, and
-    /// refused requests predicted to the millisecond to make their deadline
-    /// (BENCHMARKS §12).
+    /// up, set the largest error, and so the margin, of every request four deep
+    /// for the rest of the run, and refused requests predicted to the millisecond
+    /// to make their deadline (BENCHMARKS §12).
     pub fn expire(&mut self, now: u64) {
         let mut kept: usize = self.bands.iter().map(|b| b.ring.len()).sum();
         while kept > ERROR_AGE_FLOOR {
@@ -611,8 +612,8 @@ pub const ERROR_AGE_US: u64 = 10_000_000;
 
 /// The fewest errors a window keeps however old they are (a predictor's bands
 /// together, [`BandedErrors::expire`]; the answering times' one window): ageing
-/// never leaves a margin taken from fewer. Aged down to what 10 s held, a window at the
-/// admission bench's low rates (9.7–24 req/s on two workers, BENCHMARKS §12) held
+/// never leaves a margin taken from fewer. Aged down to what 10 s held, a window
+/// at the admission bench's low rates (9.7–24 req/s on two workers, BENCHMARKS §12) held
 /// ~100–240 answers, fewer than 100 below ~10 req/s, and a margin became their
 /// largest error: beside builds, `fixed` at 70 % was refused 14–19 times in 40 s
 /// against 9 in every earlier run. With 200 the 99th percentile is the third
@@ -653,6 +654,16 @@ impl PredictionErrors {
     /// the margin: the [`ERROR_QUANTILE`] of the window, at least 0 (a
     /// prediction that runs early does not earn a negative margin).
     pub fn record(&mut self, now: u64, errors: impl IntoIterator<Item = i64>) -> u64 {
+        self.insert(now, errors);
+        // After the new ones are in, so that the floor counts them.
+        self.expire(now);
+        self.margin()
+    }
+
+    /// Puts the errors of one batch's answers, recorded at `now`, in the window
+    /// (the oldest leaving past [`ERROR_WINDOW`]), without ageing it: a
+    /// predictor's bands age together ([`BandedErrors::expire`]).
+    fn insert(&mut self, now: u64, errors: impl IntoIterator<Item = i64>) {
         for e in errors {
             let at = self.sorted.partition_point(|&x| x < e);
             if self.ring.len() < ERROR_WINDOW {
@@ -677,9 +688,6 @@ impl PredictionErrors {
                 }
             }
         }
-        // After the new ones are in, so that the floor counts them.
-        self.expire(now);
-        self.margin()
     }
 
     /// Lets the errors recorded more than [`ERROR_AGE_US`] before `now` go, while
@@ -1212,10 +1220,11 @@ impl Admission {
         self.last_finished.fetch_max(finished, Ordering::Relaxed);
         let mut errors = self.errors.lock();
         for (i, errors) in errors.iter_mut().enumerate() {
-            errors.expire(finished);
             for p in predictions.clone().filter(|p| p.finish[i] > 0) {
                 errors.record(band(p.ahead as usize), finished as i64 - p.finish[i] as i64, finished);
             }
+            // After the new ones are in, so that the floor counts them.
+            errors.expire(finished);
             for (atomic, margin) in self.margins_us[i].iter().zip(errors.margins()) {
                 atomic.store(margin, Ordering::Relaxed);
             }
