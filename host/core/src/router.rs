@@ -118,12 +118,67 @@ impl Router {
     pub fn pick(&self, load_of: impl Fn(usize) -> usize) -> usize {
         match self.mode {
             RouterMode::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % self.workers,
-            RouterMode::Shared => 0,
-            RouterMode::ShortestQueue => (0..self.workers).min_by_key(|&w| load_of(w)).unwrap_or(0),
             RouterMode::Weighted => {
                 let mut s = self.weighted.lock();
                 let Smooth { weights, credit } = &mut *s;
                 smooth_pick(weights, credit)
+            }
+            RouterMode::Shared | RouterMode::ShortestQueue => self.peek(0, load_of),
+        }
+    }
+
+    /// The worker [`Router::pick`] would give the arrival `later` places after the
+    /// next, without taking any pick: round-robin's and weighted's turns are left
+    /// where they are. Shortest-queue reads `load_of` as it would then be (the
+    /// caller counts the arrivals before it).
+    pub fn peek(&self, later: usize, load_of: impl Fn(usize) -> usize) -> usize {
+        match self.mode {
+            RouterMode::RoundRobin => self.next.load(Ordering::Relaxed).wrapping_add(later) % self.workers,
+            RouterMode::Shared => 0,
+            RouterMode::ShortestQueue => (0..self.workers).min_by_key(|&w| load_of(w)).unwrap_or(0),
+            RouterMode::Weighted => {
+                let s = self.weighted.lock();
+                let mut credit = s.credit.clone();
+                let mut w = 0;
+                for _ in 0..=later {
+                    w = smooth_pick(&s.weights, &mut credit);
+                }
+                w
+            }
+        }
+    }
+
+    /// Counts in `queued` (per worker) where `n` arrivals not yet routed will be
+    /// queued when they are, in the order they came: each at the worker the router
+    /// will pick for it ([`Router::peek`], shortest-queue reading `queued` plus
+    /// `in_flight`), or the first fallback that takes it ([`Router::offer`]);
+    /// `takes(w, ahead)` says whether worker `w` would take one with `ahead`
+    /// queued before it. One no worker takes is refused and counts nowhere.
+    ///
+    /// The live host's precheck places the requests whose bodies are still being
+    /// read with it. It placed each on the worker that would finish it first,
+    /// which shortest-queue routing (by count, the lowest index on ties) often
+    /// does not: at 90 % of jellyfish's capacity a request behind one still being
+    /// parsed was predicted third in line at both workers, and refused before its
+    /// body was read, while the router then sent the other to worker 0 and this
+    /// one, two deep at worker 1, would have been admitted (BENCHMARKS §12).
+    pub fn place_unrouted(
+        &self,
+        n: usize,
+        queued: &mut [usize],
+        in_flight: impl Fn(usize) -> usize,
+        takes: impl Fn(usize, usize) -> bool,
+    ) {
+        for later in 0..n {
+            let taker = {
+                let queued = &*queued;
+                let load_of = |w: usize| queued[w] + in_flight(w);
+                let picked = self.peek(later, load_of);
+                let offer = |w: usize, ()| if takes(w, queued[w]) { Ok(()) } else { Err(((), ())) };
+                self.offer(picked, load_of, (), offer, |_| 0.0)
+            };
+            if let Ok((w, ())) = taker {
+                queued[w] += 1;
             }
         }
     }
@@ -345,6 +400,44 @@ mod tests {
         let r = Router::new(RouterMode::ShortestQueue, 3, None).unwrap();
         assert_eq!(r.pick(|w| [4, 1, 1][w]), 1);
         assert_eq!(Router::new(RouterMode::Shared, 3, None).unwrap().pick(|_| 0), 0);
+    }
+
+    #[test]
+    fn peek_sees_the_picks_to_come_without_taking_them() {
+        let r = Router::new(RouterMode::RoundRobin, 3, None).unwrap();
+        r.pick(|_| 0);
+        assert_eq!((0..4).map(|i| r.peek(i, |_| 0)).collect::<Vec<_>>(), vec![1, 2, 0, 1]);
+        assert_eq!(r.pick(|_| 0), 1, "peeking took no turn");
+        let r = Router::new(RouterMode::Weighted, 3, Some(&[5.0, 1.0, 1.0])).unwrap();
+        let peeked: Vec<usize> = (0..7).map(|i| r.peek(i, |_| 0)).collect();
+        assert_eq!(peeked, (0..7).map(|_| r.pick(|_| 0)).collect::<Vec<_>>());
+        let r = Router::new(RouterMode::ShortestQueue, 3, None).unwrap();
+        assert_eq!(r.peek(5, |w| [2, 1, 1][w]), 1);
+        assert_eq!(Router::new(RouterMode::Shared, 3, None).unwrap().peek(2, |_| 0), 0);
+    }
+
+    #[test]
+    fn unrouted_arrivals_count_where_the_router_will_queue_them() {
+        // Shortest-queue by count, the lowest index on ties: two arrivals on two
+        // idle-queued workers go one to each, whatever either would finish first.
+        let r = Router::new(RouterMode::ShortestQueue, 2, None).unwrap();
+        let mut queued = [1, 1];
+        r.place_unrouted(2, &mut queued, |_| 2, |_, _| true);
+        assert_eq!(queued, [2, 2]);
+        // Worker 0 picked but full (two ahead refuse): the fallback takes it; one
+        // nobody takes counts nowhere.
+        let mut queued = [2, 3];
+        r.place_unrouted(1, &mut queued, |_| 0, |w, ahead| w == 1 || ahead < 2);
+        assert_eq!(queued, [2, 4]);
+        let mut queued = [2, 3];
+        r.place_unrouted(3, &mut queued, |_| 0, |_, ahead| ahead < 4);
+        assert_eq!(queued, [4, 4]);
+        // Round-robin: the turns to come, no fallback.
+        let r = Router::new(RouterMode::RoundRobin, 3, None).unwrap();
+        r.pick(|_| 0);
+        let mut queued = [0, 0, 0];
+        r.place_unrouted(4, &mut queued, |_| 0, |w, _| w != 2);
+        assert_eq!(queued, [1, 2, 0]);
     }
 
     #[test]

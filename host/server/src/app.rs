@@ -586,7 +586,15 @@ impl App {
         if self.queued.load(Ordering::Acquire) + incoming >= self.config.max_queue {
             return Err(self.queue_full());
         }
-        let audited = match self.best_prediction(incoming) {
+        let best = self.best_prediction(incoming);
+        tracing::trace!(
+            app = self.name(),
+            incoming,
+            ahead = best.map(|b| b.0),
+            wait_ms = best.map(|b| b.1.wait_us / 1e3),
+            "precheck"
+        );
+        let audited = match best {
             Some((ahead, judged)) if judged.wait_us > self.slo_us as f64 => {
                 if !self.admission.audits() {
                     // An arrival all the same: counted in the load the policies
@@ -609,8 +617,8 @@ impl App {
     }
 
     /// The best worker's prediction for one more request after `extra` requests
-    /// not yet queued were placed, each on the worker that would finish it first
-    /// (as shortest-queue routing would; at most [`MAX_PLACED`] are placed).
+    /// not yet queued were placed where the router will queue them
+    /// ([`Router::place_unrouted`]; at most [`MAX_PLACED`] are placed).
     fn best_prediction(&self, extra: usize) -> Option<(usize, admission::Judged)> {
         let now = self.clock.now();
         let load = self.load.window();
@@ -629,10 +637,9 @@ impl App {
             return by_worker.min_by(|a, b| a.1.wait_us.total_cmp(&b.1.wait_us));
         }
         let mut queued: Vec<usize> = self.workers.iter().map(|w| w.queue.len()).collect();
-        for _ in 0..extra.min(MAX_PLACED) {
-            let (w, _) = best(&queued)?;
-            queued[w] += 1;
-        }
+        let in_flight = |w: usize| self.workers[w].in_flight.load(Ordering::Acquire);
+        let takes = |w: usize, ahead: usize| judged(w, ahead).1.wait_us <= self.slo_us as f64;
+        self.router.place_unrouted(extra.min(MAX_PLACED), &mut queued, in_flight, takes);
         best(&queued).map(|(_, p)| p)
     }
 
@@ -694,6 +701,7 @@ impl App {
             let p = r.predicted;
             tracing::trace!(
                 app = self.name(),
+                id = r.id,
                 batch = requests.len(),
                 ahead = p.ahead,
                 late_ms = ?p.finish.map(|f| (finished as i64 - f as i64) / 1000),
@@ -863,6 +871,8 @@ impl App {
                                 request.predicted = v.prediction(now);
                                 tracing::trace!(
                                     app = self.name(),
+                                    id = request.id,
+                                    precheck_audit = audited,
                                     worker = w,
                                     ahead = v.ahead,
                                     last_ms = v.predicted[admission::LAST] / 1e3,
