@@ -43,9 +43,45 @@ pub struct Router {
 /// its credit, takes the worker with the most credit and charges it the total. Over
 /// any run of picks a worker's count stays within one of its exact share, so a
 /// worker given a share is never starved and one given none never receives any.
+#[derive(Clone)]
 struct Smooth {
     weights: Vec<f64>,
     credit: Vec<f64>,
+}
+
+/// The picks a [`Router`] will make, taken here without taking them there
+/// ([`Router::upcoming`]): what the live precheck reads to place the requests it
+/// has let in but not yet routed ([`Router::place_unrouted`]).
+pub struct Upcoming {
+    mode: RouterMode,
+    workers: usize,
+    /// Round-robin's next turn.
+    next: usize,
+    /// Weighted's weights and credits (weighted mode only).
+    smooth: Option<Smooth>,
+}
+
+impl Upcoming {
+    /// The worker the next arrival would be routed to, as [`Router::pick`] would
+    /// give it; shortest-queue reads `load_of` as it is by then (the caller counts
+    /// the arrivals placed before it).
+    pub fn pick(&mut self, load_of: impl Fn(usize) -> usize) -> usize {
+        match (self.mode, &mut self.smooth) {
+            (RouterMode::Weighted, Some(Smooth { weights, credit })) => smooth_pick(weights, credit),
+            (RouterMode::RoundRobin, _) => {
+                let w = self.next % self.workers;
+                self.next = self.next.wrapping_add(1);
+                w
+            }
+            (RouterMode::ShortestQueue, _) => shortest(self.workers, load_of),
+            _ => 0,
+        }
+    }
+}
+
+/// The worker with the least `load_of` among `workers`, the lowest index on ties.
+fn shortest(workers: usize, load_of: impl Fn(usize) -> usize) -> usize {
+    (0..workers).min_by_key(|&w| load_of(w)).unwrap_or(0)
 }
 
 /// One pick of a smooth weighted round-robin (nginx's): adds each entry's weight to
@@ -118,39 +154,27 @@ impl Router {
     pub fn pick(&self, load_of: impl Fn(usize) -> usize) -> usize {
         match self.mode {
             RouterMode::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % self.workers,
+            RouterMode::Shared => 0,
+            RouterMode::ShortestQueue => shortest(self.workers, load_of),
             RouterMode::Weighted => {
                 let mut s = self.weighted.lock();
                 let Smooth { weights, credit } = &mut *s;
                 smooth_pick(weights, credit)
             }
-            RouterMode::Shared | RouterMode::ShortestQueue => self.peek(0, load_of),
         }
     }
 
-    /// The worker [`Router::pick`] would give the arrival `later` places after the
-    /// next, without taking any pick: round-robin's and weighted's turns are left
-    /// where they are. Shortest-queue reads `load_of` as it would then be (the
-    /// caller counts the arrivals before it).
-    pub fn peek(&self, later: usize, load_of: impl Fn(usize) -> usize) -> usize {
-        match self.mode {
-            RouterMode::RoundRobin => self.next.load(Ordering::Relaxed).wrapping_add(later) % self.workers,
-            RouterMode::Shared => 0,
-            RouterMode::ShortestQueue => (0..self.workers).min_by_key(|&w| load_of(w)).unwrap_or(0),
-            RouterMode::Weighted => {
-                let s = self.weighted.lock();
-                let mut credit = s.credit.clone();
-                let mut w = 0;
-                for _ in 0..=later {
-                    w = smooth_pick(&s.weights, &mut credit);
-                }
-                w
-            }
-        }
+    /// The picks to come, in order, without taking any: round-robin's and
+    /// weighted's turns here stay where they are (weighted's credits are copied
+    /// once, so the lock is held for the copy only).
+    pub fn upcoming(&self) -> Upcoming {
+        let smooth = (self.mode == RouterMode::Weighted).then(|| self.weighted.lock().clone());
+        Upcoming { mode: self.mode, workers: self.workers, next: self.next.load(Ordering::Relaxed), smooth }
     }
 
     /// Counts in `queued` (per worker) where `n` arrivals not yet routed will be
     /// queued when they are, in the order they came: each at the worker the router
-    /// will pick for it ([`Router::peek`], shortest-queue reading `queued` plus
+    /// will pick for it ([`Router::upcoming`], shortest-queue reading `queued` plus
     /// `in_flight`), or the first fallback that takes it ([`Router::offer`]);
     /// `takes(w, ahead)` says whether worker `w` would take one with `ahead`
     /// queued before it. One no worker takes is refused and counts nowhere.
@@ -169,11 +193,12 @@ impl Router {
         in_flight: impl Fn(usize) -> usize,
         takes: impl Fn(usize, usize) -> bool,
     ) {
-        for later in 0..n {
+        let mut upcoming = self.upcoming();
+        for _ in 0..n {
             let taker = {
                 let queued = &*queued;
                 let load_of = |w: usize| queued[w] + in_flight(w);
-                let picked = self.peek(later, load_of);
+                let picked = upcoming.pick(load_of);
                 let offer = |w: usize, ()| if takes(w, queued[w]) { Ok(()) } else { Err(((), ())) };
                 self.offer(picked, load_of, (), offer, |_| 0.0)
             };
@@ -403,17 +428,20 @@ mod tests {
     }
 
     #[test]
-    fn peek_sees_the_picks_to_come_without_taking_them() {
+    fn upcoming_sees_the_picks_to_come_without_taking_them() {
         let r = Router::new(RouterMode::RoundRobin, 3, None).unwrap();
         r.pick(|_| 0);
-        assert_eq!((0..4).map(|i| r.peek(i, |_| 0)).collect::<Vec<_>>(), vec![1, 2, 0, 1]);
+        let mut up = r.upcoming();
+        assert_eq!((0..4).map(|_| up.pick(|_| 0)).collect::<Vec<_>>(), vec![1, 2, 0, 1]);
         assert_eq!(r.pick(|_| 0), 1, "peeking took no turn");
         let r = Router::new(RouterMode::Weighted, 3, Some(&[5.0, 1.0, 1.0])).unwrap();
-        let peeked: Vec<usize> = (0..7).map(|i| r.peek(i, |_| 0)).collect();
+        let mut up = r.upcoming();
+        let peeked: Vec<usize> = (0..7).map(|_| up.pick(|_| 0)).collect();
         assert_eq!(peeked, (0..7).map(|_| r.pick(|_| 0)).collect::<Vec<_>>());
         let r = Router::new(RouterMode::ShortestQueue, 3, None).unwrap();
-        assert_eq!(r.peek(5, |w| [2, 1, 1][w]), 1);
-        assert_eq!(Router::new(RouterMode::Shared, 3, None).unwrap().peek(2, |_| 0), 0);
+        assert_eq!(r.upcoming().pick(|w| [2, 1, 1][w]), 1);
+        let mut up = Router::new(RouterMode::Shared, 3, None).unwrap().upcoming();
+        assert_eq!((0..3).map(|_| up.pick(|_| 0)).collect::<Vec<_>>(), vec![0, 0, 0]);
     }
 
     #[test]
